@@ -1,0 +1,101 @@
+"""The host side of a run: detectors over each observed step, the tracker, and the history.
+
+:class:`Analyzer` is the recorder's sink. It is pure Python over host floats; a failing detector (a user's
+plugin, say) is switched off with a warning, never allowed to break the training loop.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+
+from .config import DebugConfig
+from .detectors.base import Context, Detector, StepView
+from .errors import NeuralDbgWarning
+from .events import SemanticEvent
+from .history import History
+from .layers import LayerInfo, Role, owner_of_params
+from .recorder import SlotKey, StepData
+from .tracker import Tracker
+
+
+class Analyzer:
+    def __init__(
+        self,
+        config: DebugConfig,
+        infos: dict[str, LayerInfo],
+        order: list[SlotKey],
+        detectors: Sequence[Detector],
+    ) -> None:
+        self.ctx = Context(config, infos, order, owner_of_params(infos))
+        self.detectors = list(detectors)
+        self.tracker = Tracker(config)
+        self.history = History(config.history_points)
+        self.steps_observed = 0
+        self.full_steps = 0
+        self.last_step = -1
+        self.first_non_finite_step: int | None = None
+
+    def consume(self, records: Sequence[StepData]) -> None:
+        for record in records:
+            view = StepView(record, self.ctx)
+            for detector in list(self.detectors):
+                try:
+                    obs = detector.observe(view)
+                except Exception as exc:
+                    self.detectors.remove(detector)
+                    warnings.warn(
+                        f"NeuralDBG disabled detector {detector.name!r}: it failed with {exc!r}",
+                        NeuralDbgWarning,
+                        stacklevel=2,
+                    )
+                    continue
+                if obs is not None:
+                    self.tracker.update(detector.name, record.step, obs)
+            self._record_history(view)
+            self.steps_observed += 1
+            self.full_steps += record.full
+            self.last_step = max(self.last_step, record.step)
+
+    def _record_history(self, view: StepView) -> None:
+        data, add, step = view.data, self.history.add, view.step
+        if data.loss is not None:
+            add("loss", "", step, data.loss)
+        if data.target_grad is not None:
+            add("loss_gradient", "", step, data.target_grad)
+        if not data.full:
+            return
+        if data.stepped:
+            add("lr", "", step, max(data.stepped.values()))
+        for layer, g in view.layer_gradients.items():
+            add("grad_norm", layer, step, g.norm)
+        for layer, u in view.layer_updates.items():
+            if math.isfinite(u.ratio):
+                add("update_ratio", layer, step, u.ratio)
+        for key, (dead, units) in {**data.func_dead, **data.dead}.items():
+            if key[1] == 0 and units:
+                add("dead_fraction", key[0], step, dead / units)
+        for key, (count, total) in data.saturated.items():
+            if key[1] == 0 and total:
+                add("saturated_fraction", key[0], step, count / total)
+        for key in data.act:
+            if key[1] == 0:
+                add("output_rms", key[0], step, view.rms(key))
+
+    def events(self) -> list[SemanticEvent]:
+        return self.tracker.events()
+
+    def layer_order(self) -> list[str]:
+        """Layer names in forward execution order (first calls only), then layers never seen in forward."""
+        seen: list[str] = []
+        names: set[str] = set()
+        for layer, _ in self.ctx.order:
+            if layer not in names:
+                names.add(layer)
+                seen.append(layer)
+        rest = [n for n, info in self.ctx.infos.items() if n not in names and (n or info.numel)]
+        return seen + rest
+
+    def roles(self) -> dict[str, Role]:
+        return {name: info.role for name, info in self.ctx.infos.items()}

@@ -1,0 +1,175 @@
+"""Every threshold and knob of the engine, in one frozen dataclass.
+
+Each default names where it comes from. "smdebug" is SageMaker Debugger's built-in rules, "AUTOTRAINER" is
+Zhang et al., ICSE 2021, "DeepDiagnosis" is Wardat et al., ICSE 2022; "calibrated" means the value was chosen
+on NeuralDBG's own diagnosis benchmark (``python -m benchmarks.diagnosis``), where published values alarmed on
+healthy runs or missed real faults.
+
+Named presets trade cost for resolution, like Cockpit's economy / business / full:
+
+* ``"default"``: every step gets cheap always-on checks (non-finite values and magnitudes of every layer's
+  output, the learning rate); full statistics (gradients, per-unit activity, saturation, parameter updates) run
+  on every step at the start of training, then on a schedule, and densely again after anything suspicious.
+* ``"full"``: full statistics on every step.
+* ``"economy"``: a sparser schedule for long runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DebugConfig:
+    """Thresholds and sampling of a :class:`~neuraldbg.NeuralDbg` run."""
+
+    # --- sampling: which steps get full statistics --------------------------------------------------------
+    dense_steps: int = 16  # the first N steps are all fully observed: faults present from step 0 are common
+    full_every: int = 16  # afterwards every Nth step (Cockpit: 1.04x overhead when tracking every 16th step)
+    trigger_window: int = 8  # full statistics for N steps after a learning-rate change or a suspicious signal
+    output_gradients: bool = True  # gradient w.r.t. each layer's output (tensor hooks), on fully observed steps
+    track_updates: bool = True  # measure parameter changes ||dW|| on fully observed steps (copies the weights)
+
+    # --- persistence ---------------------------------------------------------------------------------------
+    persistence: int = 3  # observed steps a state must hold to become an event, unless decisive (NaN, exact 0)
+    # (DeepDiagnosis and smdebug both use windows of 3-5 steps; requiring persistence is the main remedy
+    #  for the false alarms reported for these tools)
+
+    # --- gradients -----------------------------------------------------------------------------------------
+    vanishing_norm: float = 1e-6  # a layer's gradient norm below this ... (seed default: norm < 1e-6)
+    vanishing_ratio: float = 1e-3  # ... and below this fraction of the largest layer norm at the same step
+    # (AUTOTRAINER: first/last layer gradient ratio < 1e-3; the relative test keeps healthy nets whose
+    #  gradients are uniformly small, e.g. near convergence, silent)
+    exploding_norm: float = 1e3  # a layer's gradient norm above this is exploding (seed default: norm > 1e3)
+
+    # --- activations -----------------------------------------------------------------------------------------
+    dead_sample_fraction: float = 0.01  # a unit is dead when active on at most this fraction of the samples
+    # (smdebug: a unit is dead if active on < 1 % of samples)
+    dead_unit_fraction: float = 0.5  # a layer is dead when at least this fraction of its units is dead
+    # (smdebug: the rule fires when > 50 % of a layer's units are dead)
+    saturation_derivative: float = 1e-2  # an output is saturated when the activation's derivative there is
+    # below this fraction of its maximum (tanh: |y| > 0.995, sigmoid: y < 0.0025 or y > 0.9975; calibrated:
+    # DeepDiagnosis' |x| > 5 for tanh is 1.8e-4, smdebug's bounds are 1e-7 and miss most saturated layers)
+    saturated_fraction: float = 0.5  # a layer is saturated when more than this fraction of its outputs is
+    # (smdebug and DeepDiagnosis: > 50 % of the layer)
+    anomalous_rms: float = 1e3  # an output whose root-mean-square exceeds this is anomalous (calibrated:
+    # healthy layers stay within 0.01-100; smdebug's poor-init rule uses a variance ratio instead)
+
+    # --- parameter updates ---------------------------------------------------------------------------------
+    stalled_ratio: float = 1e-5  # update/weight ratio ||dW||/||W|| below this is stalled
+    # (DeepDiagnosis: lr*||dW||/||W|| outside [1e-5, 1e-1] is a learning-rate problem; smdebug uses 1e-8)
+    exploding_update_ratio: float = 0.5  # median update/weight ratio above this: each step rewrites the
+    # weights, the learning rate is far too high (DeepDiagnosis' upper bound is 1e-1, smdebug's 10; calibrated)
+
+    # --- memory ----------------------------------------------------------------------------------------------
+    max_events: int = 2000  # stored events; beyond, the earliest and the strongest are kept
+    history_points: int = 256  # points kept per series (gradient norms, loss) for reports; resolution halves
+    # when full, so memory stays flat on long runs
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _check_field(f.name, getattr(self, f.name), f.type)
+        if self.full_every < 1 or self.persistence < 1:
+            raise ConfigError(
+                f"DebugConfig: full_every and persistence must be >= 1, got full_every={self.full_every!r}, "
+                f"persistence={self.persistence!r}"
+            )
+
+    def replace(self, **changes: Any) -> DebugConfig:
+        """A copy with some fields changed (validated like the constructor)."""
+        _reject_unknown(changes, "DebugConfig.replace()")
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def preset_name(self) -> str | None:
+        """The preset this config equals, if any."""
+        for name, preset in PRESETS.items():
+            if preset == self:
+                return name
+        return None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+#: Bounds checked for each field: (kind, lower bound, upper bound); bounds are inclusive.
+_BOUNDS: dict[str, tuple[str, float, float]] = {
+    "dense_steps": ("int", 0, math.inf),
+    "full_every": ("int", 1, math.inf),
+    "trigger_window": ("int", 0, math.inf),
+    "persistence": ("int", 1, 1000),
+    "vanishing_norm": ("float", 0, math.inf),
+    "vanishing_ratio": ("float", 0, 1),
+    "exploding_norm": ("float", 0, math.inf),
+    "dead_sample_fraction": ("float", 0, 1),
+    "dead_unit_fraction": ("float", 0, 1),
+    "saturation_derivative": ("float", 0, 1),
+    "saturated_fraction": ("float", 0, 1),
+    "anomalous_rms": ("float", 0, math.inf),
+    "stalled_ratio": ("float", 0, math.inf),
+    "exploding_update_ratio": ("float", 0, math.inf),
+    "max_events": ("int", 10, math.inf),
+    "history_points": ("int", 8, math.inf),
+}
+
+
+def _check_field(name: str, value: Any, annotation: Any) -> None:
+    if name in ("output_gradients", "track_updates"):
+        if not isinstance(value, bool):
+            raise ConfigError(f"DebugConfig.{name}: expected true or false, got {value!r}")
+        return
+    kind, low, high = _BOUNDS[name]
+    if kind == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        expected = "an integer"
+    else:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        expected = "a finite number"
+    if not ok or not (low <= value <= high):
+        bounds = f">= {low:g}" if high == math.inf else f"between {low:g} and {high:g}"
+        raise ConfigError(f"DebugConfig.{name}: expected {expected} {bounds}, got {value!r}")
+
+
+def _reject_unknown(options: Mapping[str, Any], where: str) -> None:
+    known = {f.name for f in dataclasses.fields(DebugConfig)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown option(s) {', '.join(map(repr, unknown))}; expected one of: {', '.join(sorted(known))}"
+        )
+
+
+PRESETS: dict[str, DebugConfig] = {
+    "default": DebugConfig(),
+    "full": DebugConfig(dense_steps=0, full_every=1),
+    "economy": DebugConfig(dense_steps=8, full_every=64, trigger_window=4),
+}
+
+
+def make_config(
+    config: DebugConfig | Mapping[str, Any] | None = None,
+    preset: str | None = None,
+    where: str = "NeuralDbg()",
+    **overrides: Any,
+) -> DebugConfig:
+    """Build a config from a preset name, an existing config or a mapping, and keyword overrides."""
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"{where}: unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
+        base = PRESETS[preset]
+    else:
+        base = PRESETS["default"]
+    if isinstance(config, DebugConfig):
+        base = config if preset is None else base
+    elif config is not None:
+        if not isinstance(config, Mapping):
+            raise ConfigError(f"{where}: config must be a DebugConfig or a mapping, got {type(config).__name__}")
+        overrides = {**dict(config), **overrides}
+    _reject_unknown(overrides, where)
+    return dataclasses.replace(base, **overrides) if overrides else base

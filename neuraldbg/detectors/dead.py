@@ -1,0 +1,56 @@
+"""Dead units: ReLU-family units that are active on (almost) no sample of the batch.
+
+Two sources of evidence, both per unit rather than per value (per-value definitions are what made earlier
+tools alarm on healthy MNIST models):
+
+* the output of a ReLU-family module (``nn.ReLU``, ``nn.ReLU6``, ``nn.LeakyReLU(0)``): a unit is dead on a batch
+  when it is positive on at most ``dead_sample_fraction`` of the samples;
+* a Linear / Conv / norm layer whose output is activated functionally (``F.relu`` in ``forward``): a unit is
+  dead when its pre-activation is never positive *and* its weight row receives exactly zero gradient.
+
+A layer is dead when at least ``dead_unit_fraction`` of its units are.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..events import EventType
+from ..health import ActivationHealth
+from .base import Detector, Finding, Observation, StepView
+
+
+class DeadUnitsDetector(Detector):
+    name = "dead"
+    event_type = EventType.ACTIVATION
+
+    def observe(self, view: StepView) -> Observation | None:
+        data = view.data
+        if not data.dead and not data.func_dead:
+            return None
+        threshold = view.ctx.config.dead_unit_fraction
+        obs = Observation()
+        for source, counts in (("module", data.dead), ("functional", data.func_dead)):
+            for key, (dead, units) in counts.items():
+                norm = data.act.get(key)
+                if units <= 0 or (norm is not None and not math.isfinite(norm)):
+                    continue  # non-finite outputs are the non-finite detector's business
+                obs.saw(self.event_type, key[0], call=key[1])
+                fraction = dead / units
+                if fraction >= threshold and dead > 0:
+                    metrics = {"dead_fraction": fraction, "dead_units": dead, "units": float(units)}
+                    if source == "functional":
+                        metrics["functional"] = 1.0
+                    s = (fraction - threshold) / (1 - threshold) if threshold < 1 else 1.0
+                    obs.findings.append(
+                        Finding(
+                            self.event_type,
+                            ActivationHealth.DEAD.kind,
+                            key[0],
+                            ActivationHealth.DEAD.value,
+                            metrics,
+                            max(0.0, min(1.0, s)),
+                            call=key[1],
+                        )
+                    )
+        return obs

@@ -1,0 +1,85 @@
+"""What the optimizer did to the weights: frozen parameters and stalled updates.
+
+Measured, not inferred from optimizer settings: on fully observed steps the weights are copied before the
+optimizer steps and compared after.
+
+* Frozen: a parameter that received a non-zero gradient and was left exactly unchanged (missing from every
+  optimizer, or in a group with learning rate 0). Parameters with ``requires_grad=False`` get no gradient and
+  are never reported: freezing a backbone on purpose is not a fault.
+* Stalled: the median update/weight ratio ||dW||/||W|| over the model's layers is below ``stalled_ratio``
+  (a learning rate far too small for this model). A single layer with small updates is usually a symptom of
+  vanishing gradients and is reported there.
+* Exploding: the median ratio is above ``exploding_update_ratio``: every step rewrites the weights, the first
+  sign of a learning rate far too high, steps before the gradients themselves blow up.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from ..events import EventType
+from ..health import UpdateHealth
+from .base import Detector, Finding, Observation, StepView, strength
+
+
+class UpdateDetector(Detector):
+    name = "update"
+    event_type = EventType.UPDATE
+
+    def observe(self, view: StepView) -> Observation | None:
+        data = view.data
+        if not data.update:
+            return None
+        obs = Observation()
+        frozen_layers: set[str] = set()
+        for name, (delta, _) in data.update.items():
+            grad = data.grad.get(name)
+            layer = view.ctx.owners.get(name)
+            if grad is None or layer is None or not math.isfinite(grad):
+                continue
+            obs.saw(self.event_type, layer, name)
+            if delta == 0.0 and grad > 0.0:
+                lr = data.stepped.get(name)
+                if lr is not None and lr > 0:
+                    continue  # stepped with a learning rate, too small to move the weight: see stalled
+                frozen_layers.add(layer)
+                metrics = {"grad_norm": grad, "in_optimizer": float(lr is not None), "lr": lr or 0.0}
+                obs.findings.append(
+                    Finding(
+                        self.event_type,
+                        UpdateHealth.FROZEN.kind,
+                        layer,
+                        UpdateHealth.FROZEN.value,
+                        metrics,
+                        1.0,
+                        param=name,
+                    )
+                )
+        grads = view.layer_gradients
+        ratios = [
+            u.ratio
+            for layer, u in view.layer_updates.items()
+            if layer not in frozen_layers
+            and u.weight > 0
+            and math.isfinite(u.ratio)
+            and not (layer in grads and grads[layer].exact_zero)  # no gradient, no update: not the optimizer's fault
+        ]
+        if ratios:
+            obs.saw(self.event_type, "")
+            median = statistics.median(ratios)
+            cfg = view.ctx.config
+            lrs = [lr for lr in data.stepped.values() if lr > 0]
+            metrics = {"median_update_ratio": median, "max_update_ratio": max(ratios)}
+            if lrs:
+                metrics["lr"] = max(lrs)
+            if median < cfg.stalled_ratio:
+                s = strength(median, cfg.stalled_ratio, decades=3)
+                obs.findings.append(self._model_finding(UpdateHealth.STALLED, metrics, s))
+            elif median > cfg.exploding_update_ratio:
+                s = strength(median, cfg.exploding_update_ratio, decades=2, above=True)
+                obs.findings.append(self._model_finding(UpdateHealth.EXPLODING, metrics, s))
+        return obs
+
+    def _model_finding(self, state: UpdateHealth, metrics: dict[str, float], s: float) -> Finding:
+        return Finding(self.event_type, state.kind, "", state.value, metrics, s)

@@ -1,0 +1,82 @@
+"""The vocabulary of the engine: failure kinds, event types, and the semantic event itself.
+
+A :class:`SemanticEvent` is a state that held for a range of observed steps in one layer ("``'3'`` had 100 % of
+its units inactive from step 0 to 49"). Events are what the detectors emit and what the reasoning consumes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class FailureKind(str, Enum):
+    """The public, stable names of the training failures NeuralDBG diagnoses."""
+
+    VANISHING_GRADIENTS = "vanishing_gradients"
+    EXPLODING_GRADIENTS = "exploding_gradients"
+    DEAD_NEURONS = "dead_neurons"
+    SATURATED_ACTIVATIONS = "saturated_activations"
+    NON_FINITE = "non_finite"
+    FROZEN_PARAMETERS = "frozen_parameters"
+    STALLED_UPDATES = "stalled_updates"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class EventType(str, Enum):
+    """Which signal an event was observed on."""
+
+    GRADIENT = "gradient"  # parameter gradients of a layer (to_state: a GradientHealth value)
+    ACTIVATION = "activation"  # a layer's output in the forward pass (to_state: an ActivationHealth value)
+    UPDATE = "update"  # what the optimizer did to a layer's parameters (to_state: an UpdateHealth value)
+    INPUT = "input"  # the batch fed to the model (layer "")
+    LOSS = "loss"  # the loss, when observed with ``observe_loss`` (layer "")
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class SemanticEvent:
+    """A health state that held in one layer over a range of observed steps.
+
+    ``layer`` is the module's qualified name exactly as in ``model.named_modules()`` (``""`` is the model as a
+    whole: its input, its loss, or a global property such as the learning rate). ``param`` is the qualified
+    parameter name (``model.named_parameters()``) when the event concerns one parameter. ``from_state`` is
+    ``None`` when the state was present from the layer's first observed step. ``metrics`` carries the numbers
+    that show the state (all floats); ``confidence`` is in [0, 1].
+    """
+
+    event_type: EventType
+    kind: FailureKind | None
+    layer: str
+    param: str | None
+    step_start: int
+    step_end: int
+    from_state: str | None
+    to_state: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    confidence: float = 1.0
+
+    @property
+    def steps(self) -> int:
+        """Number of steps the event spans (inclusive)."""
+        return self.step_end - self.step_start + 1
+
+    @property
+    def where(self) -> str:
+        """A readable location: the quoted layer name, or "the model" for ``""``."""
+        if self.param is not None:
+            return f"'{self.param}'"
+        return f"'{self.layer}'" if self.layer else "the model"
+
+    def step_range(self) -> str:
+        if self.step_start == self.step_end:
+            return f"step {self.step_start}"
+        return f"steps {self.step_start}-{self.step_end}"
+
+    def __str__(self) -> str:
+        origin = self.from_state or "initial"
+        return f"{self.event_type.value} {origin} -> {self.to_state} at {self.where}, {self.step_range()}"

@@ -1,0 +1,136 @@
+"""Which modules are watched, and what their outputs mean.
+
+A *layer* is a module whose output the engine watches: every leaf module, plus every module that owns
+parameters directly (``nn.MultiheadAttention`` owns ``in_proj_weight`` and computes with its ``out_proj``
+child without calling it). Roles decide which statistics make sense: per-unit activity only for ReLU-family
+outputs, saturation only for bounded activations (never for Linear outputs or logits).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+from torch import nn
+
+
+class Role(str, Enum):
+    GATED = "gated"  # ReLU family: a hard zero region where the gradient is 0 (units can die)
+    BOUNDED = "bounded"  # tanh, sigmoid, ...: saturating outputs whose derivative goes to 0
+    PARAMETRIC = "parametric"  # owns parameters (Linear, Conv, norms, embeddings, RNNs, attention)
+    OTHER = "other"  # dropout, pooling, flatten, GELU, ...
+
+
+#: Layers whose weight's first dimension indexes the output units along ``unit_dim``.
+_UNIT_LAYERS: tuple[type[nn.Module], ...] = (
+    nn.Linear,
+    nn.Bilinear,
+    nn.modules.conv._ConvNd,
+    nn.modules.batchnorm._NormBase,
+    nn.LayerNorm,
+    nn.GroupNorm,
+)
+_CHANNEL_FIRST: tuple[type[nn.Module], ...] = (
+    nn.modules.conv._ConvNd,
+    nn.modules.batchnorm._NormBase,
+    nn.GroupNorm,
+)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Saturation test for a bounded activation: ``|y - center| >= radius`` means saturated."""
+
+    center: float
+    radius: float
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    name: str  # qualified module name, "" for the model itself
+    type_name: str
+    role: Role
+    params: tuple[str, ...]  # qualified names of the parameters the module owns directly
+    numel: int  # number of parameter elements owned directly
+    channel_first: bool  # units along dim 1 (conv, batch norm) rather than the last dim
+    bound: Bound | None = None  # for Role.BOUNDED
+    unit_weight: str | None = None  # qualified name of the weight whose rows are the output units
+
+
+def saturation_bound(module: nn.Module, derivative: float) -> Bound | None:
+    """Where ``module``'s derivative falls below ``derivative`` times its maximum, as an output-space bound.
+
+    Hard-clipping activations (Hardtanh, ReLU6's upper bound, Hardsigmoid) have a zero derivative exactly at
+    their bounds; smooth ones (tanh, sigmoid, softsign) approach it.
+    """
+    keep = math.sqrt(max(0.0, 1.0 - derivative))
+    if isinstance(module, nn.Tanh):
+        return Bound(0.0, keep)  # tanh' = 1 - y^2
+    if isinstance(module, nn.Sigmoid):
+        return Bound(0.5, 0.5 * keep)  # sigmoid' = y (1 - y), maximum 1/4
+    if isinstance(module, nn.Softsign):
+        return Bound(0.0, 1.0 - math.sqrt(derivative))  # softsign' = (1 - |y|)^2
+    if isinstance(module, nn.Hardsigmoid):
+        return Bound(0.5, 0.5)
+    if isinstance(module, nn.Hardtanh) and not isinstance(module, nn.ReLU6):
+        low, high = float(module.min_val), float(module.max_val)
+        return Bound((low + high) / 2, (high - low) / 2)
+    return None
+
+
+def role_of(module: nn.Module, derivative: float) -> tuple[Role, Bound | None]:
+    if isinstance(module, (nn.ReLU, nn.ReLU6)) or (isinstance(module, nn.LeakyReLU) and module.negative_slope == 0):
+        return Role.GATED, None
+    bound = saturation_bound(module, derivative)
+    if bound is not None:
+        return Role.BOUNDED, bound
+    if any(True for _ in module.parameters(recurse=False)):
+        return Role.PARAMETRIC, None
+    return Role.OTHER, None
+
+
+def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Modules whose outputs are watched: leaves and modules that own parameters directly (not the root)."""
+    found = []
+    for name, module in model.named_modules():
+        if not name:
+            continue
+        is_leaf = next(module.children(), None) is None
+        owns = next(module.parameters(recurse=False), None) is not None
+        if is_leaf or owns:
+            found.append((name, module))
+    return found
+
+
+def describe(model: nn.Module, derivative: float) -> dict[str, LayerInfo]:
+    """LayerInfo for the model itself ("") and every watched module, keyed by qualified name."""
+    param_names = {id(p): n for n, p in model.named_parameters()}  # first name wins for shared weights
+    infos: dict[str, LayerInfo] = {}
+    for name, module in [("", model), *watched_modules(model)]:
+        own = [(n, p) for n, p in module.named_parameters(recurse=False) if id(p) in param_names]
+        qualified = tuple(param_names[id(p)] for _, p in own)
+        role, bound = role_of(module, derivative) if name else (Role.OTHER, None)
+        unit_weight = None
+        if isinstance(module, _UNIT_LAYERS) and getattr(module, "weight", None) is not None:
+            unit_weight = param_names.get(id(module.weight))
+        infos[name] = LayerInfo(
+            name=name,
+            type_name=type(module).__name__,
+            role=role,
+            params=qualified,
+            numel=sum(p.numel() for _, p in own),
+            channel_first=isinstance(module, _CHANNEL_FIRST),
+            bound=bound,
+            unit_weight=unit_weight,
+        )
+    return infos
+
+
+def owner_of_params(infos: dict[str, LayerInfo]) -> dict[str, str]:
+    """Qualified parameter name -> the layer that owns it."""
+    owners: dict[str, str] = {}
+    for name, info in infos.items():
+        for p in info.params:
+            owners.setdefault(p, name)
+    return owners

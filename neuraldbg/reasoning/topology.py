@@ -1,0 +1,43 @@
+"""What the reasoning knows about the model: forward order and what each layer is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..events import SemanticEvent
+
+
+@dataclass(frozen=True)
+class Topology:
+    order: list[str]  # layer names in forward execution order
+    types: dict[str, str]  # layer -> module class name
+    roles: dict[str, str]  # layer -> role ("gated", "bounded", "parametric", "other")
+    first_step: int = 0  # first observed step
+    _index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._index.update({name: i for i, name in enumerate(self.order)})
+
+    def position(self, layer: str) -> int:
+        """Forward position; the model's input/loss ("") comes first, unknown layers last."""
+        if layer == "":
+            return -1
+        return self._index.get(layer, len(self.order))
+
+    def event_position(self, event: SemanticEvent) -> float:
+        """Forward position of an event; within a layer, a later call comes later."""
+        return self.position(event.layer) + event.metrics.get("call", 0.0) * 1e-3
+
+    def describe(self, layer: str) -> str:
+        if layer == "":
+            return "the model"
+        kind = self.types.get(layer)
+        return f"'{layer}' ({kind})" if kind else f"'{layer}'"
+
+    def feeding(self, layer: str) -> str | None:
+        """The nearest parametric layer before ``layer`` in forward order (what feeds an activation)."""
+        pos = self.position(layer)
+        for name in reversed(self.order[: max(pos, 0)]):
+            if self.roles.get(name) == "parametric":
+                return name
+        return None

@@ -1,0 +1,540 @@
+"""From hook callbacks to per-step records.
+
+The :class:`Recorder` receives the hook callbacks of :mod:`neuraldbg.hooks`, decides what one *training step*
+is, computes the statistics of :mod:`neuraldbg.stats` on device, and hands batches of host-side
+:class:`StepData` records to a sink. It keeps no raw tensors beyond the current step.
+
+Steps. One step is one forward/backward cycle closed by the steps of the optimizers that own the model's
+parameters: the step is committed when the next training forward starts (so several optimizers, or gradient
+accumulation over several micro-batches, make one step). Until an optimizer is seen, each backward pass is
+provisionally a step; if an optimizer then steps, those provisional steps are folded into one (they were
+micro-batches of gradient accumulation). If no optimizer ever steps, a step is one backward pass. Calling
+``step()`` switches to manual counting. Forward passes under ``torch.no_grad()`` or in eval mode are ignored.
+
+Cost. Every step: one dictionary store per layer output, one batched norm of all outputs at the start of the
+backward pass (finiteness and magnitude of every layer), the learning rates. Fully observed steps (see
+:mod:`neuraldbg.schedule`) add parameter-gradient norms, per-unit activity of ReLU-family outputs, saturation
+of bounded outputs, gradients w.r.t. layer outputs and parameter updates.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import partial
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from . import hooks, stats
+from .config import DebugConfig
+from .errors import NeuralDbgWarning
+from .layers import LayerInfo, Role
+from .schedule import Schedule
+
+SlotKey = tuple[str, int]  # (qualified layer name, call index within one forward pass)
+INPUT: SlotKey = ("", -1)
+OUTPUT: SlotKey = ("", -2)
+
+#: Provisional (per-backward) steps held before concluding that no optimizer will step.
+_PROVISIONAL_LIMIT = 64
+#: Committed steps held before a flush even when no fully observed step comes.
+_BUFFER_LIMIT = 64
+
+
+class StepMode(str, Enum):
+    UNKNOWN = "unknown"  # no optimizer step seen yet; backward passes are provisional steps
+    OPTIMIZER = "optimizer"
+    BACKWARD = "backward"
+    MANUAL = "manual"
+
+
+@dataclass
+class StepData:
+    """Host-side statistics of one observed step. Dictionaries are empty for what was not measured."""
+
+    step: int
+    full: bool
+    act: dict[SlotKey, float] = field(default_factory=dict)  # L2 norm of each layer's output
+    numel: dict[SlotKey, int] = field(default_factory=dict)
+    input_norm: float | None = None
+    input_numel: int = 0
+    output_norm: float | None = None
+    output_numel: int = 0
+    target_grad: float | None = None  # norm of d(loss)/d(model output): falls as the fit improves
+    loss: float | None = None
+    dead: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # (dead units, units)
+    func_dead: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # never positive, zero grad
+    saturated: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # (saturated, elements)
+    out_grad: dict[SlotKey, float] = field(default_factory=dict)  # norm of d(loss)/d(layer output)
+    grad: dict[str, float] = field(default_factory=dict)  # parameter -> gradient norm
+    grad_numel: dict[str, int] = field(default_factory=dict)
+    grad_exact_zero: set[str] = field(default_factory=set)
+    grad_nonfinite: set[str] = field(default_factory=set)  # has inf/NaN elements (not a norm overflow)
+    update: dict[str, tuple[float, float]] = field(default_factory=dict)  # parameter -> (||dW||, ||W||)
+    stepped: dict[str, float] = field(default_factory=dict)  # parameter -> lr of the group that stepped it
+    lr_changed: bool = False
+
+
+class _Pending:
+    """One step being collected: host fields, plus device tensors to move in the next flush."""
+
+    __slots__ = ("data", "targets", "tensors")
+
+    def __init__(self, step: int, full: bool) -> None:
+        self.data = StepData(step, full)
+        self.tensors: list[Tensor] = []
+        self.targets: list[tuple[str, Any, int]] = []
+
+    def put(self, target: str, key: Any, tensor: Tensor, extra: int = 0) -> None:
+        self.targets.append((target, key, extra))
+        self.tensors.append(tensor)
+
+
+def _merge_max(old: float | None, new: float) -> float:
+    """Keep the worst of two readings of one step (gradient accumulation); NaN wins."""
+    if old is None:
+        return new
+    if math.isnan(old) or math.isnan(new):
+        return math.nan
+    return max(old, new)
+
+
+def _assign(data: StepData, target: str, key: Any, extra: int, value: float) -> None:
+    if target == "act":
+        data.act[key] = _merge_max(data.act.get(key), value)
+    elif target == "input":
+        data.input_norm = _merge_max(data.input_norm, value)
+    elif target == "output":
+        data.output_norm = _merge_max(data.output_norm, value)
+    elif target == "target_grad":
+        data.target_grad = _merge_max(data.target_grad, value)
+    elif target == "loss":
+        data.loss = value
+    elif target == "dead":
+        data.dead[key] = (value, extra)
+    elif target == "func_dead":
+        data.func_dead[key] = (value, extra)
+    elif target == "saturated":
+        data.saturated[key] = (value, extra)
+    elif target == "out_grad":
+        data.out_grad[key] = _merge_max(data.out_grad.get(key), value)
+    elif target == "delta":
+        data.update[key] = (value, data.update.get(key, (0.0, 0.0))[1])
+    elif target == "weight":
+        data.update[key] = (data.update.get(key, (0.0, 0.0))[0], value)
+    else:  # pragma: no cover - a programming error, not a user error
+        raise KeyError(target)
+
+
+class Recorder:
+    """Collects statistics of one model's training steps. See the module docstring."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        infos: dict[str, LayerInfo],
+        config: DebugConfig,
+        sink: Callable[[list[StepData]], None],
+        order: list[SlotKey] | None = None,
+    ) -> None:
+        self._model = weakref.ref(model)
+        self._infos = infos
+        self._config = config
+        self._sink = sink
+        self._schedule = Schedule(config)
+        self._params: list[tuple[str, nn.Parameter]] = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self._by_name = dict(self._params)
+        self._owned: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, frozenset[str]]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lr_seen: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[float, ...]] = weakref.WeakKeyDictionary()
+        self.active = True
+        self.mode = StepMode.UNKNOWN
+        self.step = 0
+        self.order: list[SlotKey] = order if order is not None else []  # forward order of layer outputs
+        self._order_set: set[SlotKey] = set()
+        self._next_role: dict[SlotKey, Role] = {}
+        self._pending = _Pending(0, self._schedule.is_full(0))
+        self._buffer: list[_Pending] = []
+        self._provisional = 0
+        self._in_forward = False
+        self._calls: dict[str, int] = {}
+        self._refs: dict[SlotKey, Tensor] = {}
+        self._never_positive: dict[SlotKey, Tensor] = {}
+        self._prev_channel_first = False
+        self._backward_seen = False
+        self._optimizer_stepped = False
+        self._grads_captured = False
+        self._snapshot: list[tuple[str, Tensor, Tensor]] | None = None
+        self._loss: Tensor | None = None
+        self._warned: set[str] = set()
+
+    # ------------------------------------------------------------------------------------------------
+    # failures of the recorder itself become warnings, and recording stops; training goes on untouched
+
+    def _fail(self, where: str, exc: BaseException) -> None:
+        self.active = False
+        self._refs.clear()
+        self._never_positive.clear()
+        self._snapshot = None
+        if where not in self._warned:
+            self._warned.add(where)
+            warnings.warn(
+                f"NeuralDBG stopped observing this run: {where} failed with {exc!r}. "
+                "Training is not affected; the diagnosis covers the steps observed so far.",
+                NeuralDbgWarning,
+                stacklevel=3,
+            )
+
+    def warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, NeuralDbgWarning, stacklevel=3)
+
+    # ------------------------------------------------------------------------------------------------
+    # forward pass
+
+    def on_forward_start(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not self.active:
+            return
+        try:
+            if not (torch.is_grad_enabled() and module.training):
+                self._in_forward = False
+                return
+            self._close_step_if_done()
+            self._in_forward = True
+            self._calls.clear()
+            self._refs.clear()
+            self._prev_channel_first = False
+            t = stats.first_tensor(args) if args else None
+            if t is None and kwargs:
+                t = stats.first_tensor(kwargs)
+            if t is not None:
+                self._refs[INPUT] = t
+                self._pending.data.input_numel = t.numel()
+        except Exception as exc:
+            self._fail("the forward pre-hook", exc)
+
+    def on_layer_output(self, name: str, output: Any) -> None:
+        if not (self.active and self._in_forward):
+            return
+        try:
+            t = stats.first_tensor(output)
+            if t is None:
+                return
+            call = self._calls.get(name, 0)
+            self._calls[name] = call + 1
+            key = (name, call)
+            if key not in self._order_set:
+                self._order_set.add(key)
+                self.order.append(key)
+            self._refs[key] = t
+            self._pending.data.numel[key] = t.numel()
+            info = self._infos[name]
+            if self._pending.data.full:
+                self._full_layer_stats(key, info, t)
+            self._prev_channel_first = info.channel_first or t.dim() >= 4
+        except Exception as exc:
+            self._fail(f"the forward hook of layer {name!r}", exc)
+
+    def _full_layer_stats(self, key: SlotKey, info: LayerInfo, t: Tensor) -> None:
+        pending = self._pending
+        if info.role is Role.GATED:
+            cf = self._prev_channel_first or t.dim() >= 4
+            dead = stats.dead_units(t, cf, self._config.dead_sample_fraction)
+            pending.put("dead", key, dead, stats.unit_count(t, cf))
+        elif info.role is Role.BOUNDED and info.bound is not None:
+            sat = stats.saturated_count(t, info.bound.center, info.bound.radius)
+            pending.put("saturated", key, sat, t.numel())
+        elif info.unit_weight is not None and key[1] == 0 and not self._activated_by_module(key):
+            self._never_positive[key] = stats.never_positive(t, info.channel_first)
+        if self._config.output_gradients and t.requires_grad and not _compiling():
+            hooks.on_gradient(t, partial(self._on_output_gradient, key))
+
+    def on_forward_end(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if not (self.active and self._in_forward):
+            return
+        self._in_forward = False
+        try:
+            t = stats.first_tensor(output)
+            if t is None:
+                return
+            self._refs[OUTPUT] = t
+            self._pending.data.output_numel = t.numel()
+            if t.requires_grad:
+                hooks.on_gradient(t, self._on_backward_start)
+        except Exception as exc:
+            self._fail("the forward hook of the model", exc)
+
+    # ------------------------------------------------------------------------------------------------
+    # backward pass
+
+    def _on_backward_start(self, grad: Tensor) -> None:
+        if not self.active:
+            return
+        try:
+            pending = self._pending
+            if self._refs:
+                keys = list(self._refs)
+                for key, value in zip(keys, stats.norms([self._refs[k] for k in keys])):
+                    target = "input" if key == INPUT else "output" if key == OUTPUT else "act"
+                    pending.put(target, key, value)
+                self._refs.clear()
+            pending.put("target_grad", None, stats.norms([grad])[0])
+            self._backward_seen = True
+            if self.mode is not StepMode.OPTIMIZER and not hooks.at_backward_end(self._on_backward_end):
+                self.warn_once("callback", "NeuralDBG: backward-end callbacks are unavailable")
+        except Exception as exc:
+            self._fail("the backward hook of the model output", exc)
+
+    def _on_output_gradient(self, key: SlotKey, grad: Tensor) -> None:
+        if not self.active:
+            return
+        try:
+            self._pending.put("out_grad", key, stats.norms([grad])[0])
+        except Exception as exc:
+            self._fail(f"the gradient hook of layer {key[0]!r}", exc)
+
+    def _on_backward_end(self) -> None:
+        if not self.active or self.mode is StepMode.OPTIMIZER:
+            return
+        try:
+            self._capture_gradients()
+        except Exception as exc:
+            self._fail("the end of the backward pass", exc)
+
+    # ------------------------------------------------------------------------------------------------
+    # optimizer
+
+    def _owned_by(self, optimizer: torch.optim.Optimizer) -> frozenset[str]:
+        size = sum(len(g["params"]) for g in optimizer.param_groups)
+        cached = self._owned.get(optimizer)
+        if cached is not None and cached[0] == size:
+            return cached[1]
+        ours = {id(p): n for n, p in self._params}
+        owned = frozenset(ours[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in ours)
+        self._owned[optimizer] = (size, owned)
+        return owned
+
+    def on_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self.active:
+            return
+        try:
+            if not self._owned_by(optimizer):
+                return
+            if self.mode is StepMode.UNKNOWN:
+                self._fold_provisional(StepMode.OPTIMIZER)
+            self._optimizer_stepped = True
+            lrs = tuple(float(g.get("lr", 0.0)) for g in optimizer.param_groups)
+            seen = self._lr_seen.get(optimizer)
+            if seen is not None and seen != lrs:
+                self._pending.data.lr_changed = True
+                self._schedule.trigger(self.step + 1)
+                if not self._grads_captured:
+                    self._pending.data.full = True  # measure this step's update, the first with the new lr
+            self._lr_seen[optimizer] = lrs
+            if not self._grads_captured:
+                self._capture_gradients()
+            if self._pending.data.full:
+                names = {id(p): n for n, p in self._params}
+                stepped = self._pending.data.stepped
+                for group in optimizer.param_groups:
+                    lr = float(group.get("lr", 0.0))
+                    for p in group["params"]:
+                        name = names.get(id(p))
+                        if name is not None:
+                            stepped[name] = max(lr, stepped.get(name, 0.0))
+        except Exception as exc:
+            self._fail("the optimizer step hook", exc)
+
+    def on_optimizer_stepped(self, optimizer: torch.optim.Optimizer) -> None:
+        """Nothing to do: updates are measured when the step closes, after every optimizer has stepped."""
+
+    # ------------------------------------------------------------------------------------------------
+    # gradients and updates (fully observed steps)
+
+    def _capture_gradients(self) -> None:
+        self._grads_captured = True
+        pending = self._pending
+        if not pending.data.full:
+            return
+        with_grad = [(n, p, p.grad) for n, p in self._params if p.grad is not None]
+        if not with_grad:
+            return
+        grads = [g for _, _, g in with_grad]
+        values = stats.to_host(stats.norms(grads))
+        data = pending.data
+        for (name, _, g), value in zip(with_grad, values):
+            data.grad_numel[name] = g.numel()
+            if value == 0.0 or not math.isfinite(value):
+                exact_zero, finite = stats.exact_zero_and_finite(g)
+                if exact_zero:
+                    data.grad_exact_zero.add(name)
+                elif value == 0.0:
+                    value = float(g.detach().abs().max())  # underflow: the largest element bounds the norm
+                if not finite:
+                    data.grad_nonfinite.add(name)
+            data.grad[name] = value
+        by_param = {n: g for n, _, g in with_grad}
+        for key, never in self._never_positive.items():
+            weight = self._infos[key[0]].unit_weight
+            unit_grad = by_param.get(weight) if weight else None
+            if self._activated_by_module(key):
+                continue  # the activation module's own per-unit statistics cover it
+            if unit_grad is not None and unit_grad.dim() >= 1 and unit_grad.shape[0] == never.shape[0]:
+                both = (never & stats.zero_gradient_units(unit_grad)).sum(dtype=torch.float32)
+                pending.put("func_dead", key, both, int(never.shape[0]))
+        self._never_positive.clear()
+        if self._config.track_updates and self._snapshot is None:
+            with torch.no_grad():
+                params = [p for _, p, _ in with_grad]
+                copies = [p.detach().clone() for p in params]
+            self._snapshot = [(n, p, c) for (n, p, _), c in zip(with_grad, copies)]
+
+    def _activated_by_module(self, key: SlotKey) -> bool:
+        """Whether the next layer output in forward order is a ReLU-family or bounded activation module."""
+        if len(self._next_role) != len(self.order):
+            self._next_role = {k: self._infos[nxt[0]].role for k, nxt in zip(self.order, self.order[1:])}
+            self._next_role[self.order[-1]] = Role.OTHER
+        return self._next_role.get(key) in (Role.GATED, Role.BOUNDED)
+
+    def _measure_updates(self) -> None:
+        snapshot, self._snapshot = self._snapshot, None
+        if not snapshot:
+            return
+        with torch.no_grad():
+            now = [p.detach() for _, p, _ in snapshot]
+            deltas = torch._foreach_sub(now, [c for _, _, c in snapshot])
+            delta_norms = stats.norms(deltas)
+            weight_norms = stats.norms(now)
+        for (name, _, _), d, w in zip(snapshot, delta_norms, weight_norms):
+            self._pending.put("delta", name, d)
+            self._pending.put("weight", name, w)
+
+    # ------------------------------------------------------------------------------------------------
+    # step boundaries
+
+    def manual_step(self) -> None:
+        """``dbg.step()``: close the current step now; from here on only ``step()`` closes steps."""
+        if not self.active:
+            return
+        if self.mode is not StepMode.MANUAL:
+            self._fold_provisional(StepMode.MANUAL)
+        if not self._grads_captured:
+            self._capture_gradients()
+        self._commit()
+
+    def observe_loss(self, loss: Tensor) -> None:
+        if self.active:
+            self._loss = loss.detach()
+
+    def _close_step_if_done(self) -> None:
+        if self.mode is StepMode.OPTIMIZER:
+            if self._optimizer_stepped:
+                self._commit()
+        elif self.mode is not StepMode.MANUAL and self._backward_seen:
+            if self.mode is StepMode.UNKNOWN:
+                self._provisional += 1
+                if self._provisional >= _PROVISIONAL_LIMIT:
+                    self.mode = StepMode.BACKWARD
+            self._commit()
+
+    def _fold_provisional(self, mode: StepMode) -> None:
+        """An optimizer (or ``step()``) appeared: earlier backward passes were micro-batches of one step."""
+        self.mode = mode
+        if not self._provisional:
+            return
+        first = self._buffer[0].data.step if self._buffer else self._pending.data.step
+        merged = _Pending(first, self._buffer[0].data.full if self._buffer else self._pending.data.full)
+        for part in [*self._buffer, self._pending]:
+            merged.tensors.extend(part.tensors)
+            merged.targets.extend(part.targets)
+            merged.data.numel.update(part.data.numel)
+            merged.data.input_numel = part.data.input_numel or merged.data.input_numel
+            merged.data.output_numel = part.data.output_numel or merged.data.output_numel
+        # keep host-side gradient readings of the latest micro-batch
+        last = self._pending.data
+        for attr in ("grad", "grad_numel", "grad_exact_zero", "grad_nonfinite", "stepped"):
+            setattr(merged.data, attr, getattr(last, attr))
+        self._buffer.clear()
+        self._pending = merged
+        self.step = first
+        self._provisional = 0
+
+    def _commit(self) -> None:
+        self._measure_updates()
+        if self._loss is not None:
+            loss = self._loss
+            self._pending.put("loss", None, loss if loss.dim() == 0 else loss.float().mean())
+            self._loss = None
+        finished = self._pending
+        self._buffer.append(finished)
+        self.step += 1
+        self._pending = _Pending(self.step, self._schedule.is_full(self.step))
+        self._backward_seen = False
+        self._optimizer_stepped = False
+        self._grads_captured = False
+        self._never_positive.clear()
+        if self.mode is StepMode.UNKNOWN:
+            return  # held until we know whether these are steps or micro-batches
+        if finished.data.full or len(self._buffer) >= _BUFFER_LIMIT:
+            self.flush()
+
+    def flush(self) -> None:
+        """Move every committed step to the host in one transfer and hand them to the sink."""
+        if not self._buffer:
+            return
+        buffer, self._buffer = self._buffer, []
+        values = stats.to_host(t for p in buffer for t in p.tensors)
+        i = 0
+        for part in buffer:
+            for (target, key, extra), value in zip(part.targets, values[i : i + len(part.tensors)]):
+                _assign(part.data, target, key, extra, value)
+            i += len(part.tensors)
+        records = [p.data for p in buffer]
+        if any(_suspicious(r, self._config) for r in records):
+            self._schedule.trigger(self.step)
+        self._sink(records)
+
+    def finish(self) -> None:
+        """Close the step in progress (if anything was observed in it) and flush everything."""
+        if self.active:
+            try:
+                if self._backward_seen or self._optimizer_stepped or self._pending.tensors:
+                    if self.mode is StepMode.UNKNOWN:
+                        self.mode = StepMode.BACKWARD
+                    self._commit()
+                elif self.mode is StepMode.UNKNOWN and self._buffer:
+                    self.mode = StepMode.BACKWARD
+                self.flush()
+            except Exception as exc:
+                self._fail("the final flush", exc)
+        self._refs.clear()
+        self._never_positive.clear()
+        self._snapshot = None
+        self._loss = None
+
+
+def _suspicious(record: StepData, config: DebugConfig) -> bool:
+    """Signals that warrant full observation of the next steps."""
+    if record.lr_changed:
+        return True
+    for key, norm in record.act.items():
+        if not math.isfinite(norm):
+            return True
+        n = record.numel.get(key, 0)
+        if n and norm / math.sqrt(n) > config.anomalous_rms:
+            return True
+    return record.loss is not None and not math.isfinite(record.loss)
+
+
+def _compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    check = getattr(compiler, "is_compiling", None)
+    return bool(check()) if check is not None else False

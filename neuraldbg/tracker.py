@@ -1,0 +1,194 @@
+"""From per-step findings to semantic events: persistence, merging and a bounded store.
+
+A *run* is a state holding in one layer over consecutive observations. It becomes a
+:class:`~neuraldbg.events.SemanticEvent` once it has held for ``persistence`` observations (or at once when the
+evidence is decisive, like a NaN), with the step range it spans. A state present from a layer's first observed
+step is an event like any other (``from_state`` is None): faults present from step 0 are the common case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .config import DebugConfig
+from .detectors.base import Finding, Observation, TrackKey
+from .events import EventType, FailureKind, SemanticEvent
+
+
+def normal_state(event_type: EventType) -> str:
+    return "healthy" if event_type is EventType.GRADIENT else "normal"
+
+
+def confidence(strength: float, observations: int, persistence: int, decisive: bool) -> float:
+    """Confidence from the evidence: how far past the threshold, and for how long it held."""
+    if decisive:
+        return round(0.9 + 0.1 * strength, 3)
+    support = min(1.0, observations / (2 * persistence))
+    return round(min(1.0, 0.45 + 0.35 * strength + 0.2 * support), 3)
+
+
+@dataclass
+class _Run:
+    first: Finding
+    strongest: Finding
+    start: int
+    end: int
+    count: int
+    from_state: str | None
+    confirmed: bool = False  # what followed proved it real (an explosion that ends in NaN)
+
+    @property
+    def state(self) -> str:
+        return self.first.state
+
+    def extend(self, step: int, finding: Finding) -> None:
+        self.end = step
+        self.count += 1
+        if finding.strength > self.strongest.strength:
+            self.strongest = finding
+
+    def qualifies(self, persistence: int) -> bool:
+        return self.first.decisive or self.confirmed or self.count >= persistence
+
+    def to_event(self, persistence: int) -> SemanticEvent:
+        f = self.strongest
+        metrics = dict(f.metrics)
+        metrics["observations"] = float(self.count)
+        if f.call:
+            metrics["call"] = float(f.call)
+        return SemanticEvent(
+            event_type=f.event_type,
+            kind=f.kind,
+            layer=f.layer,
+            param=f.param,
+            step_start=self.start,
+            step_end=self.end,
+            from_state=self.from_state,
+            to_state=self.state,
+            metrics=metrics,
+            confidence=confidence(f.strength, self.count, persistence, self.first.decisive),
+        )
+
+
+class EventStore:
+    """Events in order of onset, capped at ``cap``: beyond it the earliest and the strongest are kept.
+
+    A new event of the same layer and state that starts within ``merge_gap`` steps of the previous one extends
+    it, so a layer flapping between states does not grow the store.
+    """
+
+    def __init__(self, cap: int, merge_gap: int) -> None:
+        self._cap = cap
+        self._merge_gap = merge_gap
+        self._entries: list[tuple[TrackKey, SemanticEvent]] = []
+        self._latest: dict[TrackKey, int] = {}
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(self, key: TrackKey, event: SemanticEvent) -> None:
+        idx = self._latest.get(key)
+        if idx is not None:
+            prev = self._entries[idx][1]
+            if prev.to_state == event.to_state and event.step_start - prev.step_end <= self._merge_gap:
+                self._entries[idx] = (key, merge(prev, event))
+                return
+        self._entries.append((key, event))
+        self._latest[key] = len(self._entries) - 1
+        if len(self._entries) > self._cap:
+            self._prune()
+
+    def _prune(self) -> None:
+        keep = (self._cap * 3) // 4
+        by_onset = sorted(range(len(self._entries)), key=lambda i: self._entries[i][1].step_start)
+        earliest = set(by_onset[: keep // 2])
+        rest = [i for i in by_onset if i not in earliest]
+        rest.sort(key=lambda i: -self._entries[i][1].confidence)
+        kept = sorted(earliest | set(rest[: keep - len(earliest)]))
+        self.dropped += len(self._entries) - len(kept)
+        self._entries = [self._entries[i] for i in kept]
+        self._latest = {key: i for i, (key, _) in enumerate(self._entries)}
+
+    def events(self, pending: Sequence[tuple[TrackKey, SemanticEvent]] = ()) -> list[SemanticEvent]:
+        """The stored events, plus ``pending`` ones merged as :meth:`add` would merge them (nothing is kept)."""
+        if not pending:
+            return [event for _, event in self._entries]
+        entries = list(self._entries)
+        latest = dict(self._latest)
+        for key, event in pending:
+            idx = latest.get(key)
+            if idx is not None:
+                prev = entries[idx][1]
+                if prev.to_state == event.to_state and event.step_start - prev.step_end <= self._merge_gap:
+                    entries[idx] = (key, merge(prev, event))
+                    continue
+            entries.append((key, event))
+            latest[key] = len(entries) - 1
+        return [event for _, event in entries]
+
+
+def merge(prev: SemanticEvent, new: SemanticEvent) -> SemanticEvent:
+    stronger = new if new.confidence > prev.confidence else prev
+    metrics = dict(stronger.metrics)
+    metrics["observations"] = prev.metrics.get("observations", 1.0) + new.metrics.get("observations", 1.0)
+    return dataclasses.replace(
+        prev,
+        step_end=max(prev.step_end, new.step_end),
+        metrics=metrics,
+        confidence=max(prev.confidence, new.confidence),
+    )
+
+
+class Tracker:
+    """Follows every (detector, layer) over time and emits events into an :class:`EventStore`."""
+
+    def __init__(self, config: DebugConfig) -> None:
+        self._persistence = config.persistence
+        self._open: dict[TrackKey, _Run] = {}
+        self._last: dict[TrackKey, str] = {}
+        self.store = EventStore(config.max_events, merge_gap=2 * config.full_every)
+
+    def update(self, detector: str, step: int, obs: Observation) -> None:
+        if any(f.decisive and f.kind is FailureKind.NON_FINITE for f in obs.findings):
+            for open_run in self._open.values():  # non-finite values confirm an explosion under way
+                if open_run.first.kind is FailureKind.EXPLODING_GRADIENTS:
+                    open_run.confirmed = True
+        abnormal: set[TrackKey] = set()
+        for f in obs.findings:
+            key: TrackKey = (detector, f.event_type, f.layer, f.param, f.call)
+            abnormal.add(key)
+            run: _Run | None = self._open.get(key)
+            if run is not None and run.state != f.state:
+                run.confirmed = run.confirmed or (f.decisive and run.first.kind is FailureKind.EXPLODING_GRADIENTS)
+                self._close(key, run)
+                run = None
+            if run is None:
+                self._open[key] = _Run(f, f, step, step, 1, self._last.get(key))
+            else:
+                run.extend(step, f)
+            self._last[key] = f.state
+        for event_type, layer, param, call in obs.observed:
+            key = (detector, event_type, layer, param, call)
+            if key in abnormal:
+                continue
+            ended = self._open.pop(key, None)
+            if ended is not None:
+                self._close(key, ended)
+            self._last[key] = normal_state(event_type)
+
+    def _close(self, key: TrackKey, run: _Run) -> None:
+        self._open.pop(key, None)
+        if run.qualifies(self._persistence):
+            self.store.add(key, run.to_event(self._persistence))
+
+    def events(self) -> list[SemanticEvent]:
+        """Every event so far, including states still holding, ordered by onset then forward position."""
+        pending = [
+            (key, run.to_event(self._persistence))
+            for key, run in self._open.items()
+            if run.qualifies(self._persistence)
+        ]
+        return sorted(self.store.events(pending), key=lambda e: (e.step_start, e.step_end))

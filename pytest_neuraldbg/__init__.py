@@ -1,0 +1,1 @@
+"""pytest-neuraldbg: the ``neuraldbg`` fixture, assertion helpers and CI reports for training health."""

@@ -1,0 +1,270 @@
+"""Models, training loops and plain-torch ground-truth measurements shared by the tests.
+
+Ground truth never comes from NeuralDBG: every fault a test relies on is confirmed here with plain torch
+(forward hooks of our own, parameter copies), so a detector test cannot pass by agreeing with itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import NeuralDbg
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+# --------------------------------------------------------------------------------------------- data
+
+
+def regression_batches(in_features: int = 16, batch: int = 32, seed: int = 1) -> Callable[[int], Batch]:
+    """A learnable regression task: targets from a fixed random linear teacher plus noise."""
+    teacher = torch.randn(in_features, 1, generator=torch.Generator().manual_seed(seed + 1000))
+
+    def make(step: int) -> Batch:
+        g = torch.Generator().manual_seed(seed * 100_003 + step)
+        x = torch.randn(batch, in_features, generator=g)
+        return x, x @ teacher + 0.05 * torch.randn(batch, 1, generator=g)
+
+    return make
+
+
+def classification_batches(
+    shape: tuple[int, ...], classes: int, batch: int = 32, seed: int = 1
+) -> Callable[[int], Batch]:
+    """A learnable classification task: labels from a fixed random linear teacher on flattened inputs."""
+    n = 1
+    for d in shape:
+        n *= d
+    teacher = torch.randn(n, classes, generator=torch.Generator().manual_seed(seed + 2000))
+
+    def make(step: int) -> Batch:
+        g = torch.Generator().manual_seed(seed * 100_003 + step)
+        x = torch.randn(batch, *shape, generator=g)
+        return x, (x.reshape(batch, -1) @ teacher).argmax(dim=1)
+
+    return make
+
+
+def token_batches(vocab: int = 40, seq: int = 10, batch: int = 16, seed: int = 1) -> Callable[[int], Batch]:
+    """Next-token-like task: the target token is a fixed function of the input token."""
+    mapping = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed + 3000))
+
+    def make(step: int) -> Batch:
+        g = torch.Generator().manual_seed(seed * 100_003 + step)
+        x = torch.randint(0, vocab, (batch, seq), generator=g)
+        return x, mapping[x].reshape(-1)
+
+    return make
+
+
+# --------------------------------------------------------------------------------------------- models
+
+
+def tiny() -> nn.Sequential:
+    """The README model."""
+    return nn.Sequential(nn.Linear(10, 5), nn.ReLU(), nn.Linear(5, 1))
+
+
+def mlp(
+    width: int = 64, depth: int = 4, in_features: int = 16, out: int = 1, act: type[nn.Module] = nn.ReLU
+) -> nn.Sequential:
+    layers: list[nn.Module] = [nn.Linear(in_features, width), act()]
+    for _ in range(depth - 1):
+        layers += [nn.Linear(width, width), act()]
+    layers.append(nn.Linear(width, out))
+    return nn.Sequential(*layers)
+
+
+class FunctionalMLP(nn.Module):
+    """ReLU applied with F.relu in forward: no activation module to hook."""
+
+    def __init__(self, in_features: int = 16, width: int = 32) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, width)
+        self.fc2 = nn.Linear(width, width)
+        self.out = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+class SharedActMLP(nn.Module):
+    """One activation module reused after every layer (a common way to write models)."""
+
+    def __init__(self, in_features: int = 16, width: int = 32) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, width)
+        self.fc2 = nn.Linear(width, width)
+        self.fc3 = nn.Linear(width, 1)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(self.act(self.fc2(self.act(self.fc1(x)))))
+
+
+def cnn(classes: int = 10) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(inplace=True),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, classes),
+    )
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 2 * d)
+        self.fc2 = nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+class ResidualNet(nn.Module):
+    def __init__(self, in_features: int = 16, d: int = 32, blocks: int = 16, out: int = 1) -> None:
+        super().__init__()
+        self.inp = nn.Linear(in_features, d)
+        self.blocks = nn.ModuleList([ResidualBlock(d) for _ in range(blocks)])
+        self.norm = nn.LayerNorm(d)
+        self.out = nn.Linear(d, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.out(self.norm(x))
+
+
+class LSTMRegressor(nn.Module):
+    def __init__(self, features: int = 8, hidden: int = 32, cell: type[nn.Module] = nn.LSTM) -> None:
+        super().__init__()
+        self.rnn = cell(features, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(x)
+        return self.head(out[:, -1])
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self, vocab: int = 40, d: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        layer = nn.TransformerEncoderLayer(d, 4, 64, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(x))).reshape(-1, self.head.out_features)
+
+
+def sequence_batches(features: int = 8, seq: int = 12, batch: int = 32, seed: int = 1) -> Callable[[int], Batch]:
+    def make(step: int) -> Batch:
+        g = torch.Generator().manual_seed(seed * 100_003 + step)
+        x = torch.randn(batch, seq, features, generator=g)
+        return x, x[:, -3:, :2].sum(dim=(1, 2)).unsqueeze(1) * 0.5
+
+    return make
+
+
+# --------------------------------------------------------------------------------------------- loops
+
+
+def train(
+    model: nn.Module,
+    batches: Callable[[int], Batch],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.mse_loss,
+    steps: int = 40,
+    optimizer: torch.optim.Optimizer | None = None,
+    on_step: Callable[[int, torch.optim.Optimizer], None] | None = None,
+    **config: object,
+) -> tuple[NeuralDbg, list[float]]:
+    """Train under NeuralDbg; returns the debugger and the loss per step."""
+    opt = optimizer or torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses: list[float] = []
+    with NeuralDbg(model, **config) as dbg:  # type: ignore[arg-type]
+        for step in range(steps):
+            if on_step is not None:
+                on_step(step, opt)
+            x, y = batches(step)
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return dbg, losses
+
+
+def plain_train(
+    model: nn.Module,
+    batches: Callable[[int], Batch],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.mse_loss,
+    steps: int = 40,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> list[float]:
+    opt = optimizer or torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses = []
+    for step in range(steps):
+        x, y = batches(step)
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+# --------------------------------------------------------------------------------------------- plain-torch truth
+
+
+def capture_outputs(model: nn.Module, x: torch.Tensor, names: list[str]) -> dict[str, torch.Tensor]:
+    """Outputs of the named modules for input ``x`` (plain forward hooks, no gradient)."""
+    modules = dict(model.named_modules())
+    out: dict[str, torch.Tensor] = {}
+    handles = [
+        modules[n].register_forward_hook(lambda m, i, o, n=n: out.__setitem__(n, o.detach().clone())) for n in names
+    ]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return out
+
+
+def dead_unit_fraction(activations: torch.Tensor) -> float:
+    """Fraction of units (last dim, or channels of a conv map) positive on no sample."""
+    a = activations
+    a = a.permute(0, 2, 3, 1).reshape(-1, a.shape[1]) if a.dim() == 4 else a.reshape(-1, a.shape[-1])
+    return float(((a > 0).sum(0) == 0).float().mean())
+
+
+def grad_norms(model: nn.Module) -> dict[str, float]:
+    """Per-parameter gradient norms after a backward pass."""
+    return {n: float(p.grad.norm()) for n, p in model.named_parameters() if p.grad is not None}
+
+
+def one_backward(model: nn.Module, batch: Batch, loss_fn: Callable[..., torch.Tensor] = F.mse_loss) -> None:
+    model.zero_grad()
+    x, y = batch
+    loss_fn(model(x), y).backward()
+
+
+def kinds(dbg: NeuralDbg) -> set[str]:
+    return {h.kind.value for h in dbg.hypotheses()}
+
+
+def iter_events(dbg: NeuralDbg, kind: str) -> Iterator:
+    return (e for e in dbg.events if e.kind is not None and e.kind.value == kind)
