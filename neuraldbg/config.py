@@ -51,8 +51,9 @@ class DebugConfig:
     # --- activations -----------------------------------------------------------------------------------------
     dead_sample_fraction: float = 0.01  # a unit is dead when active on at most this fraction of the samples
     # (smdebug: a unit is dead if active on < 1 % of samples)
-    dead_unit_fraction: float = 0.5  # a layer is dead when at least this fraction of its units is dead
-    # (smdebug: the rule fires when > 50 % of a layer's units are dead)
+    dead_unit_fraction: float = 0.7  # a layer is dead when at least this fraction of its units is dead
+    # (DeepDiagnosis and AUTOTRAINER: 70 %; smdebug's 50 % fires on healthy deep plain MLPs with PyTorch's
+    #  default init, where about half the units of the deep layers are constant-sign for every input)
     saturation_derivative: float = 1e-2  # an output is saturated when the activation's derivative there is
     # below this fraction of its maximum (tanh: |y| > 0.995, sigmoid: y < 0.0025 or y > 0.9975; calibrated:
     # DeepDiagnosis' |x| > 5 for tanh is 1.8e-4, smdebug's bounds are 1e-7 and miss most saturated layers)

@@ -47,12 +47,11 @@ class Diagnosis:
     def hypotheses(self) -> list[CausalHypothesis]:
         """Ranked causal hypotheses, most likely first; ``[]`` when training looks healthy."""
         events, topo, rules = self._current()
-        key = (len(events), tuple((e.step_start, e.step_end, e.layer, e.to_state) for e in events[-50:]))
         cached = getattr(self, "_hyp_cache", None)
-        if cached is not None and cached[0] == key:
+        if cached is not None and cached[0] is events:  # events lists are reused until something changes
             return list(cached[1])
         result = diagnose(events, topo, rules, self._series)
-        self._hyp_cache = (key, result)
+        self._hyp_cache = (events, result)
         return list(result)
 
     @property

@@ -95,7 +95,18 @@ def at_backward_end(fn: Callable[[], None]) -> bool:
 # Small factories keep the hook signatures PyTorch expects apart from the recorder's own method names.
 
 
+def _eager(fn: Callable[..., None]) -> Callable[..., None]:
+    """Keep torch.compile from tracing a hook: it runs eagerly at a graph break of its own.
+
+    Used for the model-level hooks, which do the step bookkeeping in Python at the edges of the forward pass;
+    per-layer hooks only do tensor work and stay traceable.
+    """
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return disable(fn) if disable is not None else fn
+
+
 def _forward_start(cb: Callbacks) -> Callable[..., None]:
+    @_eager
     def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         cb.on_forward_start(module, args, kwargs)
 
@@ -103,6 +114,7 @@ def _forward_start(cb: Callbacks) -> Callable[..., None]:
 
 
 def _forward_end(cb: Callbacks) -> Callable[..., None]:
+    @_eager
     def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         cb.on_forward_end(module, args, output)
 

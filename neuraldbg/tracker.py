@@ -149,9 +149,12 @@ class Tracker:
         self._persistence = config.persistence
         self._open: dict[TrackKey, _Run] = {}
         self._last: dict[TrackKey, str] = {}
-        self.store = EventStore(config.max_events, merge_gap=2 * config.full_every)
+        self._snapshot: list[SemanticEvent] | None = None  # events() until the next update
+        # a state that returns within this many steps continues its event (a flapping layer is one event)
+        self.store = EventStore(config.max_events, merge_gap=max(2 * config.full_every, 8 * config.persistence))
 
     def update(self, detector: str, step: int, obs: Observation) -> None:
+        self._snapshot = None
         if any(f.decisive and f.kind is FailureKind.NON_FINITE for f in obs.findings):
             for open_run in self._open.values():  # non-finite values confirm an explosion under way
                 if open_run.first.kind is FailureKind.EXPLODING_GRADIENTS:
@@ -185,10 +188,14 @@ class Tracker:
             self.store.add(key, run.to_event(self._persistence))
 
     def events(self) -> list[SemanticEvent]:
-        """Every event so far, including states still holding, ordered by onset then forward position."""
+        """Every event so far, including states still holding, ordered by onset. The same list (and the same
+        event objects) is returned until the next update."""
+        if self._snapshot is not None:
+            return self._snapshot
         pending = [
             (key, run.to_event(self._persistence))
             for key, run in self._open.items()
             if run.qualifies(self._persistence)
         ]
-        return sorted(self.store.events(pending), key=lambda e: (e.step_start, e.step_end))
+        self._snapshot = sorted(self.store.events(pending), key=lambda e: (e.step_start, e.step_end))
+        return self._snapshot

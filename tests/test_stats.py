@@ -1,0 +1,206 @@
+"""Oracle tests: every statistic against a brute-force torch computation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import support
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import NeuralDbg, stats
+from neuraldbg.recorder import INPUT, OUTPUT, StepData
+
+
+def test_norms_match_vector_norm_for_every_dtype_and_mixed_lists():
+    torch.manual_seed(0)
+    tensors = [
+        torch.randn(7, 3),
+        torch.randn(5).half() * 300,  # a float16 norm of these overflows unless reduced in float32
+        torch.randn(2, 2, 2).bfloat16(),
+        torch.randn(4, dtype=torch.float64),
+        torch.zeros(3),
+    ]
+    got = stats.norms(tensors)
+    for t, g in zip(tensors, got, strict=True):
+        expected = torch.linalg.vector_norm(t.double()).item()
+        assert g.dtype == torch.float32
+        assert math.isclose(g.item(), expected, rel_tol=1e-2 if t.dtype != torch.float32 else 1e-6)
+
+
+def test_norms_propagate_nan_and_inf():
+    got = stats.norms([torch.tensor([1.0, float("nan")]), torch.tensor([float("inf"), 0.0])])
+    assert math.isnan(got[0].item()) and math.isinf(got[1].item())
+
+
+def brute_dead_units(t: torch.Tensor, unit_dim: int, sample_fraction: float) -> int:
+    moved = t.movedim(unit_dim, -1)
+    n, units = moved.shape[0], moved.shape[-1]
+    per_sample = moved.reshape(n, -1, units)
+    dead = 0
+    for u in range(units):
+        active_samples = sum(1 for i in range(n) if bool((per_sample[i, :, u] > 0).any()))
+        if active_samples <= int(sample_fraction * n):
+            dead += 1
+    return dead
+
+
+@pytest.mark.parametrize(
+    ("shape", "channel_first", "unit_dim"),
+    [((64, 10), False, 1), ((16, 6, 5, 5), True, 1), ((8, 7, 12), False, 2), ((8, 12, 7), True, 1)],
+)
+@pytest.mark.parametrize("fraction", [0.0, 0.1])
+def test_dead_units_match_a_per_unit_per_sample_count(shape, channel_first, unit_dim, fraction):
+    g = torch.Generator().manual_seed(3)
+    t = torch.relu(torch.randn(*shape, generator=g) - 1.2)
+    t.select(unit_dim, 0).zero_()  # one unit dead everywhere
+    t.select(0, 0).select(unit_dim - 1, 1).fill_(1.0)  # one unit active on a single sample only
+    got = stats.dead_units(t, channel_first, fraction).item()
+    assert got == brute_dead_units(t, unit_dim, fraction)
+    assert stats.unit_count(t, channel_first) == shape[unit_dim]
+
+
+def test_never_positive_and_zero_gradient_units_match_brute_force():
+    t = torch.randn(32, 6)
+    t[:, 2] = -t[:, 2].abs()
+    never = stats.never_positive(t, channel_first=False)
+    assert never.tolist() == [bool((t[:, u] <= 0).all()) for u in range(6)]
+    grad = torch.randn(6, 4, 3)
+    grad[1] = 0
+    grad[4, 0, 0] = 1e-30  # tiny but not zero
+    grad[4, 1:] = 0
+    grad[4, 0, 1:] = 0
+    zero = stats.zero_gradient_units(grad)
+    assert zero.tolist() == [bool((grad[u] == 0).all()) for u in range(6)]
+
+
+@pytest.mark.parametrize(("center", "radius"), [(0.0, 0.995), (0.5, 0.4975)])
+def test_saturated_count_matches_elementwise_bounds(center, radius):
+    t = torch.rand(40, 9) * 2 - 1 + center
+    expected = sum(1 for v in t.flatten().tolist() if abs(v - center) >= radius)
+    assert stats.saturated_count(t, center, radius).item() == expected
+
+
+def test_exact_zero_and_finite_distinguish_underflow_and_overflow():
+    assert stats.exact_zero_and_finite(torch.zeros(5)) == (True, True)
+    assert stats.exact_zero_and_finite(torch.full((5,), 1e-30)) == (False, True)
+    assert stats.exact_zero_and_finite(torch.full((5,), 1e30)) == (False, True)  # its L2 norm overflows
+    assert stats.exact_zero_and_finite(torch.tensor([1.0, float("nan")])) == (False, False)
+
+
+def test_to_host_moves_values_in_order():
+    values = [torch.tensor(1.5), torch.tensor(2, dtype=torch.int64), torch.tensor(-3.0, dtype=torch.float64)]
+    assert stats.to_host(values) == [1.5, 2.0, -3.0]
+
+
+def test_first_tensor_finds_the_first_float_tensor_in_nested_outputs():
+    a, b = torch.ones(1), torch.zeros(2)
+    assert stats.first_tensor(a) is a
+    assert stats.first_tensor((torch.tensor([1]), [b, a])) is b
+    assert stats.first_tensor({"mask": torch.tensor([True]), "x": a}) is a
+    assert stats.first_tensor(None) is None
+    packed = nn.utils.rnn.pack_padded_sequence(torch.randn(2, 3, 4), [3, 2], batch_first=True)
+    assert stats.first_tensor(packed) is packed.data
+
+
+# --------------------------------------------------------------------------------------------- recorder
+
+
+class Capture:
+    def __init__(self) -> None:
+        self.records: list[StepData] = []
+
+    def __call__(self, records: list[StepData]) -> None:
+        self.records.extend(records)
+
+
+def test_recorded_step_statistics_equal_a_brute_force_recomputation():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
+    with torch.no_grad():
+        model[0].bias[:5] = -50.0  # five dead units in the ReLU
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    dbg = NeuralDbg(model, preset="full")
+    capture = Capture()
+    dbg._recorder._sink = capture  # observe the raw records instead of the detectors
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(32, 8, generator=g) for _ in range(3)]
+    ys = [torch.randn(32, 1, generator=g) for _ in range(3)]
+
+    expected = []
+    reference = [p.detach().clone() for p in model.parameters()]
+    with dbg:
+        for x, y in zip(xs, ys, strict=True):
+            outs: dict[str, torch.Tensor] = {}
+            handles = [
+                m.register_forward_hook(lambda m, i, o, n=n, outs=outs: outs.__setitem__(n, o.detach().clone()))
+                for n, m in model.named_children()
+            ]
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            for h in handles:
+                h.remove()
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+            before = {n: p.detach().clone() for n, p in model.named_parameters()}
+            opt.step()
+            after = {n: p.detach().clone() for n, p in model.named_parameters()}
+            expected.append((x, outs, grads, before, after))
+    assert len(capture.records) == 3
+    for record, (x, outs, grads, before, after) in zip(capture.records, expected, strict=True):
+        assert record.full
+        assert record.input_norm == pytest.approx(x.norm().item(), rel=1e-5)
+        assert record.output_norm == pytest.approx(outs["4"].norm().item(), rel=1e-5)
+        for name, out in outs.items():
+            assert record.act[(name, 0)] == pytest.approx(out.norm().item(), rel=1e-5, abs=1e-12)
+            assert record.numel[(name, 0)] == out.numel()
+        dead, units = record.dead[("1", 0)]
+        assert units == 16 and dead == sum(1 for u in range(16) if not bool((outs["1"][:, u] > 0).any()))
+        saturated, total = record.saturated[("3", 0)]
+        assert total == outs["3"].numel()
+        assert saturated == int((outs["3"].abs() >= record_bound(dbg)).sum())
+        for name, grad in grads.items():
+            assert record.grad[name] == pytest.approx(grad.norm().item(), rel=1e-5)
+        for name in grads:
+            delta, weight = record.update[name]
+            assert delta == pytest.approx((after[name] - before[name]).norm().item(), rel=1e-4)
+            assert weight == pytest.approx(after[name].norm().item(), rel=1e-5)
+        assert {INPUT, OUTPUT}.isdisjoint(record.act)
+    assert reference[0].shape == model[0].weight.shape
+
+
+def record_bound(dbg: NeuralDbg) -> float:
+    bound = dbg._infos["3"].bound
+    assert bound is not None
+    return bound.radius
+
+
+def test_gradients_that_underflow_the_norm_are_not_reported_as_exact_zeros():
+    model = nn.Linear(4, 1)
+    dbg = NeuralDbg(model, preset="full")
+    capture = Capture()
+    dbg._recorder._sink = capture
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with dbg:
+        opt.zero_grad()
+        (model(torch.ones(2, 4)).sum() * 1e-30).backward()  # gradients ~1e-30: squares underflow float32
+        opt.step()
+    record = capture.records[0]
+    assert record.grad_exact_zero == set()
+    assert 0 < record.grad["weight"] <= 1e-29
+
+
+def test_layer_order_is_the_forward_execution_order_not_the_definition_order():
+    class Backwards(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.last = nn.Linear(4, 1)
+            self.first = nn.Linear(3, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.last(torch.relu(self.first(x)))
+
+    model = Backwards()
+    dbg, _ = support.train(model, lambda s: (torch.randn(8, 3), torch.randn(8, 1)), steps=2)
+    assert dbg.layers == ["first", "last"]
