@@ -37,7 +37,9 @@ class Analyzer:
         self.last_step = -1
         self.first_non_finite_step: int | None = None
 
-    def consume(self, records: Sequence[StepData]) -> None:
+    def consume(self, records: Sequence[StepData]) -> bool:
+        """Analyse committed steps; True when a new abnormal state began (worth observing densely)."""
+        started = self.tracker.started
         for record in records:
             view = StepView(record, self.ctx)
             for detector in list(self.detectors):
@@ -57,6 +59,7 @@ class Analyzer:
             self.steps_observed += 1
             self.full_steps += record.full
             self.last_step = max(self.last_step, record.step)
+        return self.tracker.started > started
 
     def _record_history(self, view: StepView) -> None:
         data, add, step = view.data, self.history.add, view.step

@@ -42,15 +42,20 @@ class DebugConfig:
     #  for the false alarms reported for these tools)
 
     # --- gradients -----------------------------------------------------------------------------------------
-    vanishing_norm: float = 1e-6  # a layer's gradient norm below this ... (seed default: norm < 1e-6)
+    vanishing_norm: float = 1e-4  # a layer's gradient norm below this ... (AUTOTRAINER: first-layer norm < 1e-4;
+    # the seed's 1e-6 misses a GRU whose gates are stuck, with gradients of 1e-5 against 1e-1 in its head)
     vanishing_ratio: float = 1e-3  # ... and below this fraction of the largest layer norm at the same step
     # (AUTOTRAINER: first/last layer gradient ratio < 1e-3; the relative test keeps healthy nets whose
     #  gradients are uniformly small, e.g. near convergence, silent)
+    vanishing_floor: float = 1e-9  # below this a layer's gradient is vanishing whatever the other layers do,
+    # unless the gradient of the loss w.r.t. the model's output is itself tiny (a converged fit)
     exploding_norm: float = 1e3  # a layer's gradient norm above this is exploding (seed default: norm > 1e3)
 
     # --- activations -----------------------------------------------------------------------------------------
     dead_sample_fraction: float = 0.01  # a unit is dead when active on at most this fraction of the samples
     # (smdebug: a unit is dead if active on < 1 % of samples)
+    dead_onset_fraction: float = 0.5  # a dying layer's event starts when this fraction of its units is dead
+    # (smdebug's 50 %) and counts once ``dead_unit_fraction`` of them are, for ``persistence`` observations
     dead_unit_fraction: float = 0.7  # a layer is dead when at least this fraction of its units is dead
     # (DeepDiagnosis and AUTOTRAINER: 70 %; smdebug's 50 % fires on healthy deep plain MLPs with PyTorch's
     #  default init, where about half the units of the deep layers are constant-sign for every input)
@@ -61,6 +66,9 @@ class DebugConfig:
     # (smdebug and DeepDiagnosis: > 50 % of the layer)
     anomalous_rms: float = 1e3  # an output whose root-mean-square exceeds this is anomalous (calibrated:
     # healthy layers stay within 0.01-100; smdebug's poor-init rule uses a variance ratio instead)
+    amplifying_gain: float = 10.0  # a layer whose output rms is this many times its input's amplifies: it
+    # localises an explosion to the layer with oversized weights (PyTorch's default init gives ~0.6, Kaiming ~1.4;
+    # smdebug's poor-init rule flags a max/min layer-variance ratio above 10)
 
     # --- parameter updates ---------------------------------------------------------------------------------
     stalled_ratio: float = 1e-5  # update/weight ratio ||dW||/||W|| below this is stalled
@@ -107,12 +115,15 @@ _BOUNDS: dict[str, tuple[str, float, float]] = {
     "persistence": ("int", 1, 1000),
     "vanishing_norm": ("float", 0, math.inf),
     "vanishing_ratio": ("float", 0, 1),
+    "vanishing_floor": ("float", 0, math.inf),
     "exploding_norm": ("float", 0, math.inf),
     "dead_sample_fraction": ("float", 0, 1),
+    "dead_onset_fraction": ("float", 0, 1),
     "dead_unit_fraction": ("float", 0, 1),
     "saturation_derivative": ("float", 0, 1),
     "saturated_fraction": ("float", 0, 1),
     "anomalous_rms": ("float", 0, math.inf),
+    "amplifying_gain": ("float", 0, math.inf),
     "stalled_ratio": ("float", 0, math.inf),
     "exploding_update_ratio": ("float", 0, math.inf),
     "max_events": ("int", 10, math.inf),

@@ -68,5 +68,5 @@ _UPDATE_KINDS = {
     UpdateHealth.NORMAL: None,
     UpdateHealth.FROZEN: FailureKind.FROZEN_PARAMETERS,
     UpdateHealth.STALLED: FailureKind.STALLED_UPDATES,
-    UpdateHealth.EXPLODING: FailureKind.EXPLODING_GRADIENTS,
+    UpdateHealth.EXPLODING: None,  # evidence: the cause of the dead units, explosions or NaN that follow
 }

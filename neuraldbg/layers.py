@@ -1,9 +1,10 @@
 """Which modules are watched, and what their outputs mean.
 
-A *layer* is a module whose output the engine watches: every leaf module, plus every module that owns
-parameters directly (``nn.MultiheadAttention`` owns ``in_proj_weight`` and computes with its ``out_proj``
-child without calling it). Roles decide which statistics make sense: per-unit activity only for ReLU-family
-outputs, saturation only for bounded activations (never for Linear outputs or logits).
+A *layer* is any submodule the forward pass calls: leaves, modules that own parameters directly
+(``nn.MultiheadAttention`` owns ``in_proj_weight`` and computes with its ``out_proj`` child without calling it),
+and containers. Roles decide which statistics make sense: per-unit activity only for ReLU-family outputs,
+saturation only for bounded activations (never for Linear outputs or logits), gradients only for layers that own
+parameters.
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ _UNIT_LAYERS: tuple[type[nn.Module], ...] = (
     nn.LayerNorm,
     nn.GroupNorm,
 )
+_NORMALIZING: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._NormBase,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.LocalResponseNorm,
+    *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
+)
 _CHANNEL_FIRST: tuple[type[nn.Module], ...] = (
     nn.modules.conv._ConvNd,
     nn.modules.batchnorm._NormBase,
@@ -56,6 +64,7 @@ class LayerInfo:
     channel_first: bool  # units along dim 1 (conv, batch norm) rather than the last dim
     bound: Bound | None = None  # for Role.BOUNDED
     unit_weight: str | None = None  # qualified name of the weight whose rows are the output units
+    normalizes: bool = False  # a normalisation layer: rescaling its input is its job
 
 
 def saturation_bound(module: nn.Module, derivative: float) -> Bound | None:
@@ -91,16 +100,12 @@ def role_of(module: nn.Module, derivative: float) -> tuple[Role, Bound | None]:
 
 
 def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Modules whose outputs are watched: leaves and modules that own parameters directly (not the root)."""
-    found = []
-    for name, module in model.named_modules():
-        if not name:
-            continue
-        is_leaf = next(module.children(), None) is None
-        owns = next(module.parameters(recurse=False), None) is not None
-        if is_leaf or owns:
-            found.append((name, module))
-    return found
+    """Modules whose outputs are watched: every submodule (not the root, whose output is watched apart).
+
+    Containers matter: a non-finite value produced by a functional op inside a block (``torch.log`` in a
+    custom head) first shows in that block's output, after its children's outputs were still finite.
+    """
+    return [(name, module) for name, module in model.named_modules() if name]
 
 
 def describe(model: nn.Module, derivative: float) -> dict[str, LayerInfo]:
@@ -123,6 +128,7 @@ def describe(model: nn.Module, derivative: float) -> dict[str, LayerInfo]:
             channel_first=isinstance(module, _CHANNEL_FIRST),
             bound=bound,
             unit_weight=unit_weight,
+            normalizes=isinstance(module, _NORMALIZING),
         )
     return infos
 

@@ -140,7 +140,7 @@ class Recorder:
         model: nn.Module,
         infos: dict[str, LayerInfo],
         config: DebugConfig,
-        sink: Callable[[list[StepData]], None],
+        sink: Callable[[list[StepData]], bool | None],
         order: list[SlotKey] | None = None,
     ) -> None:
         self._model = weakref.ref(model)
@@ -173,6 +173,7 @@ class Recorder:
         self._grads_captured = False
         self._snapshot: list[tuple[str, Tensor, Tensor]] | None = None
         self._loss: Tensor | None = None
+        self._last_target_grad: float | None = None
         self._warned: set[str] = set()
 
     # ------------------------------------------------------------------------------------------------
@@ -498,9 +499,13 @@ class Recorder:
                 _assign(part.data, target, key, extra, value)
             i += len(part.tensors)
         records = [p.data for p in buffer]
-        if any(_suspicious(r, self._config) for r in records):
+        suspicious = False
+        for record in records:
+            suspicious |= _suspicious(record, self._config, self._last_target_grad)
+            if record.target_grad is not None and math.isfinite(record.target_grad):
+                self._last_target_grad = record.target_grad
+        if self._sink(records) or suspicious:  # the sink says a new abnormal state began
             self._schedule.trigger(self.step)
-        self._sink(records)
 
     def finish(self) -> None:
         """Close the step in progress (if anything was observed in it) and flush everything."""
@@ -521,9 +526,13 @@ class Recorder:
         self._loss = None
 
 
-def _suspicious(record: StepData, config: DebugConfig) -> bool:
-    """Signals that warrant full observation of the next steps."""
+def _suspicious(record: StepData, config: DebugConfig, previous_target_grad: float | None) -> bool:
+    """Signals that warrant full observation of the next steps: a learning-rate change, a non-finite or
+    blown-up output, a loss gradient ten times larger than at the previous step (an outlier batch)."""
     if record.lr_changed:
+        return True
+    tg = record.target_grad
+    if tg is not None and previous_target_grad and (not math.isfinite(tg) or tg > 10 * previous_target_grad):
         return True
     for key, norm in record.act.items():
         if not math.isfinite(norm):

@@ -38,6 +38,7 @@ class _Run:
     count: int
     from_state: str | None
     confirmed: bool = False  # what followed proved it real (an explosion that ends in NaN)
+    solid: int = 0  # observations past the full threshold (not provisional)
 
     @property
     def state(self) -> str:
@@ -46,11 +47,12 @@ class _Run:
     def extend(self, step: int, finding: Finding) -> None:
         self.end = step
         self.count += 1
-        if finding.strength > self.strongest.strength:
+        self.solid += not finding.provisional
+        if finding.strength > self.strongest.strength or (self.strongest.provisional and not finding.provisional):
             self.strongest = finding
 
     def qualifies(self, persistence: int) -> bool:
-        return self.first.decisive or self.confirmed or self.count >= persistence
+        return self.first.decisive or self.confirmed or self.solid >= persistence
 
     def to_event(self, persistence: int) -> SemanticEvent:
         f = self.strongest
@@ -76,30 +78,49 @@ class EventStore:
     """Events in order of onset, capped at ``cap``: beyond it the earliest and the strongest are kept.
 
     A new event of the same layer and state that starts within ``merge_gap`` steps of the previous one extends
-    it, so a layer flapping between states does not grow the store.
+    it; so does any recurrence once a layer has had ``EPISODES`` separate events in that state (its metric
+    ``episodes`` counts them). A layer flapping between states, however long the run, does not grow the store.
     """
+
+    EPISODES = 3
 
     def __init__(self, cap: int, merge_gap: int) -> None:
         self._cap = cap
         self._merge_gap = merge_gap
         self._entries: list[tuple[TrackKey, SemanticEvent]] = []
         self._latest: dict[TrackKey, int] = {}
+        self._episodes: dict[TrackKey, int] = {}
         self.dropped = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def add(self, key: TrackKey, event: SemanticEvent) -> None:
-        idx = self._latest.get(key)
+        idx = self._mergeable(key, event, self._entries, self._latest)
         if idx is not None:
-            prev = self._entries[idx][1]
-            if prev.to_state == event.to_state and event.step_start - prev.step_end <= self._merge_gap:
-                self._entries[idx] = (key, merge(prev, event))
-                return
+            self._entries[idx] = (key, merge(self._entries[idx][1], event))
+            return
+        self._episodes[key] = self._episodes.get(key, 0) + 1
         self._entries.append((key, event))
         self._latest[key] = len(self._entries) - 1
         if len(self._entries) > self._cap:
             self._prune()
+
+    def _mergeable(
+        self,
+        key: TrackKey,
+        event: SemanticEvent,
+        entries: list[tuple[TrackKey, SemanticEvent]],
+        latest: dict[TrackKey, int],
+    ) -> int | None:
+        idx = latest.get(key)
+        if idx is None:
+            return None
+        prev = entries[idx][1]
+        if prev.to_state != event.to_state:
+            return None
+        close = event.step_start - prev.step_end <= self._merge_gap
+        return idx if close or self._episodes.get(key, 0) >= self.EPISODES else None
 
     def _prune(self) -> None:
         keep = (self._cap * 3) // 4
@@ -119,12 +140,10 @@ class EventStore:
         entries = list(self._entries)
         latest = dict(self._latest)
         for key, event in pending:
-            idx = latest.get(key)
+            idx = self._mergeable(key, event, entries, latest)
             if idx is not None:
-                prev = entries[idx][1]
-                if prev.to_state == event.to_state and event.step_start - prev.step_end <= self._merge_gap:
-                    entries[idx] = (key, merge(prev, event))
-                    continue
+                entries[idx] = (key, merge(entries[idx][1], event))
+                continue
             entries.append((key, event))
             latest[key] = len(entries) - 1
         return [event for _, event in entries]
@@ -134,6 +153,8 @@ def merge(prev: SemanticEvent, new: SemanticEvent) -> SemanticEvent:
     stronger = new if new.confidence > prev.confidence else prev
     metrics = dict(stronger.metrics)
     metrics["observations"] = prev.metrics.get("observations", 1.0) + new.metrics.get("observations", 1.0)
+    if new.step_start > prev.step_end + 1:
+        metrics["episodes"] = prev.metrics.get("episodes", 1.0) + new.metrics.get("episodes", 1.0)
     return dataclasses.replace(
         prev,
         step_end=max(prev.step_end, new.step_end),
@@ -150,6 +171,7 @@ class Tracker:
         self._open: dict[TrackKey, _Run] = {}
         self._last: dict[TrackKey, str] = {}
         self._snapshot: list[SemanticEvent] | None = None  # events() until the next update
+        self.started = 0  # runs started so far: a new one asks the recorder to observe densely
         # a state that returns within this many steps continues its event (a flapping layer is one event)
         self.store = EventStore(config.max_events, merge_gap=max(2 * config.full_every, 8 * config.persistence))
 
@@ -157,7 +179,7 @@ class Tracker:
         self._snapshot = None
         if any(f.decisive and f.kind is FailureKind.NON_FINITE for f in obs.findings):
             for open_run in self._open.values():  # non-finite values confirm an explosion under way
-                if open_run.first.kind is FailureKind.EXPLODING_GRADIENTS:
+                if open_run.state == "exploding":
                     open_run.confirmed = True
         abnormal: set[TrackKey] = set()
         for f in obs.findings:
@@ -165,11 +187,12 @@ class Tracker:
             abnormal.add(key)
             run: _Run | None = self._open.get(key)
             if run is not None and run.state != f.state:
-                run.confirmed = run.confirmed or (f.decisive and run.first.kind is FailureKind.EXPLODING_GRADIENTS)
+                run.confirmed = run.confirmed or (f.decisive and run.state == "exploding")
                 self._close(key, run)
                 run = None
             if run is None:
-                self._open[key] = _Run(f, f, step, step, 1, self._last.get(key))
+                self._open[key] = _Run(f, f, step, step, 1, self._last.get(key), solid=int(not f.provisional))
+                self.started += 1
             else:
                 run.extend(step, f)
             self._last[key] = f.state

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .base import Context, Detector, Finding, Observation, StepView
 from .dead import DeadUnitsDetector
+from .gain import GainDetector
 from .gradients import GradientDetector
 from .magnitude import MagnitudeDetector
 from .nonfinite import NonFiniteDetector
@@ -19,6 +20,7 @@ def builtin_detectors() -> list[Detector]:
         DeadUnitsDetector(),
         SaturationDetector(),
         MagnitudeDetector(),
+        GainDetector(),
         UpdateDetector(),
     ]
 
@@ -28,6 +30,7 @@ __all__ = [
     "DeadUnitsDetector",
     "Detector",
     "Finding",
+    "GainDetector",
     "GradientDetector",
     "MagnitudeDetector",
     "NonFiniteDetector",

@@ -34,6 +34,7 @@ class Finding:
     param: str | None = None
     call: int = 0
     decisive: bool = False  # no persistence needed (e.g. a NaN)
+    provisional: bool = False  # past an onset threshold only: dates the run but does not confirm it
 
 
 @dataclass

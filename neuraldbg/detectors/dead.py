@@ -8,7 +8,8 @@ tools alarm on healthy MNIST models):
 * a Linear / Conv / norm layer whose output is activated functionally (``F.relu`` in ``forward``): a unit is
   dead when its pre-activation is never positive *and* its weight row receives exactly zero gradient.
 
-A layer is dead when at least ``dead_unit_fraction`` of its units are.
+A layer is dead when at least ``dead_unit_fraction`` of its units are; its event is dated from when it first
+crossed ``dead_onset_fraction`` on the way (a layer dies over a few steps).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class DeadUnitsDetector(Detector):
         if not data.dead and not data.func_dead:
             return None
         threshold = view.ctx.config.dead_unit_fraction
+        onset = min(threshold, view.ctx.config.dead_onset_fraction)
         obs = Observation()
         for source, counts in (("module", data.dead), ("functional", data.func_dead)):
             for key, (dead, units) in counts.items():
@@ -37,7 +39,7 @@ class DeadUnitsDetector(Detector):
                     continue  # non-finite outputs are the non-finite detector's business
                 obs.saw(self.event_type, key[0], call=key[1])
                 fraction = dead / units
-                if fraction >= threshold and dead > 0:
+                if fraction >= onset and dead > 0:
                     metrics = {"dead_fraction": fraction, "dead_units": dead, "units": float(units)}
                     if source == "functional":
                         metrics["functional"] = 1.0
@@ -51,6 +53,7 @@ class DeadUnitsDetector(Detector):
                             metrics,
                             max(0.0, min(1.0, s)),
                             call=key[1],
+                            provisional=fraction < threshold,
                         )
                     )
         return obs

@@ -3,7 +3,8 @@
 A layer's gradient norm is the L2 norm over the parameters it owns directly (a bias before a BatchNorm gets
 an exactly-zero gradient by construction; folding it into its layer keeps that silent). Vanishing needs both an
 absolute and a relative test (below ``vanishing_norm`` *and* below ``vanishing_ratio`` of the largest layer at
-the same step), except for an exact zero or a norm below their product, which no healthy layer shows.
+the same step), except for an exact zero or a norm below ``vanishing_floor``, which no healthy layer shows
+while the loss still has a gradient to give.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ class GradientDetector(Detector):
             return None
         cfg = view.ctx.config
         top = max((g.norm for g in grads.values() if math.isfinite(g.norm)), default=0.0)
-        floor = cfg.vanishing_norm * cfg.vanishing_ratio
+        converged = view.data.target_grad is not None and view.data.target_grad < cfg.vanishing_floor * 1e3
+        floor = cfg.vanishing_floor
         obs = Observation()
         for layer, g in grads.items():
             obs.saw(self.event_type, layer)
@@ -35,6 +37,8 @@ class GradientDetector(Detector):
             elif g.norm > cfg.exploding_norm:
                 s = strength(g.norm, cfg.exploding_norm, decades=3, above=True)
                 obs.findings.append(self._finding(layer, GradientHealth.EXPLODING, metrics, s))
+            elif converged:
+                continue  # the loss has (almost) nothing left to give: small gradients are the fit, not a fault
             elif g.exact_zero:
                 metrics["exact_zero"] = 1.0
                 obs.findings.append(self._finding(layer, GradientHealth.VANISHING, metrics, 1.0))

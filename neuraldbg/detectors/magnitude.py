@@ -1,7 +1,7 @@
 """Anomalous activation magnitudes: a layer whose output root-mean-square exceeds ``anomalous_rms``.
 
-Evidence rather than a failure kind of its own: it localises where an explosion starts in the forward pass
-(the first layer whose outputs blow up), which the reasoning uses to name the root of exploding gradients.
+Evidence rather than a failure kind of its own: it shows where an explosion runs through the forward pass,
+which the reasoning uses to explain exploding gradients (see also :mod:`.gain`).
 """
 
 from __future__ import annotations

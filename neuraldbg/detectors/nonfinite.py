@@ -27,11 +27,17 @@ class NonFiniteDetector(Detector):
             obs.saw(EventType.INPUT, "")
             if not math.isfinite(data.input_norm):
                 obs.findings.append(self._finding(EventType.INPUT, "", {"input_norm": data.input_norm}))
+        inside = False
         for key, norm in data.act.items():
             obs.saw(self.event_type, key[0], call=key[1])
             if not math.isfinite(norm):
+                inside = True
                 finding = self._finding(EventType.ACTIVATION, key[0], {"output_norm": norm}, call=key[1])
                 obs.findings.append(finding)
+        if data.output_norm is not None:
+            obs.saw(self.event_type, "")
+            if not inside and not math.isfinite(data.output_norm):  # made by the model's own forward code
+                obs.findings.append(self._finding(EventType.ACTIVATION, "", {"output_norm": data.output_norm}))
         loss_like = data.loss if data.loss is not None else data.target_grad
         if loss_like is not None:
             obs.saw(EventType.LOSS, "")

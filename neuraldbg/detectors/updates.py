@@ -9,8 +9,13 @@ optimizer steps and compared after.
 * Stalled: the median update/weight ratio ||dW||/||W|| over the model's layers is below ``stalled_ratio``
   (a learning rate far too small for this model). A single layer with small updates is usually a symptom of
   vanishing gradients and is reported there.
-* Exploding: the median ratio is above ``exploding_update_ratio``: every step rewrites the weights, the first
-  sign of a learning rate far too high, steps before the gradients themselves blow up.
+* Exploding updates: the median ratio is above ``exploding_update_ratio``: every step rewrites the weights, the
+  first sign of a learning rate far too high, steps before the gradients blow up or the units die. Evidence,
+  not a failure kind of its own: the reasoning attaches it to the failure it causes.
+
+A model whose loss gradient fell below 1% of its first value has converged: small updates are then the fit,
+not a stall. When no parameter moves at all (a learning-rate schedule that reached 0), that is one global stall,
+not every parameter frozen.
 """
 
 from __future__ import annotations
@@ -27,8 +32,24 @@ class UpdateDetector(Detector):
     name = "update"
     event_type = EventType.UPDATE
 
+    def __init__(self) -> None:
+        self._first_loss_gradient: float | None = None
+
+    def reset(self) -> None:
+        self._first_loss_gradient = None
+
+    def _converged(self, view: StepView) -> bool:
+        """The loss's gradient w.r.t. the output fell below 1% of its first value: a fit, not a stall."""
+        tg = view.data.target_grad
+        if tg is None or not math.isfinite(tg):
+            return False
+        if self._first_loss_gradient is None:
+            self._first_loss_gradient = tg
+        return tg < 0.01 * self._first_loss_gradient
+
     def observe(self, view: StepView) -> Observation | None:
         data = view.data
+        converged = self._converged(view)
         if not data.update:
             return None
         obs = Observation()
@@ -56,6 +77,19 @@ class UpdateDetector(Detector):
                         param=name,
                     )
                 )
+        moving = [n for n, (d, _) in data.update.items() if d != 0.0 and n in data.grad]
+        if frozen_layers and not moving:  # nothing moved at all: the learning rate is 0 everywhere
+            obs.findings = [f for f in obs.findings if f.state != UpdateHealth.FROZEN.value]
+            frozen_layers.clear()
+            metrics = {
+                "median_update_ratio": 0.0,
+                "max_update_ratio": 0.0,
+                "lr": max(data.stepped.values(), default=0.0),
+            }
+            obs.saw(self.event_type, "")
+            if not converged:
+                obs.findings.append(self._model_finding(UpdateHealth.STALLED, metrics, 1.0))
+            return obs
         grads = view.layer_gradients
         ratios = [
             u.ratio
@@ -73,7 +107,7 @@ class UpdateDetector(Detector):
             metrics = {"median_update_ratio": median, "max_update_ratio": max(ratios)}
             if lrs:
                 metrics["lr"] = max(lrs)
-            if median < cfg.stalled_ratio:
+            if median < cfg.stalled_ratio and not converged:
                 s = strength(median, cfg.stalled_ratio, decades=3)
                 obs.findings.append(self._model_finding(UpdateHealth.STALLED, metrics, s))
             elif median > cfg.exploding_update_ratio:

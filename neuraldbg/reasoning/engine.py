@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from ..events import EventType, FailureKind, SemanticEvent
 from .explain import explain
 from .hypothesis import CausalHypothesis, Coupling
-from .rules import CausalRule
+from .rules import ONSET_TOLERANCE, CausalRule
 from .topology import Topology
 
 Series = Callable[[str, str], list[tuple[int, float]]]
@@ -52,6 +52,18 @@ def diagnose(
             break
         root, kind = found
         chain, couplings = _closure(root, kind, pool, rules, topo)
+        if not is_update_surge(root) and not (kind is FailureKind.NON_FINITE and root.event_type is EventType.INPUT):
+            claimed_now = {id(e) for e in chain}
+            for surge in pool:
+                if (
+                    is_update_surge(surge)
+                    and id(surge) not in claimed_now
+                    and surge.step_start <= root.step_start + ONSET_TOLERANCE
+                    and surge.step_end >= root.step_start - _SURGE_LOOKBACK
+                ):
+                    chain.insert(1, surge)
+                    couplings.insert(0, Coupling(surge, root, "destabilises"))
+                    break
         claimed = {id(e) for e in chain}
         pool = [e for e in pool if id(e) not in claimed]
         confidence = _confidence(root, chain)
@@ -70,10 +82,21 @@ def _confidence(root: SemanticEvent, chain: list[SemanticEvent]) -> float:
 def _next_root(pool: Sequence[SemanticEvent], topo: Topology) -> tuple[SemanticEvent, FailureKind] | None:
     root = _pick(pool, topo)
     if root is None:
-        return None
+        # updates as large as the weights that caused nothing else (yet): still a learning rate far too high
+        surges = [e for e in pool if is_update_surge(e)]
+        return (surges[0], FailureKind.EXPLODING_GRADIENTS) if surges else None
     if root.kind is None:  # activations blowing up from the start: the explosion's origin
         return root, FailureKind.EXPLODING_GRADIENTS
     return root, root.kind
+
+
+def is_update_surge(e: SemanticEvent) -> bool:
+    """Evidence that updates were as large as the weights (a learning rate far too high)."""
+    return e.kind is None and e.event_type is EventType.UPDATE and e.to_state == "exploding"
+
+
+#: How far before a failure an update surge may have ended and still be what set it off.
+_SURGE_LOOKBACK = 16
 
 
 def _pick(pool: Sequence[SemanticEvent], topo: Topology) -> SemanticEvent | None:
@@ -107,6 +130,9 @@ def _pick(pool: Sequence[SemanticEvent], topo: Topology) -> SemanticEvent | None
 def _explosion_root(exploding: list[SemanticEvent], pool: Sequence[SemanticEvent], topo: Topology) -> SemanticEvent:
     onset = exploding[0].step_start
     first_in_order = min(exploding, key=topo.event_position)
+    amplifying = [e for e in pool if e.kind is None and e.to_state == "amplifying" and e.step_start == topo.first_step]
+    if amplifying:  # a layer amplifying its input from the first step: its weights are too large
+        return min(amplifying, key=topo.event_position)
     if onset > topo.first_step:
         return first_in_order  # appeared mid-run: the dynamics (learning rate), not one layer's weights
     anomalies = [e for e in pool if e.kind is None and e.to_state == "anomalous" and e.step_start <= onset]

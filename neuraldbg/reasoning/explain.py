@@ -52,6 +52,7 @@ _EFFECT_WORDS = {
     ("activation", "saturated"): "saturated outputs",
     ("activation", "non_finite"): "non-finite outputs",
     ("activation", "anomalous"): "outputs blowing up",
+    ("activation", "amplifying"): "layers amplifying their input",
     ("loss", "non_finite"): "a non-finite loss",
     ("update", "frozen"): "frozen parameters",
     ("update", "stalled"): "stalled updates",
@@ -86,16 +87,33 @@ def explain(
 ) -> tuple[str, str]:
     """(explanation, suggestion) for one hypothesis; the explanation ends with the suggestion."""
     writer = _WRITERS.get(kind, _generic)
-    what, fix = writer(root, list(chain[1:]), topo, series)
+    surge = next((e for e in chain[1:] if _is_surge(e)), None)
+    rest = [e for e in chain[1:] if e is not surge]
+    what, fix = writer(root, rest, topo, series)
+    if surge is not None and not _is_surge(root):
+        ratio = num(surge.metrics.get("median_update_ratio", math.nan))
+        lr = surge.metrics.get("lr")
+        with_lr = f", learning rate {num(lr)}" if lr is not None else ""
+        what += (
+            f" It started right after the updates grew as large as the weights (median ||dW||/||W|| {ratio} "
+            f"from step {surge.step_start}{with_lr}): the learning rate is too high."
+        )
+        if "learning rate" not in fix:
+            now = f" (now {num(lr)})" if lr is not None else ""
+            fix = f"lower the learning rate{now}, e.g. 10x smaller, or warm it up; then {fix}"
     # events of the root's own kind that the text above already lists are part of the fault, not its effects
     listed = kind in (
         FailureKind.FROZEN_PARAMETERS,
         FailureKind.EXPLODING_GRADIENTS,
         FailureKind.VANISHING_GRADIENTS,
     )
-    caused = effects([e for e in chain[1:] if not (listed and e.kind is kind)], topo)
+    caused = effects([e for e in rest if not (listed and e.kind is kind)], topo)
     text = " ".join(p for p in (what, caused, f"Fix: {fix}") if p)
     return text, fix
+
+
+def _is_surge(e: SemanticEvent) -> bool:
+    return e.kind is None and e.event_type is EventType.UPDATE and e.to_state == "exploding"
 
 
 def _series_near(series: Series | None, metric: str, layer: str, step: int) -> float | None:
@@ -127,8 +145,8 @@ def _dead(root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series
     target = f"'{feeding}'" if feeding else "the layer before it"
     if root.step_start > topo.first_step:
         fix = (
-            f"the units died at step {root.step_start}: a large update pushed the pre-activations of {target} "
-            "below zero - lower the learning rate or clip gradients; a LeakyReLU or GELU cannot die."
+            f"lower the learning rate or clip gradients: the units died at step {root.step_start}, when a large "
+            f"update pushed the pre-activations of {target} below zero; a LeakyReLU or GELU cannot die."
         )
     else:
         fix = (
@@ -218,6 +236,16 @@ def _exploding(
             "(healthy training moves weights by ~0.1% per step)." + gradients
         )
         fix = _lower_lr(lr_value)
+    elif root.kind is None and root.to_state == "amplifying":  # a layer blowing up its input from the start
+        what = (
+            f"{topo.describe(root.layer)} amplifies its input {num(root.metrics.get('gain', math.inf))}x "
+            f"{steps(root)} (output rms {num(root.metrics.get('output_rms', math.inf))}), from the first step: its "
+            "weights are too large for its input." + gradients
+        )
+        fix = (
+            f"re-initialise {topo.describe(root.layer)} with a scale that fits its fan-in (Kaiming for ReLU, "
+            "Xavier for tanh) or add normalisation after it; clipping gradients would only hide it."
+        )
     elif root.kind is None:  # activations blowing up from the first step: the origin's weights are too large
         what = (
             f"Outputs of {topo.describe(root.layer)} blow up {steps(root)} (rms "
@@ -320,14 +348,24 @@ def _frozen(root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, seri
 def _stalled(root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series | None) -> tuple[str, str]:
     median = root.metrics.get("median_update_ratio", 0.0)
     lr = root.metrics.get("lr")
+    if median == 0.0:
+        what = (
+            f"Stalled updates: no parameter changes at all {steps(root)}"
+            + (" - the learning rate is 0" if lr == 0.0 else "")
+            + "; the loss cannot improve."
+        )
+        fix = "check the learning-rate scheduler (a schedule sized for epochs but stepped per batch reaches 0 early)."
+        return what, fix
     lr_text = f" with learning rate {num(lr)}" if lr is not None else ""
     what = (
         f"Stalled updates{lr_text}: the median update/weight ratio ||dW||/||W|| over the layers is {num(median)} "
         f"per step {steps(root)}; the weights barely move, so the loss cannot improve."
     )
-    factor = 1e-3 / median if median > 0 else math.inf
-    hint = f" (about {num(factor)}x higher reaches the usual ~1e-3 update ratio)" if math.isfinite(factor) else ""
-    fix = f"raise the learning rate{hint}, and check the scheduler and warm-up."
+    factor = 1e-3 / median
+    fix = (
+        f"raise the learning rate (about {num(factor)}x higher reaches the usual ~1e-3 update ratio), and check "
+        "the scheduler and warm-up."
+    )
     return what, fix
 
 

@@ -45,13 +45,13 @@ class CausalRule:
 
 @dataclass(frozen=True)
 class AnomalyEvidence(CausalRule):
-    """Activations blowing up (an ANOMALOUS activation event) belong to the explosion that shows them."""
+    """Activations blowing up (anomalous or amplifying layers) belong to the explosion that shows them."""
 
     def explains(self, cause: SemanticEvent, effect: SemanticEvent, topo: Topology) -> bool:
         return (
             cause.kind is FailureKind.EXPLODING_GRADIENTS
             and effect.kind is None
-            and effect.to_state == "anomalous"
+            and effect.to_state in ("anomalous", "amplifying")
             and effect.step_end >= cause.step_start - ONSET_TOLERANCE
         )
 

@@ -1,0 +1,217 @@
+"""Step-time and memory overhead of NeuralDBG, measured side by side in one process.
+
+    python -m benchmarks.overhead            # the README figures (about 2 minutes on 2 CPU cores)
+    python -m benchmarks.overhead --quick    # a smoke run
+
+For each model, identical copies (same initial weights, same batches) are trained in alternating blocks of
+steps: one plain, one per preset under NeuralDbg. Each debugger stays attached for the whole run and the first
+``--warmup`` steps are not timed, so the figures are the steady-state cost per step (the dense observation of
+the first steps, which a short smoke test pays, is reported separately as "first 50 steps"). The ratio is the
+median block time of the watched copy over the median of the plain copy.
+
+Memory: a model whose ReLU layer flips between dead and alive every few steps runs for 2k and 20k steps; the
+number of stored events, of history points, and the process RSS must not grow with the number of steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from neuraldbg import NeuralDbg  # noqa: E402
+
+PRESETS = ("default", "economy", "full")
+
+
+@dataclass
+class Case:
+    name: str
+    build: Callable[[], nn.Module]
+    batch: Callable[[torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    block: int  # steps per timed block
+
+
+def tiny() -> nn.Module:
+    return nn.Sequential(nn.Linear(10, 5), nn.ReLU(), nn.Linear(5, 1))
+
+
+def mlp() -> nn.Module:
+    layers: list[nn.Module] = []
+    for _ in range(8):
+        layers += [nn.Linear(512, 512), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(512, 10))
+
+
+def cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(64, 10),
+    )
+
+
+CASES = [
+    Case(
+        "tiny (README model, batch 32)",
+        tiny,
+        lambda g: (torch.randn(32, 10, generator=g), torch.randn(32, 1, generator=g)),
+        F.mse_loss,
+        200,
+    ),
+    Case(
+        "MLP 8x512 ReLU, batch 128",
+        mlp,
+        lambda g: (torch.randn(128, 512, generator=g), torch.randint(0, 10, (128,), generator=g)),
+        F.cross_entropy,
+        8,
+    ),
+    Case(
+        "CNN Conv-BN-ReLU x2, 32x32, batch 64",
+        cnn,
+        lambda g: (torch.randn(64, 3, 32, 32, generator=g), torch.randint(0, 10, (64,), generator=g)),
+        F.cross_entropy,
+        2,
+    ),
+]
+
+
+class Runner:
+    """One copy of the model with its optimizer and (optionally) its debugger."""
+
+    def __init__(self, case: Case, state: dict[str, torch.Tensor], preset: str | None) -> None:
+        self.model = case.build()
+        self.model.load_state_dict(state)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
+        self.loss = case.loss
+        self.dbg = NeuralDbg(self.model, preset=preset).attach() if preset else None
+
+    def run(self, batches: list[tuple[torch.Tensor, torch.Tensor]], start: int, n: int) -> float:
+        t0 = time.perf_counter()
+        for i in range(start, start + n):
+            x, y = batches[i % len(batches)]
+            self.opt.zero_grad(set_to_none=True)
+            self.loss(self.model(x), y).backward()
+            self.opt.step()
+        return (time.perf_counter() - t0) / n
+
+    def close(self) -> None:
+        if self.dbg is not None:
+            self.dbg.close()
+
+
+def measure(case: Case, warmup: int, rounds: int) -> dict[str, float]:
+    torch.manual_seed(0)
+    state = case.build().state_dict()
+    g = torch.Generator().manual_seed(0)
+    batches = [case.batch(g) for _ in range(16)]
+    runners = {"plain": Runner(case, state, None), **{p: Runner(case, state, p) for p in PRESETS}}
+    for r in runners.values():
+        r.run(batches, 0, warmup)
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    step = warmup
+    for _ in range(rounds):
+        for name, r in runners.items():
+            times[name].append(r.run(batches, step, case.block))
+        step += case.block
+    for r in runners.values():
+        r.close()
+    plain = statistics.median(times["plain"])
+    result = {name: statistics.median(t) / plain for name, t in times.items() if name != "plain"}
+    result["plain_ms"] = plain * 1e3
+    result["first50"] = first_steps(case, state, batches, runners["plain"])
+    return result
+
+
+def first_steps(case: Case, state: dict[str, torch.Tensor], batches: list, plain: Runner, n: int = 50) -> float:
+    """Cost over the first ``n`` steps of a fresh debugger (a smoke test's whole run), in blocks of 10 steps
+    alternating with the warm plain copy."""
+    fresh = Runner(case, state, "default")
+    fresh.run(batches, 0, 1)  # the first call allocates optimizer state in both copies alike
+    watched, reference = [], []
+    for start in range(1, n, 10):
+        reference.append(plain.run(batches, start, 10))
+        watched.append(fresh.run(batches, start, 10))
+    fresh.close()
+    return sum(watched) / sum(reference)
+
+
+def rss_mb() -> float:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:  # not Linux
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def memory(checkpoints: tuple[int, ...]) -> list[tuple[int, int, int, float]]:
+    """(steps, stored events, history points, RSS MB) on a run whose ReLU layer flaps dead/alive."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(32, 16), torch.randn(32, 1)
+    rows = []
+    with NeuralDbg(model) as dbg:
+        for step in range(1, max(checkpoints) + 1):
+            with torch.no_grad():
+                model[2].bias.fill_(-100.0 if (step // 100) % 2 else 0.1)  # dead for 100 steps, alive for 100
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            if step in checkpoints:
+                events = len(dbg.events)
+                points = sum(len(s) for s in dbg.history.series.values())
+                rows.append((step, events, points, rss_mb()))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, for a smoke run")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rounds, warmup = (6, 40) if args.quick else (30, 200)
+    python = sys.version.split()[0]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, python {python}")
+    print()
+    print("| model | plain step | default | economy | full | default, first 50 steps |")
+    print("|---|---|---|---|---|---|")
+    for case in CASES:
+        r = measure(case, warmup, rounds)
+        print(
+            f"| {case.name} | {r['plain_ms']:.2f} ms | {r['default']:.3f}x | {r['economy']:.3f}x | {r['full']:.3f}x |"
+            f" {r['first50']:.2f}x |"
+        )
+    print()
+    checkpoints = (200, 2000) if args.quick else (2000, 20000)
+    print("| steps | stored events | history points | RSS |")
+    print("|---|---|---|---|")
+    for steps, events, points, rss in memory(checkpoints):
+        print(f"| {steps} | {events} | {points} | {rss:.0f} MB |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
