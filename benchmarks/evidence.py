@@ -60,9 +60,7 @@ class Evidence:
     kinds_of: dict[str, str]  # hook key -> module class name
     dead: dict[str, list[float]]  # hook key -> fraction of dead units (ReLU modules and pre-activations)
     saturated: dict[str, list[float]]  # hook key (Tanh/Sigmoid modules) -> fraction of saturated elements
-    zeros: dict[
-        str, list[float]
-    ]  # hook key (ReLU modules) -> fraction of zero elements (sparsity, not death)
+    zeros: dict[str, list[float]]  # hook key (ReLU modules) -> fraction of zero elements (sparsity, not death)
     output_keys: set[str]  # hook keys whose output is the model's output
     nonfinite_step: int | None
     nonfinite_origin: str | None  # "" for the input or the loss, else a module name
@@ -135,8 +133,7 @@ class _Recorder:
         self.model = model
         self.names = {m: n for n, m in model.named_modules()}
         self.params = {
-            name: [p for p in m.parameters(recurse=False) if p.requires_grad]
-            for m, name in self.names.items()
+            name: [p for p in m.parameters(recurse=False) if p.requires_grad] for m, name in self.names.items()
         }
         self.params = {n: ps for n, ps in self.params.items() if ps}
         self.param_names = {p: n for n, p in model.named_parameters() if p.requires_grad}
@@ -144,8 +141,7 @@ class _Recorder:
         self.frozen_by_design = [
             n
             for m, n in self.names.items()
-            if list(m.parameters(recurse=False))
-            and not any(p.requires_grad for p in m.parameters(recurse=False))
+            if list(m.parameters(recurse=False)) and not any(p.requires_grad for p in m.parameters(recurse=False))
         ]
         self.step = 0
         self.order: list[str] = []
@@ -213,9 +209,7 @@ class _Recorder:
         inactive = None if isinstance(module, (nn.Tanh, nn.Sigmoid)) else inactive_units(t)
         if inactive is not None:
             prev = self.step_inactive.get(key)
-            self.step_inactive[key] = (
-                inactive if prev is None or prev.shape != inactive.shape else prev & inactive
-            )
+            self.step_inactive[key] = inactive if prev is None or prev.shape != inactive.shape else prev & inactive
         sat = saturated_fraction(module, t)
         if sat is not None:
             self.step_saturation.setdefault(key, []).append(sat)
@@ -359,9 +353,7 @@ def _first(values: Iterable[bool]) -> int | None:
     return next((i for i, v in enumerate(values) if v), None)
 
 
-def dead_series(
-    ev: Evidence, roots: Iterable[str] | None = None, *, relu_only: bool = False
-) -> dict[str, list[float]]:
+def dead_series(ev: Evidence, roots: Iterable[str] | None = None, *, relu_only: bool = False) -> dict[str, list[float]]:
     """Dead-unit fractions of the hook keys belonging to ``roots`` (all keys when None)."""
     keep = None if roots is None else set(roots)
     return {
@@ -479,9 +471,7 @@ def _check_healthy(ev: Evidence) -> list[str]:
         problems.append(f"loss does not fall enough: last/first = {drop:.3f} > {LOSS_DROP}")
     early = [r for r in ev.total_update_ratio[:10] if math.isfinite(r)]
     if early and statistics.median(early) < HEALTHY_RATIO:
-        problems.append(
-            f"median update ratio over the first steps {statistics.median(early):.2e} < {HEALTHY_RATIO}"
-        )
+        problems.append(f"median update ratio over the first steps {statistics.median(early):.2e} < {HEALTHY_RATIO}")
     never = [m for m, ch in ev.changed.items() if not any(ch)]
     if never:
         problems.append(f"trainable modules never updated: {never}")
@@ -514,9 +504,7 @@ def _check_saturated(ev: Evidence, roots: frozenset[str] | None, onset: tuple[in
     if not _in(step, onset):
         problems.append(f"saturated_activations: first saturated at step {step}, outside {onset}")
     if roots is not None and _module(key) not in roots:
-        problems.append(
-            f"saturated_activations: the first saturated activation is {key!r}, not in {sorted(roots)}"
-        )
+        problems.append(f"saturated_activations: the first saturated activation is {key!r}, not in {sorted(roots)}")
     return problems
 
 
@@ -524,10 +512,7 @@ def _check_vanishing(ev: Evidence, roots: frozenset[str] | None, onset: tuple[in
     step = first_vanishing_step(ev)
     if step is None:
         low = min((r for r in depth_ratio(ev)[: ev.horizon] if math.isfinite(r)), default=math.nan)
-        return [
-            f"vanishing_gradients: first/last gradient-norm ratio never below {VANISHING_RATIO} "
-            f"(min {low:.2e})"
-        ]
+        return [f"vanishing_gradients: first/last gradient-norm ratio never below {VANISHING_RATIO} (min {low:.2e})"]
     if not _in(step, onset):
         return [f"vanishing_gradients: first vanishing step {step} outside {onset}"]
     if roots is not None:
@@ -551,9 +536,7 @@ def _check_exploding(ev: Evidence, roots: frozenset[str] | None, onset: tuple[in
     if roots is not None and ev.init_gain:
         worst = max(ev.init_gain, key=lambda m: ev.init_gain[m])
         if worst not in roots:
-            problems.append(
-                f"exploding_gradients: the largest initial gain is {worst!r}, not a root {sorted(roots)}"
-            )
+            problems.append(f"exploding_gradients: the largest initial gain is {worst!r}, not a root {sorted(roots)}")
     return problems
 
 
@@ -574,11 +557,7 @@ def _check_nonfinite(ev: Evidence, roots: frozenset[str] | None, onset: tuple[in
 def _check_frozen(ev: Evidence, roots: frozenset[str] | None, onset: tuple[int, int] | None) -> list[str]:
     frozen = frozen_modules(ev)
     if roots is None:
-        return (
-            []
-            if any(_in(s, onset) for s in frozen.values())
-            else [f"frozen_parameters: none frozen in {onset}"]
-        )
+        return [] if any(_in(s, onset) for s in frozen.values()) else [f"frozen_parameters: none frozen in {onset}"]
     owners = [r for r in roots if r in ev.changed]
     if not owners:
         return [f"frozen_parameters: no root layer {sorted(roots)} has trainable parameters"]
@@ -664,8 +643,7 @@ def report(scenario: Scenario, ev: Evidence) -> list[str]:
     ]
     if ev.nonfinite_step is not None:
         lines.append(
-            f"   first non-finite: step {ev.nonfinite_step} at {ev.nonfinite_origin!r} "
-            f"({ev.nonfinite_source})"
+            f"   first non-finite: step {ev.nonfinite_step} at {ev.nonfinite_origin!r} ({ev.nonfinite_source})"
         )
     grad_line = f"   total grad norm: {_fmt(ev.total_grad_norm, w)}"
     if ev.horizon > 0:
@@ -719,8 +697,7 @@ def _activation_lines(ev: Evidence, t: GroundTruth, w: slice) -> list[str]:
     for key, values in ev.saturated.items():
         tag = " (model output)" if key in ev.output_keys else ""
         lines.append(
-            f"   saturated {key!r}{tag}: {_fmt(values, w)}; "
-            f"at the last finite step {values[ev.horizon - 1]:.0%}"
+            f"   saturated {key!r}{tag}: {_fmt(values, w)}; at the last finite step {values[ev.horizon - 1]:.0%}"
         )
     return lines
 
@@ -728,9 +705,7 @@ def _activation_lines(ev: Evidence, t: GroundTruth, w: slice) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="scenario names (all when omitted)")
-    parser.add_argument(
-        "--timing", action="store_true", help="also time each scenario's training without probes"
-    )
+    parser.add_argument("--timing", action="store_true", help="also time each scenario's training without probes")
     args = parser.parse_args(argv)
     scenarios = [get(n) for n in args.names] if args.names else SCENARIOS
     failures = 0

@@ -42,7 +42,8 @@ class NeuralDbg(Diagnosis):
     """Watch a model's training and explain what went wrong.
 
     Args:
-        model: the ``nn.Module`` being trained (a ``torch.compile`` d module is unwrapped).
+        model: the ``nn.Module`` being trained. When you compile, pass the ``torch.compile`` d module: it is
+            unwrapped for layer names, and the debugger keeps its step bookkeeping out of the compiled graph.
         config: a :class:`~neuraldbg.DebugConfig` or a mapping of its fields.
         preset: ``"default"``, ``"full"`` (full statistics every step) or ``"economy"``.
         plugins: extra plugins (see :mod:`neuraldbg.hookspecs`) for this debugger only.
@@ -96,7 +97,7 @@ class NeuralDbg(Diagnosis):
         if model is None:
             raise NeuralDbgError("NeuralDbg: the model was garbage-collected; keep a reference while training")
         self._recorder.active = True
-        self._handle = hooks.attach(model, watched_modules(model), self._recorder)
+        self._handle = hooks.attach(model, watched_modules(model), self._recorder, compiled=self._compiled)
         return self
 
     @property
@@ -120,7 +121,11 @@ class NeuralDbg(Diagnosis):
         self._recorder.manual_step()
 
     def observe_loss(self, loss: torch.Tensor) -> None:
-        """Record the step's loss (optional: every detector works without it)."""
+        """Record the step's loss (optional: every detector works without it).
+
+        Call it once per step, any time between the forward pass and the next step's forward pass (before or
+        after ``backward()`` and ``optimizer.step()``); it is attributed to the step in progress.
+        """
         if isinstance(loss, torch.Tensor):
             self._recorder.observe_loss(loss)
 
@@ -145,6 +150,7 @@ class NeuralDbg(Diagnosis):
             types={n: i.type_name for n, i in self._infos.items()},
             roles={n: i.role.value for n, i in self._infos.items()},
             first_step=0,
+            last_step=self._analyzer.last_step,
         )
         return self._analyzer.events(), topo, self._rules
 
@@ -168,7 +174,7 @@ class NeuralDbg(Diagnosis):
                 }
                 for i in self._infos.values()
             ],
-            "torch_version": torch.__version__,
+            "torch_version": str(torch.__version__),  # TorchVersion is a str subclass that serialisers reject
             "python_version": platform.python_version(),
             "neuraldbg_version": __version__,
         }

@@ -40,6 +40,11 @@ class Diagnosis:
         return self._current()[0]
 
     @property
+    def model_name(self) -> str:
+        """The class name of the model that was watched."""
+        return str(self._meta().get("model", ""))
+
+    @property
     def layers(self) -> list[str]:
         """Watched layers in forward execution order."""
         return list(self._current()[1].order)

@@ -60,12 +60,20 @@ class HookHandle:
         self.remove()
 
 
-def attach(model: nn.Module, layers: Iterable[tuple[str, nn.Module]], callbacks: Callbacks) -> HookHandle:
-    """Hook ``model``'s forward pass, each watched layer's output, and every optimizer's step."""
+def attach(
+    model: nn.Module, layers: Iterable[tuple[str, nn.Module]], callbacks: Callbacks, compiled: bool = False
+) -> HookHandle:
+    """Hook ``model``'s forward pass, each watched layer's output, and every optimizer's step.
+
+    ``compiled``: the model runs under ``torch.compile``; its model-level hooks then run eagerly (see
+    :func:`_eager`), which costs a few microseconds per call that an eager model need not pay.
+    """
     handles: list[RemovableHandle] = []
+    wrap = _eager if compiled else _plain
     try:
-        handles.append(model.register_forward_pre_hook(_forward_start(callbacks), with_kwargs=True, prepend=True))
-        handles.append(model.register_forward_hook(_forward_end(callbacks), always_call=False))
+        start, end = wrap(_forward_start(callbacks)), wrap(_forward_end(callbacks))
+        handles.append(model.register_forward_pre_hook(start, with_kwargs=True, prepend=True))
+        handles.append(model.register_forward_hook(end, always_call=False))
         for name, module in layers:
             handles.append(module.register_forward_hook(_layer_output(callbacks, name)))
         handles.append(register_optimizer_step_pre_hook(_optimizer_step(callbacks)))
@@ -105,8 +113,11 @@ def _eager(fn: Callable[..., None]) -> Callable[..., None]:
     return disable(fn) if disable is not None else fn
 
 
+def _plain(fn: Callable[..., None]) -> Callable[..., None]:
+    return fn
+
+
 def _forward_start(cb: Callbacks) -> Callable[..., None]:
-    @_eager
     def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         cb.on_forward_start(module, args, kwargs)
 
@@ -114,7 +125,6 @@ def _forward_start(cb: Callbacks) -> Callable[..., None]:
 
 
 def _forward_end(cb: Callbacks) -> Callable[..., None]:
-    @_eager
     def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         cb.on_forward_end(module, args, output)
 

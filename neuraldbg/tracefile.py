@@ -3,13 +3,15 @@ methods (``explain_failure()``, ``hypotheses()``, ``export_mermaid_causal_graph(
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from . import plugins
+from .config import DebugConfig
 from .diagnosis import Diagnosis
-from .errors import TraceError
+from .errors import ConfigError, TraceError
 from .events import SemanticEvent
 from .export import trace as trace_format
 from .history import History
@@ -21,7 +23,7 @@ class Trace(Diagnosis):
 
     def __init__(self, doc: dict[str, Any], source: str, plugins_: Iterable[Any] = ()) -> None:
         self.source = source
-        self.config: dict[str, Any] = doc["config"]
+        self.config = _config(doc["config"])
         self._doc_meta: dict[str, Any] = doc["meta"]
         self._events: list[SemanticEvent] = doc["events"]
         layers = doc["layers"]
@@ -31,16 +33,16 @@ class Trace(Diagnosis):
             types={str(x["name"]): str(x["type"]) for x in layers},
             roles={str(x["name"]): str(x.get("role", "other")) for x in layers},
             first_step=0,
+            last_step=int(doc["meta"].get("last_step", -1)),
         )
-        capacity = int(self.config.get("history_points", 256)) if isinstance(self.config, dict) else 256
-        self.history = History.from_json(doc["history"], max(8, capacity))
+        self.history = History.from_json(doc["history"], self.config.history_points)
         self._rules: list[CausalRule] = plugins.rules(plugins.manager(plugins_))
 
     def _current(self) -> tuple[list[SemanticEvent], Topology, Sequence[CausalRule]]:
         return self._events, self._topo, self._rules
 
     def _meta(self) -> dict[str, Any]:
-        return {**self._doc_meta, "config": self.config, "layers": self._layers_meta}
+        return {**self._doc_meta, "config": self.config.as_dict(), "layers": self._layers_meta}
 
     @property
     def steps(self) -> int:
@@ -48,6 +50,19 @@ class Trace(Diagnosis):
 
     def __repr__(self) -> str:
         return f"<neuraldbg.Trace {self.source!r}: {len(self._events)} events>"
+
+
+def _config(raw: dict[str, Any]) -> DebugConfig:
+    """The run's configuration; fields this version does not know, or cannot accept, keep their defaults."""
+    known = {f.name for f in dataclasses.fields(DebugConfig)}
+    config = DebugConfig()
+    for key, value in raw.items():
+        if key in known:
+            try:
+                config = config.replace(**{key: value})
+            except ConfigError:
+                continue
+    return config
 
 
 def load(path: str | os.PathLike[str], plugins: Iterable[Any] = ()) -> Trace:

@@ -54,10 +54,12 @@ class _Run:
     def qualifies(self, persistence: int) -> bool:
         return self.first.decisive or self.confirmed or self.solid >= persistence
 
-    def to_event(self, persistence: int) -> SemanticEvent:
+    def to_event(self, persistence: int, ongoing: bool = False) -> SemanticEvent:
         f = self.strongest
         metrics = dict(f.metrics)
         metrics["observations"] = float(self.count)
+        if ongoing:  # still holding at the last observation: nothing seen since says it ended
+            metrics["ongoing"] = 1.0
         if f.call:
             metrics["call"] = float(f.call)
         return SemanticEvent(
@@ -216,7 +218,7 @@ class Tracker:
         if self._snapshot is not None:
             return self._snapshot
         pending = [
-            (key, run.to_event(self._persistence))
+            (key, run.to_event(self._persistence, ongoing=True))
             for key, run in self._open.items()
             if run.qualifies(self._persistence)
         ]

@@ -1,16 +1,77 @@
-"""pytest entry point (``pytest11``). Imports no torch at import time."""
+"""pytest entry point (``pytest11``): the ``neuraldbg`` fixture, its marker, options and reports.
+
+Each hook hands off to a small module: :mod:`~pytest_neuraldbg.options` (flags, ini keys, environment,
+precedence), :mod:`~pytest_neuraldbg.fixture` (what the fixture returns), :mod:`~pytest_neuraldbg.reporting`
+(JUnit properties, report sections, gate, terminal summary, files). Imports no torch at import time, so
+``pytest --help`` and xdist workers stay fast; the engine is imported when a test first uses the fixture.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Generator, Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from . import options, reporting, verdict
+from .state import FIXTURE_KEY, SESSION_KEY, SessionState
+
+if TYPE_CHECKING:
+    from .fixture import NeuralDbgFixture
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Register ``--neuraldbg-*`` flags and ``neuraldbg_*`` ini keys (see :mod:`pytest_neuraldbg.options`)."""
+    options.add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the marker; resolve the settings (a bad value is a usage error naming its source)."""
+    config.addinivalue_line("markers", options.MARKER_HELP)
+    state = config.stash[SESSION_KEY] = SessionState(options.resolve(config))
+    config.pluginmanager.register(reporting.Collector(state), reporting.Collector.NAME)
+
 
 @pytest.fixture
-def neuraldbg() -> Iterator[Any]:
-    """Wrap a training loop: ``with neuraldbg(model) as ndbg: ...``."""
-    from neuraldbg import NeuralDbg
+def neuraldbg(request: pytest.FixtureRequest) -> Iterator[NeuralDbgFixture]:
+    """Watch training in a test: ``with neuraldbg(model) as ndbg: ...`` or ``neuraldbg.smoke_train(...)``.
 
-    yield NeuralDbg
+    Every run is reported: JUnit properties, terminal summary, ``--neuraldbg-report`` files and the gate.
+    Configure with ``@pytest.mark.neuraldbg(**config)`` and the ``--neuraldbg-*`` options.
+    """
+    from .fixture import NeuralDbgFixture
+
+    try:
+        fixture = NeuralDbgFixture.for_item(request.node, request.config.stash[SESSION_KEY].settings)
+    except options.OptionError as exc:
+        pytest.fail(f"neuraldbg: {exc}", pytrace=False)
+    request.node.stash[FIXTURE_KEY] = fixture
+    yield fixture
+    fixture.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    """After the test body: record its watched runs, attach them to the report, apply the gate."""
+    state = item.config.stash[SESSION_KEY]
+    recs = reporting.record_item(item, state) if call.when == "call" else []
+    report = yield
+    fixture = item.stash.get(FIXTURE_KEY, None)
+    reporting.annotate(report, recs, fixture.settings if fixture is not None else state.settings)
+    return report
+
+
+def pytest_assertrepr_compare(config: pytest.Config, op: str, left: object, right: object) -> list[str] | None:
+    """Explain ``assert ndbg.explain_failure() == []`` with every explanation in full."""
+    return verdict.compare_lines(op, left, right)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Write the report files, once, on the controller (never on an xdist worker)."""
+    if not hasattr(session.config, "workerinput"):
+        reporting.write_files(session.config.stash[SESSION_KEY])
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """The ``neuraldbg`` block: unhealthy runs and the files written."""
+    reporting.terminal_summary(terminalreporter, config.stash[SESSION_KEY])

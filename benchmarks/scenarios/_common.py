@@ -247,9 +247,7 @@ class SmallCNN(nn.Module):
 class RecurrentClassifier(nn.Module):
     """An LSTM or GRU over (batch, time, features); the head reads the last time step."""
 
-    def __init__(
-        self, features: int, hidden: int, out_dim: int, *, cell: str = "lstm", layers: int = 1
-    ) -> None:
+    def __init__(self, features: int, hidden: int, out_dim: int, *, cell: str = "lstm", layers: int = 1) -> None:
         super().__init__()
         rnn_type = nn.LSTM if cell == "lstm" else nn.GRU
         self.rnn = rnn_type(features, hidden, num_layers=layers, batch_first=True)

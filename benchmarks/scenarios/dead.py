@@ -50,9 +50,7 @@ def _shared_act() -> Run:
 def _bn_gamma_zero() -> Run:
     torch.manual_seed(32)
     model = c.SmallCNN()
-    nn.init.zeros_(
-        model.bn2.weight
-    )  # the "zero-init the last BN" trick, in a net without residual connections
+    nn.init.zeros_(model.bn2.weight)  # the "zero-init the last BN" trick, in a net without residual connections
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     return Run(model, [opt], nn.CrossEntropyLoss(), c.images(3, 8, 4, 32, seed=302), steps=40)
 

@@ -232,8 +232,7 @@ SCENARIOS = [
     _s(
         "healthy_transformer_encoder",
         "transformer",
-        "A two-layer nn.TransformerEncoder (batch_first) sequence classifier with dropout, trained with "
-        "AdamW.",
+        "A two-layer nn.TransformerEncoder (batch_first) sequence classifier with dropout, trained with AdamW.",
         _transformer,
     ),
     _s(
@@ -271,22 +270,19 @@ SCENARIOS = [
     _s(
         "healthy_grad_accumulation",
         "cnn",
-        "A BatchNorm CNN trained with gradient accumulation over 4 micro-batches per optimizer step (custom "
-        "loop).",
+        "A BatchNorm CNN trained with gradient accumulation over 4 micro-batches per optimizer step (custom loop).",
         _grad_accumulation,
     ),
     _s(
         "healthy_two_optimizers",
         "mlp",
-        "An encoder trained by SGD and a head trained by Adam, two optimizers stepping two halves of one "
-        "model.",
+        "An encoder trained by SGD and a head trained by Adam, two optimizers stepping two halves of one model.",
         _two_optimizers,
     ),
     _s(
         "healthy_finetune_frozen_backbone",
         "cnn",
-        "Fine-tuning: the backbone is frozen on purpose with requires_grad=False and only the head is "
-        "trained.",
+        "Fine-tuning: the backbone is frozen on purpose with requires_grad=False and only the head is trained.",
         _finetune,
     ),
     _s(

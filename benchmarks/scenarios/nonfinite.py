@@ -122,8 +122,7 @@ SCENARIOS = [
             ["non_finite"],
             roots=[""],
             onset=(37, 37),
-            evidence="the input of step 37 is the first non-finite value; all module outputs are finite "
-            "before it",
+            evidence="the input of step 37 is the first non-finite value; all module outputs are finite before it",
         ),
         build=_nan_batch_mlp,
     ),

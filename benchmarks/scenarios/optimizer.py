@@ -114,8 +114,7 @@ SCENARIOS = [
             ["frozen_parameters"],
             roots=["embed"],
             onset=(0, 2),
-            evidence="embed is bit-identical at every step with a non-zero gradient; the encoder and head "
-            "change",
+            evidence="embed is bit-identical at every step with a non-zero gradient; the encoder and head change",
         ),
         build=_lr_zero_group,
     ),

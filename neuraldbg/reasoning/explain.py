@@ -31,7 +31,13 @@ def pct(x: float) -> str:
     return f"{100 * x:.0f}%" if x >= 0.01 or x == 0 else f"{100 * x:.1g}%"
 
 
-def steps(e: SemanticEvent) -> str:
+def steps(e: SemanticEvent, topo: Topology | None = None) -> str:
+    """'from step 0 to 49'; for a state still holding at the end, says how far it was checked."""
+    last = topo.last_step if topo is not None else -1
+    if e.metrics.get("ongoing") and last >= e.step_end:
+        if last == e.step_end:
+            return f"from step {e.step_start} to the end of the run (step {last})"
+        return f"from step {e.step_start} to the end of the run (last checked at step {e.step_end} of {last})"
     if e.step_start == e.step_end:
         return f"at step {e.step_start}"
     return f"from step {e.step_start} to {e.step_end}"
@@ -135,12 +141,13 @@ def _dead(root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series
     if functional:
         what = (
             f"Dead neurons: {pct(frac)} of the {units} units of {who} have a pre-activation <= 0 on every "
-            f"sample and receive exactly zero gradient {steps(root)}."
+            f"sample and receive exactly zero gradient {steps(root, topo)}."
         )
     else:
         fed = f", fed by {topo.describe(feeding)}" if feeding else ""
         what = (
-            f"Dead neurons in {who}{fed}: {pct(frac)} of {units} units inactive on (almost) every sample {steps(root)}."
+            f"Dead neurons in {who}{fed}: {pct(frac)} of {units} units inactive on (almost) every sample "
+            f"{steps(root, topo)}."
         )
     target = f"'{feeding}'" if feeding else "the layer before it"
     if root.step_start > topo.first_step:
@@ -164,7 +171,7 @@ def _saturated(
     feeding = topo.feeding(root.layer)
     what = (
         f"Saturated activations in {topo.describe(root.layer)}: {pct(frac)} of its outputs sit at the bounds, "
-        f"where the derivative is below 1% of its maximum, {steps(root)}."
+        f"where the derivative is below 1% of its maximum, {steps(root, topo)}."
     )
     shrunk = [e for e in rest if e.kind is FailureKind.VANISHING_GRADIENTS]
     if shrunk:
@@ -195,7 +202,7 @@ def _vanishing(
             reference = f", {num(value)} at '{last}'"
     what = (
         f"Vanishing gradients in {len(layers)} layer{'s' if len(layers) > 1 else ''} back from "
-        f"{topo.describe(root.layer)} {steps(root)}: gradient norm "
+        f"{topo.describe(root.layer)} {steps(root, topo)}: gradient norm "
         f"{num(lowest.metrics.get('grad_norm', 0.0))} at '{lowest.layer}'{reference}"
         f" (largest layer gradient {num(top)})."
     )
@@ -239,8 +246,8 @@ def _exploding(
     elif root.kind is None and root.to_state == "amplifying":  # a layer blowing up its input from the start
         what = (
             f"{topo.describe(root.layer)} amplifies its input {num(root.metrics.get('gain', math.inf))}x "
-            f"{steps(root)} (output rms {num(root.metrics.get('output_rms', math.inf))}), from the first step: its "
-            "weights are too large for its input." + gradients
+            f"{steps(root, topo)} (output rms {num(root.metrics.get('output_rms', math.inf))}), from the first "
+            "step: its weights are too large for its input." + gradients
         )
         fix = (
             f"re-initialise {topo.describe(root.layer)} with a scale that fits its fan-in (Kaiming for ReLU, "
@@ -248,7 +255,7 @@ def _exploding(
         )
     elif root.kind is None:  # activations blowing up from the first step: the origin's weights are too large
         what = (
-            f"Outputs of {topo.describe(root.layer)} blow up {steps(root)} (rms "
+            f"Outputs of {topo.describe(root.layer)} blow up {steps(root, topo)} (rms "
             f"{num(root.metrics.get('output_rms', math.inf))}) from the first step: its weights are too large for "
             "its input." + gradients
         )
@@ -335,7 +342,7 @@ def _frozen(root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, seri
     reason = "they are not in any optimizer" if missing else "their optimizer group has learning rate 0"
     what = (
         f"Frozen parameters: {_names(params)} (in {_names(layers)}) receive gradients (norm up to {num(grad)}) but "
-        f"never change {steps(root)}: {reason}."
+        f"never change {steps(root, topo)}: {reason}."
     )
     fix = (
         "pass every trainable parameter to the optimizer (e.g. torch.optim.AdamW(model.parameters())) "
@@ -350,7 +357,7 @@ def _stalled(root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, ser
     lr = root.metrics.get("lr")
     if median == 0.0:
         what = (
-            f"Stalled updates: no parameter changes at all {steps(root)}"
+            f"Stalled updates: no parameter changes at all {steps(root, topo)}"
             + (" - the learning rate is 0" if lr == 0.0 else "")
             + "; the loss cannot improve."
         )
@@ -359,7 +366,7 @@ def _stalled(root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, ser
     lr_text = f" with learning rate {num(lr)}" if lr is not None else ""
     what = (
         f"Stalled updates{lr_text}: the median update/weight ratio ||dW||/||W|| over the layers is {num(median)} "
-        f"per step {steps(root)}; the weights barely move, so the loss cannot improve."
+        f"per step {steps(root, topo)}; the weights barely move, so the loss cannot improve."
     )
     factor = 1e-3 / median
     fix = (
@@ -373,7 +380,7 @@ def _generic(root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, ser
     kind = root.kind.value if root.kind else root.to_state
     metrics = ", ".join(f"{k} {num(v)}" for k, v in root.metrics.items())
     return (
-        f"{kind} in {topo.describe(root.layer)} {steps(root)} ({metrics}).",
+        f"{kind} in {topo.describe(root.layer)} {steps(root, topo)} ({metrics}).",
         "see the detector's documentation.",
     )
 

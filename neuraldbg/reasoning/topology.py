@@ -13,6 +13,7 @@ class Topology:
     types: dict[str, str]  # layer -> module class name
     roles: dict[str, str]  # layer -> role ("gated", "bounded", "parametric", "other")
     first_step: int = 0  # first observed step
+    last_step: int = -1  # last observed step of the run (-1: unknown)
     _index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:

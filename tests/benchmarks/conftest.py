@@ -13,6 +13,4 @@ if str(ROOT) not in sys.path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "slow: a benchmark scenario that takes more than ~0.5 s to measure on 2 cores"
-    )
+    config.addinivalue_line("markers", "slow: a benchmark scenario that takes more than ~0.5 s to measure on 2 cores")

@@ -91,9 +91,7 @@ def test_ground_truth_is_well_formed(scenario: Scenario) -> None:
         assert t.root_layers is None and t.onset is None and not t.may_also
     if t.root_layers is not None:
         assert t.root_layers, "an empty root set accepts nothing"
-        assert t.root_layers <= modules.keys(), (
-            f"unknown root layers {sorted(t.root_layers - modules.keys())}"
-        )
+        assert t.root_layers <= modules.keys(), f"unknown root layers {sorted(t.root_layers - modules.keys())}"
     if t.onset is not None:
         assert 0 <= t.onset[0] <= t.onset[1] < run.steps
 
@@ -167,9 +165,7 @@ def test_check_rejects_undeclared_side_effects() -> None:
 
 def test_check_rejects_a_frozen_root_that_is_updated() -> None:
     scenario = with_truth("frozen_layer_left_out_of_optimizer", root_layers=frozenset({"fc1"}))
-    assert any(
-        "'fc1' is updated" in p for p in check(scenario, evidence_of("frozen_layer_left_out_of_optimizer"))
-    )
+    assert any("'fc1' is updated" in p for p in check(scenario, evidence_of("frozen_layer_left_out_of_optimizer")))
 
 
 def test_check_does_not_count_a_backbone_frozen_on_purpose() -> None:

@@ -1,0 +1,178 @@
+"""Assertion helpers for training health: each fails with a one-line verdict, the explanation and the chain.
+
+Use them on a debugger after training (a live :class:`~neuraldbg.NeuralDbg` or a trace from
+:func:`neuraldbg.load`)::
+
+    from pytest_neuraldbg import assert_healthy, assert_no_dead_neurons
+
+    def test_training_is_healthy(neuraldbg):
+        ndbg = neuraldbg.smoke_train(model, loader, loss_fn)
+        assert_healthy(ndbg)
+
+A check looks at the root cause of each failure hypothesis *and* at the events it explains: a dead ReLU
+that zeroes the gradients upstream fails :func:`assert_no_dead_neurons` and also
+:func:`assert_no_vanishing_gradients`, whose message then names the dead layer as the cause.
+This module imports no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, NoReturn
+
+from . import records, verdict
+
+FAILURE_KINDS = tuple(verdict.CHECKS)
+
+
+def _hypotheses(ndbg: Any, helper: str) -> list[dict[str, Any]]:
+    __tracebackhide__ = True
+    if not callable(getattr(ndbg, "hypotheses", None)):
+        raise TypeError(
+            f"{helper}(): expected a NeuralDbg debugger or a trace from neuraldbg.load(), got {type(ndbg).__name__}"
+        )
+    return [records.hypothesis_dict(h) for h in ndbg.hypotheses()]
+
+
+def kind_names(kinds: Iterable[Any], helper: str) -> set[str]:
+    """Failure kind values from :class:`~neuraldbg.FailureKind` members or their names/values as strings."""
+    out: set[str] = set()
+    for kind in [kinds] if isinstance(kinds, str) else kinds:
+        value = getattr(kind, "value", kind)
+        text = str(value).strip().lower().replace("-", "_").replace(" ", "_")
+        if text not in FAILURE_KINDS:
+            raise ValueError(f"{helper}(ignore=...): unknown failure kind {kind!r}; expected one of {FAILURE_KINDS}")
+        out.add(text)
+    return out
+
+
+def _fail(first_line: str, hypotheses: Sequence[dict[str, Any]]) -> NoReturn:
+    __tracebackhide__ = True
+    raise AssertionError(verdict.failure_text(first_line, hypotheses))
+
+
+def assert_healthy(ndbg: Any, *, ignore: Iterable[Any] = ()) -> None:
+    """Fail when the run has any failure hypothesis whose root cause is not in ``ignore``.
+
+    ``ignore`` takes :class:`~neuraldbg.FailureKind` members or strings (``"frozen_parameters"``), e.g. to
+    accept frozen layers of a fine-tuned model.
+    """
+    __tracebackhide__ = True
+    skip = kind_names(ignore, "assert_healthy")
+    found = [h for h in _hypotheses(ndbg, "assert_healthy") if h["kind"] not in skip]
+    if found:
+        _fail(verdict.headline(found), found)
+
+
+def _assert_none_of(ndbg: Any, kinds: tuple[str, ...], what: str, helper: str) -> None:
+    __tracebackhide__ = True
+    found = [h for h in _hypotheses(ndbg, helper) if verdict.involves(h, kinds)]
+    if found:
+        _fail(verdict.kind_headline(found, kinds, what), found)
+
+
+def assert_no_vanishing_gradients(ndbg: Any) -> None:
+    """Fail when gradients vanish anywhere, as a root cause or as the effect of another failure."""
+    __tracebackhide__ = True
+    _assert_none_of(ndbg, ("vanishing_gradients",), "vanishing gradients", "assert_no_vanishing_gradients")
+
+
+def assert_no_exploding_gradients(ndbg: Any) -> None:
+    """Fail when gradients explode anywhere."""
+    __tracebackhide__ = True
+    _assert_none_of(ndbg, ("exploding_gradients",), "exploding gradients", "assert_no_exploding_gradients")
+
+
+def assert_no_saturation(ndbg: Any) -> None:
+    """Fail when activations saturate (tanh/sigmoid outputs stuck at their bounds)."""
+    __tracebackhide__ = True
+    _assert_none_of(ndbg, ("saturated_activations",), "saturated activations", "assert_no_saturation")
+
+
+def assert_finite(ndbg: Any) -> None:
+    """Fail when a NaN or infinity appeared in inputs, outputs, gradients or the loss."""
+    __tracebackhide__ = True
+    _assert_none_of(ndbg, ("non_finite",), "non-finite values", "assert_finite")
+
+
+def assert_parameters_update(ndbg: Any) -> None:
+    """Fail when parameters are frozen (never updated) or their updates stall (negligible steps)."""
+    __tracebackhide__ = True
+    kinds = ("frozen_parameters", "stalled_updates")
+    _assert_none_of(ndbg, kinds, "parameters do not update", "assert_parameters_update")
+
+
+def assert_no_dead_neurons(ndbg: Any, *, max_fraction: float | None = None) -> None:
+    """Fail when a layer's units die (inactive on every sample).
+
+    By default a layer fails when the debugger reports it dead (``dead_unit_fraction`` of its units, half by
+    default, for ``persistence`` observed steps). With ``max_fraction`` a layer fails when its fraction of
+    dead units stays above ``max_fraction`` for ``persistence`` consecutive observed steps, e.g.
+    ``max_fraction=0.1`` to allow at most 10 % dead units.
+    """
+    __tracebackhide__ = True
+    helper = "assert_no_dead_neurons"
+    if max_fraction is not None and not (isinstance(max_fraction, (int, float)) and 0 <= max_fraction < 1):
+        raise ValueError(f"{helper}(max_fraction=...): expected a number in [0, 1), got {max_fraction!r}")
+    found = [h for h in _hypotheses(ndbg, helper) if verdict.involves(h, ("dead_neurons",))]
+    if max_fraction is not None:
+        found = [h for h in found if _dead_over(h, max_fraction)]
+        found += _dead_from_history(ndbg, max_fraction, {h["layer"] for h in found})
+    if found:
+        _fail(verdict.kind_headline(found, ("dead_neurons",), "dead neurons"), found)
+
+
+def _dead_over(h: dict[str, Any], max_fraction: float) -> bool:
+    fractions = [e["metrics"].get("dead_fraction", 1.0) for e in h["chain"] if e["kind"] == "dead_neurons"]
+    return any(isinstance(f, (int, float)) and f > max_fraction for f in fractions)
+
+
+def _persistence(ndbg: Any) -> int:
+    config = getattr(ndbg, "config", None)
+    value = config.get("persistence") if isinstance(config, dict) else getattr(config, "persistence", None)
+    return int(value) if isinstance(value, int) and value >= 1 else 3
+
+
+def _dead_from_history(ndbg: Any, max_fraction: float, reported: set[str]) -> list[dict[str, Any]]:
+    """Layers whose dead fraction exceeds ``max_fraction`` for ``persistence`` consecutive recorded steps."""
+    history = getattr(ndbg, "history", None)
+    if history is None:
+        return []
+    need = _persistence(ndbg)
+    out: list[dict[str, Any]] = []
+    for layer in history.layers("dead_fraction"):
+        if layer in reported:
+            continue
+        span = _longest_run_above(history.get("dead_fraction", layer).points(), max_fraction)
+        if span is None or span[2] < need:
+            continue
+        start, end, _, peak = span
+        where = f"'{layer}'" if layer else "the model"
+        text = f"activation -> dead at {where}, steps {start}-{end}"
+        out.append(
+            {
+                "kind": "dead_neurons",
+                "summary": f"dead_neurons at {where} from step {start} (above max_fraction {max_fraction:g})",
+                "explanation": (
+                    f"Up to {peak:.0%} of the units of {where} were inactive on every sample over steps "
+                    f"{start}-{end}, more than the {max_fraction:.0%} allowed by max_fraction."
+                ),
+                "layer": layer,
+                "step": start,
+                "chain": [{"kind": "dead_neurons", "text": text, "where": where, "step_start": start, "metrics": {}}],
+            }
+        )
+    return out
+
+
+def _longest_run_above(points: list[tuple[int, float]], limit: float) -> tuple[int, int, int, float] | None:
+    best: tuple[int, int, int, float] | None = None
+    run: list[tuple[int, float]] = []
+    for step, value in [*points, (0, -1.0)]:  # a sentinel closes the last run
+        if value > limit:
+            run.append((step, value))
+            continue
+        if run and (best is None or len(run) > best[2]):
+            best = (run[0][0], run[-1][0], len(run), max(v for _, v in run))
+        run = []
+    return best

@@ -1,0 +1,286 @@
+"""Every setting of the plugin: its flag, ini key and environment variable, help, validator and precedence.
+
+Each setting ``name`` is read from, highest precedence first:
+
+1. the ``@pytest.mark.neuraldbg(name=...)`` marker of the test (``preset``, ``steps``, ``gate`` and any
+   :class:`~neuraldbg.DebugConfig` field; read when the test uses the fixture),
+2. the command line flag ``--neuraldbg-<name>``,
+3. the environment variable ``NEURALDBG_<NAME>``,
+4. the ini key ``neuraldbg_<name>`` (``pytest.ini``, ``tox.ini``, ``setup.cfg`` or ``pyproject.toml``),
+5. the default.
+
+A bad value is reported with the value, where it came from and what was expected. This module imports
+neither torch nor neuraldbg unless a value needs the engine to be checked.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+GATES = ("fail", "warn", "off")
+KNOWN_PRESETS = ("default", "full", "economy")  # the engine's PRESETS; others are looked up there
+DEFAULT_STEPS = 50
+MARKER = "neuraldbg"
+MARKER_HELP = (
+    "neuraldbg(**config): settings for the neuraldbg fixture in this test: preset=, steps= (smoke_train "
+    "default), gate= ('fail', 'warn' or 'off') and any neuraldbg.DebugConfig field, e.g. persistence=5"
+)
+
+
+class OptionError(ValueError):
+    """A value that does not parse; the message says what was expected."""
+
+
+def _int_between(low: int, high: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool):
+            raise OptionError(f"expected an integer between {low} and {high}")
+        try:
+            number = int(value) if isinstance(value, int) else int(str(value).strip(), 10)
+        except ValueError:
+            raise OptionError(f"expected an integer between {low} and {high}") from None
+        if not low <= number <= high:
+            raise OptionError(f"expected an integer between {low} and {high}")
+        return number
+
+    return parse
+
+
+def parse_gate(value: Any) -> str:
+    """``fail``, ``warn`` or ``off`` (case-insensitive; ``true``/``false`` also read as ``fail``/``off``)."""
+    text = str(value).strip().lower()
+    aliases = {"true": "fail", "1": "fail", "yes": "fail", "on": "fail", "false": "off", "0": "off", "no": "off"}
+    text = aliases.get(text, text)
+    if text not in GATES:
+        raise OptionError(
+            "expected one of fail, warn, off (a bare --neuraldbg-gate means fail; "
+            "write --neuraldbg-gate=VALUE when test paths follow it)"
+        )
+    return text
+
+
+def parse_preset(value: Any) -> str:
+    """A preset name of the engine: ``default``, ``full`` or ``economy`` (or one a plugin registered)."""
+    text = str(value).strip()
+    if text in KNOWN_PRESETS:
+        return text
+    from neuraldbg import PRESETS  # only for an unusual name: importing the engine imports torch
+
+    if text not in PRESETS:
+        raise OptionError(f"expected a preset name, one of {', '.join(PRESETS)}")
+    return text
+
+
+def parse_path(value: Any) -> str:
+    text = str(value).strip()
+    if not text:
+        raise OptionError("expected a path")
+    return text
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: its names everywhere, its help, and how its text is checked."""
+
+    name: str
+    help: str
+    metavar: str
+    parse: Callable[[Any], Any]
+    default: Any = None
+    bare_value: str | None = None  # the value of the flag given without one (``--neuraldbg-gate``)
+    is_path: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--neuraldbg-" + self.name
+
+    @property
+    def dest(self) -> str:
+        return "neuraldbg_" + self.name
+
+    @property
+    def ini(self) -> str:
+        return "neuraldbg_" + self.name
+
+    @property
+    def env(self) -> str:
+        return "NEURALDBG_" + self.name.upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "preset",
+        "engine preset for every watched run: default, full (full statistics every step) or economy",
+        "NAME",
+        parse_preset,
+    ),
+    Option(
+        "persistence",
+        "observed steps a state must hold to become a failure event (engine default: 3)",
+        "N",
+        _int_between(1, 1000),
+    ),
+    Option(
+        "gate",
+        "fail (bare flag), warn or off: fail every test whose watched training run is unhealthy, "
+        "even if the test asserts nothing about it; warn reports without failing (default off)",
+        "fail|warn|off",
+        parse_gate,
+        default="off",
+        bare_value="fail",
+    ),
+    Option(
+        "report",
+        "write a trace (.json), a causal graph (.mmd) per watched run and summary.md (Markdown for "
+        "$GITHUB_STEP_SUMMARY or a PR comment) into DIR",
+        "DIR",
+        parse_path,
+        is_path=True,
+    ),
+    Option(
+        "junit",
+        "write a training-health JUnit XML file to PATH: one test case per watched run and check",
+        "PATH",
+        parse_path,
+        is_path=True,
+    ),
+    Option(
+        "steps",
+        f"default number of training steps of neuraldbg.smoke_train() (default {DEFAULT_STEPS})",
+        "N",
+        _int_between(1, 10_000_000),
+        default=DEFAULT_STEPS,
+    ),
+)
+BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved settings of a session (or of one test, after its marker)."""
+
+    preset: str | None = None
+    persistence: int | None = None
+    gate: str = "off"
+    report: Path | None = None
+    junit: Path | None = None
+    steps: int = DEFAULT_STEPS
+    sources: Mapping[str, str] = field(default_factory=dict)  # setting name -> where its value came from
+
+    def source(self, name: str) -> str:
+        return self.sources.get(name, "default")
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """Register the ``--neuraldbg-*`` flags and their ini keys."""
+    group = parser.getgroup("neuraldbg", "training health (NeuralDBG)")
+    for option in OPTIONS:
+        text = f"{option.help}. Also ini {option.ini}, env {option.env}."
+        if option.bare_value is not None:
+            group.addoption(
+                option.flag, dest=option.dest, metavar=option.metavar, nargs="?", const=option.bare_value, help=text
+            )
+        else:
+            group.addoption(option.flag, dest=option.dest, metavar=option.metavar, help=text)
+        parser.addini(option.ini, f"{option.help} (like {option.flag})", type="string")
+
+
+OVERRIDE = "(-o override)"
+
+
+def _ini_source(config: pytest.Config, option: Option) -> str:
+    overrides = getattr(config.option, "override_ini", None) or []
+    if any(str(o).split("=", 1)[0].strip() == option.ini for o in overrides):
+        return f"ini {option.ini} {OVERRIDE}"
+    where = config.inipath.name if config.inipath is not None else "the configuration"
+    return f"ini {option.ini} in {where}"
+
+
+def lookup(option: Option, cli: Any, env: Mapping[str, str], ini: Any, ini_source: str) -> tuple[Any, str] | None:
+    """The raw value with the highest precedence (CLI > env > ini) and its source, or None when unset."""
+    if cli is not None:
+        return cli, option.flag
+    env_value = env.get(option.env, "")
+    if env_value.strip():
+        return env_value, f"env {option.env}"
+    if ini not in (None, "", []):
+        return ini, ini_source
+    return None
+
+
+def checked(option: Option, value: Any, source: str) -> Any:
+    """Parse ``value``; a bad one raises :class:`OptionError` naming value, source and expectation."""
+    try:
+        return option.parse(value)
+    except OptionError as exc:
+        raise OptionError(f"{source}: invalid value {value!r} for {option.name}: {exc}") from None
+
+
+def resolve(config: pytest.Config, env: Mapping[str, str] | None = None) -> Settings:
+    """The session's settings from CLI, environment and ini. Raises :class:`pytest.UsageError` on a bad value."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for option in OPTIONS:
+        ini_source = _ini_source(config, option)
+        found = lookup(option, config.getoption(option.dest), env, config.getini(option.ini), ini_source)
+        if found is None:
+            continue
+        raw, source = found
+        try:
+            value = checked(option, raw, source)
+        except OptionError as exc:
+            raise pytest.UsageError(f"neuraldbg: {exc}") from None
+        if option.is_path:
+            from_ini = source == ini_source and not source.endswith(OVERRIDE)  # -o is typed where pytest runs
+            base = config.inipath.parent if from_ini and config.inipath is not None else config.invocation_params.dir
+            value = base / Path(value).expanduser()
+        values[option.name] = value
+        sources[option.name] = source
+    return Settings(**values, sources=sources)
+
+
+PLUGIN_MARKER_KEYS = ("preset", "steps", "gate")
+
+
+def marker_source(nodename: str) -> str:
+    return f"marker @pytest.mark.{MARKER} on {nodename}"
+
+
+def apply_marker(base: Settings, kwargs: Mapping[str, Any], nodename: str) -> tuple[Settings, dict[str, Any]]:
+    """Settings after a test's marker, and the marker's engine options (DebugConfig fields, unchecked here).
+
+    Raises :class:`OptionError` naming the marker and the test for a bad plugin setting.
+    """
+    source = marker_source(nodename)
+    changes: dict[str, Any] = {}
+    sources = dict(base.sources)
+    engine: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if key in PLUGIN_MARKER_KEYS:
+            changes[key] = checked(BY_NAME[key], value, source)
+            sources[key] = source
+        else:
+            engine[key] = value
+    if "persistence" in engine:
+        sources["persistence"] = source
+    return replace(base, **changes, sources=sources), engine
+
+
+def marker_kwargs(item: pytest.Item) -> dict[str, Any]:
+    """The keyword arguments of every ``neuraldbg`` marker on the item; the closest marker wins per key."""
+    merged: dict[str, Any] = {}
+    for mark in reversed(list(item.iter_markers(MARKER))):  # farthest (module) first, the test's own last
+        if mark.args:
+            raise OptionError(
+                f"{marker_source(item.name)}: takes keyword arguments only (e.g. persistence=5), "
+                f"got positional {mark.args!r}"
+            )
+        merged.update(mark.kwargs)
+    return merged

@@ -1,0 +1,133 @@
+"""A watched run as plain JSON data: what the reports need, computed once where the run happened.
+
+A record crosses from an xdist worker to the controller on the test report, so it holds only strings,
+numbers, lists and dicts (non-finite numbers as the strings ``"inf"``, ``"-inf"``, ``"nan"``, as in trace
+files). The debugger is used through its public query API only; this module imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+HEALTHY = "healthy"
+UNHEALTHY = "unhealthy"
+ERROR = "error"
+
+
+def number(x: float) -> float | str:
+    """JSON-safe float."""
+    x = float(x)
+    if math.isfinite(x):
+        return x
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+
+
+def where(event: Any) -> str:
+    return str(event.where)
+
+
+def event_dict(event: Any, coupling: Any = None) -> dict[str, Any]:
+    """A :class:`~neuraldbg.SemanticEvent` as plain data, plus ``text`` and the link to its cause."""
+    return {
+        "event_type": str(event.event_type.value),
+        "kind": event.kind.value if event.kind is not None else None,
+        "layer": event.layer,
+        "param": event.param,
+        "step_start": event.step_start,
+        "step_end": event.step_end,
+        "from_state": event.from_state,
+        "to_state": event.to_state,
+        "metrics": {k: number(v) for k, v in event.metrics.items()},
+        "text": str(event),
+        "where": where(event),
+        "cause": where(coupling.cause) if coupling is not None else None,
+        "relation": coupling.relation if coupling is not None else None,
+    }
+
+
+def hypothesis_dict(h: Any) -> dict[str, Any]:
+    """A :class:`~neuraldbg.CausalHypothesis` as plain data (its chain in causal order, root first)."""
+    cause_of = {id(c.effect): c for c in h.couplings}
+    return {
+        "kind": h.kind.value,
+        "confidence": float(h.confidence),
+        "summary": h.summary(),
+        "explanation": h.explanation,
+        "suggestion": h.suggestion,
+        "layer": h.root.layer,
+        "step": h.root.step_start,
+        "chain": [event_dict(e, cause_of.get(id(e))) for e in h.chain],
+    }
+
+
+def grad_chart_series(dbg: Any, hypotheses: list[Any]) -> list[dict[str, Any]]:
+    """Gradient norm series of the first layer, the root's layer and the last layer (those with parameters).
+
+    A root without parameters (a dead ReLU) is charted through the nearest parametric layer before it.
+    """
+    history = getattr(dbg, "history", None)
+    if history is None:
+        return []
+    order = list(dbg.layers)
+    parametric = [name for name in order if history.get("grad_norm", name) is not None]
+    parametric += [name for name in history.layers("grad_norm") if name not in parametric]
+    if not parametric:
+        return []
+    picks: list[tuple[str, str, str]] = [(parametric[0], f"first layer '{parametric[0]}'", "")]
+    root = hypotheses[0].root.layer if hypotheses else ""
+    charted = _nearest_parametric(root, order, parametric)
+    if charted is not None:
+        role = "the root" if charted == root else f"feeds root '{root}'"
+        label = f"root '{root}'" if charted == root else f"'{charted}' (feeds root '{root}')"
+        picks.append((charted, label, f" ({role})"))
+    picks.append((parametric[-1], f"last layer '{parametric[-1]}'", " (also the last layer)"))
+    out: list[dict[str, Any]] = []
+    for layer, label, merged in picks:
+        same = [s for s in out if s["layer"] == layer]
+        if same:  # the root is the first or the last layer: one line, both roles in its label
+            same[0]["label"] += merged
+            continue
+        points = history.get("grad_norm", layer).points()
+        out.append({"layer": layer, "label": label, "points": [[int(s), number(v)] for s, v in points]})
+    return out
+
+
+def _nearest_parametric(root: str, order: list[str], parametric: list[str]) -> str | None:
+    if not root:
+        return None
+    if root in parametric:
+        return root
+    if root not in order:
+        return None
+    index = order.index(root)
+    before = [name for name in order[:index] if name in parametric]
+    after = [name for name in order[index + 1 :] if name in parametric]
+    return before[-1] if before else (after[0] if after else None)
+
+
+def summarise(dbg: Any, *, nodeid: str, run: str, include_trace: bool = False) -> dict[str, Any]:
+    """The record of one watched run. Never raises: a failure of the engine becomes an ``error`` record."""
+    record: dict[str, Any] = {"nodeid": nodeid, "run": run, "steps": 0, "hypotheses": [], "mermaid": ""}
+    try:
+        hypotheses = list(dbg.hypotheses())
+        record.update(
+            verdict=UNHEALTHY if hypotheses else HEALTHY,
+            steps=int(dbg.steps),
+            hypotheses=[hypothesis_dict(h) for h in hypotheses],
+            mermaid=dbg.export_mermaid_causal_graph(),
+            grad_chart=grad_chart_series(dbg, hypotheses) if hypotheses else [],
+        )
+        if include_trace:
+            record["trace"] = dbg.to_dict()
+        # plain builtins only: xdist's serialiser refuses str subclasses such as torch's TorchVersion
+        return dict(json.loads(json.dumps(record, allow_nan=False)))
+    except Exception as exc:  # reports must never break the test run they describe
+        return {**record, "verdict": ERROR, "error": f"NeuralDBG could not summarise this run: {exc!r}"}
+
+
+def run_label(record: dict[str, Any], runs_in_test: int = 1) -> str:
+    """``tests/test_x.py::test_y`` or, for a test with several runs, ``tests/test_x.py::test_y [run 2]``."""
+    nodeid = str(record["nodeid"])
+    return nodeid if runs_in_test <= 1 else f"{nodeid} [run {record['run']}]"

@@ -1,0 +1,211 @@
+"""Where the verdicts go: JUnit properties, report sections, the gate, the terminal summary and report files.
+
+Per test (on the worker that ran it): each watched run becomes a plain-data record; the records ride on the
+call report as ``report.neuraldbg_runs`` and as ``item.user_properties``, both of which pytest-xdist carries
+to the controller. The controller collects them in ``pytest_runtest_logreport`` and writes every file once,
+in ``pytest_sessionfinish``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import records, verdict
+from .options import Settings
+from .state import FIXTURE_KEY, SessionState
+
+SECTION = "NeuralDBG training health"
+ATTRIBUTE = "neuraldbg_runs"
+
+
+# --- per test ---------------------------------------------------------------------------------------------
+
+
+def record_item(item: pytest.Item, state: SessionState) -> list[dict[str, Any]]:
+    """The records of the runs the test watched; their verdicts are added to ``item.user_properties``."""
+    fixture = item.stash.get(FIXTURE_KEY, None)
+    if fixture is None or not fixture.named_runs:
+        return []
+    keep_trace = state.settings.report is not None
+    recs = [
+        records.summarise(dbg, nodeid=item.nodeid, run=name, include_trace=keep_trace)
+        for name, dbg in fixture.named_runs
+    ]
+    for rec in recs:
+        item.user_properties.extend(user_properties(rec, several=len(recs) > 1))
+    return recs
+
+
+def user_properties(record: dict[str, Any], several: bool = False) -> list[tuple[str, str]]:
+    """``neuraldbg.verdict``, ``.explanation``, ``.chain`` (JSON) and ``.mermaid`` for pytest's ``--junitxml``.
+
+    A test that watched several runs gets one group per run, each led by ``neuraldbg.run``.
+    """
+    chain = [{k: v for k, v in h.items() if k != "explanation"} for h in record["hypotheses"]]
+    props = [
+        ("neuraldbg.verdict", str(record["verdict"])),
+        ("neuraldbg.explanation", str(record.get("error", "")) or verdict.explanation(record["hypotheses"])),
+        ("neuraldbg.chain", json.dumps(chain, allow_nan=False)),
+        ("neuraldbg.mermaid", str(record["mermaid"])),
+    ]
+    return [("neuraldbg.run", str(record["run"])), *props] if several else props
+
+
+def section_text(recs: Sequence[dict[str, Any]]) -> str:
+    """The explanation of every unhealthy run of a test, for its report section."""
+    parts = []
+    for rec in recs:
+        label = f"run {rec['run']}: " if len(recs) > 1 else ""
+        if rec["verdict"] == records.UNHEALTHY:
+            parts.append(verdict.failure_text(label + verdict.headline(rec["hypotheses"]), rec["hypotheses"]))
+        elif rec["verdict"] == records.ERROR:
+            parts.append(label + str(rec.get("error")))
+    return "\n\n".join(parts)
+
+
+def gate_text(recs: Sequence[dict[str, Any]], source: str = "--neuraldbg-gate") -> str:
+    """The failure text of a test failed by the gate: verdict line first, then the explanations."""
+    bad = [h for rec in recs for h in rec["hypotheses"]]
+    first = verdict.headline(bad, "NeuralDBG gate: training is unhealthy")
+    hint = (
+        f"Failed by the NeuralDBG gate (gate=fail from {source}). For a test that trains a broken model on "
+        'purpose, use @pytest.mark.neuraldbg(gate="off").'
+    )
+    return verdict.failure_text(first, bad, [hint])
+
+
+def annotate(report: pytest.TestReport, recs: list[dict[str, Any]], settings: Settings) -> None:
+    """Attach the records to the call report, add the report section, and apply the test's gate."""
+    if not recs:
+        return
+    setattr(report, ATTRIBUTE, recs)
+    if not any(r["verdict"] != records.HEALTHY for r in recs):
+        return
+    unhealthy = [r for r in recs if r["verdict"] == records.UNHEALTHY]
+    if settings.gate == "fail" and unhealthy and report.passed and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        report.longrepr = gate_text(unhealthy, settings.source("gate"))
+    if not (report.failed and _carries_explanations(report, unhealthy)):
+        report.sections.append((SECTION, section_text(recs)))
+
+
+def _carries_explanations(report: pytest.TestReport, unhealthy: list[dict[str, Any]]) -> bool:
+    """Whether the failure text already explains every unhealthy run (an assertion helper's message)."""
+    text = str(report.longrepr)
+    return bool(unhealthy) and all(h["explanation"] in text for r in unhealthy for h in r["hypotheses"])
+
+
+class Collector:
+    """Keeps the records of every finished test: in this process, or on the controller from xdist workers."""
+
+    NAME = "neuraldbg-collector"
+
+    def __init__(self, state: SessionState) -> None:
+        self.state = state
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call":
+            self.state.records.extend(getattr(report, ATTRIBUTE, None) or [])
+
+
+# --- end of session ----------------------------------------------------------------------------------------
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_RESERVED = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(1, 10)), *(f"lpt{i}" for i in range(1, 10))}
+MAX_NAME = 120
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8"), usedforsecurity=False).hexdigest()[:8]
+
+
+def safe_name(nodeid: str, max_len: int = MAX_NAME) -> str:
+    """A portable file name for a test node id: ``tests/test_x.py::test_y[a/b]`` -> ``tests_test_x.py_test_y_a_b``.
+
+    Only letters, digits, ``.``, ``_`` and ``-`` remain; Windows device names get a leading ``_``; names longer
+    than ``max_len`` are cut and end with a hash of the node id, so they stay distinct.
+    """
+    name = _UNSAFE.sub("_", nodeid).strip("._-") or "test"
+    if name.split(".", 1)[0].lower() in _RESERVED:
+        name = "_" + name
+    if len(name) > max_len:
+        name = name[: max_len - 9].rstrip("._-") + "-" + _digest(nodeid)
+    return name
+
+
+def file_names(recs: Sequence[dict[str, Any]]) -> list[str]:
+    """A distinct file stem per record: the test's safe name, plus the run name when a test has several."""
+    per_test: dict[str, int] = {}
+    for r in recs:
+        per_test[r["nodeid"]] = per_test.get(r["nodeid"], 0) + 1
+    taken: set[str] = set()
+    out: list[str] = []
+    for r in recs:
+        stem = safe_name(r["nodeid"])
+        if per_test[r["nodeid"]] > 1:
+            stem = f"{stem}-run-{safe_name(str(r['run']), 40)}"
+        if stem.lower() in taken:  # two ids that sanitise alike (case-insensitive file systems too)
+            stem = f"{stem}-{_digest(r['nodeid'] + '::' + str(r['run']))}"
+        taken.add(stem.lower())
+        out.append(stem)
+    return out
+
+
+def sorted_records(state: SessionState) -> list[dict[str, Any]]:
+    """Records in a stable order (xdist delivers them in completion order)."""
+    return sorted(state.records, key=lambda r: (str(r["nodeid"]), str(r["run"])))
+
+
+def write_files(state: SessionState) -> None:
+    """Write ``--neuraldbg-report`` and ``--neuraldbg-junit`` outputs (controller only)."""
+    from . import junit, markdown
+
+    settings = state.settings
+    recs = sorted_records(state)
+    if settings.report is not None:
+        directory = settings.report
+        directory.mkdir(parents=True, exist_ok=True)
+        for rec, stem in zip(recs, file_names(recs)):
+            if rec.get("trace") is not None:
+                _write(directory / f"{stem}.json", json.dumps(rec["trace"], indent=1, allow_nan=False) + "\n")
+            if rec.get("mermaid"):
+                _write(directory / f"{stem}.mmd", rec["mermaid"] + "\n")
+        state.written.append(_write(directory / "summary.md", markdown.summary(recs, gate=settings.gate)))
+    if settings.junit is not None:
+        settings.junit.parent.mkdir(parents=True, exist_ok=True)
+        state.written.append(_write(settings.junit, junit.report(recs)))
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def terminal_summary(reporter: Any, state: SessionState) -> None:
+    """The ``neuraldbg`` block: counts, then one line per unhealthy run, then the files written."""
+    recs = sorted_records(state)
+    if not recs and not state.written:
+        return
+    reporter.write_sep("=", "neuraldbg")
+    unhealthy = [r for r in recs if r["verdict"] == records.UNHEALTHY]
+    errors = [r for r in recs if r["verdict"] == records.ERROR]
+    counts = f"{len(recs)} watched runs: {len(unhealthy)} unhealthy"
+    counts += f", {len(errors)} not analysed" if errors else ""
+    reporter.write_line(f"{counts} (gate: {state.settings.gate})")
+    per_test: dict[str, int] = {}
+    for r in recs:
+        per_test[r["nodeid"]] = per_test.get(r["nodeid"], 0) + 1
+    for r in unhealthy:
+        found = "; ".join(h["summary"] for h in r["hypotheses"])
+        reporter.write_line(f"UNHEALTHY {records.run_label(r, per_test[r['nodeid']])}: {found}", red=True)
+    for r in errors:
+        reporter.write_line(f"ERROR {records.run_label(r, per_test[r['nodeid']])}: {r.get('error')}", yellow=True)
+    for path in state.written:
+        reporter.write_line(f"neuraldbg: wrote {path}")

@@ -1,0 +1,159 @@
+"""``smoke_train``: a short, seeded, deterministic training loop run under a debugger.
+
+Imported lazily by the fixture (it imports torch).
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+Batch = Any
+Data = Iterable[Batch] | Callable[[int], Batch]
+OptimizerArg = torch.optim.Optimizer | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None
+
+
+def batches(data: Data) -> Iterator[Batch]:
+    """Batches forever: ``data`` is cycled when it runs out; a callable is asked ``data(step)``.
+
+    A one-shot iterator (a generator) is remembered on its first pass and replayed, so it can be cycled too.
+    """
+    if callable(data) and not isinstance(data, Iterable):
+        step = 0
+        while True:
+            yield data(step)
+            step += 1
+    if not isinstance(data, Iterable):
+        raise TypeError(
+            f"smoke_train(): data must be an iterable of (inputs, targets) batches, a DataLoader or a callable "
+            f"step -> batch, got {type(data).__name__}"
+        )
+    if iter(data) is data:  # a one-shot iterator: remember its batches to replay them
+        seen: list[Batch] = []
+        for batch in data:
+            seen.append(batch)
+            yield batch
+        if not seen:
+            raise ValueError("smoke_train(): data yielded no batches")
+        while True:
+            yield from seen
+    while True:
+        count = 0
+        for batch in data:
+            count += 1
+            yield batch
+        if count == 0:
+            raise ValueError("smoke_train(): data yielded no batches")
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device) for v in value)
+    if isinstance(value, Mapping):
+        return {k: _to(v, device) for k, v in value.items()}
+    return value
+
+
+def _forward(model: nn.Module, inputs: Any) -> Any:
+    if isinstance(inputs, Mapping):
+        return model(**inputs)
+    if isinstance(inputs, (list, tuple)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def _split(batch: Batch) -> tuple[Any, Any]:
+    if isinstance(batch, (list, tuple)) and len(batch) == 2:
+        return batch[0], batch[1]
+    raise TypeError(
+        f"smoke_train(): each batch must be an (inputs, targets) pair, got {type(batch).__name__}"
+        + (f" of length {len(batch)}" if isinstance(batch, (list, tuple)) else "")
+    )
+
+
+def _optimizer(optimizer: OptimizerArg, model: nn.Module) -> torch.optim.Optimizer:
+    if optimizer is None:
+        return torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return optimizer
+    if callable(optimizer):
+        return optimizer(model.parameters())
+    raise TypeError(
+        f"smoke_train(): optimizer must be a torch.optim.Optimizer or a callable params -> optimizer, "
+        f"got {type(optimizer).__name__}"
+    )
+
+
+class _Seeded:
+    """Seed torch, random and numpy (when installed); restore their states on exit."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def __enter__(self) -> None:
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+        self._torch = torch.random.fork_rng(devices=devices)
+        self._torch.__enter__()
+        self._random = random.getstate()
+        try:
+            numpy = importlib.import_module("numpy")
+        except ImportError:
+            self._numpy: Any = None
+        else:
+            self._numpy = (numpy, numpy.random.get_state())
+            numpy.random.seed(self.seed % 2**32)
+        random.seed(self.seed)
+        torch.manual_seed(self.seed)
+
+    def __exit__(self, *exc: object) -> None:
+        random.setstate(self._random)
+        if self._numpy is not None:
+            numpy, state = self._numpy
+            numpy.random.set_state(state)
+        self._torch.__exit__(None, None, None)
+
+
+def train(
+    dbg: Any,
+    model: nn.Module,
+    data: Data,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    *,
+    optimizer: OptimizerArg = None,
+    steps: int,
+    seed: int = 0,
+) -> Any:
+    """Train ``model`` for ``steps`` optimizer steps under ``dbg`` and return ``dbg``, closed.
+
+    Each step: ``zero_grad``, ``loss_fn(model(inputs), targets)``, ``backward``, ``step``. Inputs that are a
+    tuple or a dict are unpacked into the model's arguments; tensors are moved to the model's device.
+    The model is left in the mode (train/eval) it was in.
+    """
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"smoke_train(): steps must be a positive integer, got {steps!r}")
+    first = next(iter(model.parameters()), None)
+    device = first.device if first is not None else torch.device("cpu")
+    was_training = model.training
+    with _Seeded(seed):
+        opt = _optimizer(optimizer, model)
+        source = batches(data)
+        model.train()
+        try:
+            with dbg:
+                for _ in range(steps):
+                    inputs, targets = _split(next(source))
+                    opt.zero_grad(set_to_none=True)
+                    loss = loss_fn(_forward(model, _to(inputs, device)), _to(targets, device))
+                    dbg.observe_loss(loss)
+                    loss.backward()
+                    opt.step()
+        finally:
+            model.train(was_training)
+    return dbg

@@ -1,0 +1,27 @@
+"""Where the plugin keeps its state: ``config.stash`` for the session, ``item.stash`` for a test."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .options import Settings
+
+if TYPE_CHECKING:
+    from .fixture import NeuralDbgFixture
+
+
+@dataclass
+class SessionState:
+    """The session's settings and, on the controller, the record of every watched run."""
+
+    settings: Settings
+    records: list[dict[str, Any]] = field(default_factory=list)
+    written: list[Path] = field(default_factory=list)
+
+
+SESSION_KEY = pytest.StashKey[SessionState]()
+FIXTURE_KEY: pytest.StashKey[NeuralDbgFixture] = pytest.StashKey()

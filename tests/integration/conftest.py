@@ -1,0 +1,57 @@
+"""Shared set-up of the plugin's integration tests.
+
+``pytester`` itself is enabled in ``tests/conftest.py`` (pytest refuses
+``pytest_plugins`` in a nested conftest once a plain ``pytest`` run collects it).
+Everything an inner run imports is imported here first (pytester removes modules an in-process run imported
+when it ends): torch, the engine, and what torch imports lazily on a first optimizer step (torch._dynamo,
+which breaks when imported twice in one process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import integration_support
+import pytest
+import torch
+import torch.nn.functional
+
+import neuraldbg
+import pytest_neuraldbg.smoke
+import pytest_neuraldbg.watched  # noqa: F401
+
+# optional; imported here once: unloaded by pytester's module cleanup, its native extension reports leaks at exit
+with contextlib.suppress(ImportError):
+    import mermaidx  # noqa: F401
+
+
+def _warm_up() -> None:
+    """One watched training step of every kind the inner runs use, so their lazy imports happen now."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
+    for optimizer in (torch.optim.Adam(model.parameters()), torch.optim.SGD(model.parameters(), lr=0.1)):
+        with neuraldbg.NeuralDbg(model) as dbg:
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(torch.ones(4, 2)), torch.zeros(4, 1)).backward()
+            optimizer.step()
+        dbg.export_mermaid_causal_graph()
+        dbg.to_dict()
+        dbg.report()
+
+
+_warm_up()
+
+
+@pytest.fixture(autouse=True)
+def _no_neuraldbg_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inner runs must not see NEURALDBG_* variables of the shell that runs this suite."""
+    for name in list(os.environ):
+        if name.startswith("NEURALDBG_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    """A pytester directory holding ``models.py``."""
+    pytester.makepyfile(models=integration_support.MODELS)
+    return pytester

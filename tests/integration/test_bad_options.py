@@ -1,0 +1,92 @@
+"""Bad option values: each error names the value, where it came from and what was expected."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def usage_error(result: pytest.RunResult) -> str:
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    return result.stderr.str()
+
+
+def test_a_bad_flag_names_the_flag_the_value_and_the_expected_range(pytester: pytest.Pytester) -> None:
+    err = usage_error(pytester.runpytest("--neuraldbg-persistence=abc"))
+    assert (
+        "ERROR: neuraldbg: --neuraldbg-persistence: invalid value 'abc' for persistence: "
+        "expected an integer between 1 and 1000"
+    ) in err
+
+
+def test_a_bad_ini_value_names_the_key_and_the_file(pytester: pytest.Pytester) -> None:
+    pytester.makefile(".ini", pytest="[pytest]\nneuraldbg_persistence = often\n")
+    err = usage_error(pytester.runpytest())
+    assert "ini neuraldbg_persistence in pytest.ini: invalid value 'often' for persistence: expected an integer" in err
+
+
+def test_an_ini_override_on_the_command_line_is_named_as_such(pytester: pytest.Pytester) -> None:
+    err = usage_error(pytester.runpytest("-o", "neuraldbg_gate=maybe"))
+    assert "ini neuraldbg_gate (-o override): invalid value 'maybe' for gate: expected one of fail, warn, off" in err
+
+
+def test_a_bad_environment_variable_names_the_variable(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEURALDBG_STEPS", "0")
+    err = usage_error(pytester.runpytest())
+    assert "env NEURALDBG_STEPS: invalid value '0' for steps: expected an integer between 1 and 10000000" in err
+
+
+def test_an_unknown_preset_lists_the_presets(pytester: pytest.Pytester) -> None:
+    err = usage_error(pytester.runpytest("--neuraldbg-preset=turbo"))
+    assert "--neuraldbg-preset: invalid value 'turbo' for preset: expected a preset name, one of default, full" in err
+
+
+def test_a_gate_flag_that_swallowed_a_test_path_says_how_to_write_it(pytester: pytest.Pytester) -> None:
+    err = usage_error(pytester.runpytest("--neuraldbg-gate", "tests"))
+    assert "--neuraldbg-gate: invalid value 'tests' for gate" in err
+    assert "write --neuraldbg-gate=VALUE when test paths follow it" in err
+
+
+def test_bad_markers_fail_only_their_own_test_and_name_marker_test_and_expectation(project: pytest.Pytester) -> None:
+    project.makepyfile(
+        test_markers="""
+        import models
+        import pytest
+
+        @pytest.mark.neuraldbg(persistence="x")
+        def test_bad_engine_value(neuraldbg):
+            pass
+
+        @pytest.mark.neuraldbg(persistance=3)
+        def test_misspelt_option(neuraldbg):
+            pass
+
+        @pytest.mark.neuraldbg(gate="sometimes")
+        def test_bad_gate(neuraldbg):
+            pass
+
+        @pytest.mark.neuraldbg(5)
+        def test_positional(neuraldbg):
+            pass
+
+        def test_fine(neuraldbg):
+            neuraldbg.smoke_train(models.healthy(), models.data(), models.loss, steps=5)
+        """
+    )
+    result = project.runpytest()
+    result.assert_outcomes(passed=1, errors=4)
+    out = result.stdout.str()
+    assert (
+        "neuraldbg: marker @pytest.mark.neuraldbg on test_bad_engine_value: DebugConfig.persistence: "
+        "expected an integer between 1 and 1000, got 'x'"
+    ) in out
+    assert (
+        "marker @pytest.mark.neuraldbg on test_misspelt_option: unknown option 'persistance' "
+        "(did you mean 'persistence'?); expected preset, steps, gate or a neuraldbg.DebugConfig field: "
+    ) in out
+    assert (
+        "marker @pytest.mark.neuraldbg on test_bad_gate: invalid value 'sometimes' for gate: "
+        "expected one of fail, warn, off"
+    ) in out
+    assert "marker @pytest.mark.neuraldbg on test_positional: takes keyword arguments only" in out

@@ -1,0 +1,125 @@
+"""The ``neuraldbg`` fixture: watching a hand-written loop, ``smoke_train``, recording runs, import cost."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+
+def test_a_healthy_smoke_test_passes_and_its_run_is_reported_healthy(project: pytest.Pytester) -> None:
+    project.makepyfile(
+        test_healthy="""
+        import models
+
+        def test_it(neuraldbg):
+            ndbg = neuraldbg.smoke_train(models.healthy(), models.data(), models.loss, steps=30)
+            assert ndbg.steps == 30
+            assert not ndbg.attached
+            assert neuraldbg.runs == [ndbg]
+            assert ndbg.explain_failure() == []
+            neuraldbg.assert_healthy(ndbg)
+        """
+    )
+    result = project.runpytest()
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*= neuraldbg =*", "1 watched runs: 0 unhealthy (gate: off)"])
+
+
+def test_a_hand_written_loop_is_watched_and_its_dead_relu_reported(project: pytest.Pytester) -> None:
+    project.makepyfile(
+        test_loop="""
+        import models
+        from neuraldbg import FailureKind, NeuralDbg
+
+        def test_dead(neuraldbg):
+            ndbg = models.loop(neuraldbg, models.dead())
+            assert isinstance(ndbg, NeuralDbg)
+            top = ndbg.hypotheses()[0]
+            assert (top.kind, top.root.layer, top.root.step_start) == (FailureKind.DEAD_NEURONS, "3", 0)
+        """
+    )
+    result = project.runpytest()
+    result.assert_outcomes(passed=1)  # the gate is off by default: reported, not failed
+    assert "UNHEALTHY test_loop.py::test_dead: dead_neurons at '3' from step 0" in result.stdout.str()
+
+
+def test_smoke_train_takes_its_default_steps_from_the_option(project: pytest.Pytester) -> None:
+    project.makepyfile(
+        test_steps="""
+        import models
+
+        def test_default(neuraldbg):
+            assert neuraldbg.smoke_train(models.healthy(), models.data(), models.loss).steps == 7
+
+        def test_explicit(neuraldbg):
+            assert neuraldbg.smoke_train(models.healthy(), models.data(), models.loss, steps=3).steps == 3
+        """
+    )
+    project.runpytest("--neuraldbg-steps=7").assert_outcomes(passed=2)
+
+
+def test_several_runs_in_one_test_are_reported_by_name(project: pytest.Pytester) -> None:
+    project.makepyfile(
+        test_two="""
+        import models
+
+        def test_compare(neuraldbg):
+            good = neuraldbg.smoke_train(models.healthy(), models.data(), models.loss, steps=20, name="baseline")
+            bad = neuraldbg.smoke_train(models.dead(), models.data(), models.loss, steps=20, name="broken")
+            assert neuraldbg.named_runs == [("baseline", good), ("broken", bad)]
+        """
+    )
+    result = project.runpytest()
+    result.assert_outcomes(passed=1)
+    out = result.stdout.str()
+    assert "2 watched runs: 1 unhealthy" in out
+    assert "UNHEALTHY test_two.py::test_compare [run broken]: dead_neurons at '3'" in out
+    assert "[run baseline]" not in out
+
+
+def test_a_debugger_left_attached_is_closed_when_the_test_ends(project: pytest.Pytester) -> None:
+    project.makepyfile(
+        test_open="""
+        import models
+
+        LEFT = []
+
+        def test_leaves_it_open(neuraldbg):
+            model = models.healthy()
+            LEFT.append(neuraldbg(model).attach())
+            x, y = models.data()[0]
+            models.loss(model(x), y).backward()
+
+        def test_it_was_closed():
+            assert LEFT and not LEFT[0].attached
+        """
+    )
+    project.runpytest().assert_outcomes(passed=2)
+
+
+def test_the_fixture_offers_the_assertion_helpers_as_methods(project: pytest.Pytester) -> None:
+    project.makepyfile(
+        test_methods="""
+        import pytest_neuraldbg
+
+        def test_methods(neuraldbg):
+            names = [n for n in pytest_neuraldbg.__all__ if n.startswith("assert_")]
+            assert len(names) == 7
+            for name in names:
+                assert getattr(neuraldbg, name) is getattr(pytest_neuraldbg, name)
+        """
+    )
+    project.runpytest().assert_outcomes(passed=1)
+
+
+def test_loading_the_plugin_and_pytest_help_do_not_import_torch(pytester: pytest.Pytester) -> None:
+    code = (
+        "import sys, pytest\n"
+        "pytest.main(['--help'])\n"
+        "import pytest_neuraldbg, pytest_neuraldbg.plugin\n"
+        "print('TORCH-IMPORTED', 'torch' in sys.modules, 'neuraldbg' in sys.modules)\n"
+    )
+    result = pytester.run(sys.executable, "-c", code)
+    result.stdout.fnmatch_lines(["*--neuraldbg-gate=*fail|warn|off*", "*--neuraldbg-report=DIR*"])
+    result.stdout.fnmatch_lines(["TORCH-IMPORTED False False"])

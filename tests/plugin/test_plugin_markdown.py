@@ -1,0 +1,125 @@
+"""summary.md and its gradient chart, from hand-made run records."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from pytest_neuraldbg import markdown
+
+
+def hypothesis(layer: str = "3", summary: str = "dead_neurons at '3' from step 0 (confidence 1.00)") -> dict:
+    return {
+        "kind": "dead_neurons",
+        "confidence": 1.0,
+        "summary": summary,
+        "explanation": f"Dead neurons in '{layer}' (ReLU): 100% of 16 units inactive.",
+        "suggestion": "",
+        "layer": layer,
+        "step": 0,
+        "chain": [],
+    }
+
+
+def record(nodeid: str, verdict: str = "unhealthy", **extra: object) -> dict:
+    rec = {
+        "nodeid": nodeid,
+        "run": "1",
+        "verdict": verdict,
+        "steps": 30,
+        "hypotheses": [hypothesis()] if verdict == "unhealthy" else [],
+        "mermaid": 'flowchart TD\n  n0["x"]',
+        "grad_chart": [
+            {"layer": "0", "label": "first layer '0'", "points": [[0, 0.0], [1, 0.0]]},
+            {"layer": "4", "label": "last layer '4'", "points": [[0, 0.5], [1, 5.0]]},
+        ],
+    }
+    rec.update(extra)
+    return rec
+
+
+def test_the_chart_plots_log10_norms_with_zero_at_the_floor_and_non_finite_at_the_ceiling() -> None:
+    series = [
+        {"label": "first layer '0'", "points": [[0, 0.0], [10, 0.0], [20, 0.0]]},
+        {"label": "root '2'", "points": [[0, 1e-3], [10, 10.0], [20, "inf"]]},
+    ]
+    source, legend = markdown.xychart(series)
+    assert source.splitlines()[1:] == [
+        "xychart-beta",
+        '  title "Gradient norm (log10) over training steps"',
+        '  x-axis "step" [0, 10, 20]',
+        '  y-axis "log10 gradient norm" -4 --> 2',
+        "  line [-4, -4, -4]",
+        "  line [-3, 1, 2]",
+    ]
+    assert source.startswith('%%{init: {"themeVariables": {"xyChart": {"plotColorPalette": "#1f77b4, #d62728"}}}}%%')
+    assert legend == ("Lines: 🔵 first layer '0' · 🔴 root '2'. A zero gradient is drawn at -4, a non-finite one at 2.")
+
+
+def test_the_chart_samples_long_runs_and_fills_missing_steps_with_the_nearest_value() -> None:
+    series = [
+        {"label": "a", "points": [[s, 10.0 ** (s % 3)] for s in range(200)]},
+        {"label": "b", "points": [[0, 1.0], [199, 100.0]]},
+    ]
+    source, _ = markdown.xychart(series, max_points=40)
+    steps = re.search(r'x-axis "step" \[(.*)\]', source).group(1).split(", ")
+    assert len(steps) == 40 and steps[0] == "0" and steps[-1] == "199"
+    lines = [line for line in source.splitlines() if line.strip().startswith("line")]
+    b = [float(v) for v in lines[1].split("[")[1].rstrip("]").split(", ")]
+    assert b[:5] == [0, 0, 0, 0, 0] and b[-1] == 2  # nearest recorded point: step 0 at the start, 199 at the end
+
+
+def test_an_empty_chart_renders_nothing() -> None:
+    assert markdown.xychart([]) == ("", "")
+    assert markdown.xychart([{"label": "a", "points": []}]) == ("", "")
+
+
+def test_markdown_text_is_escaped_so_layer_names_are_not_formatting() -> None:
+    assert markdown.escape("'__main__' <b> *x* | y") == "'\\_\\_main\\_\\_' \\<b\\> \\*x\\* \\| y"
+    assert markdown.code("test_x.py::test[`a`\nb]") == "`test_x.py::test['a' b]`"
+
+
+def test_the_summary_puts_unhealthy_runs_first_with_their_explanation_graph_and_chart() -> None:
+    text = markdown.summary([record("t.py::test_ok", "healthy"), record("t.py::test_dead")], gate="warn")
+    assert text.startswith("## NeuralDBG training health\n\n**1 of 2 watched runs unhealthy** (gate: warn).\n\n| Test")
+    table = [line for line in text.splitlines() if line.startswith("| `")]
+    assert table == [
+        "| `t.py::test_dead` | ❌ unhealthy | 30 | dead\\_neurons at '3' from step 0 (confidence 1.00) |",
+        "| `t.py::test_ok` | ✅ healthy | 30 | - |",
+    ]
+    assert "### ❌ `t.py::test_dead`\n\n**dead\\_neurons at '3' from step 0 (confidence 1.00)**" in text
+    assert "<details><summary>Causal graph</summary>\n\n```mermaid\nflowchart TD" in text
+    assert text.count("```mermaid") == 2 and "xychart-beta" in text
+    assert "### ❌ `t.py::test_ok`" not in text
+
+
+def test_a_test_with_several_runs_names_each_run() -> None:
+    text = markdown.summary([record("t.py::test_two", run="a"), record("t.py::test_two", "healthy", run="b")])
+    assert "`t.py::test_two [run a]`" in text and "`t.py::test_two [run b]`" in text
+
+
+def test_the_summary_fits_a_github_comment_and_says_what_it_left_out() -> None:
+    big_graph = "flowchart TD\n" + "\n".join(f'  n{i}["{"x" * 60}"]' for i in range(400))
+    recs = [record(f"tests/test_many.py::test_{i}", mermaid=big_graph) for i in range(30)]
+    recs += [record(f"tests/test_many.py::test_ok_{i}", "healthy") for i in range(2000)]
+    text = markdown.summary(recs)
+    assert len(text) <= markdown.COMMENT_LIMIT
+    assert re.search(r"_\d+ more runs not listed: GitHub limits a comment to 65,536 characters._", text)
+    assert "_Graphs left out to stay within GitHub's size limit" in text
+    assert re.search(r"_\d+ more unhealthy runs left out to stay within 65,536 characters", text)
+    assert text.count("| ❌ unhealthy |") == 30  # unhealthy rows come first and are kept
+
+
+def test_an_analysis_error_is_listed_with_its_message() -> None:
+    text = markdown.summary([record("t.py::test_x", "error", error="NeuralDBG could not summarise this run: boom")])
+    assert "could not be analysed" in text and "### ⚠️ `t.py::test_x`" in text and "boom" in text
+
+
+def test_the_chart_renders_with_real_mermaid() -> None:
+    mermaidx = pytest.importorskip("mermaidx")
+    source, _ = markdown.xychart(
+        [{"label": "a", "points": [[0, 0.0], [1, 1e-8]]}, {"label": "b", "points": [[0, math.inf], [1, 3.0]]}]
+    )
+    assert "<svg" in mermaidx.render(source).svg()

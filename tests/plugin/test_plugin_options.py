@@ -1,0 +1,108 @@
+"""Option parsing and precedence, without running pytest inside pytest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import neuraldbg
+from pytest_neuraldbg import options
+from pytest_neuraldbg.options import BY_NAME, OptionError, Settings
+
+
+class FakeConfig:
+    """The part of pytest.Config that ``options.resolve`` reads."""
+
+    def __init__(self, cli: dict[str, Any] | None = None, ini: dict[str, str] | None = None, overrides=()) -> None:
+        self.cli = cli or {}
+        self.ini = ini or {}
+        self.inipath = Path("/project/pytest.ini")
+        self.invocation_params = SimpleNamespace(dir=Path("/cwd"))
+        self.option = SimpleNamespace(override_ini=list(overrides))
+
+    def getoption(self, dest: str) -> Any:
+        return self.cli.get(dest)
+
+    def getini(self, name: str) -> str:
+        return self.ini.get(name, "")
+
+
+def test_every_option_has_a_flag_an_ini_key_and_an_environment_variable() -> None:
+    names = {o.name: (o.flag, o.ini, o.env) for o in options.OPTIONS}
+    assert names["persistence"] == ("--neuraldbg-persistence", "neuraldbg_persistence", "NEURALDBG_PERSISTENCE")
+    assert set(names) == {"preset", "persistence", "gate", "report", "junit", "steps"}
+
+
+def test_defaults_apply_when_nothing_is_set() -> None:
+    settings = options.resolve(FakeConfig(), env={})
+    assert settings == Settings(sources={})
+    assert (settings.gate, settings.steps, settings.report, settings.source("gate")) == ("off", 50, None, "default")
+
+
+@pytest.mark.parametrize(
+    ("cli", "env", "ini", "expected"),
+    [
+        (None, None, "4", (4, "ini neuraldbg_persistence in pytest.ini")),
+        (None, "5", "4", (5, "env NEURALDBG_PERSISTENCE")),
+        ("6", "5", "4", (6, "--neuraldbg-persistence")),
+        (None, "  ", "4", (4, "ini neuraldbg_persistence in pytest.ini")),  # a blank variable is unset
+    ],
+)
+def test_the_command_line_beats_the_environment_which_beats_the_ini_file(
+    cli: str | None, env: str | None, ini: str, expected: tuple[int, str]
+) -> None:
+    config = FakeConfig({"neuraldbg_persistence": cli}, {"neuraldbg_persistence": ini})
+    settings = options.resolve(config, env={"NEURALDBG_PERSISTENCE": env} if env is not None else {})
+    assert (settings.persistence, settings.source("persistence")) == expected
+
+
+def test_paths_from_the_ini_file_are_relative_to_it_and_others_to_the_invocation_directory() -> None:
+    config = FakeConfig({"neuraldbg_junit": "health.xml"}, {"neuraldbg_report": "reports"})
+    settings = options.resolve(config, env={})
+    assert settings.report == Path("/project/reports")
+    assert settings.junit == Path("/cwd/health.xml")
+    overridden = FakeConfig(ini={"neuraldbg_report": "reports"}, overrides=["neuraldbg_report=reports"])
+    assert options.resolve(overridden, env={}).report == Path("/cwd/reports")
+
+
+def test_a_bad_value_is_a_usage_error_naming_value_source_and_expectation() -> None:
+    with pytest.raises(pytest.UsageError) as info:
+        options.resolve(FakeConfig(), env={"NEURALDBG_GATE": "loud"})
+    assert str(info.value).startswith("neuraldbg: env NEURALDBG_GATE: invalid value 'loud' for gate: expected one of")
+    with pytest.raises(pytest.UsageError, match=r"ini neuraldbg_steps \(-o override\): invalid value '-1'"):
+        options.resolve(FakeConfig(ini={"neuraldbg_steps": "-1"}, overrides=["neuraldbg_steps=-1"]), env={})
+
+
+@pytest.mark.parametrize(
+    ("text", "gate"), [("fail", "fail"), ("WARN", "warn"), (" off ", "off"), ("true", "fail"), ("0", "off")]
+)
+def test_gate_values_are_read_leniently(text: str, gate: str) -> None:
+    assert options.parse_gate(text) == gate
+
+
+@pytest.mark.parametrize("bad", ["", "1.5", "0", "1001", True, "ten"])
+def test_persistence_must_be_an_integer_in_the_engine_range(bad: object) -> None:
+    with pytest.raises(OptionError, match="expected an integer between 1 and 1000"):
+        BY_NAME["persistence"].parse(bad)
+
+
+def test_known_presets_are_the_engines_and_a_preset_registered_later_is_accepted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert set(options.KNOWN_PRESETS) == set(neuraldbg.PRESETS)
+    monkeypatch.setitem(neuraldbg.PRESETS, "tiny", neuraldbg.DebugConfig(persistence=1))
+    assert options.parse_preset("tiny") == "tiny"
+    with pytest.raises(OptionError, match="expected a preset name, one of default, full, economy, tiny"):
+        options.parse_preset("huge")
+
+
+def test_a_marker_overrides_plugin_settings_and_passes_engine_options_through() -> None:
+    base = Settings(gate="fail", steps=50, sources={"gate": "--neuraldbg-gate"})
+    settings, engine = options.apply_marker(base, {"gate": "off", "steps": "7", "full_every": 2}, "test_x")
+    assert (settings.gate, settings.steps, engine) == ("off", 7, {"full_every": 2})
+    assert settings.source("gate") == "marker @pytest.mark.neuraldbg on test_x"
+    with pytest.raises(OptionError, match=r"marker @pytest.mark.neuraldbg on test_x: invalid value 0 for steps"):
+        options.apply_marker(base, {"steps": 0}, "test_x")
