@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from .config import DebugConfig
 from .detectors.base import Context, Detector, StepView
+from .detectors.nonfinite import NonFiniteDetector
 from .errors import NeuralDbgWarning
 from .events import SemanticEvent
 from .history import History
@@ -30,6 +31,8 @@ class Analyzer:
     ) -> None:
         self.ctx = Context(config, infos, order, owner_of_params(infos))
         self.detectors = list(detectors)
+        self._every_step = [d for d in self.detectors if d.every_step]
+        self._plugin_every_step = any(not isinstance(d, NonFiniteDetector) for d in self._every_step)
         self.tracker = Tracker(config)
         self.history = History(config.history_points)
         self.steps_observed = 0
@@ -40,13 +43,23 @@ class Analyzer:
     def consume(self, records: Sequence[StepData]) -> bool:
         """Analyse committed steps; True when a new abnormal state began (worth observing densely)."""
         started = self.tracker.started
+        quiet = not self.tracker.has_open(NonFiniteDetector.name)
         for record in records:
+            if quiet and not record.full and not self._plugin_every_step and NonFiniteDetector.clean(record):
+                self._count(record)  # a clean cheap step: nothing for any built-in detector to see
+                if record.loss is not None:
+                    self.history.add("loss", "", record.step, record.loss)
+                continue
             view = StepView(record, self.ctx)
-            for detector in list(self.detectors):
+            for detector in list(self.detectors if record.full else self._every_step):
+                if quiet and not record.full and isinstance(detector, NonFiniteDetector) and detector.clean(record):
+                    continue  # a clean cheap step changes nothing the tracker knows
                 try:
                     obs = detector.observe(view)
                 except Exception as exc:
                     self.detectors.remove(detector)
+                    if detector in self._every_step:
+                        self._every_step.remove(detector)
                     warnings.warn(
                         f"NeuralDBG disabled detector {detector.name!r}: it failed with {exc!r}",
                         NeuralDbgWarning,
@@ -55,11 +68,15 @@ class Analyzer:
                     continue
                 if obs is not None:
                     self.tracker.update(detector.name, record.step, obs)
+                    quiet = not self.tracker.has_open(NonFiniteDetector.name)
             self._record_history(view)
-            self.steps_observed += 1
-            self.full_steps += record.full
-            self.last_step = max(self.last_step, record.step)
+            self._count(record)
         return self.tracker.started > started
+
+    def _count(self, record: StepData) -> None:
+        self.steps_observed += 1
+        self.full_steps += record.full
+        self.last_step = max(self.last_step, record.step)
 
     def _record_history(self, view: StepView) -> None:
         data, add, step = view.data, self.history.add, view.step
@@ -85,6 +102,9 @@ class Analyzer:
         for key in data.act:
             if key[1] == 0:
                 add("output_rms", key[0], step, view.rms(key))
+        for key, norm in data.out_grad.items():
+            if key[1] == 0:
+                add("output_grad_norm", key[0], step, norm)
 
     def events(self) -> list[SemanticEvent]:
         return self.tracker.events()

@@ -31,9 +31,12 @@ class DebugConfig:
 
     # --- sampling: which steps get full statistics --------------------------------------------------------
     dense_steps: int = 16  # the first N steps are all fully observed: faults present from step 0 are common
-    full_every: int = 16  # afterwards every Nth step (Cockpit: 1.04x overhead when tracking every 16th step)
+    full_every: int = 32  # afterwards every Nth step (Cockpit: 1.04x overhead when tracking every 16th step; the
+    # triggers below cover what happens between two scheduled steps)
     trigger_window: int = 8  # full statistics for N steps after a learning-rate change or a suspicious signal
-    output_gradients: bool = True  # gradient w.r.t. each layer's output (tensor hooks), on fully observed steps
+    output_gradients: bool = False  # also record the gradient w.r.t. each layer's output (a tensor hook per layer
+    # on fully observed steps; the model output's gradient is always read): off by default, it costs a Python call
+    # from the autograd engine per layer
     track_updates: bool = True  # measure parameter changes ||dW|| on fully observed steps (copies the weights)
 
     # --- persistence ---------------------------------------------------------------------------------------
@@ -52,8 +55,9 @@ class DebugConfig:
     exploding_norm: float = 1e3  # a layer's gradient norm above this is exploding (seed default: norm > 1e3)
 
     # --- activations -----------------------------------------------------------------------------------------
-    dead_sample_fraction: float = 0.01  # a unit is dead when active on at most this fraction of the samples
-    # (smdebug: a unit is dead if active on < 1 % of samples)
+    dead_sample_fraction: float = 0.0  # a unit is dead when active on at most this fraction of the samples of
+    # a batch: by default on none, over ``persistence`` batches (smdebug uses < 1 %: set 0.01 for that; at 0 a
+    # unit's largest value over the batch decides, ten times cheaper than counting)
     dead_onset_fraction: float = 0.5  # a dying layer's event starts when this fraction of its units is dead
     # (smdebug's 50 %) and counts once ``dead_unit_fraction`` of them are, for ``persistence`` observations
     dead_unit_fraction: float = 0.7  # a layer is dead when at least this fraction of its units is dead

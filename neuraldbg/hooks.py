@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
 
@@ -32,8 +32,6 @@ class Callbacks(Protocol):
     def on_layer_output(self, name: str, output: Any) -> None: ...
 
     def on_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None: ...
-
-    def on_optimizer_stepped(self, optimizer: torch.optim.Optimizer) -> None: ...
 
 
 class HookHandle:
@@ -77,7 +75,6 @@ def attach(
         for name, module in layers:
             handles.append(module.register_forward_hook(_layer_output(callbacks, name)))
         handles.append(register_optimizer_step_pre_hook(_optimizer_step(callbacks)))
-        handles.append(register_optimizer_step_post_hook(_optimizer_stepped(callbacks)))
     except BaseException:
         for handle in handles:
             handle.remove()
@@ -141,12 +138,5 @@ def _layer_output(cb: Callbacks, name: str) -> Callable[..., None]:
 def _optimizer_step(cb: Callbacks) -> Callable[..., None]:
     def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         cb.on_optimizer_step(optimizer)
-
-    return hook
-
-
-def _optimizer_stepped(cb: Callbacks) -> Callable[..., None]:
-    def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        cb.on_optimizer_stepped(optimizer)
 
     return hook

@@ -11,14 +11,16 @@ provisionally a step; if an optimizer then steps, those provisional steps are fo
 micro-batches of gradient accumulation). If no optimizer ever steps, a step is one backward pass. Calling
 ``step()`` switches to manual counting. Forward passes under ``torch.no_grad()`` or in eval mode are ignored.
 
-Cost. Every step: one dictionary store per layer output, one batched norm of all outputs at the start of the
-backward pass (finiteness and magnitude of every layer), the learning rates. Fully observed steps (see
-:mod:`neuraldbg.schedule`) add parameter-gradient norms, per-unit activity of ReLU-family outputs, saturation
-of bounded outputs, gradients w.r.t. layer outputs and parameter updates.
+Cost. Every step: one dictionary store per layer output; at the start of the backward pass, the norms of the
+input, the output and the loss gradient (on a GPU, of every layer output, batched); the learning rates. Fully
+observed steps (see :mod:`neuraldbg.schedule`) add every layer output's norm, parameter-gradient norms, per-unit
+activity of ReLU-family outputs, saturation of bounded outputs, gradients w.r.t. layer outputs and parameter
+updates.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import warnings
 import weakref
@@ -54,7 +56,7 @@ class StepMode(str, Enum):
     MANUAL = "manual"
 
 
-@dataclass
+@dataclass(slots=True)
 class StepData:
     """Host-side statistics of one observed step. Dictionaries are empty for what was not measured."""
 
@@ -67,6 +69,8 @@ class StepData:
     output_norm: float | None = None
     output_numel: int = 0
     target_grad: float | None = None  # norm of d(loss)/d(model output): falls as the fit improves
+    head_grad: float | None = None  # gradient norm of the last parametric layer (fully observed steps)
+    head_finite: bool | None = None  # its gradient's first element is finite: on cheap steps, the loss was
     loss: float | None = None
     dead: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # (dead units, units)
     func_dead: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # never positive, zero grad
@@ -77,6 +81,7 @@ class StepData:
     grad_exact_zero: set[str] = field(default_factory=set)
     grad_nonfinite: set[str] = field(default_factory=set)  # has inf/NaN elements (not a norm overflow)
     update: dict[str, tuple[float, float]] = field(default_factory=dict)  # parameter -> (||dW||, ||W||)
+    update_parts: dict[str, list[float]] = field(default_factory=dict, repr=False)  # readings being assembled
     stepped: dict[str, float] = field(default_factory=dict)  # parameter -> lr of the group that stepped it
     lr_changed: bool = False
 
@@ -89,9 +94,9 @@ class _Pending:
     def __init__(self, step: int, full: bool) -> None:
         self.data = StepData(step, full)
         self.tensors: list[Tensor] = []
-        self.targets: list[tuple[str, Any, int]] = []
+        self.targets: list[tuple[str, Any, float]] = []
 
-    def put(self, target: str, key: Any, tensor: Tensor, extra: int = 0) -> None:
+    def put(self, target: str, key: Any, tensor: Tensor, extra: float = 0) -> None:
         self.targets.append((target, key, extra))
         self.tensors.append(tensor)
 
@@ -105,7 +110,7 @@ def _merge_max(old: float | None, new: float) -> float:
     return max(old, new)
 
 
-def _assign(data: StepData, target: str, key: Any, extra: int, value: float) -> None:
+def _assign(data: StepData, target: str, key: Any, extra: float, value: float) -> None:
     if target == "act":
         data.act[key] = _merge_max(data.act.get(key), value)
     elif target == "input":
@@ -117,17 +122,22 @@ def _assign(data: StepData, target: str, key: Any, extra: int, value: float) -> 
     elif target == "loss":
         data.loss = value
     elif target == "dead":
-        data.dead[key] = (value, extra)
+        data.dead[key] = (value, int(extra))
     elif target == "func_dead":
-        data.func_dead[key] = (value, extra)
+        data.func_dead[key] = (value, int(extra))
     elif target == "saturated":
-        data.saturated[key] = (value, extra)
+        data.saturated[key] = (value, int(extra))
     elif target == "out_grad":
         data.out_grad[key] = _merge_max(data.out_grad.get(key), value)
-    elif target == "delta":
-        data.update[key] = (value, data.update.get(key, (0.0, 0.0))[1])
-    elif target == "weight":
-        data.update[key] = (data.update.get(key, (0.0, 0.0))[0], value)
+    elif target in ("delta", "weight", "before"):  # one snapshot reading: delta, weight, then before
+        parts = data.update_parts.setdefault(key, [])
+        parts.append(value)
+        if target == "delta":
+            parts.append(extra)  # the sample's scale
+        if target == "before":
+            delta, scale, after, before = parts
+            data.update[key] = (stats.update_norm(delta, scale, after, before), after)
+            del data.update_parts[key]
     else:  # pragma: no cover - a programming error, not a user error
         raise KeyError(target)
 
@@ -150,10 +160,11 @@ class Recorder:
         self._schedule = Schedule(config)
         self._params: list[tuple[str, nn.Parameter]] = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._by_name = dict(self._params)
-        self._owned: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, frozenset[str]]] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._lr_seen: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[float, ...]] = weakref.WeakKeyDictionary()
+        self._owned: dict[int, tuple[weakref.ref[torch.optim.Optimizer], int, frozenset[str]]] = {}
+        self._last_optimizer: torch.optim.Optimizer | None = None  # fast path for the common single optimizer
+        self._last_size = -1
+        self._last_owned: frozenset[str] = frozenset()
+        self._lr_seen: dict[int, list[Any]] = {}  # optimizer id -> its groups' learning rates at the last step
         self.active = True
         self.mode = StepMode.UNKNOWN
         self.step = 0
@@ -171,9 +182,13 @@ class Recorder:
         self._backward_seen = False
         self._optimizer_stepped = False
         self._grads_captured = False
-        self._snapshot: list[tuple[str, Tensor, Tensor]] | None = None
+        self._snapshot: stats.Snapshot | None = None
         self._loss: Tensor | None = None
-        self._last_target_grad: float | None = None
+        self._last_head_grad: float | None = None
+        self._head_param: nn.Parameter | None = None
+        self._probe_mean = 0.0
+        self._probe_count = 0
+        self._head_name: str | None = None
         self._warned: set[str] = set()
 
     # ------------------------------------------------------------------------------------------------
@@ -181,6 +196,7 @@ class Recorder:
 
     def _fail(self, where: str, exc: BaseException) -> None:
         self.active = False
+        self._in_forward = False
         self._refs.clear()
         self._never_positive.clear()
         self._snapshot = None
@@ -223,24 +239,25 @@ class Recorder:
             self._fail("the forward pre-hook", exc)
 
     def on_layer_output(self, name: str, output: Any) -> None:
-        if not (self.active and self._in_forward):
+        if not self._in_forward:  # also False once recording stopped
             return
         try:
-            t = stats.first_tensor(output)
+            t = output if type(output) is Tensor and output.is_floating_point() else stats.first_tensor(output)
             if t is None:
                 return
-            call = self._calls.get(name, 0)
-            self._calls[name] = call + 1
+            calls = self._calls
+            call = calls.get(name, 0)
+            calls[name] = call + 1
             key = (name, call)
             if key not in self._order_set:
                 self._order_set.add(key)
                 self.order.append(key)
             self._refs[key] = t
-            self._pending.data.numel[key] = t.numel()
-            info = self._infos[name]
             if self._pending.data.full:
+                info = self._infos[name]
+                self._pending.data.numel[key] = t.numel()
                 self._full_layer_stats(key, info, t)
-            self._prev_channel_first = info.channel_first or t.dim() >= 4
+                self._prev_channel_first = info.channel_first or t.dim() >= 4
         except Exception as exc:
             self._fail(f"the forward hook of layer {name!r}", exc)
 
@@ -267,8 +284,15 @@ class Recorder:
             if t is None:
                 return
             self._refs[OUTPUT] = t
-            self._pending.data.output_numel = t.numel()
-            if t.requires_grad:
+            data = self._pending.data
+            data.output_numel = t.numel()
+            cheap_cpu = not data.full and t.device.type == "cpu"
+            if cheap_cpu:
+                self._check_ends()  # check now, and let the activations go
+            # the loss gradient w.r.t. the output is read from a tensor hook, which also marks the start of the
+            # backward pass; on a cheap CPU step under an optimizer, the head layer's gradient read at the
+            # optimizer step stands in for it (a Python call from the autograd engine costs ~15 us)
+            if t.requires_grad and not (cheap_cpu and self.mode is StepMode.OPTIMIZER):
                 hooks.on_gradient(t, self._on_backward_start)
         except Exception as exc:
             self._fail("the forward hook of the model", exc)
@@ -280,19 +304,46 @@ class Recorder:
         if not self.active:
             return
         try:
-            pending = self._pending
-            if self._refs:
-                keys = list(self._refs)
-                for key, value in zip(keys, stats.norms([self._refs[k] for k in keys])):
-                    target = "input" if key == INPUT else "output" if key == OUTPUT else "act"
-                    pending.put(target, key, value)
+            if self._refs:  # fully observed step, or a GPU step: every layer output, batched, no sync
+                self._put_all_norms(grad)
                 self._refs.clear()
-            pending.put("target_grad", None, stats.norms([grad])[0])
+            else:  # cheap CPU step, already checked at the end of the forward pass
+                value = torch.linalg.vector_norm(grad.detach()).item()
+                self._pending.data.target_grad = _merge_max(self._pending.data.target_grad, value)
             self._backward_seen = True
             if self.mode is not StepMode.OPTIMIZER and not hooks.at_backward_end(self._on_backward_end):
                 self.warn_once("callback", "NeuralDBG: backward-end callbacks are unavailable")
         except Exception as exc:
             self._fail("the backward hook of the model output", exc)
+
+    def _put_all_norms(self, grad: Tensor) -> None:
+        """Every layer output's norm, plus the loss gradient's, as device tensors for the next flush."""
+        keys = list(self._refs)
+        values = stats.norms([*(self._refs[k] for k in keys), grad])
+        pending = self._pending
+        for key, value in zip(keys, values):
+            target = "input" if key == INPUT else "output" if key == OUTPUT else "act"
+            pending.put(target, key, value)
+        pending.put("target_grad", None, values[-1])
+
+    def _check_ends(self) -> None:
+        """The cheap check of a CPU step, at the end of the forward pass: the norm of the output, read at once (a
+        CPU tensor's value costs no device sync). Only when it is non-finite are the input and the layer outputs,
+        still alive, measured to find where it started; then they are let go. (On a GPU every
+        layer output is measured each step instead: the reductions are cheap there, and values are read only
+        at the flush.)"""
+        refs, data = self._refs, self._pending.data
+        with torch.no_grad():
+            value = torch.linalg.vector_norm(refs[OUTPUT].detach()).item()
+            data.output_norm = _merge_max(data.output_norm, value)
+            if not math.isfinite(value):  # a non-finite input shows in the output: now find where it started
+                if INPUT in refs:
+                    data.input_norm = _merge_max(data.input_norm, torch.linalg.vector_norm(refs[INPUT]).item())
+                layers = [k for k in refs if k not in (INPUT, OUTPUT)]
+                if layers:
+                    for key, norm in zip(layers, stats.to_host(stats.norms([refs[k] for k in layers]))):
+                        data.act[key] = _merge_max(data.act.get(key), norm)
+        refs.clear()
 
     def _on_output_gradient(self, key: SlotKey, grad: Tensor) -> None:
         if not self.active:
@@ -314,13 +365,18 @@ class Recorder:
     # optimizer
 
     def _owned_by(self, optimizer: torch.optim.Optimizer) -> frozenset[str]:
-        size = sum(len(g["params"]) for g in optimizer.param_groups)
-        cached = self._owned.get(optimizer)
-        if cached is not None and cached[0] == size:
-            return cached[1]
+        """Names of the watched model's parameters that ``optimizer`` owns (cached until its groups change)."""
+        groups = optimizer.param_groups
+        if optimizer is self._last_optimizer and len(groups) == 1 and len(groups[0]["params"]) == self._last_size:
+            return self._last_owned
+        size = sum(len(g["params"]) for g in groups) if len(groups) > 1 else len(groups[0]["params"])
+        cached = self._owned.get(id(optimizer))
+        if cached is not None and cached[1] == size and cached[0]() is optimizer:
+            return cached[2]
         ours = {id(p): n for n, p in self._params}
-        owned = frozenset(ours[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in ours)
-        self._owned[optimizer] = (size, owned)
+        owned = frozenset(ours[id(p)] for g in groups for p in g["params"] if id(p) in ours)
+        self._owned[id(optimizer)] = (weakref.ref(optimizer), size, owned)
+        self._last_optimizer, self._last_size, self._last_owned = optimizer, size, owned
         return owned
 
     def on_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -332,17 +388,21 @@ class Recorder:
             if self.mode is StepMode.UNKNOWN:
                 self._fold_provisional(StepMode.OPTIMIZER)
             self._optimizer_stepped = True
-            lrs = tuple(float(g.get("lr", 0.0)) for g in optimizer.param_groups)
-            seen = self._lr_seen.get(optimizer)
+            data = self._pending.data
+            lrs = [g.get("lr", 0.0) for g in optimizer.param_groups]
+            seen = self._lr_seen.get(id(optimizer))
             if seen is not None and seen != lrs:
-                self._pending.data.lr_changed = True
+                data.lr_changed = True
                 self._schedule.trigger(self.step + 1)
                 if not self._grads_captured:
-                    self._pending.data.full = True  # measure this step's update, the first with the new lr
-            self._lr_seen[optimizer] = lrs
+                    data.full = True  # measure this step's update, the first with the new lr
+            self._lr_seen[id(optimizer)] = lrs
             if not self._grads_captured:
                 self._capture_gradients()
-            if self._pending.data.full:
+            self._backward_seen = True
+            if not data.full:
+                self._read_head_gradient()
+            else:
                 names = {id(p): n for n, p in self._params}
                 stepped = self._pending.data.stepped
                 for group in optimizer.param_groups:
@@ -354,8 +414,40 @@ class Recorder:
         except Exception as exc:
             self._fail("the optimizer step hook", exc)
 
-    def on_optimizer_stepped(self, optimizer: torch.optim.Optimizer) -> None:
-        """Nothing to do: updates are measured when the step closes, after every optimizer has stepped."""
+    def _head(self) -> nn.Parameter | None:
+        """The parameter whose gradient stands for the loss's reach: the last parametric layer's weight (or
+        its smallest parameter when the weight is huge, like a language-model head)."""
+        if self._head_param is None and self.order:
+            for layer, _ in reversed(self.order):
+                names = [n for n in self._infos[layer].params if n in self._by_name]
+                if names:
+                    params = sorted((self._by_name[n] for n in names), key=lambda p: p.numel())
+                    weight = self._by_name.get(self._infos[layer].unit_weight or "")
+                    self._head_param = weight if weight is not None and weight.numel() <= 1 << 20 else params[0]
+                    self._head_name = next(n for n in names if self._by_name[n] is self._head_param)
+                    break
+        return self._head_param
+
+    def _read_head_gradient(self) -> None:
+        """A cheap step's only look at the loss: the first element of the head layer's gradient. A non-finite
+        loss (a mean over the batch) makes every element of it non-finite, so one element tells; reading it
+        straight from memory costs a fraction of a microsecond, where any tensor operation costs several."""
+        head = self._head_param if self._head_param is not None else self._head()
+        grad = head.grad if head is not None else None
+        if grad is None or grad.device.type != "cpu" or grad.numel() == 0:
+            return
+        if grad.dtype is torch.float32:
+            value = ctypes.c_float.from_address(grad.data_ptr()).value
+        else:
+            value = float(grad.reshape(-1)[0])
+        self._pending.data.head_finite = math.isfinite(value)
+        # an outlier batch shows as a jump of this element against its running mean: observe what follows
+        magnitude = abs(value)
+        if self._probe_count >= 8 and magnitude > 20 * self._probe_mean + 1e-12:
+            self._schedule.trigger(self.step + 1)
+        if math.isfinite(magnitude):
+            self._probe_mean += (magnitude - self._probe_mean) / min(self._probe_count + 1, 16)
+            self._probe_count += 1
 
     # ------------------------------------------------------------------------------------------------
     # gradients and updates (fully observed steps)
@@ -382,6 +474,8 @@ class Recorder:
                 if not finite:
                     data.grad_nonfinite.add(name)
             data.grad[name] = value
+        if self._head() is not None:
+            data.head_grad = data.grad.get(self._head_name or "")
         by_param = {n: g for n, _, g in with_grad}
         for key, never in self._never_positive.items():
             weight = self._infos[key[0]].unit_weight
@@ -393,10 +487,7 @@ class Recorder:
                 pending.put("func_dead", key, both, int(never.shape[0]))
         self._never_positive.clear()
         if self._config.track_updates and self._snapshot is None:
-            with torch.no_grad():
-                params = [p for _, p, _ in with_grad]
-                copies = [p.detach().clone() for p in params]
-            self._snapshot = [(n, p, c) for (n, p, _), c in zip(with_grad, copies)]
+            self._snapshot = stats.Snapshot([n for n, _, _ in with_grad], [p for _, p, _ in with_grad])
 
     def _activated_by_module(self, key: SlotKey) -> bool:
         """Whether the next layer output in forward order is a ReLU-family or bounded activation module."""
@@ -407,16 +498,13 @@ class Recorder:
 
     def _measure_updates(self) -> None:
         snapshot, self._snapshot = self._snapshot, None
-        if not snapshot:
+        if snapshot is None:
             return
-        with torch.no_grad():
-            now = [p.detach() for _, p, _ in snapshot]
-            deltas = torch._foreach_sub(now, [c for _, _, c in snapshot])
-            delta_norms = stats.norms(deltas)
-            weight_norms = stats.norms(now)
-        for (name, _, _), d, w in zip(snapshot, delta_norms, weight_norms):
-            self._pending.put("delta", name, d)
-            self._pending.put("weight", name, w)
+        deltas, after, before = snapshot.changes()
+        for name, scale, delta, weight, old in zip(snapshot.names, snapshot.scales, deltas, after, before):
+            self._pending.put("delta", name, delta, scale)
+            self._pending.put("weight", name, weight)
+            self._pending.put("before", name, old)
 
     # ------------------------------------------------------------------------------------------------
     # step boundaries
@@ -501,9 +589,9 @@ class Recorder:
         records = [p.data for p in buffer]
         suspicious = False
         for record in records:
-            suspicious |= _suspicious(record, self._config, self._last_target_grad)
-            if record.target_grad is not None and math.isfinite(record.target_grad):
-                self._last_target_grad = record.target_grad
+            suspicious |= _suspicious(record, self._config, self._last_head_grad)
+            if record.head_grad is not None and math.isfinite(record.head_grad):
+                self._last_head_grad = record.head_grad
         if self._sink(records) or suspicious:  # the sink says a new abnormal state began
             self._schedule.trigger(self.step)
 
@@ -524,15 +612,16 @@ class Recorder:
         self._never_positive.clear()
         self._snapshot = None
         self._loss = None
+        self._last_optimizer = None
 
 
-def _suspicious(record: StepData, config: DebugConfig, previous_target_grad: float | None) -> bool:
+def _suspicious(record: StepData, config: DebugConfig, previous_head_grad: float | None) -> bool:
     """Signals that warrant full observation of the next steps: a learning-rate change, a non-finite or
-    blown-up output, a loss gradient ten times larger than at the previous step (an outlier batch)."""
+    blown-up output, a head-layer gradient ten times larger than at the previous step (an outlier batch)."""
     if record.lr_changed:
         return True
-    tg = record.target_grad
-    if tg is not None and previous_target_grad and (not math.isfinite(tg) or tg > 10 * previous_target_grad):
+    hg = record.head_grad
+    if hg is not None and previous_head_grad and (not math.isfinite(hg) or hg > 10 * previous_head_grad):
         return True
     for key, norm in record.act.items():
         if not math.isfinite(norm):

@@ -32,13 +32,22 @@ def first_tensor(value: object) -> Tensor | None:
     return None
 
 
-@torch.no_grad()
 def norms(tensors: Sequence[Tensor]) -> list[Tensor]:
     """L2 norm of each tensor, as 0-d float32 tensors, in as few kernel launches as possible.
 
     ``torch._foreach_norm`` reduces a whole list in one call; tensors are grouped by device and dtype so
-    half-precision tensors are reduced in float32 (a float16 norm overflows at 65504).
+    half-precision tensors are reduced in float32 (a float16 norm overflows at 65504). This runs in every
+    step's hot path, so the common case (one device, float32) takes a short way.
     """
+    first = tensors[0]
+    if first.dtype is torch.float32 and all(t.dtype is torch.float32 and t.device == first.device for t in tensors):
+        with torch.no_grad():
+            return list(torch._foreach_norm(list(tensors)))
+    with torch.no_grad():
+        return _grouped_norms(tensors)
+
+
+def _grouped_norms(tensors: Sequence[Tensor]) -> list[Tensor]:
     out: list[Tensor | None] = [None] * len(tensors)
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for i, t in enumerate(tensors):
@@ -76,8 +85,10 @@ def dead_units(t: Tensor, channel_first: bool, sample_fraction: float) -> Tensor
     u = unit_dim(t, channel_first)
     other = [d for d in range(1, t.dim()) if d != u]
     per_sample = t.amax(dim=other) if other else t  # [batch, units]
-    active = (per_sample > 0).sum(dim=0)
     allowed = int(sample_fraction * per_sample.shape[0])
+    if allowed == 0:  # dead = positive on no sample: the largest value over the batch says it, 10x cheaper
+        return (per_sample.amax(dim=0) <= 0).sum(dtype=torch.float32)
+    active = (per_sample > 0).sum(dim=0, dtype=torch.int32)
     return (active <= allowed).sum(dtype=torch.float32)
 
 
@@ -117,6 +128,52 @@ def exact_zero_and_finite(t: Tensor) -> tuple[bool, bool]:
     low, high = torch.aminmax(t.reshape(-1).float())
     lo, hi = float(low), float(high)
     return lo == 0.0 and hi == 0.0, math.isfinite(lo) and math.isfinite(hi)
+
+
+class Snapshot:
+    """What the optimizer will do to some parameters, measured without copying them all.
+
+    Before the step: every parameter's norm (one batched reduction) and a copy of an evenly strided sample of
+    at most ``sample`` elements per parameter (the whole parameter when it is smaller). After the step,
+    :meth:`changes` gives per parameter the sample change's norm, the new norm and the old norm, all batched;
+    :func:`update_norm` turns them into ||dW||: the sample's change scaled to the whole parameter or, when the
+    sample did not change but the norm did (a sparse update the sample missed), the change of the norm, which
+    bounds ||dW|| from below. A parameter is unchanged (exactly 0) only when its sample and its norm both are.
+    """
+
+    def __init__(self, names: Sequence[str], params: Sequence[Tensor], sample: int = 65536) -> None:
+        self.names = list(names)
+        with torch.no_grad():
+            self._params = [p.detach() for p in params]
+            self._before = norms(self._params)
+            views = [_sample(p, sample) for p in self._params]
+            self._samples = [v for v, _ in views]
+            self.scales = [s for _, s in views]
+            self._copies = list(torch._foreach_mul(self._samples, 1.0))  # one batched copy
+
+    def changes(self) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+        """(sample change norms, norms after, norms before), each one 0-d tensor per parameter."""
+        with torch.no_grad():
+            after = norms(self._params)
+            deltas = norms(list(torch._foreach_sub(self._samples, self._copies)))
+        return deltas, after, self._before
+
+
+def _sample(p: Tensor, limit: int) -> tuple[Tensor, float]:
+    """A strided view of at most ``limit`` elements of ``p`` and the factor that scales its norms to ``p``."""
+    n = p.numel()
+    if n <= limit or not p.is_contiguous():
+        return p, 1.0
+    stride = -(-n // limit)
+    view = p.view(-1)[::stride]
+    return view, math.sqrt(n / view.numel())
+
+
+def update_norm(sample_delta: float, scale: float, after: float, before: float) -> float:
+    """||dW|| from a :class:`Snapshot` reading (see there)."""
+    if sample_delta > 0 or math.isnan(sample_delta):
+        return sample_delta * scale
+    return abs(after - before)
 
 
 def to_host(tensors: Iterable[Tensor]) -> list[float]:

@@ -207,6 +207,10 @@ class Tracker:
                 self._close(key, ended)
             self._last[key] = normal_state(event_type)
 
+    def has_open(self, detector: str) -> bool:
+        """Whether a state found by ``detector`` is still holding."""
+        return any(key[0] == detector for key in self._open)
+
     def _close(self, key: TrackKey, run: _Run) -> None:
         self._open.pop(key, None)
         if run.qualifies(self._persistence):

@@ -204,3 +204,26 @@ def test_layer_order_is_the_forward_execution_order_not_the_definition_order():
     model = Backwards()
     dbg, _ = support.train(model, lambda s: (torch.randn(8, 3), torch.randn(8, 1)), steps=2)
     assert dbg.layers == ["first", "last"]
+
+
+def test_a_snapshot_estimates_large_updates_from_a_sample_and_sees_every_frozen_parameter():
+    g = torch.Generator().manual_seed(0)
+    big = torch.randn(1024, 512, generator=g)  # 524k elements: sampled
+    small = torch.randn(300, generator=g)  # copied whole
+    frozen = torch.randn(1024, 512, generator=g)
+    sparse = torch.randn(1024, 512, generator=g)
+    before = [t.clone() for t in (big, small, frozen, sparse)]
+    snap = stats.Snapshot(["big", "small", "frozen", "sparse"], [big, small, frozen, sparse])
+    big.add_(torch.randn(1024, 512, generator=g) * 1e-3)
+    small.add_(1e-4)
+    sparse[7, 3] += 0.5  # one element: the strided sample misses it
+    deltas, after, old = snap.changes()
+    d_big, d_small, d_frozen, d_sparse = (
+        stats.update_norm(d.item(), s, a.item(), b.item()) for d, s, a, b in zip(deltas, snap.scales, after, old)
+    )
+    assert snap.scales[0] > 1 and snap.scales[1] == 1.0  # the big one was sampled
+    assert d_big == pytest.approx((big - before[0]).norm().item(), rel=0.02)
+    assert after[0].item() == pytest.approx(big.norm().item(), rel=1e-6)
+    assert d_small == pytest.approx((small - before[1]).norm().item(), rel=1e-4)
+    assert d_frozen == 0.0
+    assert 0.0 < d_sparse <= 0.5  # a lower bound, never "unchanged"

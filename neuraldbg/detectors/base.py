@@ -152,6 +152,9 @@ class Detector:
 
     name: str = "detector"
     event_type: EventType = EventType.ACTIVATION
+    #: Whether it reads cheap (not fully observed) steps. False skips it on them: they carry no gradient,
+    #: per-unit or update statistics. Plugins keep the default and see every step.
+    every_step: bool = True
 
     def observe(self, view: StepView) -> Observation | None:
         """Findings at one step, or None when this step carries nothing this detector reads."""

@@ -24,6 +24,7 @@ from .base import Detector, Finding, Observation, StepView
 class DeadUnitsDetector(Detector):
     name = "dead"
     event_type = EventType.ACTIVATION
+    every_step = False
 
     def observe(self, view: StepView) -> Observation | None:
         data = view.data

@@ -17,6 +17,7 @@ from .base import Detector, Finding, Observation, StepView, strength
 class GainDetector(Detector):
     name = "gain"
     event_type = EventType.ACTIVATION
+    every_step = False
 
     def observe(self, view: StepView) -> Observation | None:
         ctx, data = view.ctx, view.data

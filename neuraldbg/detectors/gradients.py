@@ -19,6 +19,7 @@ from .base import Detector, Finding, Observation, StepView, strength
 class GradientDetector(Detector):
     name = "gradient"
     event_type = EventType.GRADIENT
+    every_step = False
 
     def observe(self, view: StepView) -> Observation | None:
         grads = view.layer_gradients

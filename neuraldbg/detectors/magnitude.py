@@ -16,6 +16,7 @@ from .base import Detector, Finding, Observation, StepView, strength
 class MagnitudeDetector(Detector):
     name = "magnitude"
     event_type = EventType.ACTIVATION
+    every_step = False
 
     def observe(self, view: StepView) -> Observation | None:
         data = view.data

@@ -11,6 +11,7 @@ import math
 
 from ..events import EventType, FailureKind
 from ..health import ActivationHealth
+from ..recorder import StepData
 from .base import Detector, Finding, Observation, StepView
 
 _STATE = ActivationHealth.NON_FINITE.value
@@ -19,6 +20,12 @@ _STATE = ActivationHealth.NON_FINITE.value
 class NonFiniteDetector(Detector):
     name = "non_finite"
     event_type = EventType.ACTIVATION
+
+    @staticmethod
+    def clean(data: StepData) -> bool:
+        """Nothing non-finite anywhere in this step's readings (the common case, checked cheaply)."""
+        values = (data.input_norm, data.output_norm, data.target_grad, data.head_grad, data.loss, *data.act.values())
+        return data.head_finite is not False and all(v is None or math.isfinite(v) for v in values)
 
     def observe(self, view: StepView) -> Observation | None:
         data = view.data
@@ -38,12 +45,22 @@ class NonFiniteDetector(Detector):
             obs.saw(self.event_type, "")
             if not inside and not math.isfinite(data.output_norm):  # made by the model's own forward code
                 obs.findings.append(self._finding(EventType.ACTIVATION, "", {"output_norm": data.output_norm}))
-        loss_like = data.loss if data.loss is not None else data.target_grad
-        if loss_like is not None:
-            obs.saw(EventType.LOSS, "")
-            if not math.isfinite(loss_like):
-                metric = "loss" if data.loss is not None else "loss_gradient_norm"
-                obs.findings.append(self._finding(EventType.LOSS, "", {metric: loss_like}))
+        # the loss, or failing that the gradient it sends back: non-finite while the output is finite means the
+        # loss computation made it (a NaN in the forward pass shows in the outputs first)
+        head = None if data.head_finite is None else (0.0 if data.head_finite else math.nan)
+        for metric, value in (
+            ("loss", data.loss),
+            ("loss_gradient_norm", data.target_grad),
+            ("head_gradient_norm", data.head_grad),
+            ("head_gradient_finite", head),
+        ):
+            if value is not None:
+                obs.saw(EventType.LOSS, "")
+                output_ok = data.output_norm is None or math.isfinite(data.output_norm)
+                if not math.isfinite(value) and output_ok and not inside:
+                    metrics = {metric: 0.0} if metric == "head_gradient_finite" else {metric: value}
+                    obs.findings.append(self._finding(EventType.LOSS, "", metrics))
+                break
         return obs
 
     def _finding(self, event_type: EventType, layer: str, metrics: dict[str, float], call: int = 0) -> Finding:

@@ -17,6 +17,7 @@ from .base import Detector, Finding, Observation, StepView
 class SaturationDetector(Detector):
     name = "saturation"
     event_type = EventType.ACTIVATION
+    every_step = False
 
     def observe(self, view: StepView) -> Observation | None:
         data = view.data

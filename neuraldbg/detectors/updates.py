@@ -31,6 +31,7 @@ from .base import Detector, Finding, Observation, StepView, strength
 class UpdateDetector(Detector):
     name = "update"
     event_type = EventType.UPDATE
+    every_step = False
 
     def __init__(self) -> None:
         self._first_loss_gradient: float | None = None
