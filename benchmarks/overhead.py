@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    rounds, warmup = (6, 40) if args.quick else (30, 200)
+    rounds, warmup = (6, 40) if args.quick else (30, 300)
     python = sys.version.split()[0]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, python {python}")
     print()

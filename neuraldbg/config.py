@@ -31,8 +31,9 @@ class DebugConfig:
 
     # --- sampling: which steps get full statistics --------------------------------------------------------
     dense_steps: int = 16  # the first N steps are all fully observed: faults present from step 0 are common
-    full_every: int = 32  # afterwards every Nth step (Cockpit: 1.04x overhead when tracking every 16th step; the
-    # triggers below cover what happens between two scheduled steps)
+    early_every: int = 16  # then every Nth step ... (Cockpit: 1.04x overhead when tracking every 16th step)
+    early_steps: int = 256  # ... until this step (smoke tests and the start of training, where faults show)
+    full_every: int = 64  # and every Nth step after that; the triggers below cover what happens in between
     trigger_window: int = 8  # full statistics for N steps after a learning-rate change or a suspicious signal
     output_gradients: bool = False  # also record the gradient w.r.t. each layer's output (a tensor hook per layer
     # on fully observed steps; the model output's gradient is always read): off by default, it costs a Python call
@@ -88,11 +89,7 @@ class DebugConfig:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             _check_field(f.name, getattr(self, f.name), f.type)
-        if self.full_every < 1 or self.persistence < 1:
-            raise ConfigError(
-                f"DebugConfig: full_every and persistence must be >= 1, got full_every={self.full_every!r}, "
-                f"persistence={self.persistence!r}"
-            )
+
 
     def replace(self, **changes: Any) -> DebugConfig:
         """A copy with some fields changed (validated like the constructor)."""
@@ -115,6 +112,8 @@ class DebugConfig:
 _BOUNDS: dict[str, tuple[str, float, float]] = {
     "dense_steps": ("int", 0, math.inf),
     "full_every": ("int", 1, math.inf),
+    "early_every": ("int", 1, math.inf),
+    "early_steps": ("int", 0, math.inf),
     "trigger_window": ("int", 0, math.inf),
     "persistence": ("int", 1, 1000),
     "vanishing_norm": ("float", 0, math.inf),
@@ -163,8 +162,8 @@ def _reject_unknown(options: Mapping[str, Any], where: str) -> None:
 
 PRESETS: dict[str, DebugConfig] = {
     "default": DebugConfig(),
-    "full": DebugConfig(dense_steps=0, full_every=1),
-    "economy": DebugConfig(dense_steps=8, full_every=64, trigger_window=4),
+    "full": DebugConfig(dense_steps=0, early_every=1, full_every=1),
+    "economy": DebugConfig(dense_steps=8, early_every=32, early_steps=128, full_every=128, trigger_window=4),
 }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable
+from functools import partial
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -29,7 +30,7 @@ class Callbacks(Protocol):
 
     def on_forward_end(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None: ...
 
-    def on_layer_output(self, name: str, output: Any) -> None: ...
+    def on_layer_output(self, name: str, module: nn.Module, args: tuple[Any, ...], output: Any) -> None: ...
 
     def on_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None: ...
 
@@ -73,7 +74,7 @@ def attach(
         handles.append(model.register_forward_pre_hook(start, with_kwargs=True, prepend=True))
         handles.append(model.register_forward_hook(end, always_call=False))
         for name, module in layers:
-            handles.append(module.register_forward_hook(_layer_output(callbacks, name)))
+            handles.append(module.register_forward_hook(partial(callbacks.on_layer_output, name)))
         handles.append(register_optimizer_step_pre_hook(_optimizer_step(callbacks)))
     except BaseException:
         for handle in handles:
@@ -124,13 +125,6 @@ def _forward_start(cb: Callbacks) -> Callable[..., None]:
 def _forward_end(cb: Callbacks) -> Callable[..., None]:
     def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         cb.on_forward_end(module, args, output)
-
-    return hook
-
-
-def _layer_output(cb: Callbacks, name: str) -> Callable[..., None]:
-    def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        cb.on_layer_output(name, output)
 
     return hook
 

@@ -40,8 +40,6 @@ from .layers import LayerInfo, Role
 from .schedule import Schedule
 
 SlotKey = tuple[str, int]  # (qualified layer name, call index within one forward pass)
-INPUT: SlotKey = ("", -1)
-OUTPUT: SlotKey = ("", -2)
 
 #: Provisional (per-backward) steps held before concluding that no optimizer will step.
 _PROVISIONAL_LIMIT = 64
@@ -171,12 +169,18 @@ class Recorder:
         self.order: list[SlotKey] = order if order is not None else []  # forward order of layer outputs
         self._order_set: set[SlotKey] = set()
         self._next_role: dict[SlotKey, Role] = {}
+        self._order_seen = 0
+        self._order_known = False  # the forward order is complete (what comes after a layer is known)
         self._pending = _Pending(0, self._schedule.is_full(0))
+        self._full = self._pending.data.full  # the step in progress is fully observed
         self._buffer: list[_Pending] = []
         self._provisional = 0
         self._in_forward = False
         self._calls: dict[str, int] = {}
-        self._refs: dict[SlotKey, Tensor] = {}
+        self._refs: dict[SlotKey, Tensor] = {}  # layer outputs of a fully observed step
+        self._seen: list[tuple[str, Any]] = []  # raw layer outputs of a cheap step, looked at only if needed
+        self._input: Tensor | None = None
+        self._output: Tensor | None = None
         self._never_positive: dict[SlotKey, Tensor] = {}
         self._prev_channel_first = False
         self._backward_seen = False
@@ -197,7 +201,7 @@ class Recorder:
     def _fail(self, where: str, exc: BaseException) -> None:
         self.active = False
         self._in_forward = False
-        self._refs.clear()
+        self._release()
         self._never_positive.clear()
         self._snapshot = None
         if where not in self._warned:
@@ -227,39 +231,60 @@ class Recorder:
             self._close_step_if_done()
             self._in_forward = True
             self._calls.clear()
-            self._refs.clear()
+            self._release()
             self._prev_channel_first = False
+            self._order_known = self._order_seen == len(self.order) > 0  # the last forward added no layer
+            self._order_seen = len(self.order)
             t = stats.first_tensor(args) if args else None
             if t is None and kwargs:
                 t = stats.first_tensor(kwargs)
+            self._input = t
             if t is not None:
-                self._refs[INPUT] = t
                 self._pending.data.input_numel = t.numel()
         except Exception as exc:
             self._fail("the forward pre-hook", exc)
 
-    def on_layer_output(self, name: str, output: Any) -> None:
+    def on_layer_output(self, name: str, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        """A watched layer's forward hook. On a cheap step it only keeps the output (a list append): it is
+        looked at only if the step turns out non-finite. On a fully observed step its statistics are computed
+        now, before anything downstream can modify the output in place."""
         if not self._in_forward:  # also False once recording stopped
             return
+        if not self._full:
+            self._seen.append((name, output))
+            return
         try:
-            t = output if type(output) is Tensor and output.is_floating_point() else stats.first_tensor(output)
+            t = stats.first_tensor(output)
             if t is None:
                 return
-            calls = self._calls
-            call = calls.get(name, 0)
-            calls[name] = call + 1
-            key = (name, call)
-            if key not in self._order_set:
-                self._order_set.add(key)
-                self.order.append(key)
+            key = self._key(name)
             self._refs[key] = t
-            if self._pending.data.full:
-                info = self._infos[name]
-                self._pending.data.numel[key] = t.numel()
-                self._full_layer_stats(key, info, t)
-                self._prev_channel_first = info.channel_first or t.dim() >= 4
+            info = self._infos[name]
+            self._pending.data.numel[key] = t.numel()
+            self._full_layer_stats(key, info, t)
+            self._prev_channel_first = info.channel_first or t.dim() >= 4
         except Exception as exc:
             self._fail(f"the forward hook of layer {name!r}", exc)
+
+    def _key(self, name: str) -> SlotKey:
+        """(name, call index in this forward pass), recorded in forward order the first time it is seen."""
+        call = self._calls.get(name, 0)
+        self._calls[name] = call + 1
+        key = (name, call)
+        if key not in self._order_set:
+            self._order_set.add(key)
+            self.order.append(key)
+        return key
+
+    def _layer_refs(self) -> dict[SlotKey, Tensor]:
+        """Every layer output of this forward pass, by key (kept as tensors on full steps, as raw outputs on
+        cheap ones)."""
+        for name, output in self._seen:
+            t = stats.first_tensor(output)
+            if t is not None:
+                self._refs[self._key(name)] = t
+        self._seen.clear()
+        return self._refs
 
     def _full_layer_stats(self, key: SlotKey, info: LayerInfo, t: Tensor) -> None:
         pending = self._pending
@@ -270,7 +295,9 @@ class Recorder:
         elif info.role is Role.BOUNDED and info.bound is not None:
             sat = stats.saturated_count(t, info.bound.center, info.bound.radius)
             pending.put("saturated", key, sat, t.numel())
-        elif info.unit_weight is not None and key[1] == 0 and not self._activated_by_module(key):
+        elif (
+            info.unit_weight is not None and key[1] == 0 and not (self._order_known and self._activated_by_module(key))
+        ):
             self._never_positive[key] = stats.never_positive(t, info.channel_first)
         if self._config.output_gradients and t.requires_grad and not _compiling():
             hooks.on_gradient(t, partial(self._on_output_gradient, key))
@@ -283,15 +310,14 @@ class Recorder:
             t = stats.first_tensor(output)
             if t is None:
                 return
-            self._refs[OUTPUT] = t
-            data = self._pending.data
-            data.output_numel = t.numel()
-            cheap_cpu = not data.full and t.device.type == "cpu"
+            self._output = t
+            self._pending.data.output_numel = t.numel()
+            cheap_cpu = not self._full and t.is_cpu
             if cheap_cpu:
-                self._check_ends()  # check now, and let the activations go
+                self._check_ends(t)  # check now, and let the activations go
             # the loss gradient w.r.t. the output is read from a tensor hook, which also marks the start of the
-            # backward pass; on a cheap CPU step under an optimizer, the head layer's gradient read at the
-            # optimizer step stands in for it (a Python call from the autograd engine costs ~15 us)
+            # backward pass; on a cheap CPU step under an optimizer, one element of the head layer's gradient
+            # read at the optimizer step stands in for it (a Python call from the autograd engine costs ~15 us)
             if t.requires_grad and not (cheap_cpu and self.mode is StepMode.OPTIMIZER):
                 hooks.on_gradient(t, self._on_backward_start)
         except Exception as exc:
@@ -304,11 +330,10 @@ class Recorder:
         if not self.active:
             return
         try:
-            if self._refs:  # fully observed step, or a GPU step: every layer output, batched, no sync
+            if self._output is not None:  # fully observed step, or a GPU step: every layer output, batched
                 self._put_all_norms(grad)
-                self._refs.clear()
             else:  # cheap CPU step, already checked at the end of the forward pass
-                value = torch.linalg.vector_norm(grad.detach()).item()
+                value = stats.cpu_norm(grad)
                 self._pending.data.target_grad = _merge_max(self._pending.data.target_grad, value)
             self._backward_seen = True
             if self.mode is not StepMode.OPTIMIZER and not hooks.at_backward_end(self._on_backward_end):
@@ -317,33 +342,42 @@ class Recorder:
             self._fail("the backward hook of the model output", exc)
 
     def _put_all_norms(self, grad: Tensor) -> None:
-        """Every layer output's norm, plus the loss gradient's, as device tensors for the next flush."""
-        keys = list(self._refs)
-        values = stats.norms([*(self._refs[k] for k in keys), grad])
+        """Every layer output's norm, the input's, the output's and the loss gradient's, as device tensors for
+        the next flush (no sync). The references are let go afterwards."""
+        refs = self._layer_refs()
+        keys = list(refs)
+        ends = [(target, t) for target, t in (("input", self._input), ("output", self._output)) if t is not None]
+        values = stats.norms([*(refs[k] for k in keys), *(t for _, t in ends), grad])
         pending = self._pending
         for key, value in zip(keys, values):
-            target = "input" if key == INPUT else "output" if key == OUTPUT else "act"
-            pending.put(target, key, value)
+            pending.put("act", key, value)
+        for (target, _), value in zip(ends, values[len(keys) :]):
+            pending.put(target, None, value)
         pending.put("target_grad", None, values[-1])
+        self._release()
 
-    def _check_ends(self) -> None:
+    def _check_ends(self, output: Tensor) -> None:
         """The cheap check of a CPU step, at the end of the forward pass: the norm of the output, read at once (a
         CPU tensor's value costs no device sync). Only when it is non-finite are the input and the layer outputs,
-        still alive, measured to find where it started; then they are let go. (On a GPU every
-        layer output is measured each step instead: the reductions are cheap there, and values are read only
-        at the flush.)"""
-        refs, data = self._refs, self._pending.data
-        with torch.no_grad():
-            value = torch.linalg.vector_norm(refs[OUTPUT].detach()).item()
-            data.output_norm = _merge_max(data.output_norm, value)
-            if not math.isfinite(value):  # a non-finite input shows in the output: now find where it started
-                if INPUT in refs:
-                    data.input_norm = _merge_max(data.input_norm, torch.linalg.vector_norm(refs[INPUT]).item())
-                layers = [k for k in refs if k not in (INPUT, OUTPUT)]
-                if layers:
-                    for key, norm in zip(layers, stats.to_host(stats.norms([refs[k] for k in layers]))):
-                        data.act[key] = _merge_max(data.act.get(key), norm)
-        refs.clear()
+        still alive, measured to find where it started; then they are let go. (On a GPU every layer output is
+        measured each step instead: the reductions are cheap there, and values are read only at the flush.)"""
+        data = self._pending.data
+        value = stats.cpu_norm(output)
+        data.output_norm = _merge_max(data.output_norm, value)
+        if not math.isfinite(value):  # a non-finite input shows in the output: now find where it started
+            if self._input is not None:
+                data.input_norm = _merge_max(data.input_norm, stats.cpu_norm(self._input))
+            refs = self._layer_refs()
+            if refs:
+                for key, norm in zip(refs, stats.to_host(stats.norms(list(refs.values())))):
+                    data.act[key] = _merge_max(data.act.get(key), norm)
+        self._release()
+
+    def _release(self) -> None:
+        """Let go of this forward pass's tensors."""
+        self._refs.clear()
+        self._seen.clear()
+        self._input = self._output = None
 
     def _on_output_gradient(self, key: SlotKey, grad: Tensor) -> None:
         if not self.active:
@@ -395,7 +429,7 @@ class Recorder:
                 data.lr_changed = True
                 self._schedule.trigger(self.step + 1)
                 if not self._grads_captured:
-                    data.full = True  # measure this step's update, the first with the new lr
+                    data.full = self._full = True  # measure this step's update, the first with the new lr
             self._lr_seen[id(optimizer)] = lrs
             if not self._grads_captured:
                 self._capture_gradients()
@@ -490,10 +524,16 @@ class Recorder:
             self._snapshot = stats.Snapshot([n for n, _, _ in with_grad], [p for _, p, _ in with_grad])
 
     def _activated_by_module(self, key: SlotKey) -> bool:
-        """Whether the next layer output in forward order is a ReLU-family or bounded activation module."""
+        """Whether the layer's per-unit statistics are covered elsewhere: the next layer output in forward order
+        is a ReLU-family or bounded activation module, or no parametric layer follows (the model's output
+        layer: its units feed the loss, not a ReLU)."""
         if len(self._next_role) != len(self.order):
-            self._next_role = {k: self._infos[nxt[0]].role for k, nxt in zip(self.order, self.order[1:])}
-            self._next_role[self.order[-1]] = Role.OTHER
+            roles = [self._infos[name].role for name, _ in self.order]
+            last = max((i for i, r in enumerate(roles) if r is Role.PARAMETRIC), default=-1)
+            self._next_role = {
+                key: (roles[i + 1] if i + 1 < len(roles) and i < last else Role.GATED)
+                for i, key in enumerate(self.order)
+            }
         return self._next_role.get(key) in (Role.GATED, Role.BOUNDED)
 
     def _measure_updates(self) -> None:
@@ -553,6 +593,7 @@ class Recorder:
             setattr(merged.data, attr, getattr(last, attr))
         self._buffer.clear()
         self._pending = merged
+        self._full = merged.data.full
         self.step = first
         self._provisional = 0
 
@@ -566,6 +607,7 @@ class Recorder:
         self._buffer.append(finished)
         self.step += 1
         self._pending = _Pending(self.step, self._schedule.is_full(self.step))
+        self._full = self._pending.data.full
         self._backward_seen = False
         self._optimizer_stepped = False
         self._grads_captured = False
@@ -608,7 +650,7 @@ class Recorder:
                 self.flush()
             except Exception as exc:
                 self._fail("the final flush", exc)
-        self._refs.clear()
+        self._release()
         self._never_positive.clear()
         self._snapshot = None
         self._loss = None

@@ -175,7 +175,7 @@ class Tracker:
         self._snapshot: list[SemanticEvent] | None = None  # events() until the next update
         self.started = 0  # runs started so far: a new one asks the recorder to observe densely
         # a state that returns within this many steps continues its event (a flapping layer is one event)
-        self.store = EventStore(config.max_events, merge_gap=max(2 * config.full_every, 8 * config.persistence))
+        self.store = EventStore(config.max_events, merge_gap=max(2 * config.early_every, 8 * config.persistence))
 
     def update(self, detector: str, step: int, obs: Observation) -> None:
         self._snapshot = None

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from neuraldbg import NeuralDbg, stats
-from neuraldbg.recorder import INPUT, OUTPUT, StepData
+from neuraldbg.recorder import StepData
 
 
 def test_norms_match_vector_norm_for_every_dtype_and_mixed_lists():
@@ -166,7 +166,7 @@ def test_recorded_step_statistics_equal_a_brute_force_recomputation():
             delta, weight = record.update[name]
             assert delta == pytest.approx((after[name] - before[name]).norm().item(), rel=1e-4)
             assert weight == pytest.approx(after[name].norm().item(), rel=1e-5)
-        assert {INPUT, OUTPUT}.isdisjoint(record.act)
+        assert set(record.act) == {(name, 0) for name in outs}
     assert reference[0].shape == model[0].weight.shape
 
 
@@ -227,3 +227,14 @@ def test_a_snapshot_estimates_large_updates_from_a_sample_and_sees_every_frozen_
     assert d_small == pytest.approx((small - before[1]).norm().item(), rel=1e-4)
     assert d_frozen == 0.0
     assert 0.0 < d_sparse <= 0.5  # a lower bound, never "unchanged"
+
+
+@pytest.mark.parametrize("shape", [(32, 1), (8, 8), (3, 5, 2), (200, 3)])
+def test_cpu_norm_matches_vector_norm_and_propagates_non_finite_values(shape):
+    t = torch.randn(*shape) * 1e3
+    assert stats.cpu_norm(t) == pytest.approx(torch.linalg.vector_norm(t.double()).item(), rel=1e-6)
+    t.view(-1)[3] = float("nan")
+    assert math.isnan(stats.cpu_norm(t))
+    t.view(-1)[3] = float("inf")
+    assert stats.cpu_norm(t) == math.inf
+    assert stats.cpu_norm(torch.randn(*shape).t()) > 0 if len(shape) == 2 else True  # non-contiguous

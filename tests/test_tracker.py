@@ -42,21 +42,21 @@ def test_a_state_shorter_than_the_persistence_is_not_an_event_unless_decisive():
 
 
 def test_consecutive_steps_merge_and_a_later_transition_records_where_it_came_from():
-    tracker = Tracker(DebugConfig(persistence=2, full_every=1))
+    tracker = Tracker(DebugConfig(persistence=2, early_every=1))
     feed(tracker, [None] * 4 + [DEAD] * 6)
     (event,) = tracker.events()
     assert (event.step_start, event.step_end, event.from_state) == (4, 9, "normal")
 
 
 def test_a_layer_flapping_between_states_does_not_grow_the_store():
-    tracker = Tracker(DebugConfig(persistence=2, full_every=4, max_events=50))
+    tracker = Tracker(DebugConfig(persistence=2, early_every=4, max_events=50))
     pattern = [DEAD, DEAD, DEAD, None, None]
     feed(tracker, pattern * 2000)
     assert len(tracker.events()) == 1  # gaps shorter than the merge window extend one event
 
 
 def test_the_store_keeps_the_earliest_and_the_strongest_events_when_full():
-    tracker = Tracker(DebugConfig(persistence=1, full_every=1, max_events=20))
+    tracker = Tracker(DebugConfig(persistence=1, early_every=1, max_events=20))
     for i in range(300):
         strength = 1.0 if i == 250 else 0.1
         finding = Finding(EventType.ACTIVATION, FailureKind.DEAD_NEURONS, f"layer{i}", "dead", {}, strength)
