@@ -90,7 +90,6 @@ class DebugConfig:
         for f in dataclasses.fields(self):
             _check_field(f.name, getattr(self, f.name), f.type)
 
-
     def replace(self, **changes: Any) -> DebugConfig:
         """A copy with some fields changed (validated like the constructor)."""
         _reject_unknown(changes, "DebugConfig.replace()")
