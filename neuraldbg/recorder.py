@@ -179,6 +179,10 @@ class Recorder:
         self._calls: dict[str, int] = {}
         self._refs: dict[SlotKey, Tensor] = {}  # layer outputs of a fully observed step
         self._seen: list[tuple[str, Any]] = []  # raw layer outputs of a cheap step, looked at only if needed
+        #: Reading a CPU tensor's value costs no device sync, so cheap CPU steps check values at once. False
+        #: makes CPU steps take the device path (every layer measured, values read at the flush); tests use it
+        #: to exercise that path without a GPU.
+        self.host_reads_are_free = True
         self._input: Tensor | None = None
         self._output: Tensor | None = None
         self._never_positive: dict[SlotKey, Tensor] = {}
@@ -312,7 +316,7 @@ class Recorder:
                 return
             self._output = t
             self._pending.data.output_numel = t.numel()
-            cheap_cpu = not self._full and t.is_cpu
+            cheap_cpu = not self._full and t.is_cpu and self.host_reads_are_free
             if cheap_cpu:
                 self._check_ends(t)  # check now, and let the activations go
             # the loss gradient w.r.t. the output is read from a tensor hook, which also marks the start of the
@@ -468,7 +472,7 @@ class Recorder:
         straight from memory costs a fraction of a microsecond, where any tensor operation costs several."""
         head = self._head_param if self._head_param is not None else self._head()
         grad = head.grad if head is not None else None
-        if grad is None or grad.device.type != "cpu" or grad.numel() == 0:
+        if grad is None or not grad.is_cpu or not self.host_reads_are_free or grad.numel() == 0:
             return
         if grad.dtype is torch.float32:
             value = ctypes.c_float.from_address(grad.data_ptr()).value

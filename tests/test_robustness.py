@@ -414,3 +414,35 @@ def test_torch_compile_keeps_the_diagnosis():
     top = dbg.hypotheses()[0]
     assert top.kind is FailureKind.DEAD_NEURONS and top.root.layer == "3"
     assert hook_count(model) == 0
+
+
+@pytest.mark.parametrize("bad_step", [None, 23])
+def test_the_device_path_gives_the_same_diagnosis_as_the_cpu_fast_path(bad_step):
+    """On a GPU, cheap steps measure every layer on device and read nothing back until the flush. That path is
+    exercised here on CPU tensors (no GPU in CI)."""
+    clean = support.regression_batches()
+
+    def batches(step: int) -> support.Batch:
+        x, y = clean(step)
+        if step == bad_step:
+            x = x.clone()
+            x[0, 0] = float("nan")
+        return x, y
+
+    results = []
+    for host_reads in (True, False):
+        torch.manual_seed(0)
+        model = support.mlp()
+        dbg = NeuralDbg(model)
+        dbg._recorder.host_reads_are_free = host_reads
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        with dbg:
+            for step in range(60):
+                x, y = batches(step)
+                opt.zero_grad()
+                F.mse_loss(model(x), y).backward()
+                opt.step()
+        results.append([(h.kind, h.root.layer, h.root.step_start) for h in dbg.hypotheses()])
+    fast, device = results
+    assert fast == device
+    assert fast == ([] if bad_step is None else [(FailureKind.NON_FINITE, "", 23)])
