@@ -22,12 +22,14 @@ from .assertions import (
     assert_no_vanishing_gradients,
     assert_parameters_update,
 )
+from .baseline import NeuralDbgBaselineWarning
 from .fixture import NeuralDbgFixture
 from .verdict import Explanations, Hypotheses
 
 __all__ = [
     "Explanations",
     "Hypotheses",
+    "NeuralDbgBaselineWarning",
     "NeuralDbgFixture",
     "assert_finite",
     "assert_healthy",

@@ -13,6 +13,8 @@ Call it to watch a loop you write, or let it train for you::
         assert not ndbg.explain_failure()
 
 Every debugger it creates is recorded and reported (JUnit properties, terminal summary, report files, gate).
+With ``@pytest.mark.neuraldbg(baseline=True)``, or ``neuraldbg.assert_matches_baseline(ndbg)``, the runs are
+compared with the test's training-health baseline (see :mod:`pytest_neuraldbg.baseline`).
 The engine options of a run come from, highest first: the call's own arguments, the test's
 ``@pytest.mark.neuraldbg(...)`` marker, then ``--neuraldbg-preset`` / ``--neuraldbg-persistence`` (or their
 environment variables and ini keys). A :class:`~neuraldbg.DebugConfig` passed as ``config`` is used as given.
@@ -21,11 +23,11 @@ environment variables and ini keys). A :class:`~neuraldbg.DebugConfig` passed as
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
-from . import assertions, options
+from . import assertions, baseline, options
 from .options import OptionError, Settings
 
 
@@ -40,10 +42,18 @@ class NeuralDbgFixture:
     assert_finite = staticmethod(assertions.assert_finite)
     assert_parameters_update = staticmethod(assertions.assert_parameters_update)
 
-    def __init__(self, settings: Settings, engine_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        engine_options: Mapping[str, Any] | None = None,
+        baseline_check: baseline.BaselineCheck | None = None,
+    ) -> None:
         self.settings = settings  #: the test's settings (session settings after its marker)
         self.engine_options = dict(engine_options or {})  #: DebugConfig fields from the marker
+        self.baseline = baseline_check  #: the test's training-health baseline (None outside a pytest item)
         self._runs: list[tuple[str, Any]] = []
+        self._devices: dict[str, str | None] = {}  # run name -> device type of its model when watched
+        self._origins: dict[str, dict[str, Any]] = {}  # run name -> smoke_train's seed and steps
 
     @classmethod
     def for_item(cls, item: pytest.Item, session: Settings) -> NeuralDbgFixture:
@@ -51,7 +61,17 @@ class NeuralDbgFixture:
         settings, engine = options.apply_marker(session, options.marker_kwargs(item), item.name)
         if engine:
             _check_engine_options(engine, options.marker_source(item.name))
-        return cls(settings, engine)
+        module, test_id = baseline.locate(item)
+        path = baseline.path_for(module, test_id)
+        check = baseline.BaselineCheck(
+            path=path,
+            shown_path=baseline.shown(path, item.config.rootpath),
+            nodeid=item.nodeid,
+            test_id=test_id,
+            settings=settings,
+            location=(str(item.path), item.location[1] + 1 if item.location[1] is not None else 1),
+        )
+        return cls(settings, engine, check)
 
     # --- watching ------------------------------------------------------------------------------------
 
@@ -87,7 +107,9 @@ class NeuralDbgFixture:
                 raise TypeError(f"neuraldbg(): config must be a DebugConfig or a mapping, got {type(config).__name__}")
             layered.update(options)
             dbg = WatchedDbg(model, preset=preset or self.settings.preset, plugins=plugins, **layered)
-        self._runs.append((self._unique(name), dbg))
+        run = self._unique(name)
+        self._runs.append((run, dbg))
+        self._devices[run] = baseline.device_of(model)
         return dbg
 
     def smoke_train(
@@ -113,21 +135,81 @@ class NeuralDbgFixture:
             loss_fn: ``loss_fn(model(inputs), targets)`` returns the loss tensor.
             optimizer: an optimizer, a callable ``params -> optimizer``, or None for Adam with lr 1e-3.
             steps: optimizer steps; default ``--neuraldbg-steps`` (50).
-            seed: seeds torch, ``random`` and numpy (when installed) for the loop; their states are restored.
+            seed: seeds torch, ``random``, numpy (when installed) and a ``DataLoader``'s own ``generator``
+                (if it was given one; otherwise its shuffling and worker seeds come from torch's) for the
+                loop; their states are restored afterwards.
             name, config, preset, **options: as for calling the fixture.
+
+        Deterministic runs (for baselines): the loop is seeded, but what happens before it is yours to seed:
+        call ``torch.manual_seed(...)`` before building the model (its initialisation) and build generated
+        data with a seeded ``torch.Generator``; random augmentations inside a Dataset and DataLoader workers
+        follow torch's seed. On a GPU add ``torch.use_deterministic_algorithms(True)``.
         """
         from .smoke import train
 
         dbg = self(model, config, preset=preset, name=name, **options)
-        return train(
-            dbg,
-            model,
-            data,
-            loss_fn,
-            optimizer=optimizer,
-            steps=self.settings.steps if steps is None else steps,
-            seed=seed,
+        total = self.settings.steps if steps is None else steps
+        self._origins[self._runs[-1][0]] = {"seed": seed, "steps": total}
+        return train(dbg, model, data, loss_fn, optimizer=optimizer, steps=total, seed=seed)
+
+    # --- baselines -----------------------------------------------------------------------------------
+
+    def assert_matches_baseline(self, ndbg: Any, *, name: str | None = None) -> None:
+        """Compare a finished run with this test's training-health baseline; fail the test on a regression.
+
+        The baseline is ``__neuraldbg__/<module>/<test>.json`` next to the test module, written by
+        ``pytest --neuraldbg-update-baselines`` (review and commit it). A missing or unreadable file fails
+        with the command that writes it. Gradient norms and update ratios may move by ``grad_tolerance``
+        (a factor, default 10), dead and saturated fractions may rise by ``fraction_tolerance`` (default
+        0.1) and the loss by ``loss_tolerance`` (relative, default 0.25); new failure verdicts always fail.
+        Improvements pass and are listed in the terminal summary; another torch version or device warns
+        (:class:`~pytest_neuraldbg.NeuralDbgBaselineWarning`). See :mod:`pytest_neuraldbg.baseline`.
+
+        ``ndbg`` is a run this fixture created (stored under its run name) or any finished debugger or
+        trace, stored under ``name``. A fixture method only: the file belongs to the running test.
+        Deterministic runs are needed; see :meth:`smoke_train` for what to seed.
+        """
+        __tracebackhide__ = True
+        if self.baseline is None:
+            raise RuntimeError("assert_matches_baseline(): this fixture does not belong to a pytest test")
+        run = self._run_name(ndbg, name)
+        if getattr(ndbg, "attached", False):
+            raise RuntimeError(
+                f"assert_matches_baseline(): run {run!r} is still being watched; compare it after its with block"
+            )
+        self.baseline.check({run: self._observe(run, ndbg)}, complete=False, fail=_assertion_failure)
+
+    def finish_baseline(self, passed: bool) -> None:
+        """After the test body (called by the plugin): with ``baseline=True`` compare every run not compared
+        yet, and all runs stored in the file must have been watched; when updating, write the file."""
+        __tracebackhide__ = True
+        if self.baseline is None:
+            return
+        if passed and self.settings.baseline:
+            rest = [(run, dbg) for run, dbg in self._runs if run not in self.baseline.compared]
+            for _, dbg in rest:
+                if dbg.attached:
+                    dbg.close()
+            observed = {run: self._observe(run, dbg) for run, dbg in rest}
+            self.baseline.check(observed, complete=True, fail=_test_failure)
+        self.baseline.finish(passed, due=self.settings.baseline and bool(self._runs))
+
+    def _run_name(self, ndbg: Any, name: str | None) -> str:
+        if name is not None:
+            return str(name)
+        for run, dbg in self._runs:
+            if dbg is ndbg:
+                return run
+        raise ValueError(
+            "assert_matches_baseline(): this debugger was not created by the neuraldbg fixture; "
+            "pass name=... to store it under a run name"
         )
+
+    def _observe(self, run: str, dbg: Any) -> baseline.Observed:
+        own = next((name for name, d in self._runs if d is dbg), None)  # a run of this fixture, by any name
+        device = self._devices.get(own) if own is not None else None
+        origin = self._origins.get(own) if own is not None else None
+        return baseline.summarise(dbg, baseline.environment(dbg, device=device, origin=origin))
 
     # --- bookkeeping ---------------------------------------------------------------------------------
 
@@ -154,6 +236,16 @@ class NeuralDbgFixture:
         while candidate in taken:
             candidate, suffix = f"{base}-{suffix}", suffix + 1
         return candidate
+
+
+def _assertion_failure(text: str) -> NoReturn:
+    __tracebackhide__ = True
+    raise AssertionError(text)
+
+
+def _test_failure(text: str) -> NoReturn:
+    __tracebackhide__ = True
+    pytest.fail(text, pytrace=False)
 
 
 def _check_engine_options(engine: Mapping[str, Any], source: str) -> None:

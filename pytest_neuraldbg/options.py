@@ -2,7 +2,8 @@
 
 Each setting ``name`` is read from, highest precedence first:
 
-1. the ``@pytest.mark.neuraldbg(name=...)`` marker of the test (``preset``, ``steps``, ``gate`` and any
+1. the ``@pytest.mark.neuraldbg(name=...)`` marker of the test (``preset``, ``steps``, ``gate``, the baseline
+   settings ``baseline``, ``grad_tolerance``, ``fraction_tolerance``, ``loss_tolerance`` and any
    :class:`~neuraldbg.DebugConfig` field; read when the test uses the fixture),
 2. the command line flag ``--neuraldbg-<name>``,
 3. the environment variable ``NEURALDBG_<NAME>``,
@@ -15,6 +16,7 @@ neither torch nor neuraldbg unless a value needs the engine to be checked.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -26,10 +28,15 @@ import pytest
 GATES = ("fail", "warn", "off")
 KNOWN_PRESETS = ("default", "full", "economy")  # the engine's PRESETS; others are looked up there
 DEFAULT_STEPS = 50
+DEFAULT_GRAD_TOLERANCE = 10.0  # a gradient norm or update ratio may move by this factor either way
+DEFAULT_FRACTION_TOLERANCE = 0.1  # a dead or saturated fraction may rise by this much (absolute)
+DEFAULT_LOSS_TOLERANCE = 0.25  # the loss may rise by this fraction of the baseline's loss
 MARKER = "neuraldbg"
 MARKER_HELP = (
     "neuraldbg(**config): settings for the neuraldbg fixture in this test: preset=, steps= (smoke_train "
-    "default), gate= ('fail', 'warn' or 'off') and any neuraldbg.DebugConfig field, e.g. persistence=5"
+    "default), gate= ('fail', 'warn' or 'off'), baseline=True (compare every watched run with the test's "
+    "training-health baseline), grad_tolerance=, fraction_tolerance=, loss_tolerance= and any "
+    "neuraldbg.DebugConfig field, e.g. persistence=5"
 )
 
 
@@ -77,6 +84,61 @@ def parse_preset(value: Any) -> str:
     return text
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def parse_bool(value: Any) -> bool:
+    """``true``/``false`` (also ``1``/``0``, ``yes``/``no``, ``on``/``off``; case-insensitive) or a bool."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise OptionError("expected true or false (also 1/0, yes/no, on/off)")
+
+
+def _number(value: Any, expected: str) -> float:
+    if isinstance(value, bool):
+        raise OptionError(expected)
+    try:
+        number = float(value) if isinstance(value, (int, float)) else float(str(value).strip())
+    except ValueError:
+        raise OptionError(expected) from None
+    if not math.isfinite(number):
+        raise OptionError(expected)
+    return number
+
+
+def parse_factor(value: Any) -> float:
+    """A factor greater than 1: ``10`` accepts a value up to 10x larger or smaller than the baseline's."""
+    expected = "expected a factor greater than 1, e.g. 10 to accept up to 10x larger or smaller"
+    number = _number(value, expected)
+    if number <= 1:
+        raise OptionError(expected)
+    return number
+
+
+def parse_fraction(value: Any) -> float:
+    """An absolute tolerance between 0 and 1 for a fraction of units (``0.1``: ten percentage points)."""
+    expected = "expected a number between 0 and 1, e.g. 0.1 to accept ten more percent of dead units"
+    number = _number(value, expected)
+    if not 0 <= number <= 1:
+        raise OptionError(expected)
+    return number
+
+
+def parse_relative(value: Any) -> float:
+    """A relative tolerance of at least 0 (``0.25``: up to 25% higher than the baseline's)."""
+    expected = "expected a number of at least 0, e.g. 0.25 to accept a loss up to 25% higher"
+    number = _number(value, expected)
+    if number < 0:
+        raise OptionError(expected)
+    return number
+
+
 def parse_path(value: Any) -> str:
     text = str(value).strip()
     if not text:
@@ -88,17 +150,18 @@ def parse_path(value: Any) -> str:
 class Option:
     """One setting: its names everywhere, its help, and how its text is checked."""
 
-    name: str
+    name: str  # the Settings field and marker keyword; the flag has dashes for underscores
     help: str
     metavar: str
     parse: Callable[[Any], Any]
     default: Any = None
     bare_value: str | None = None  # the value of the flag given without one (``--neuraldbg-gate``)
     is_path: bool = False
+    is_flag: bool = False  # a flag that takes no value (``--neuraldbg-update-baselines``)
 
     @property
     def flag(self) -> str:
-        return "--neuraldbg-" + self.name
+        return "--neuraldbg-" + self.name.replace("_", "-")
 
     @property
     def dest(self) -> str:
@@ -157,8 +220,51 @@ OPTIONS: tuple[Option, ...] = (
         _int_between(1, 10_000_000),
         default=DEFAULT_STEPS,
     ),
+    Option(
+        "update_baselines",
+        "write or refresh the training-health baselines of the tests that use them (marker baseline=True "
+        "or neuraldbg.assert_matches_baseline) instead of comparing; ini and env values: true or false",
+        "",
+        parse_bool,
+        default=False,
+        is_flag=True,
+    ),
+    Option(
+        "grad_tolerance",
+        "baseline comparison: the factor by which a gradient norm or update ratio may differ from the "
+        f"baseline's, either way (default {DEFAULT_GRAD_TOLERANCE:g})",
+        "FACTOR",
+        parse_factor,
+        default=DEFAULT_GRAD_TOLERANCE,
+    ),
+    Option(
+        "fraction_tolerance",
+        "baseline comparison: how much a dead or saturated fraction may rise above the baseline's, "
+        f"absolute (default {DEFAULT_FRACTION_TOLERANCE:g})",
+        "DELTA",
+        parse_fraction,
+        default=DEFAULT_FRACTION_TOLERANCE,
+    ),
+    Option(
+        "loss_tolerance",
+        "baseline comparison: how much the loss may rise above the baseline's, relative "
+        f"(default {DEFAULT_LOSS_TOLERANCE:g})",
+        "RATIO",
+        parse_relative,
+        default=DEFAULT_LOSS_TOLERANCE,
+    ),
 )
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+#: Settings only a marker sets (no flag, ini key or environment variable).
+MARKER_ONLY: dict[str, Option] = {
+    "baseline": Option(
+        "baseline",
+        "compare every run the fixture watched in this test with the test's training-health baseline",
+        "BOOL",
+        parse_bool,
+        default=False,
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -171,6 +277,11 @@ class Settings:
     report: Path | None = None
     junit: Path | None = None
     steps: int = DEFAULT_STEPS
+    update_baselines: bool = False
+    grad_tolerance: float = DEFAULT_GRAD_TOLERANCE
+    fraction_tolerance: float = DEFAULT_FRACTION_TOLERANCE
+    loss_tolerance: float = DEFAULT_LOSS_TOLERANCE
+    baseline: bool = False  # marker only
     sources: Mapping[str, str] = field(default_factory=dict)  # setting name -> where its value came from
 
     def source(self, name: str) -> str:
@@ -182,7 +293,9 @@ def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("neuraldbg", "training health (NeuralDBG)")
     for option in OPTIONS:
         text = f"{option.help}. Also ini {option.ini}, env {option.env}."
-        if option.bare_value is not None:
+        if option.is_flag:
+            group.addoption(option.flag, dest=option.dest, action="store_const", const="true", help=text)
+        elif option.bare_value is not None:
             group.addoption(
                 option.flag, dest=option.dest, metavar=option.metavar, nargs="?", const=option.bare_value, help=text
             )
@@ -246,7 +359,16 @@ def resolve(config: pytest.Config, env: Mapping[str, str] | None = None) -> Sett
     return Settings(**values, sources=sources)
 
 
-PLUGIN_MARKER_KEYS = ("preset", "steps", "gate")
+PLUGIN_MARKER_KEYS = (
+    "preset",
+    "steps",
+    "gate",
+    "baseline",
+    "grad_tolerance",
+    "fraction_tolerance",
+    "loss_tolerance",
+)
+_MARKER_OPTIONS: dict[str, Option] = {o.name: o for o in (*OPTIONS, *MARKER_ONLY.values())}
 
 
 def marker_source(nodename: str) -> str:
@@ -264,7 +386,7 @@ def apply_marker(base: Settings, kwargs: Mapping[str, Any], nodename: str) -> tu
     engine: dict[str, Any] = {}
     for key, value in kwargs.items():
         if key in PLUGIN_MARKER_KEYS:
-            changes[key] = checked(BY_NAME[key], value, source)
+            changes[key] = checked(_MARKER_OPTIONS[key], value, source)
             sources[key] = source
         else:
             engine[key] = value

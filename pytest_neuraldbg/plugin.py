@@ -2,8 +2,9 @@
 
 Each hook hands off to a small module: :mod:`~pytest_neuraldbg.options` (flags, ini keys, environment,
 precedence), :mod:`~pytest_neuraldbg.fixture` (what the fixture returns), :mod:`~pytest_neuraldbg.reporting`
-(JUnit properties, report sections, gate, terminal summary, files). Imports no torch at import time, so
-``pytest --help`` and xdist workers stay fast; the engine is imported when a test first uses the fixture.
+(JUnit properties, report sections, gate, terminal summary, files) and :mod:`~pytest_neuraldbg.baseline`
+(training-health baselines). Imports no torch at import time, so ``pytest --help`` and xdist workers stay
+fast; the engine is imported when a test first uses the fixture.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from . import options, reporting, verdict
+from . import baseline, options, reporting, verdict
 from .state import FIXTURE_KEY, SESSION_KEY, SessionState
 
 if TYPE_CHECKING:
@@ -51,6 +52,21 @@ def neuraldbg(request: pytest.FixtureRequest) -> Iterator[NeuralDbgFixture]:
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    """After the test body: compare its runs with its baseline (``baseline=True``), or write it when updating.
+
+    A regression fails the test here, in its call phase; a body that failed leaves the baseline alone.
+    """
+    try:
+        result = yield
+    except BaseException:
+        reporting.finish_baseline(item, passed=False)
+        raise
+    reporting.finish_baseline(item, passed=True)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     """After the test body: record its watched runs, attach them to the report, apply the gate."""
     state = item.config.stash[SESSION_KEY]
@@ -58,7 +74,20 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     fixture = item.stash.get(FIXTURE_KEY, None)
     reporting.annotate(report, recs, fixture.settings if fixture is not None else state.settings)
+    if call.when == "call":
+        reporting.annotate_baseline(report, item)
     return report
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    """Remember deselected tests: their baselines are not stale."""
+    if items:
+        items[0].config.stash[SESSION_KEY].deselected.extend(baseline.locate(item) for item in items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """List the baseline files no collected test uses (reported in the terminal summary)."""
+    reporting.find_stale(session, session.config.stash[SESSION_KEY])
 
 
 def pytest_assertrepr_compare(config: pytest.Config, op: str, left: object, right: object) -> list[str] | None:

@@ -1,4 +1,4 @@
-"""Where the verdicts go: JUnit properties, report sections, the gate, the terminal summary and report files.
+"""Where the verdicts go: JUnit properties, report sections, the gate, baselines, the terminal summary, files.
 
 Per test (on the worker that ran it): each watched run becomes a plain-data record; the records ride on the
 call report as ``report.neuraldbg_runs`` and as ``item.user_properties``, both of which pytest-xdist carries
@@ -11,18 +11,20 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from . import records, verdict
+from . import baseline, records, verdict
 from .options import Settings
 from .state import FIXTURE_KEY, SessionState
 
 SECTION = "NeuralDBG training health"
 ATTRIBUTE = "neuraldbg_runs"
+BASELINE_ATTRIBUTE = "neuraldbg_baseline"
+STALE_OUTPUT = "neuraldbg_stale"  # key of config.workeroutput: stale baselines seen by an xdist worker
 
 
 # --- per test ---------------------------------------------------------------------------------------------
@@ -102,6 +104,68 @@ def _carries_explanations(report: pytest.TestReport, unhealthy: list[dict[str, A
     return bool(unhealthy) and all(h["explanation"] in text for r in unhealthy for h in r["hypotheses"])
 
 
+# --- baselines --------------------------------------------------------------------------------------------
+
+#: Per test, the note that wins when several runs were compared one by one: the most urgent first.
+BASELINE_ORDER = ("regressed", "invalid", "missing", "not written", "improved", "created", "updated")
+
+
+def baseline_status(notes: Sequence[dict[str, Any]]) -> str:
+    statuses = [n["status"] for n in notes]
+    return next((s for s in BASELINE_ORDER if s in statuses), statuses[-1] if statuses else "")
+
+
+def finish_baseline(item: pytest.Item, passed: bool) -> None:
+    """After the test body: let the fixture compare or write the baseline; its outcome becomes a JUnit property.
+
+    A regression found here raises the test's failure (from the fixture).
+    """
+    __tracebackhide__ = True
+    fixture = item.stash.get(FIXTURE_KEY, None)
+    if fixture is None or fixture.baseline is None:
+        return
+    try:
+        fixture.finish_baseline(passed)
+    finally:
+        notes = fixture.baseline.notes
+        if notes:
+            item.user_properties.append(("neuraldbg.baseline", f"{baseline_status(notes)}: {notes[0]['path']}"))
+
+
+def annotate_baseline(report: pytest.TestReport, item: pytest.Item) -> None:
+    """Carry the test's baseline notes on its call report (to the xdist controller and the summary)."""
+    fixture = item.stash.get(FIXTURE_KEY, None)
+    if fixture is not None and fixture.baseline is not None and fixture.baseline.notes:
+        setattr(report, BASELINE_ATTRIBUTE, list(fixture.baseline.notes))
+
+
+def find_stale(session: pytest.Session, state: SessionState) -> None:
+    """After collection (in the process that collected): the stale baseline files of the collected modules.
+
+    Deselected tests (``-k``, ``-m``, ``--deselect``, ``--lf``) still count as existing; modules selected only
+    in part (``test_x.py::test_y``) are skipped. On an xdist worker the result goes to the controller.
+    """
+    config = session.config
+    tests = [baseline.locate(item) for item in session.items] + state.deselected
+    try:
+        found = baseline.stale_files(tests, _partly_selected(config))
+    except OSError:  # an unreadable directory: the listing is a courtesy, never a reason to stop the session
+        return
+    stale = {baseline.shown(path, config.rootpath): f"{test} in {path.parent.name}.py" for path, test in found}
+    state.stale.update(stale)
+    workeroutput = getattr(config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput[STALE_OUTPUT] = stale
+
+
+def _partly_selected(config: pytest.Config) -> Callable[[Path], bool]:
+    parts = [str(arg).split("::", 1)[0] for arg in config.args if "::" in str(arg)]
+    base = config.invocation_params.dir
+    paths = {(base / part).resolve() for part in parts}
+    names = {Path(part).name for part in parts}  # also when a worker resolves paths elsewhere: err on caution
+    return lambda module: module.resolve() in paths or module.name in names
+
+
 class Collector:
     """Keeps the records of every finished test: in this process, or on the controller from xdist workers."""
 
@@ -113,6 +177,12 @@ class Collector:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call":
             self.state.records.extend(getattr(report, ATTRIBUTE, None) or [])
+            self.state.baseline_notes.extend(getattr(report, BASELINE_ATTRIBUTE, None) or [])
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """pytest-xdist, on the controller: the stale baselines a worker found."""
+        self.state.stale.update(getattr(node, "workeroutput", {}).get(STALE_OUTPUT, {}))
 
 
 # --- end of session ----------------------------------------------------------------------------------------
@@ -189,11 +259,51 @@ def _write(path: Path, text: str) -> Path:
 
 
 def terminal_summary(reporter: Any, state: SessionState) -> None:
-    """The ``neuraldbg`` block: counts, then one line per unhealthy run, then the files written."""
+    """The ``neuraldbg`` block: counts, then one line per unhealthy run, baselines, then the files written."""
     recs = sorted_records(state)
-    if not recs and not state.written:
+    if not recs and not state.written and not state.baseline_notes and not state.stale:
         return
     reporter.write_sep("=", "neuraldbg")
+    if recs:
+        _runs_summary(reporter, state, recs)
+    baseline_summary(reporter, state)
+    for path in state.written:
+        reporter.write_line(f"neuraldbg: wrote {path}")
+
+
+def baseline_summary(reporter: Any, state: SessionState) -> None:
+    """Counts per outcome, then improved tests, files written, tests not written and stale files."""
+    per_test: dict[str, list[dict[str, Any]]] = {}
+    for note in state.baseline_notes:
+        per_test.setdefault(str(note["nodeid"]), []).append(note)
+    status = {nodeid: baseline_status(notes) for nodeid, notes in sorted(per_test.items())}
+    if status:
+        counts: dict[str, int] = {}
+        for value in status.values():
+            counts[value] = counts.get(value, 0) + 1
+        order = [*BASELINE_ORDER, "unchanged", "matched"]
+        listed = ", ".join(f"{counts[s]} {s}" for s in sorted(counts, key=order.index))
+        reporter.write_line(f"baselines: {listed}")
+    for nodeid, value in status.items():
+        notes = per_test[nodeid]
+        if value == "improved":
+            lines = [line for n in notes for line in n["lines"]]
+            more = f"; +{len(lines) - 3} more" if len(lines) > 3 else ""
+            reporter.write_line(f"baseline improved {nodeid}: {'; '.join(lines[:3])}{more}", green=True)
+            reporter.write_line(f"  keep the improvement: {baseline.update_command(nodeid)}")
+        elif value in ("created", "updated"):
+            reporter.write_line(f"baseline {value}: {notes[0]['path']} ({nodeid})")
+        elif value == "not written":
+            reporter.write_line(f"baseline not written for {nodeid}: the test did not pass", yellow=True)
+    for path, test in sorted(state.stale.items()):
+        reporter.write_line(f"stale baseline: {path} (no test {test})", yellow=True)
+    if state.stale:
+        reporter.write_line(
+            f"  delete stale baselines, or rename them after a renamed test and run {baseline.UPDATE_FLAG}"
+        )
+
+
+def _runs_summary(reporter: Any, state: SessionState, recs: list[dict[str, Any]]) -> None:
     unhealthy = [r for r in recs if r["verdict"] == records.UNHEALTHY]
     errors = [r for r in recs if r["verdict"] == records.ERROR]
     counts = f"{len(recs)} watched runs: {len(unhealthy)} unhealthy"
@@ -207,5 +317,3 @@ def terminal_summary(reporter: Any, state: SessionState) -> None:
         reporter.write_line(f"UNHEALTHY {records.run_label(r, per_test[r['nodeid']])}: {found}", red=True)
     for r in errors:
         reporter.write_line(f"ERROR {records.run_label(r, per_test[r['nodeid']])}: {r.get('error')}", yellow=True)
-    for path in state.written:
-        reporter.write_line(f"neuraldbg: wrote {path}")

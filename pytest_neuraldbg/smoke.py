@@ -91,13 +91,33 @@ def _optimizer(optimizer: OptimizerArg, model: nn.Module) -> torch.optim.Optimiz
     )
 
 
-class _Seeded:
-    """Seed torch, random and numpy (when installed); restore their states on exit."""
+def loader_generators(data: Any) -> list[torch.Generator]:
+    """The generators a DataLoader given its own ``generator`` draws its shuffling and worker seeds from.
 
-    def __init__(self, seed: int) -> None:
+    A DataLoader without one draws them from torch's global generator, which :class:`_Seeded` seeds anyway.
+    """
+    if not isinstance(data, torch.utils.data.DataLoader):
+        return []
+    batch_sampler = getattr(data, "batch_sampler", None)
+    found: list[torch.Generator] = []
+    for owner in (data, getattr(data, "sampler", None), getattr(batch_sampler, "sampler", None)):
+        generator = getattr(owner, "generator", None)
+        if isinstance(generator, torch.Generator) and all(generator is not g for g in found):
+            found.append(generator)
+    return found
+
+
+class _Seeded:
+    """Seed torch, random, numpy (when installed) and the given generators; restore their states on exit."""
+
+    def __init__(self, seed: int, generators: Iterable[torch.Generator] = ()) -> None:
         self.seed = seed
+        self.generators = list(generators)
 
     def __enter__(self) -> None:
+        self._generators = [(g, g.get_state()) for g in self.generators]
+        for generator in self.generators:
+            generator.manual_seed(self.seed)
         devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
         self._torch = torch.random.fork_rng(devices=devices)
         self._torch.__enter__()
@@ -113,6 +133,8 @@ class _Seeded:
         torch.manual_seed(self.seed)
 
     def __exit__(self, *exc: object) -> None:
+        for generator, state in self._generators:
+            generator.set_state(state)
         random.setstate(self._random)
         if self._numpy is not None:
             numpy, state = self._numpy
@@ -134,6 +156,8 @@ def train(
 
     Each step: ``zero_grad``, ``loss_fn(model(inputs), targets)``, ``backward``, ``step``. Inputs that are a
     tuple or a dict are unpacked into the model's arguments; tensors are moved to the model's device.
+    Seeded for the loop (states restored after): torch's global generator (which also drives a DataLoader's
+    shuffling and worker seeds), ``random``, numpy, and a DataLoader's own ``generator`` when it has one.
     The model is left in the mode (train/eval) it was in.
     """
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
@@ -141,7 +165,7 @@ def train(
     first = next(iter(model.parameters()), None)
     device = first.device if first is not None else torch.device("cpu")
     was_training = model.training
-    with _Seeded(seed):
+    with _Seeded(seed, loader_generators(data)):
         opt = _optimizer(optimizer, model)
         source = batches(data)
         model.train()

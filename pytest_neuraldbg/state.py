@@ -16,11 +16,14 @@ if TYPE_CHECKING:
 
 @dataclass
 class SessionState:
-    """The session's settings and, on the controller, the record of every watched run."""
+    """The session's settings and, on the controller, the record of every watched run and baseline."""
 
     settings: Settings
     records: list[dict[str, Any]] = field(default_factory=list)
     written: list[Path] = field(default_factory=list)
+    baseline_notes: list[dict[str, Any]] = field(default_factory=list)  # from every test that has a baseline
+    deselected: list[tuple[Path, str]] = field(default_factory=list)  # (module, test id) of deselected tests
+    stale: dict[str, str] = field(default_factory=dict)  # stale baseline file -> "test_x in test_mod.py"
 
 
 SESSION_KEY = pytest.StashKey[SessionState]()

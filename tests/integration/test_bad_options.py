@@ -83,7 +83,8 @@ def test_bad_markers_fail_only_their_own_test_and_name_marker_test_and_expectati
     ) in out
     assert (
         "marker @pytest.mark.neuraldbg on test_misspelt_option: unknown option 'persistance' "
-        "(did you mean 'persistence'?); expected preset, steps, gate or a neuraldbg.DebugConfig field: "
+        "(did you mean 'persistence'?); expected preset, steps, gate, baseline, grad_tolerance, fraction_tolerance, "
+        "loss_tolerance or a neuraldbg.DebugConfig field: "
     ) in out
     assert (
         "marker @pytest.mark.neuraldbg on test_bad_gate: invalid value 'sometimes' for gate: "

@@ -33,7 +33,15 @@ class FakeConfig:
 def test_every_option_has_a_flag_an_ini_key_and_an_environment_variable() -> None:
     names = {o.name: (o.flag, o.ini, o.env) for o in options.OPTIONS}
     assert names["persistence"] == ("--neuraldbg-persistence", "neuraldbg_persistence", "NEURALDBG_PERSISTENCE")
-    assert set(names) == {"preset", "persistence", "gate", "report", "junit", "steps"}
+    assert names["grad_tolerance"] == (
+        "--neuraldbg-grad-tolerance",
+        "neuraldbg_grad_tolerance",
+        "NEURALDBG_GRAD_TOLERANCE",
+    )
+    assert set(names) == {
+        *("preset", "persistence", "gate", "report", "junit", "steps"),
+        *("update_baselines", "grad_tolerance", "fraction_tolerance", "loss_tolerance"),
+    }
 
 
 def test_defaults_apply_when_nothing_is_set() -> None:
