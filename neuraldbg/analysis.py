@@ -106,8 +106,8 @@ class Analyzer:
             if key[1] == 0:
                 add("output_grad_norm", key[0], step, norm)
 
-    def events(self) -> list[SemanticEvent]:
-        return self.tracker.events()
+    def events(self, final: bool = False) -> list[SemanticEvent]:
+        return self.tracker.events(final)
 
     def layer_order(self) -> list[str]:
         """Layer names in forward execution order (first calls only), then layers never seen in forward."""

@@ -42,6 +42,9 @@ class DebugConfig:
 
     # --- persistence ---------------------------------------------------------------------------------------
     persistence: int = 3  # observed steps a state must hold to become an event, unless decisive (NaN, exact 0)
+    persistence_steps: int = 5  # ... spanning at least this many steps, unless it still holds at the end: the
+    # transients of the first steps (zero-initialised residual branches, BatchNorm statistics settling) resolve
+    # within a few steps
     # (DeepDiagnosis and smdebug both use windows of 3-5 steps; requiring persistence is the main remedy
     #  for the false alarms reported for these tools)
 
@@ -115,6 +118,7 @@ _BOUNDS: dict[str, tuple[str, float, float]] = {
     "early_steps": ("int", 0, math.inf),
     "trigger_window": ("int", 0, math.inf),
     "persistence": ("int", 1, 1000),
+    "persistence_steps": ("int", 1, 100000),
     "vanishing_norm": ("float", 0, math.inf),
     "vanishing_ratio": ("float", 0, 1),
     "vanishing_floor": ("float", 0, math.inf),

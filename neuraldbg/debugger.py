@@ -152,7 +152,7 @@ class NeuralDbg(Diagnosis):
             first_step=0,
             last_step=self._analyzer.last_step,
         )
-        return self._analyzer.events(), topo, self._rules
+        return self._analyzer.events(final=not self.attached), topo, self._rules
 
     def _meta(self) -> dict[str, Any]:
         return {

@@ -69,6 +69,7 @@ class StepData:
     target_grad: float | None = None  # norm of d(loss)/d(model output): falls as the fit improves
     head_grad: float | None = None  # gradient norm of the last parametric layer (fully observed steps)
     head_finite: bool | None = None  # its gradient's first element is finite: on cheap steps, the loss was
+    grad_clip_factor: float | None = None  # total gradient norm after backward / at the optimizer step, when > 1
     loss: float | None = None
     dead: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # (dead units, units)
     func_dead: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # never positive, zero grad
@@ -194,6 +195,8 @@ class Recorder:
         self._loss: Tensor | None = None
         self._last_head_grad: float | None = None
         self._head_param: nn.Parameter | None = None
+        self._raw_grads: list[Tensor] | None = None  # norms at the end of backward (fully observed steps)
+        self._autocast = False
         self._probe_mean = 0.0
         self._probe_count = 0
         self._head_name: str | None = None
@@ -245,6 +248,8 @@ class Recorder:
             self._input = t
             if t is not None:
                 self._pending.data.input_numel = t.numel()
+                if self._full:  # under autocast a GradScaler may scale gradients between backward and step
+                    self._autocast = torch.is_autocast_enabled(t.device.type)
         except Exception as exc:
             self._fail("the forward pre-hook", exc)
 
@@ -340,7 +345,8 @@ class Recorder:
                 value = stats.cpu_norm(grad)
                 self._pending.data.target_grad = _merge_max(self._pending.data.target_grad, value)
             self._backward_seen = True
-            if self.mode is not StepMode.OPTIMIZER and not hooks.at_backward_end(self._on_backward_end):
+            wanted = self.mode is not StepMode.OPTIMIZER or self._full  # full: read the gradients before clipping
+            if wanted and not hooks.at_backward_end(self._on_backward_end):
                 self.warn_once("callback", "NeuralDBG: backward-end callbacks are unavailable")
         except Exception as exc:
             self._fail("the backward hook of the model output", exc)
@@ -392,10 +398,17 @@ class Recorder:
             self._fail(f"the gradient hook of layer {key[0]!r}", exc)
 
     def _on_backward_end(self) -> None:
-        if not self.active or self.mode is StepMode.OPTIMIZER:
+        """Under an optimizer, on a fully observed step: the gradient norms as the backward pass left them, to
+        compare with what reaches the optimizer (``clip_grad_norm_`` in between hides an explosion). Without an
+        optimizer: the step's gradients themselves."""
+        if not self.active:
             return
         try:
-            self._capture_gradients()
+            if self.mode is StepMode.OPTIMIZER:
+                grads = [p.grad for _, p in self._params if p.grad is not None]
+                self._raw_grads = stats.norms(grads) if grads and not self._autocast else None
+            else:
+                self._capture_gradients()
         except Exception as exc:
             self._fail("the end of the backward pass", exc)
 
@@ -499,8 +512,11 @@ class Recorder:
         if not with_grad:
             return
         grads = [g for _, _, g in with_grad]
-        values = stats.to_host(stats.norms(grads))
+        raw, self._raw_grads = self._raw_grads or [], None
+        values = stats.to_host([*stats.norms(grads), *raw])
+        values, raw_values = values[: len(grads)], values[len(grads) :]
         data = pending.data
+        data.grad_clip_factor = _clip_factor(values, raw_values)
         for (name, _, g), value in zip(with_grad, values):
             data.grad_numel[name] = g.numel()
             if value == 0.0 or not math.isfinite(value):
@@ -615,6 +631,7 @@ class Recorder:
         self._backward_seen = False
         self._optimizer_stepped = False
         self._grads_captured = False
+        self._raw_grads = None
         self._never_positive.clear()
         if self.mode is StepMode.UNKNOWN:
             return  # held until we know whether these are steps or micro-batches
@@ -676,6 +693,21 @@ def _suspicious(record: StepData, config: DebugConfig, previous_head_grad: float
         if n and norm / math.sqrt(n) > config.anomalous_rms:
             return True
     return record.loss is not None and not math.isfinite(record.loss)
+
+
+def _clip_factor(at_step: list[float], after_backward: list[float]) -> float | None:
+    """How much smaller the gradients reached the optimizer than the backward pass left them (clipping), or None.
+
+    A ratio that is an exact power of two is a loss scale being removed, not clipping (runs under autocast are
+    not compared at all, since a GradScaler's scale changes from step to step)."""
+    if not after_backward or len(after_backward) != len(at_step):
+        return None
+    final = math.sqrt(sum(v * v for v in at_step))
+    raw = math.sqrt(sum(v * v for v in after_backward))
+    if not (math.isfinite(final) and math.isfinite(raw)) or final <= 0 or raw <= final * 1.01:
+        return None
+    exponent = math.log2(raw / final)
+    return None if abs(exponent - round(exponent)) < 1e-4 else raw / final
 
 
 def _compiling() -> bool:

@@ -51,8 +51,12 @@ class _Run:
         if finding.strength > self.strongest.strength or (self.strongest.provisional and not finding.provisional):
             self.strongest = finding
 
-    def qualifies(self, persistence: int) -> bool:
-        return self.first.decisive or self.confirmed or self.solid >= persistence
+    def qualifies(self, persistence: int, steps: int = 1, ongoing: bool = False) -> bool:
+        """Decisive or confirmed evidence, or ``persistence`` solid observations spanning ``steps`` steps (a
+        state still holding at the end of the run needs no span: it did not resolve)."""
+        if self.first.decisive or self.confirmed:
+            return True
+        return self.solid >= persistence and (ongoing or self.end - self.start + 1 >= steps)
 
     def to_event(self, persistence: int, ongoing: bool = False) -> SemanticEvent:
         f = self.strongest
@@ -170,9 +174,11 @@ class Tracker:
 
     def __init__(self, config: DebugConfig) -> None:
         self._persistence = config.persistence
+        self._steps = config.persistence_steps
         self._open: dict[TrackKey, _Run] = {}
         self._last: dict[TrackKey, str] = {}
         self._snapshot: list[SemanticEvent] | None = None  # events() until the next update
+        self._snapshot_final = False
         self.started = 0  # runs started so far: a new one asks the recorder to observe densely
         # a state that returns within this many steps continues its event (a flapping layer is one event)
         self.store = EventStore(config.max_events, merge_gap=max(2 * config.early_every, 8 * config.persistence))
@@ -213,18 +219,20 @@ class Tracker:
 
     def _close(self, key: TrackKey, run: _Run) -> None:
         self._open.pop(key, None)
-        if run.qualifies(self._persistence):
+        if run.qualifies(self._persistence, self._steps):
             self.store.add(key, run.to_event(self._persistence))
 
-    def events(self) -> list[SemanticEvent]:
-        """Every event so far, including states still holding, ordered by onset. The same list (and the same
-        event objects) is returned until the next update."""
-        if self._snapshot is not None:
+    def events(self, final: bool = False) -> list[SemanticEvent]:
+        """Every event so far, including states still holding, ordered by onset. ``final``: the run is over, so a
+        state still holding has held to the end and needs no minimum span. The same list (and the same event
+        objects) is returned until the next update."""
+        if self._snapshot is not None and self._snapshot_final == final:
             return self._snapshot
         pending = [
             (key, run.to_event(self._persistence, ongoing=True))
             for key, run in self._open.items()
-            if run.qualifies(self._persistence)
+            if run.qualifies(self._persistence, self._steps, ongoing=final)
         ]
         self._snapshot = sorted(self.store.events(pending), key=lambda e: (e.step_start, e.step_end))
+        self._snapshot_final = final
         return self._snapshot

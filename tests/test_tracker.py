@@ -48,15 +48,25 @@ def test_consecutive_steps_merge_and_a_later_transition_records_where_it_came_fr
     assert (event.step_start, event.step_end, event.from_state) == (4, 9, "normal")
 
 
+def test_a_transient_of_the_first_steps_that_resolves_is_not_an_event_but_one_still_holding_at_the_end_is():
+    tracker = Tracker(DebugConfig(persistence=3, persistence_steps=5))
+    feed(tracker, [DEAD] * 4 + [None] * 20)  # a zero-initialised branch: 4 steps, then it recovers
+    assert tracker.events() == []
+    feed(tracker, [DEAD] * 3, start=24)  # a layer that dies at the very end of a short run
+    assert tracker.events() == []  # mid-run, three steps are not enough yet...
+    (event,) = tracker.events(final=True)  # ...but at the end of the run it held to the end
+    assert (event.step_start, event.step_end, event.metrics["ongoing"]) == (24, 26, 1.0)
+
+
 def test_a_layer_flapping_between_states_does_not_grow_the_store():
-    tracker = Tracker(DebugConfig(persistence=2, early_every=4, max_events=50))
+    tracker = Tracker(DebugConfig(persistence=2, persistence_steps=1, early_every=4, max_events=50))
     pattern = [DEAD, DEAD, DEAD, None, None]
     feed(tracker, pattern * 2000)
     assert len(tracker.events()) == 1  # gaps shorter than the merge window extend one event
 
 
 def test_the_store_keeps_the_earliest_and_the_strongest_events_when_full():
-    tracker = Tracker(DebugConfig(persistence=1, early_every=1, max_events=20))
+    tracker = Tracker(DebugConfig(persistence=1, persistence_steps=1, early_every=1, max_events=20))
     for i in range(300):
         strength = 1.0 if i == 250 else 0.1
         finding = Finding(EventType.ACTIVATION, FailureKind.DEAD_NEURONS, f"layer{i}", "dead", {}, strength)

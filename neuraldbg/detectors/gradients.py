@@ -29,14 +29,17 @@ class GradientDetector(Detector):
         top = max((g.norm for g in grads.values() if math.isfinite(g.norm)), default=0.0)
         converged = view.data.target_grad is not None and view.data.target_grad < cfg.vanishing_floor * 1e3
         floor = cfg.vanishing_floor
+        clip = view.data.grad_clip_factor or 1.0
         obs = Observation()
         for layer, g in grads.items():
             obs.saw(self.event_type, layer)
             metrics = {"grad_norm": g.norm, "max_layer_grad_norm": top}
             if g.non_finite:
                 obs.findings.append(self._finding(layer, GradientHealth.NON_FINITE, metrics, 1.0, True))
-            elif g.norm > cfg.exploding_norm:
-                s = strength(g.norm, cfg.exploding_norm, decades=3, above=True)
+            elif g.norm * clip > cfg.exploding_norm:  # judged before clipping: clip_grad_norm_ hides, not heals
+                if clip > 1:
+                    metrics.update(grad_norm=g.norm * clip, clipped_grad_norm=g.norm, clip_factor=clip)
+                s = strength(g.norm * clip, cfg.exploding_norm, decades=3, above=True)
                 obs.findings.append(self._finding(layer, GradientHealth.EXPLODING, metrics, s))
             elif converged:
                 continue  # the loss has (almost) nothing left to give: small gradients are the fit, not a fault

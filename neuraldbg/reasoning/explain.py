@@ -273,6 +273,18 @@ def _exploding(
         if ratio is not None and math.isfinite(ratio) and ratio > 0.1:
             what += f" Updates reach {num(ratio)}x the weights per step."
         fix = _lower_lr(lr)
+        clipped = root.metrics.get("clipped_grad_norm")
+        if clipped is not None:
+            what += (
+                f" Gradient clipping cut the total norm {num(root.metrics.get('clip_factor', math.nan))}x before the "
+                f"optimizer step ('{root.layer}' reached it at {num(clipped)}): clipping bounds the steps but hides "
+                "the explosion, and the direction it keeps is dominated by the exploding part."
+            )
+            fix = (
+                f"find why the gradients of {topo.describe(root.layer)} are this large: for a recurrent layer, scale "
+                "down its recurrent weights (orthogonal initialisation); otherwise lower the learning rate or add "
+                "normalisation. Keep clipping as a guard, not a cure."
+            )
     if nonfinite:
         what += f" Values turn non-finite at step {min(e.step_start for e in nonfinite)}."
     return what, fix
