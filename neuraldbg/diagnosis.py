@@ -45,6 +45,11 @@ class Diagnosis:
         return str(self._meta().get("model", ""))
 
     @property
+    def meta(self) -> dict[str, Any]:
+        """About the run: model class, steps observed, last step, step mode, torch / Python / NeuralDBG versions."""
+        return {k: v for k, v in self._meta().items() if k not in ("config", "layers")}
+
+    @property
     def layers(self) -> list[str]:
         """Watched layers in forward execution order."""
         return list(self._current()[1].order)

@@ -110,3 +110,10 @@ def test_saving_never_leaves_a_partial_file(nan_run, tmp_path: Path, monkeypatch
         nan_run.save(target)
     assert target.read_text() == "previous content"
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+def test_meta_says_what_ran_where_for_live_and_loaded_runs(nan_run, tmp_path: Path):
+    meta = nan_run.meta
+    assert meta["model"] == "Sequential" and meta["steps_observed"] == 20 and meta["last_step"] == 19
+    assert type(meta["torch_version"]) is str and meta["torch_version"] == str(torch.__version__)
+    assert neuraldbg.load(nan_run.save(tmp_path / "t.json")).meta == meta
