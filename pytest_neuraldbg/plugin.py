@@ -2,9 +2,9 @@
 
 Each hook hands off to a small module: :mod:`~pytest_neuraldbg.options` (flags, ini keys, environment,
 precedence), :mod:`~pytest_neuraldbg.fixture` (what the fixture returns), :mod:`~pytest_neuraldbg.reporting`
-(JUnit properties, report sections, gate, terminal summary, files) and :mod:`~pytest_neuraldbg.baseline`
-(training-health baselines). Imports no torch at import time, so ``pytest --help`` and xdist workers stay
-fast; the engine is imported when a test first uses the fixture.
+(JUnit properties, report sections, terminal summary, files), :mod:`~pytest_neuraldbg.gate` (failing
+unhealthy tests) and :mod:`~pytest_neuraldbg.baseline` (training-health baselines). Imports no torch at import
+time, so ``pytest --help`` and xdist workers stay fast; the engine is imported when a test first uses the fixture.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from . import baseline, options, reporting, verdict
+from . import baseline, gate, options, reporting, verdict
 from .state import FIXTURE_KEY, SESSION_KEY, SessionState
 
 if TYPE_CHECKING:
@@ -53,27 +53,28 @@ def neuraldbg(request: pytest.FixtureRequest) -> Iterator[NeuralDbgFixture]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
-    """After the test body: compare its runs with its baseline (``baseline=True``), or write it when updating.
+    """After the test body: the baseline check (``baseline=True``, or writing it when updating), then the gate.
 
-    A regression fails the test here, in its call phase; a body that failed leaves the baseline alone.
+    Either fails the test here, in its call phase, so ``xfail`` sees the failure (see
+    :mod:`~pytest_neuraldbg.gate`); a body that failed keeps its own failure and leaves the baseline alone.
     """
     try:
         result = yield
     except BaseException:
         reporting.finish_baseline(item, passed=False)
         raise
-    reporting.finish_baseline(item, passed=True)
+    gate.finish(item, item.config.stash[SESSION_KEY])
     return result
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
-    """After the test body: record its watched runs, attach them to the report, apply the gate."""
+    """After the test body: attach its watched runs and baseline notes to the report, show the gate's text."""
     state = item.config.stash[SESSION_KEY]
-    recs = reporting.record_item(item, state) if call.when == "call" else []
+    recs = reporting.report_records(item, state) if call.when == "call" else []
     report = yield
-    fixture = item.stash.get(FIXTURE_KEY, None)
-    reporting.annotate(report, recs, fixture.settings if fixture is not None else state.settings)
+    gate.show(report, call)
+    reporting.annotate(report, recs)
     if call.when == "call":
         reporting.annotate_baseline(report, item)
     return report

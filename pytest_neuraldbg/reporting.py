@@ -1,4 +1,4 @@
-"""Where the verdicts go: JUnit properties, report sections, the gate, baselines, the terminal summary, files.
+"""Where the verdicts go: JUnit properties, report sections, baselines, the terminal summary, files.
 
 Per test (on the worker that ran it): each watched run becomes a plain-data record; the records ride on the
 call report as ``report.neuraldbg_runs`` and as ``item.user_properties``, both of which pytest-xdist carries
@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 
 from . import baseline, records, verdict
-from .options import Settings
-from .state import FIXTURE_KEY, SessionState
+from .state import FIXTURE_KEY, RECORDS_KEY, SessionState
 
 SECTION = "NeuralDBG training health"
 ATTRIBUTE = "neuraldbg_runs"
@@ -31,17 +30,27 @@ STALE_OUTPUT = "neuraldbg_stale"  # key of config.workeroutput: stale baselines 
 
 
 def record_item(item: pytest.Item, state: SessionState) -> list[dict[str, Any]]:
-    """The records of the runs the test watched; their verdicts are added to ``item.user_properties``."""
+    """The records of the runs the test watched; their verdicts are added to ``item.user_properties``.
+
+    Computed once after the test body (for the gate, or else for the call report) and kept on the item.
+    """
+    done = item.stash.get(RECORDS_KEY, None)
+    if done is not None:
+        return done
     fixture = item.stash.get(FIXTURE_KEY, None)
-    if fixture is None or not fixture.named_runs:
-        return []
+    runs = fixture.named_runs if fixture is not None else []
     keep_trace = state.settings.report is not None
-    recs = [
-        records.summarise(dbg, nodeid=item.nodeid, run=name, include_trace=keep_trace)
-        for name, dbg in fixture.named_runs
-    ]
+    recs = [records.summarise(dbg, nodeid=item.nodeid, run=name, include_trace=keep_trace) for name, dbg in runs]
     for rec in recs:
         item.user_properties.extend(user_properties(rec, several=len(recs) > 1))
+    item.stash[RECORDS_KEY] = recs
+    return recs
+
+
+def report_records(item: pytest.Item, state: SessionState) -> list[dict[str, Any]]:
+    """The records for the test's call report; the item forgets them, so that a rerun records afresh."""
+    recs = record_item(item, state)
+    del item.stash[RECORDS_KEY]
     return recs
 
 
@@ -72,28 +81,14 @@ def section_text(recs: Sequence[dict[str, Any]]) -> str:
     return "\n\n".join(parts)
 
 
-def gate_text(recs: Sequence[dict[str, Any]], source: str = "--neuraldbg-gate") -> str:
-    """The failure text of a test failed by the gate: verdict line first, then the explanations."""
-    bad = [h for rec in recs for h in rec["hypotheses"]]
-    first = verdict.headline(bad, "NeuralDBG gate: training is unhealthy")
-    hint = (
-        f"Failed by the NeuralDBG gate (gate=fail from {source}). For a test that trains a broken model on "
-        'purpose, use @pytest.mark.neuraldbg(gate="off").'
-    )
-    return verdict.failure_text(first, bad, [hint])
-
-
-def annotate(report: pytest.TestReport, recs: list[dict[str, Any]], settings: Settings) -> None:
-    """Attach the records to the call report, add the report section, and apply the test's gate."""
+def annotate(report: pytest.TestReport, recs: list[dict[str, Any]]) -> None:
+    """Attach the records to the call report and add the report section, unless its failure explains them."""
     if not recs:
         return
     setattr(report, ATTRIBUTE, recs)
     if not any(r["verdict"] != records.HEALTHY for r in recs):
         return
     unhealthy = [r for r in recs if r["verdict"] == records.UNHEALTHY]
-    if settings.gate == "fail" and unhealthy and report.passed and not hasattr(report, "wasxfail"):
-        report.outcome = "failed"
-        report.longrepr = gate_text(unhealthy, settings.source("gate"))
     if not (report.failed and _carries_explanations(report, unhealthy)):
         report.sections.append((SECTION, section_text(recs)))
 

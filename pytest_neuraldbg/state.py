@@ -28,3 +28,4 @@ class SessionState:
 
 SESSION_KEY = pytest.StashKey[SessionState]()
 FIXTURE_KEY: pytest.StashKey[NeuralDbgFixture] = pytest.StashKey()
+RECORDS_KEY = pytest.StashKey[list[dict[str, Any]]]()  # a test's run records, computed once after its body

@@ -40,10 +40,10 @@ def test_a_hand_written_training_loop_is_healthy(neuraldbg):
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason="deliberately broken: shows how NeuralDBG fails it")
+@pytest.mark.neuraldbg(gate="fail")  # this test is gated even without --neuraldbg-gate
 def test_a_dead_relu_layer_is_caught(neuraldbg):
     torch.manual_seed(0)
     model = build_model(broken=True)
 
-    ndbg = neuraldbg.smoke_train(model, make_data(), F.cross_entropy, steps=40)
-
-    neuraldbg.assert_healthy(ndbg)
+    neuraldbg.smoke_train(model, make_data(), F.cross_entropy, steps=40)
+    # no assertion: the gate fails a test whose watched training is unhealthy, by itself

@@ -106,3 +106,133 @@ def test_a_test_that_already_failed_keeps_its_own_failure_and_gets_the_explanati
         ]
     )
     assert "NeuralDBG gate:" not in result.stdout.str()
+
+
+def test_a_test_that_already_failed_shows_its_own_failure_in_the_summary_and_junit_before_the_explanation(
+    project: pytest.Pytester,
+) -> None:
+    project.makepyfile(
+        test_own="""
+        import models
+
+        def test_loss_goes_down(neuraldbg):
+            models.loop(neuraldbg, models.dead())
+            raise ValueError("the loss did not go down")
+        """
+    )
+    result = project.runpytest("--neuraldbg-gate=fail", "--junitxml=junit.xml")
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert text.index("E       ValueError: the loss did not go down") < text.index("NeuralDBG: training is unhealthy")
+    result.stdout.fnmatch_lines(["FAILED test_own.py::test_loss_goes_down - ValueError: the loss did not go down"])
+    failure = junit_cases(project.path / "junit.xml")["test_own::test_loss_goes_down"].find("failure")
+    assert failure is not None
+    assert failure.get("message", "") == "ValueError: the loss did not go down"
+    assert "NeuralDBG gate:" not in text
+
+
+# --- with xfail: the gate fails the test in its call phase, where xfail looks ------------------------------------
+
+XFAIL_TESTS = """
+import models
+import pytest
+
+@pytest.mark.xfail({marker})
+def test_{kind}(neuraldbg):
+    neuraldbg.smoke_train(models.{kind}(), models.data(), models.loss, steps=30)
+"""
+
+
+@pytest.mark.parametrize("marker", ["strict=True", "strict=False", "strict=True, raises=AssertionError"])
+def test_an_xfail_test_that_trains_an_unhealthy_model_and_asserts_nothing_is_xfailed_by_the_gate(
+    project: pytest.Pytester, marker: str
+) -> None:
+    project.makepyfile(test_xfail=XFAIL_TESTS.format(marker=marker, kind="dead"))
+    result = project.runpytest("--neuraldbg-gate", "-rx", "--junitxml=junit.xml")
+    result.assert_outcomes(xfailed=1)
+    result.stdout.fnmatch_lines(["1 watched runs: 1 unhealthy (gate: fail)", "XFAIL test_xfail.py::test_dead*"])
+    case = junit_cases(project.path / "junit.xml")["test_xfail::test_dead"]
+    assert case.find("failure") is None and case.find("skipped") is not None
+
+
+def test_without_the_gate_the_same_xfail_strict_test_passes_unexpectedly(project: pytest.Pytester) -> None:
+    project.makepyfile(test_xfail=XFAIL_TESTS.format(marker="strict=True", kind="dead"))
+    for args in [("--neuraldbg-gate=warn",), ("--neuraldbg-gate=off",)]:
+        result = project.runpytest(*args)
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines(["FAILED test_xfail.py::test_dead - *XPASS(strict)*"])
+
+
+def test_an_xfail_strict_test_whose_training_is_healthy_passes_unexpectedly_under_the_gate(
+    project: pytest.Pytester,
+) -> None:
+    project.makepyfile(test_xfail=XFAIL_TESTS.format(marker="strict=True", kind="healthy"))
+    result = project.runpytest("--neuraldbg-gate")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["FAILED test_xfail.py::test_healthy - *XPASS(strict)*"])
+    assert "NeuralDBG gate:" not in result.stdout.str()
+
+
+# --- with a baseline: one failure, both verdict lines first --------------------------------------------------
+
+BASELINE_TEST = """
+import os
+
+import models
+import pytest
+
+@pytest.mark.neuraldbg(baseline=True)
+def test_marked(neuraldbg):
+    model = models.dead() if os.environ.get("DEAD") else models.healthy()
+    neuraldbg.smoke_train(model, models.data(), models.loss, steps=20)
+"""
+
+
+def test_a_baseline_regression_and_the_gate_fail_the_test_once_with_both_verdict_lines_first(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project.makepyfile(test_both=BASELINE_TEST)
+    project.runpytest("--neuraldbg-update-baselines").assert_outcomes(passed=1)
+    monkeypatch.setenv("DEAD", "1")
+    result = project.runpytest("--neuraldbg-gate", "--junitxml=junit.xml")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_marked _*",
+            "NeuralDBG gate: training is unhealthy - dead_neurons at '3' from step 0 (confidence *)",
+            "NeuralDBG baseline regression: new failure dead_neurons at '3'; +* more",
+            "",
+            "Failed by the NeuralDBG gate (gate=fail from --neuraldbg-gate).*",
+            "",
+            "Baseline: __neuraldbg__/test_both/test_marked.json",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "NeuralDBG's diagnosis: training is unhealthy - dead_neurons at '3' from step 0 (confidence *)",
+            "Dead neurons in '3' (ReLU)*",
+        ]
+    )
+    text = result.stdout.str()
+    assert text.count("Dead neurons in '3' (ReLU)") == 1  # explained once, by the baseline's diagnosis
+    assert "- NeuralDBG training health -" not in text  # the failure explains the run: no extra section
+    result.stdout.fnmatch_lines(["baselines: 1 regressed", "FAILED test_both.py::test_marked - NeuralDBG gate: *"])
+    failure = junit_cases(project.path / "junit.xml")["test_both::test_marked"].find("failure")
+    assert failure is not None
+    gate_line, baseline_line = failure.get("message", "").splitlines()[:2]
+    assert gate_line.startswith("NeuralDBG gate: training is unhealthy - dead_neurons at '3'")
+    assert baseline_line.startswith("NeuralDBG baseline regression: new failure dead_neurons at '3'")
+
+
+def test_a_baseline_failure_of_a_healthy_run_is_the_tests_only_failure_under_the_gate(
+    project: pytest.Pytester,
+) -> None:
+    project.makepyfile(test_both=BASELINE_TEST)
+    project.runpytest("--neuraldbg-update-baselines").assert_outcomes(passed=1)
+    project.path.joinpath("__neuraldbg__/test_both/test_marked.json").write_text("not json")
+    result = project.runpytest("--neuraldbg-gate")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["NeuralDBG baseline __neuraldbg__/test_both/test_marked.json is not valid JSON: *", "FAILED *"]
+    )
+    assert "NeuralDBG gate:" not in result.stdout.str()
