@@ -197,6 +197,7 @@ class Recorder:
         self._head_param: nn.Parameter | None = None
         self._raw_grads: list[Tensor] | None = None  # norms at the end of backward (fully observed steps)
         self._autocast = False
+        self._clip_seen = False
         self._probe_mean = 0.0
         self._probe_count = 0
         self._head_name: str | None = None
@@ -345,7 +346,7 @@ class Recorder:
                 value = stats.cpu_norm(grad)
                 self._pending.data.target_grad = _merge_max(self._pending.data.target_grad, value)
             self._backward_seen = True
-            wanted = self.mode is not StepMode.OPTIMIZER or self._full  # full: read the gradients before clipping
+            wanted = self.mode is not StepMode.OPTIMIZER or (self._full and self._look_for_clipping())
             if wanted and not hooks.at_backward_end(self._on_backward_end):
                 self.warn_once("callback", "NeuralDBG: backward-end callbacks are unavailable")
         except Exception as exc:
@@ -396,6 +397,12 @@ class Recorder:
             self._pending.put("out_grad", key, stats.norms([grad])[0])
         except Exception as exc:
             self._fail(f"the gradient hook of layer {key[0]!r}", exc)
+
+    def _look_for_clipping(self) -> bool:
+        """Whether this fully observed step also reads the gradients before the optimizer sees them: always once
+        clipping was seen, otherwise in the first steps and every 16th step (a check costs a pass over every
+        gradient, which a run without clipping need not pay on every step of the "full" preset)."""
+        return self._clip_seen or self.step < 16 or self.step % 16 == 0
 
     def _on_backward_end(self) -> None:
         """Under an optimizer, on a fully observed step: the gradient norms as the backward pass left them, to
@@ -517,6 +524,7 @@ class Recorder:
         values, raw_values = values[: len(grads)], values[len(grads) :]
         data = pending.data
         data.grad_clip_factor = _clip_factor(values, raw_values)
+        self._clip_seen |= data.grad_clip_factor is not None
         for (name, _, g), value in zip(with_grad, values):
             data.grad_numel[name] = g.numel()
             if value == 0.0 or not math.isfinite(value):
