@@ -8,7 +8,7 @@ steps: one plain, one per preset under NeuralDbg. A debugger is attached for its
 hook is global, so the other copies would otherwise pay for it) and its run continues from block to block. The
 first ``--warmup`` steps are not timed, so the figures are the steady-state cost per step; the dense observation
 of the first steps, which a short smoke test pays, is reported separately as "first 50 steps". The ratio is the
-median block time of the watched copy over the median of the plain copy.
+median, over rounds, of a watched block's time over the plain block of the same round.
 
 Memory: a model whose ReLU layer flips between dead and alive every few steps runs for 2k and 20k steps; the
 number of stored events, of history points, and the process RSS must not grow with the number of steps.
@@ -139,15 +139,23 @@ def measure(case: Case, warmup: int, rounds: int) -> dict[str, float]:
         r.run(batches, 0, warmup)
     times: dict[str, list[float]] = {name: [] for name in runners}
     step = warmup
-    for _ in range(rounds):
-        for name, r in runners.items():
-            times[name].append(r.run(batches, step, case.block))
+    names = list(runners)
+    for round_ in range(rounds):
+        shift = round_ % len(names)  # rotate who goes first: no copy always follows the same one
+        for name in names[shift:] + names[:shift]:
+            times[name].append(runners[name].run(batches, step, case.block))
         step += case.block
     for r in runners.values():
         r.close()
-    plain = statistics.median(times["plain"])
-    result = {name: statistics.median(t) / plain for name, t in times.items() if name != "plain"}
-    result["plain_ms"] = plain * 1e3
+    # each round's watched block over the plain block run just before it: pairs see the same machine state,
+    # and the median of the pairs resists the drift a shared machine has between rounds
+    plain = times["plain"]
+    result = {
+        name: statistics.median(t / p for t, p in zip(ts, plain, strict=True))
+        for name, ts in times.items()
+        if name != "plain"
+    }
+    result["plain_ms"] = statistics.median(plain) * 1e3
     result["first50"] = first_steps(case, state, batches, runners["plain"])
     return result
 
@@ -205,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    rounds, warmup = (6, 40) if args.quick else (30, 300)
+    rounds, warmup = (6, 40) if args.quick else (40, 300)
     python = sys.version.split()[0]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, python {python}")
     print()
