@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 import torch
+from scenario_checks import assert_deterministic, assert_well_formed
 
 from benchmarks.evidence import check
 from benchmarks.holdout_evidence import EXTRAS, FUNCTIONAL, Measured, evaluate, measure_holdout
@@ -16,7 +17,6 @@ from benchmarks.scenarios import SCENARIOS as CALIBRATION
 from benchmarks.scenarios.base import KINDS, GroundTruth, Scenario
 from benchmarks.scenarios.holdout import SCENARIOS
 
-ARCHS = {"tiny", "mlp", "cnn", "resnet", "rnn", "transformer"}
 BY_NAME = {s.name: s for s in SCENARIOS}
 SLOW = {  # more than ~0.5 s to measure on one thread
     "holdout_dead_vgg_negative_bias_block",
@@ -104,34 +104,13 @@ def test_the_slow_marks_and_evidence_tables_name_real_scenarios() -> None:
 
 @pytest.mark.parametrize("scenario", _params(SCENARIOS))
 def test_ground_truth_is_well_formed(scenario: Scenario) -> None:
-    t = scenario.truth
-    assert scenario.arch in ARCHS
-    assert not (t.kinds & t.may_also)
-    assert scenario.description.endswith(".") and scenario.description.count(". ") <= 1
-    assert t.evidence
-    run = scenario.build()
-    modules = dict(run.model.named_modules())
-    if t.healthy:
-        assert t.root_layers is None and t.onset is None and not t.may_also
-    if t.root_layers is not None:
-        assert t.root_layers, "an empty root set accepts nothing"
-        assert t.root_layers <= modules.keys(), f"unknown root layers {sorted(t.root_layers - modules.keys())}"
-    if t.onset is not None:
-        assert 0 <= t.onset[0] <= t.onset[1] < run.steps
+    assert_well_formed(scenario)
+    assert scenario.truth.evidence
 
 
 @pytest.mark.parametrize("scenario", _params(SCENARIOS))
 def test_build_is_deterministic(scenario: Scenario) -> None:
-    first, second = scenario.build(), scenario.build()
-    for step in (0, first.steps - 1):
-        (x1, y1), (x2, y2) = first.batch(step), second.batch(step)
-        assert torch.equal(x1, x2)
-        assert torch.equal(y1, y2) or torch.allclose(y1, y2, rtol=0.0, atol=0.0, equal_nan=True)
-    x_again, _ = first.batch(0)  # the same after other steps were drawn: batches depend on the step alone
-    assert torch.equal(x_again, second.batch(0)[0])
-    state1, state2 = first.model.state_dict(), second.model.state_dict()
-    assert state1.keys() == state2.keys()
-    assert all(torch.equal(state1[k], state2[k]) for k in state1)
+    assert_deterministic(scenario)
 
 
 @pytest.mark.parametrize("scenario", _params(SCENARIOS))

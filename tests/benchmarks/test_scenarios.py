@@ -8,13 +8,13 @@ import functools
 
 import pytest
 import torch
+from scenario_checks import assert_deterministic, assert_well_formed
 from torch import nn
 
 from benchmarks.evidence import Evidence, check, inactive_units, measure, saturated_fraction
 from benchmarks.scenarios import KINDS, SCENARIOS, get
 from benchmarks.scenarios.base import GroundTruth, Scenario
 
-ARCHS = {"tiny", "mlp", "cnn", "resnet", "rnn", "transformer"}
 SLOW = {
     "healthy_deep_residual_layernorm",
     "healthy_adam_lr_3e-5_wide",
@@ -81,33 +81,12 @@ def test_the_slow_marks_name_real_scenarios() -> None:
 
 @pytest.mark.parametrize("scenario", _params(SCENARIOS))
 def test_ground_truth_is_well_formed(scenario: Scenario) -> None:
-    t = scenario.truth
-    assert scenario.arch in ARCHS
-    assert not (t.kinds & t.may_also)
-    assert scenario.description.endswith(".") and scenario.description.count(". ") <= 1
-    run = scenario.build()
-    modules = dict(run.model.named_modules())
-    if t.healthy:
-        assert t.root_layers is None and t.onset is None and not t.may_also
-    if t.root_layers is not None:
-        assert t.root_layers, "an empty root set accepts nothing"
-        assert t.root_layers <= modules.keys(), f"unknown root layers {sorted(t.root_layers - modules.keys())}"
-    if t.onset is not None:
-        assert 0 <= t.onset[0] <= t.onset[1] < run.steps
+    assert_well_formed(scenario)
 
 
 @pytest.mark.parametrize("scenario", _params(SCENARIOS))
 def test_build_is_deterministic(scenario: Scenario) -> None:
-    first, second = scenario.build(), scenario.build()
-    last = first.steps - 1
-    for step in (0, last):
-        (x1, y1), (x2, y2) = first.batch(step), second.batch(step)
-        assert torch.equal(x1, x2) and torch.equal(y1, y2)
-    x_again, _ = first.batch(0)  # the same after other steps were drawn: batches depend on the step alone
-    assert torch.equal(x_again, second.batch(0)[0])
-    state1, state2 = first.model.state_dict(), second.model.state_dict()
-    assert state1.keys() == state2.keys()
-    assert all(torch.equal(state1[k], state2[k]) for k in state1)
+    assert_deterministic(scenario)
 
 
 @pytest.mark.parametrize("scenario", _params(SCENARIOS))
