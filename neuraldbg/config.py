@@ -98,14 +98,6 @@ class DebugConfig:
         _reject_unknown(changes, "DebugConfig.replace()")
         return dataclasses.replace(self, **changes)
 
-    @property
-    def preset_name(self) -> str | None:
-        """The preset this config equals, if any."""
-        for name, preset in PRESETS.items():
-            if preset == self:
-                return name
-        return None
-
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -184,7 +176,9 @@ def make_config(
     else:
         base = PRESETS["default"]
     if isinstance(config, DebugConfig):
-        base = config if preset is None else base
+        if preset is not None:
+            raise ConfigError(f"{where}: give a DebugConfig or a preset, not both (got preset={preset!r})")
+        base = config
     elif config is not None:
         if not isinstance(config, Mapping):
             raise ConfigError(f"{where}: config must be a DebugConfig or a mapping, got {type(config).__name__}")

@@ -446,3 +446,8 @@ def test_the_device_path_gives_the_same_diagnosis_as_the_cpu_fast_path(bad_step)
     fast, device = results
     assert fast == device
     assert fast == ([] if bad_step is None else [(FailureKind.NON_FINITE, "", 23)])
+
+
+def test_a_config_and_a_preset_together_are_refused():
+    with pytest.raises(ConfigError, match=r"not both.*preset='full'"):
+        NeuralDbg(support.mlp(), neuraldbg.DebugConfig(), preset="full")

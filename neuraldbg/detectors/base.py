@@ -77,10 +77,6 @@ class Context:
         pos = self._index.get(key)
         return pos is not None and pos < self._last_parametric
 
-    def layer_position(self, layer: str) -> int:
-        """Forward position of a layer's first call; layers never seen in forward go last."""
-        return self.position((layer, 0))
-
 
 @dataclass(frozen=True)
 class LayerGradient:
@@ -159,9 +155,6 @@ class Detector:
     def observe(self, view: StepView) -> Observation | None:
         """Findings at one step, or None when this step carries nothing this detector reads."""
         raise NotImplementedError
-
-    def reset(self) -> None:
-        """Forget any state (a new run on the same detector instance)."""
 
 
 def strength(value: float, threshold: float, decades: float = 3.0, above: bool = False) -> float:

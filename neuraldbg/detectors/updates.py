@@ -36,9 +36,6 @@ class UpdateDetector(Detector):
     def __init__(self) -> None:
         self._first_loss_gradient: float | None = None
 
-    def reset(self) -> None:
-        self._first_loss_gradient = None
-
     def _converged(self, view: StepView) -> bool:
         """The loss's gradient w.r.t. the output fell below 1% of its first value: a fit, not a stall."""
         tg = view.data.target_grad
