@@ -17,7 +17,7 @@ from .errors import NeuralDbgWarning
 from .events import SemanticEvent
 from .history import History
 from .layers import LayerInfo, Role, owner_of_params
-from .recorder import SlotKey, StepData
+from .stepdata import SlotKey, StepData
 from .tracker import Tracker
 
 

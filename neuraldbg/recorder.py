@@ -11,11 +11,12 @@ provisionally a step; if an optimizer then steps, those provisional steps are fo
 micro-batches of gradient accumulation). If no optimizer ever steps, a step is one backward pass. Calling
 ``step()`` switches to manual counting. Forward passes under ``torch.no_grad()`` or in eval mode are ignored.
 
-Cost. Every step: one dictionary store per layer output; at the start of the backward pass, the norms of the
-input, the output and the loss gradient (on a GPU, of every layer output, batched); the learning rates. Fully
-observed steps (see :mod:`neuraldbg.schedule`) add every layer output's norm, parameter-gradient norms, per-unit
-activity of ReLU-family outputs, saturation of bounded outputs, gradients w.r.t. layer outputs and parameter
-updates.
+Cost. Every step: one list append per layer output; on a CPU, the norm of the model's output when the forward
+pass ends (every layer's output only when it is non-finite) and one element of the head layer's gradient at the
+optimizer step; on a GPU, every layer output's norm, batched, read at the flush; the learning rates. Fully
+observed steps (see :mod:`neuraldbg.schedule`) add every layer output's norm, the loss gradient, parameter-gradient
+norms (also before clipping, where clipping may happen), per-unit activity of ReLU-family outputs, saturation of
+bounded outputs and parameter updates.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import math
 import warnings
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from enum import Enum
 from functools import partial
 from typing import Any
@@ -38,8 +38,7 @@ from .config import DebugConfig
 from .errors import NeuralDbgWarning
 from .layers import LayerInfo, Role
 from .schedule import Schedule
-
-SlotKey = tuple[str, int]  # (qualified layer name, call index within one forward pass)
+from .stepdata import Pending, SlotKey, StepData, assign, merge_max
 
 #: Provisional (per-backward) steps held before concluding that no optimizer will step.
 _PROVISIONAL_LIMIT = 64
@@ -54,93 +53,6 @@ class StepMode(str, Enum):
     MANUAL = "manual"
 
 
-@dataclass(slots=True)
-class StepData:
-    """Host-side statistics of one observed step. Dictionaries are empty for what was not measured."""
-
-    step: int
-    full: bool
-    act: dict[SlotKey, float] = field(default_factory=dict)  # L2 norm of each layer's output
-    numel: dict[SlotKey, int] = field(default_factory=dict)
-    input_norm: float | None = None
-    input_numel: int = 0
-    output_norm: float | None = None
-    output_numel: int = 0
-    target_grad: float | None = None  # norm of d(loss)/d(model output): falls as the fit improves
-    head_grad: float | None = None  # gradient norm of the last parametric layer (fully observed steps)
-    head_finite: bool | None = None  # its gradient's first element is finite: on cheap steps, the loss was
-    grad_clip_factor: float | None = None  # total gradient norm after backward / at the optimizer step, when > 1
-    loss: float | None = None
-    dead: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # (dead units, units)
-    func_dead: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # never positive, zero grad
-    saturated: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # (saturated, elements)
-    out_grad: dict[SlotKey, float] = field(default_factory=dict)  # norm of d(loss)/d(layer output)
-    grad: dict[str, float] = field(default_factory=dict)  # parameter -> gradient norm
-    grad_numel: dict[str, int] = field(default_factory=dict)
-    grad_exact_zero: set[str] = field(default_factory=set)
-    grad_nonfinite: set[str] = field(default_factory=set)  # has inf/NaN elements (not a norm overflow)
-    update: dict[str, tuple[float, float]] = field(default_factory=dict)  # parameter -> (||dW||, ||W||)
-    update_parts: dict[str, list[float]] = field(default_factory=dict, repr=False)  # readings being assembled
-    stepped: dict[str, float] = field(default_factory=dict)  # parameter -> lr of the group that stepped it
-    lr_changed: bool = False
-
-
-class _Pending:
-    """One step being collected: host fields, plus device tensors to move in the next flush."""
-
-    __slots__ = ("data", "targets", "tensors")
-
-    def __init__(self, step: int, full: bool) -> None:
-        self.data = StepData(step, full)
-        self.tensors: list[Tensor] = []
-        self.targets: list[tuple[str, Any, float]] = []
-
-    def put(self, target: str, key: Any, tensor: Tensor, extra: float = 0) -> None:
-        self.targets.append((target, key, extra))
-        self.tensors.append(tensor)
-
-
-def _merge_max(old: float | None, new: float) -> float:
-    """Keep the worst of two readings of one step (gradient accumulation); NaN wins."""
-    if old is None:
-        return new
-    if math.isnan(old) or math.isnan(new):
-        return math.nan
-    return max(old, new)
-
-
-def _assign(data: StepData, target: str, key: Any, extra: float, value: float) -> None:
-    if target == "act":
-        data.act[key] = _merge_max(data.act.get(key), value)
-    elif target == "input":
-        data.input_norm = _merge_max(data.input_norm, value)
-    elif target == "output":
-        data.output_norm = _merge_max(data.output_norm, value)
-    elif target == "target_grad":
-        data.target_grad = _merge_max(data.target_grad, value)
-    elif target == "loss":
-        data.loss = value
-    elif target == "dead":
-        data.dead[key] = (value, int(extra))
-    elif target == "func_dead":
-        data.func_dead[key] = (value, int(extra))
-    elif target == "saturated":
-        data.saturated[key] = (value, int(extra))
-    elif target == "out_grad":
-        data.out_grad[key] = _merge_max(data.out_grad.get(key), value)
-    elif target in ("delta", "weight", "before"):  # one snapshot reading: delta, weight, then before
-        parts = data.update_parts.setdefault(key, [])
-        parts.append(value)
-        if target == "delta":
-            parts.append(extra)  # the sample's scale
-        if target == "before":
-            delta, scale, after, before = parts
-            data.update[key] = (stats.update_norm(delta, scale, after, before), after)
-            del data.update_parts[key]
-    else:  # pragma: no cover - a programming error, not a user error
-        raise KeyError(target)
-
-
 class Recorder:
     """Collects statistics of one model's training steps. See the module docstring."""
 
@@ -152,7 +64,6 @@ class Recorder:
         sink: Callable[[list[StepData]], bool | None],
         order: list[SlotKey] | None = None,
     ) -> None:
-        self._model = weakref.ref(model)
         self._infos = infos
         self._config = config
         self._sink = sink
@@ -172,9 +83,9 @@ class Recorder:
         self._next_role: dict[SlotKey, Role] = {}
         self._order_seen = 0
         self._order_known = False  # the forward order is complete (what comes after a layer is known)
-        self._pending = _Pending(0, self._schedule.is_full(0))
+        self._pending = Pending(0, self._schedule.is_full(0))
         self._full = self._pending.data.full  # the step in progress is fully observed
-        self._buffer: list[_Pending] = []
+        self._buffer: list[Pending] = []
         self._provisional = 0
         self._in_forward = False
         self._calls: dict[str, int] = {}
@@ -344,7 +255,7 @@ class Recorder:
                 self._put_all_norms(grad)
             else:  # cheap CPU step, already checked at the end of the forward pass
                 value = stats.cpu_norm(grad)
-                self._pending.data.target_grad = _merge_max(self._pending.data.target_grad, value)
+                self._pending.data.target_grad = merge_max(self._pending.data.target_grad, value)
             self._backward_seen = True
             wanted = self.mode is not StepMode.OPTIMIZER or (self._full and self._look_for_clipping())
             if wanted and not hooks.at_backward_end(self._on_backward_end):
@@ -374,14 +285,14 @@ class Recorder:
         measured each step instead: the reductions are cheap there, and values are read only at the flush.)"""
         data = self._pending.data
         value = stats.cpu_norm(output)
-        data.output_norm = _merge_max(data.output_norm, value)
+        data.output_norm = merge_max(data.output_norm, value)
         if not math.isfinite(value):  # a non-finite input shows in the output: now find where it started
             if self._input is not None:
-                data.input_norm = _merge_max(data.input_norm, stats.cpu_norm(self._input))
+                data.input_norm = merge_max(data.input_norm, stats.cpu_norm(self._input))
             refs = self._layer_refs()
             if refs:
                 for key, norm in zip(refs, stats.to_host(stats.norms(list(refs.values())))):
-                    data.act[key] = _merge_max(data.act.get(key), norm)
+                    data.act[key] = merge_max(data.act.get(key), norm)
         self._release()
 
     def _release(self) -> None:
@@ -608,7 +519,7 @@ class Recorder:
         if not self._provisional:
             return
         first = self._buffer[0].data.step if self._buffer else self._pending.data.step
-        merged = _Pending(first, self._buffer[0].data.full if self._buffer else self._pending.data.full)
+        merged = Pending(first, self._buffer[0].data.full if self._buffer else self._pending.data.full)
         for part in [*self._buffer, self._pending]:
             merged.tensors.extend(part.tensors)
             merged.targets.extend(part.targets)
@@ -634,7 +545,7 @@ class Recorder:
         finished = self._pending
         self._buffer.append(finished)
         self.step += 1
-        self._pending = _Pending(self.step, self._schedule.is_full(self.step))
+        self._pending = Pending(self.step, self._schedule.is_full(self.step))
         self._full = self._pending.data.full
         self._backward_seen = False
         self._optimizer_stepped = False
@@ -655,7 +566,7 @@ class Recorder:
         i = 0
         for part in buffer:
             for (target, key, extra), value in zip(part.targets, values[i : i + len(part.tensors)]):
-                _assign(part.data, target, key, extra, value)
+                assign(part.data, target, key, extra, value)
             i += len(part.tensors)
         records = [p.data for p in buffer]
         suspicious = False

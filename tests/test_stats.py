@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from neuraldbg import NeuralDbg, stats
-from neuraldbg.recorder import StepData
+from neuraldbg.stepdata import StepData
 
 
 def test_norms_match_vector_norm_for_every_dtype_and_mixed_lists():

@@ -15,7 +15,7 @@ from functools import cached_property
 from ..config import DebugConfig
 from ..events import EventType, FailureKind
 from ..layers import LayerInfo
-from ..recorder import SlotKey, StepData
+from ..stepdata import SlotKey, StepData
 
 #: What the tracker follows over time: (detector, event type, layer, param, call).
 TrackKey = tuple[str, EventType, str, "str | None", int]

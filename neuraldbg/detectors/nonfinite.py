@@ -11,7 +11,7 @@ import math
 
 from ..events import EventType, FailureKind
 from ..health import ActivationHealth
-from ..recorder import StepData
+from ..stepdata import StepData
 from .base import Detector, Finding, Observation, StepView
 
 _STATE = ActivationHealth.NON_FINITE.value

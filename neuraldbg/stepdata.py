@@ -1,0 +1,104 @@
+"""One observed step's statistics, as device tensors while it is collected and host floats once flushed.
+
+:class:`StepData` is what the detectors read; :class:`Pending` holds a step being collected (host fields, plus
+0-d device tensors and where each goes), and :func:`assign` files a flushed value into its field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from . import stats
+
+SlotKey = tuple[str, int]  # (qualified layer name, call index within one forward pass)
+
+
+@dataclass(slots=True)
+class StepData:
+    """Host-side statistics of one observed step. Dictionaries are empty for what was not measured."""
+
+    step: int
+    full: bool
+    act: dict[SlotKey, float] = field(default_factory=dict)  # L2 norm of each layer's output
+    numel: dict[SlotKey, int] = field(default_factory=dict)
+    input_norm: float | None = None
+    input_numel: int = 0
+    output_norm: float | None = None
+    output_numel: int = 0
+    target_grad: float | None = None  # norm of d(loss)/d(model output): falls as the fit improves
+    head_grad: float | None = None  # gradient norm of the last parametric layer (fully observed steps)
+    head_finite: bool | None = None  # its gradient's first element is finite: on cheap steps, the loss was
+    grad_clip_factor: float | None = None  # total gradient norm after backward / at the optimizer step, when > 1
+    loss: float | None = None
+    dead: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # (dead units, units)
+    func_dead: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # never positive, zero grad
+    saturated: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # (saturated, elements)
+    out_grad: dict[SlotKey, float] = field(default_factory=dict)  # norm of d(loss)/d(layer output)
+    grad: dict[str, float] = field(default_factory=dict)  # parameter -> gradient norm
+    grad_numel: dict[str, int] = field(default_factory=dict)
+    grad_exact_zero: set[str] = field(default_factory=set)
+    grad_nonfinite: set[str] = field(default_factory=set)  # has inf/NaN elements (not a norm overflow)
+    update: dict[str, tuple[float, float]] = field(default_factory=dict)  # parameter -> (||dW||, ||W||)
+    update_parts: dict[str, list[float]] = field(default_factory=dict, repr=False)  # readings being assembled
+    stepped: dict[str, float] = field(default_factory=dict)  # parameter -> lr of the group that stepped it
+    lr_changed: bool = False
+
+
+class Pending:
+    """One step being collected: host fields, plus device tensors to move in the next flush."""
+
+    __slots__ = ("data", "targets", "tensors")
+
+    def __init__(self, step: int, full: bool) -> None:
+        self.data = StepData(step, full)
+        self.tensors: list[Tensor] = []
+        self.targets: list[tuple[str, Any, float]] = []
+
+    def put(self, target: str, key: Any, tensor: Tensor, extra: float = 0) -> None:
+        self.targets.append((target, key, extra))
+        self.tensors.append(tensor)
+
+
+def merge_max(old: float | None, new: float) -> float:
+    """Keep the worst of two readings of one step (gradient accumulation); NaN wins."""
+    if old is None:
+        return new
+    if math.isnan(old) or math.isnan(new):
+        return math.nan
+    return max(old, new)
+
+
+def assign(data: StepData, target: str, key: Any, extra: float, value: float) -> None:
+    if target == "act":
+        data.act[key] = merge_max(data.act.get(key), value)
+    elif target == "input":
+        data.input_norm = merge_max(data.input_norm, value)
+    elif target == "output":
+        data.output_norm = merge_max(data.output_norm, value)
+    elif target == "target_grad":
+        data.target_grad = merge_max(data.target_grad, value)
+    elif target == "loss":
+        data.loss = value
+    elif target == "dead":
+        data.dead[key] = (value, int(extra))
+    elif target == "func_dead":
+        data.func_dead[key] = (value, int(extra))
+    elif target == "saturated":
+        data.saturated[key] = (value, int(extra))
+    elif target == "out_grad":
+        data.out_grad[key] = merge_max(data.out_grad.get(key), value)
+    elif target in ("delta", "weight", "before"):  # one snapshot reading: delta, weight, then before
+        parts = data.update_parts.setdefault(key, [])
+        parts.append(value)
+        if target == "delta":
+            parts.append(extra)  # the sample's scale
+        if target == "before":
+            delta, scale, after, before = parts
+            data.update[key] = (stats.update_norm(delta, scale, after, before), after)
+            del data.update_parts[key]
+    else:  # pragma: no cover - a programming error, not a user error
+        raise KeyError(target)
