@@ -16,7 +16,7 @@ from .detectors.nonfinite import NonFiniteDetector
 from .errors import NeuralDbgWarning
 from .events import SemanticEvent
 from .history import History
-from .layers import LayerInfo, Role, owner_of_params
+from .layers import LayerInfo, owner_of_params
 from .stepdata import SlotKey, StepData
 from .tracker import Tracker
 
@@ -38,7 +38,6 @@ class Analyzer:
         self.steps_observed = 0
         self.full_steps = 0
         self.last_step = -1
-        self.first_non_finite_step: int | None = None
 
     def consume(self, records: Sequence[StepData]) -> bool:
         """Analyse committed steps; True when a new abnormal state began (worth observing densely)."""
@@ -119,6 +118,3 @@ class Analyzer:
                 seen.append(layer)
         rest = [n for n, info in self.ctx.infos.items() if n not in names and (n or info.numel)]
         return seen + rest
-
-    def roles(self) -> dict[str, Role]:
-        return {name: info.role for name, info in self.ctx.infos.items()}
