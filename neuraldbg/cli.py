@@ -16,7 +16,7 @@ EXIT_HEALTHY, EXIT_FAILURES, EXIT_USAGE = 0, 1, 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .debugger import __version__
+    from . import __version__
 
     parser = argparse.ArgumentParser(
         prog="neuraldbg", description="Explain why a PyTorch training run fails: root cause, chain and fix."

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import hooks, plugins
+from . import __version__, hooks, plugins
 from .analysis import Analyzer
 from .config import DebugConfig, make_config
 from .diagnosis import Diagnosis
@@ -34,8 +34,6 @@ from .events import SemanticEvent
 from .layers import LayerInfo, describe, watched_modules
 from .reasoning import CausalRule, Topology
 from .recorder import Recorder
-
-__version__ = "0.1.0"
 
 
 class NeuralDbg(Diagnosis):

@@ -20,9 +20,21 @@ class FailureKind(str, Enum):
     NON_FINITE = "non_finite"
     FROZEN_PARAMETERS = "frozen_parameters"
     STALLED_UPDATES = "stalled_updates"
+    # Run-level findings: the run was not observed well enough, or could not learn, whatever its layers did.
+    # A verdict of "healthy" needs evidence; these say what evidence is missing (events of type RUN, layer "").
+    NO_TRAINING_OBSERVED = "no_training_observed"  # no training step happened under the debugger
+    NO_GRADIENT = "no_gradient"  # steps were taken, but no gradient ever reached a trainable parameter
+    EVAL_MODE_TRAINING = "eval_mode_training"  # the model trained in eval mode (dropout off, batch norm frozen)
+    DEGENERATE_LOSS = "degenerate_loss"  # the loss gives exactly zero gradient: nothing can be learned
+    INCOMPLETE_OBSERVATION = "incomplete_observation"  # the debugger stopped observing, or skipped a part
 
     def __str__(self) -> str:
         return self.value
+
+    @property
+    def run_level(self) -> bool:
+        """Whether this kind is about the run as a whole (what was observed) rather than a layer's health."""
+        return self in RUN_LEVEL_KINDS
 
 
 class EventType(str, Enum):
@@ -33,6 +45,7 @@ class EventType(str, Enum):
     UPDATE = "update"  # what the optimizer did to a layer's parameters (to_state: an UpdateHealth value)
     INPUT = "input"  # the batch fed to the model (layer "")
     LOSS = "loss"  # the loss, when observed with ``observe_loss`` (layer "")
+    RUN = "run"  # the run as a whole: what was observed of it (layer ""; kind: a run-level FailureKind)
 
     def __str__(self) -> str:
         return self.value
@@ -46,7 +59,8 @@ class SemanticEvent:
     whole: its input, its loss, or a global property such as the learning rate). ``param`` is the qualified
     parameter name (``model.named_parameters()``) when the event concerns one parameter. ``from_state`` is
     ``None`` when the state was present from the layer's first observed step. ``metrics`` carries the numbers
-    that show the state (all floats); ``confidence`` is in [0, 1].
+    that show the state (all floats); ``confidence`` is in [0, 1]; ``detail`` holds words the numbers cannot carry
+    (e.g. which hook of the debugger failed, and with what), empty for most events.
     """
 
     event_type: EventType
@@ -59,6 +73,7 @@ class SemanticEvent:
     to_state: str
     metrics: dict[str, float] = field(default_factory=dict)
     confidence: float = 1.0
+    detail: str = ""  # words the numbers cannot carry (run-level events: what stopped the observation)
 
     @property
     def steps(self) -> int:
@@ -80,3 +95,15 @@ class SemanticEvent:
     def __str__(self) -> str:
         origin = self.from_state or "initial"
         return f"{self.event_type.value} {origin} -> {self.to_state} at {self.where}, {self.step_range()}"
+
+
+#: The failure kinds about the run as a whole (see :attr:`FailureKind.run_level`).
+RUN_LEVEL_KINDS = frozenset(
+    {
+        FailureKind.NO_TRAINING_OBSERVED,
+        FailureKind.NO_GRADIENT,
+        FailureKind.EVAL_MODE_TRAINING,
+        FailureKind.DEGENERATE_LOSS,
+        FailureKind.INCOMPLETE_OBSERVATION,
+    }
+)

@@ -41,6 +41,7 @@ def event_to_dict(e: SemanticEvent) -> dict[str, Any]:
         "to_state": e.to_state,
         "metrics": {k: encode_float(v) for k, v in e.metrics.items()},
         "confidence": e.confidence,
+        **({"detail": e.detail} if e.detail else {}),
     }
 
 
@@ -169,6 +170,7 @@ class _Reader:
             to_state=self.get(raw, "to_state", str, where),
             metrics={str(k): self.number(v, f"{where}.metrics.{k}") for k, v in metrics_raw.items()},
             confidence=self.get(raw, "confidence", float, where),
+            detail=self.get(raw, "detail", str, where, optional=True) or "",
         )
 
 
