@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .config import DebugConfig
+from .coverage import Coverage
 from .detectors.base import Context, Detector, StepView
 from .detectors.nonfinite import NonFiniteDetector
 from .errors import NeuralDbgWarning
@@ -38,6 +40,15 @@ class Analyzer:
         self.steps_observed = 0
         self.full_steps = 0
         self.last_step = -1
+        self.coverage = Coverage()
+        self._facts: Callable[[], dict[str, Any]] = dict
+        self._events_key: tuple[Any, ...] | None = None
+        self._events: list[SemanticEvent] = []
+
+    def watch_coverage(self, coverage: Coverage, facts: Callable[[], dict[str, Any]]) -> None:
+        """Count each analysed step into ``coverage``; ``facts()`` gives the recorder's counts for its events."""
+        self.coverage = coverage
+        self._facts = facts
 
     def consume(self, records: Sequence[StepData]) -> bool:
         """Analyse committed steps; True when a new abnormal state began (worth observing densely)."""
@@ -73,6 +84,7 @@ class Analyzer:
         return self.tracker.started > started
 
     def _count(self, record: StepData) -> None:
+        self.coverage.observe(record)
         self.steps_observed += 1
         self.full_steps += record.full
         self.last_step = max(self.last_step, record.step)
@@ -106,7 +118,14 @@ class Analyzer:
                 add("output_grad_norm", key[0], step, norm)
 
     def events(self, final: bool = False) -> list[SemanticEvent]:
-        return self.tracker.events(final)
+        """The tracker's events and the run-level findings, by onset; the same list until something changes."""
+        base = self.tracker.events(final)
+        run = self.coverage.events(**self._facts())
+        key = (base, *((e.kind, e.step_start, e.step_end, e.detail, *e.metrics.values()) for e in run))
+        if self._events_key is None or key[0] is not self._events_key[0] or key[1:] != self._events_key[1:]:
+            self._events_key = key
+            self._events = sorted([*base, *run], key=lambda e: (e.step_start, e.step_end)) if run else base
+        return self._events
 
     def layer_order(self) -> list[str]:
         """Layer names in forward execution order (first calls only), then layers never seen in forward."""

@@ -25,13 +25,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import __version__, hooks, plugins
+from . import __version__, plugins
 from .analysis import Analyzer
 from .config import DebugConfig, make_config
 from .diagnosis import Diagnosis
 from .errors import ConfigError, NeuralDbgError
 from .events import SemanticEvent
-from .layers import LayerInfo, describe, watched_modules
+from .layers import LayerInfo, describe
 from .reasoning import CausalRule, Topology
 from .recorder import Recorder
 
@@ -72,8 +72,8 @@ class NeuralDbg(Diagnosis):
         order: list[tuple[str, int]] = []  # one list: the recorder appends, the detectors read
         self._analyzer = Analyzer(self.config, self._infos, order, _detectors(pm, self.config))
         self._recorder = Recorder(root, self._infos, self.config, self._analyzer.consume, order)
+        self._analyzer.watch_coverage(self._recorder.coverage, self._recorder.run_facts)
         self.history = self._analyzer.history
-        self._handle: hooks.HookHandle | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -91,26 +91,18 @@ class NeuralDbg(Diagnosis):
         """Install the hooks (done by ``with``); attaching again after ``close()`` continues the same run."""
         if self.attached:
             raise NeuralDbgError("NeuralDbg is already attached to this model; use one `with` block at a time")
-        model = self._model()
-        if model is None:
+        if self._model() is None:
             raise NeuralDbgError("NeuralDbg: the model was garbage-collected; keep a reference while training")
-        self._recorder.active = True
-        self._handle = hooks.attach(model, watched_modules(model), self._recorder, compiled=self._compiled)
+        self._recorder.attach()
         return self
 
     @property
     def attached(self) -> bool:
-        return self._handle is not None and self._handle.attached
+        return self._recorder.attached
 
     def close(self) -> None:
         """Finish the step in progress and remove every hook. Safe to call twice."""
-        try:
-            self._recorder.finish()
-        finally:
-            if self._handle is not None:
-                self._handle.remove()
-                self._handle = None
-            self._recorder.active = False
+        self._recorder.detach()
 
     # --- manual control ------------------------------------------------------------------------------
 
@@ -132,7 +124,7 @@ class NeuralDbg(Diagnosis):
     @property
     def steps(self) -> int:
         """Training steps observed so far."""
-        return self._analyzer.steps_observed + len(self._recorder._buffer)
+        return self._analyzer.steps_observed + len(self._recorder.buffer)
 
     @property
     def step_mode(self) -> str:

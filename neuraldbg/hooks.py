@@ -1,46 +1,45 @@
 """The only place NeuralDBG registers hooks with PyTorch.
 
-:func:`attach` installs every module and optimizer hook of one debugger and returns a single
-:class:`HookHandle`, a context manager that removes them all. Tensor hooks (:func:`on_gradient`) and the
-end-of-backward callback (:func:`at_backward_end`) die with their tensors and their backward pass.
+:func:`attach` installs one debugger's hooks and returns a single :class:`HookHandle`, a context manager that
+removes them all. Tensor hooks (:func:`on_gradient`) and the end-of-backward callback (:func:`at_backward_end`)
+die with their tensors and their backward pass.
 
-Full module backward hooks are deliberately not used: they raise on in-place operations downstream of the
-module (``nn.ReLU(inplace=True)``, pytorch#61519). Gradients are read from parameters at the optimizer step,
-and from tensor hooks registered on module outputs in the forward pass.
+Module hooks are *global* (``register_module_forward_hook``): they are called for every module call in the process
+and the capture path recognises the watched model's modules by identity. Nothing is stored on the modules, so a
+model can be pickled, saved with ``torch.save`` or deep-copied while it is watched, and a copy carries no hook.
+Full module backward hooks are deliberately not used: they raise on in-place operations downstream of the module
+(``nn.ReLU(inplace=True)``, pytorch#61519). Gradients are read from parameters at the optimizer step, and from
+tensor hooks registered on module outputs in the forward pass.
 """
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable, Iterable
-from functools import partial
+import warnings
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 import torch
-from torch import Tensor, nn
-from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch import Tensor
+from torch.nn.modules.module import register_module_forward_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
+ModuleHook = Callable[[torch.nn.Module, tuple[Any, ...], dict[str, Any], Any], None]
+OptimizerHook = Callable[[torch.optim.Optimizer, tuple[Any, ...], dict[str, Any]], None]
 
-class Callbacks(Protocol):
-    """What the recorder implements; every method must return None (nothing in the run is changed)."""
 
-    def on_forward_start(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None: ...
-
-    def on_forward_end(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None: ...
-
-    def on_layer_output(self, name: str, module: nn.Module, args: tuple[Any, ...], output: Any) -> None: ...
-
-    def on_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None: ...
+#: torch.compile warns on every compiled module call while a global module hook exists, because the hook also
+#: sees the ``OptimizedModule`` wrapper; ours ignores every module it does not watch, so the warning is noise.
+_COMPILE_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
 
 
 class HookHandle:
     """Every hook of one debugger. Removing it (or leaving its ``with`` block) detaches all of them."""
 
-    def __init__(self, handles: Iterable[RemovableHandle], model: nn.Module) -> None:
-        self._handles = list(handles)
-        self._model = weakref.ref(model)
+    def __init__(self, handles: list[RemovableHandle], quiet: tuple[Any, ...] | None = None) -> None:
+        self._handles = handles
+        self._quiet = quiet  # the warnings filter installed while attached
 
     @property
     def attached(self) -> bool:
@@ -49,6 +48,15 @@ class HookHandle:
     def remove(self) -> None:
         while self._handles:
             self._handles.pop().remove()
+        if self._quiet is not None:
+            quiet, self._quiet = self._quiet, None
+            filters: list[Any] = warnings.filters  # type: ignore[assignment]  # a list at run time
+            if quiet not in filters:  # the user reset the filters meanwhile
+                return
+            filters.remove(quiet)
+            mutated = getattr(warnings, "_filters_mutated", None)
+            if callable(mutated):
+                mutated()
 
     def __enter__(self) -> HookHandle:
         return self
@@ -59,28 +67,20 @@ class HookHandle:
         self.remove()
 
 
-def attach(
-    model: nn.Module, layers: Iterable[tuple[str, nn.Module]], callbacks: Callbacks, compiled: bool = False
-) -> HookHandle:
-    """Hook ``model``'s forward pass, each watched layer's output, and every optimizer's step.
-
-    ``compiled``: the model runs under ``torch.compile``; its model-level hooks then run eagerly (see
-    :func:`_eager`), which costs a few microseconds per call that an eager model need not pay.
-    """
+def attach(on_module_output: ModuleHook, on_step: OptimizerHook, on_stepped: OptimizerHook) -> HookHandle:
+    """The global module forward hook (``hook(module, args, kwargs, output)``) and the optimizer step pre- and
+    post-hooks (``hook(optimizer, args, kwargs)``). Every callback must return None: nothing in the run changes."""
     handles: list[RemovableHandle] = []
-    wrap = _eager if compiled else _plain
     try:
-        start, end = wrap(_forward_start(callbacks)), wrap(_forward_end(callbacks))
-        handles.append(model.register_forward_pre_hook(start, with_kwargs=True, prepend=True))
-        handles.append(model.register_forward_hook(end, always_call=False))
-        for name, module in layers:
-            handles.append(module.register_forward_hook(partial(callbacks.on_layer_output, name)))
-        handles.append(register_optimizer_step_pre_hook(_optimizer_step(callbacks)))
+        handles.append(register_module_forward_hook(on_module_output, with_kwargs=True))
+        handles.append(register_optimizer_step_pre_hook(on_step))
+        handles.append(register_optimizer_step_post_hook(on_stepped))
     except BaseException:
         for handle in handles:
             handle.remove()
         raise
-    return HookHandle(handles, model)
+    warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
+    return HookHandle(handles, warnings.filters[0])
 
 
 def on_gradient(tensor: Tensor, fn: Callable[[Tensor], None]) -> None:
@@ -96,41 +96,3 @@ def at_backward_end(fn: Callable[[], None]) -> bool:
         return False
     queue(fn)
     return True
-
-
-# Small factories keep the hook signatures PyTorch expects apart from the recorder's own method names.
-
-
-def _eager(fn: Callable[..., None]) -> Callable[..., None]:
-    """Keep torch.compile from tracing a hook: it runs eagerly at a graph break of its own.
-
-    Used for the model-level hooks, which do the step bookkeeping in Python at the edges of the forward pass;
-    per-layer hooks only do tensor work and stay traceable.
-    """
-    disable = getattr(getattr(torch, "compiler", None), "disable", None)
-    return disable(fn) if disable is not None else fn
-
-
-def _plain(fn: Callable[..., None]) -> Callable[..., None]:
-    return fn
-
-
-def _forward_start(cb: Callbacks) -> Callable[..., None]:
-    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        cb.on_forward_start(module, args, kwargs)
-
-    return hook
-
-
-def _forward_end(cb: Callbacks) -> Callable[..., None]:
-    def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        cb.on_forward_end(module, args, output)
-
-    return hook
-
-
-def _optimizer_step(cb: Callbacks) -> Callable[..., None]:
-    def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        cb.on_optimizer_step(optimizer)
-
-    return hook

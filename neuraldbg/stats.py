@@ -6,9 +6,7 @@ batch of them in one transfer (one ``.tolist()`` per device), never one ``.item(
 
 from __future__ import annotations
 
-import ctypes
 import math
-from array import array
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -34,12 +32,48 @@ def first_tensor(value: object) -> Tensor | None:
     return None
 
 
+#: Tensor types whose values the reductions read directly.
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
+def dense(t: Tensor) -> Tensor | None:
+    """A plain strided tensor whose L2 norm equals ``t``'s, or None when ``t``'s values cannot be read here.
+
+    Sparse tensors give their coalesced values (duplicates summed first), quantized ones their dequantized
+    values, a ``DTensor`` (FSDP2, tensor parallelism) its local shard (the norm of a shard, not of the whole: see
+    the README on sharded parameters). Meta tensors hold no values and unknown tensor subclasses may not support
+    the reductions: both give None, and the caller skips them with a warning.
+    """
+    if type(t) in _PLAIN and t.layout is torch.strided and not t.is_quantized:
+        return None if t.is_meta else t
+    if t.is_meta:
+        return None
+    to_local = getattr(t, "to_local", None)
+    if callable(to_local):  # DTensor
+        local = to_local()
+        return dense(local) if isinstance(local, Tensor) and local is not t else None
+    if t.is_sparse:
+        return t.detach().coalesce().values()
+    if t.layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
+        return t.detach().values()
+    if t.is_quantized:
+        return t.dequantize()
+    if type(t) not in _PLAIN:  # another subclass: usable only if it behaves as a plain tensor
+        try:
+            plain = t.as_subclass(Tensor)
+        except Exception:
+            return None
+        return plain if plain.layout is torch.strided else None
+    return None
+
+
 def norms(tensors: Sequence[Tensor]) -> list[Tensor]:
     """L2 norm of each tensor, as 0-d float32 tensors, in as few kernel launches as possible.
 
     ``torch._foreach_norm`` reduces a whole list in one call; tensors are grouped by device and dtype so
-    half-precision tensors are reduced in float32 (a float16 norm overflows at 65504). This runs in every
-    step's hot path, so the common case (one device, float32) takes a short way.
+    half-precision tensors are reduced in float32 (a float16 norm overflows at 65504), complex and float64
+    tensors one by one. Every tensor must be plain and strided (see :func:`dense`). This runs in every fully
+    observed step's hot path, so the common case (one device, float32) takes a short way.
     """
     first = tensors[0]
     if first.dtype is torch.float32 and all(t.dtype is torch.float32 and t.device == first.device for t in tensors):
@@ -61,27 +95,20 @@ def _grouped_norms(tensors: Sequence[Tensor]) -> list[Tensor]:
             result = torch._foreach_norm(group, 2, dtype=torch.float32)
         elif dtype == torch.float32:
             result = torch._foreach_norm(group)
-        else:
-            result = [torch.linalg.vector_norm(t).float() for t in group]
+        else:  # float64, complex, integer: one by one (a complex norm is real)
+            result = [
+                torch.linalg.vector_norm(t.float() if not t.is_floating_point() and not t.is_complex() else t).float()
+                for t in group
+            ]
         for i, r in zip(idx, result):
             out[i] = r
     return [r for r in out if r is not None]
 
 
-def cpu_norm(t: Tensor) -> float:
-    """The L2 norm of a CPU tensor as a float, for the per-step check of a small output.
-
-    A tensor operation costs several microseconds in a training loop (dispatch, cold caches); a small float32
-    tensor's values are read straight from memory and reduced by ``math.hypot`` (exact, overflow-safe, NaN and
-    inf propagate) in about one.
-    """
-    n = t.numel()
-    if n <= _SMALL and t.dtype is torch.float32 and t.is_contiguous():
-        return math.hypot(*array("f", ctypes.string_at(t.data_ptr(), 4 * n)))
-    return float(torch.linalg.vector_norm(t.detach()))
-
-
-_SMALL = 64
+def host_norm(t: Tensor) -> float:
+    """The L2 norm of a tensor as a Python float (a host read: on a GPU, a sync; used on CPU tensors)."""
+    with torch.no_grad():
+        return float(torch.linalg.vector_norm(t.detach()))
 
 
 def unit_dim(t: Tensor, channel_first: bool) -> int:
@@ -98,7 +125,7 @@ def dead_units(t: Tensor, channel_first: bool, sample_fraction: float) -> Tensor
     A sample is one element of the batch (dim 0); a unit of a conv map is active on a sample when it is
     positive anywhere on that sample's map, so sparse but healthy feature detectors are not called dead.
     """
-    if t.dim() < 2:
+    if t.dim() < 2:  # no batch dimension: every element is a unit, observed on one sample
         return (t <= 0).sum(dtype=torch.float32)
     u = unit_dim(t, channel_first)
     other = [d for d in range(1, t.dim()) if d != u]
@@ -111,7 +138,9 @@ def dead_units(t: Tensor, channel_first: bool, sample_fraction: float) -> Tensor
 
 
 def unit_count(t: Tensor, channel_first: bool) -> int:
-    return 1 if t.dim() < 2 else int(t.shape[unit_dim(t, channel_first)])
+    """The number of units :func:`dead_units` counts over: the size of the unit dimension, or every element of
+    an output without a batch dimension."""
+    return t.numel() if t.dim() < 2 else int(t.shape[unit_dim(t, channel_first)])
 
 
 @torch.no_grad()

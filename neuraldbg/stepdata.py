@@ -89,6 +89,16 @@ def assign(data: StepData, target: str, key: Any, extra: float, value: float) ->
         data.func_dead[key] = (value, int(extra))
     elif target == "saturated":
         data.saturated[key] = (value, int(extra))
+    elif target == "numel":  # a compiled step's output size
+        data.numel[key] = int(value)
+    elif target == "output_numel":
+        data.output_numel = int(value)
+    elif target == "input_numel":
+        data.input_numel = int(value)
+    elif target == "units":  # a compiled step's unit count, filed right after its dead or saturated count
+        counts = data.dead if key in data.dead else data.saturated
+        if key in counts:
+            counts[key] = (counts[key][0], int(value))
     elif target == "out_grad":
         data.out_grad[key] = merge_max(data.out_grad.get(key), value)
     elif target in ("delta", "weight", "before"):  # one snapshot reading: delta, weight, then before

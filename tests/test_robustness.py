@@ -100,7 +100,10 @@ def test_a_failure_inside_the_engine_is_a_warning_and_training_goes_on(monkeypat
     plain = support.plain_train(reference, support.regression_batches(), steps=10)
     assert losses == plain
     assert hook_count(model) == 0
-    assert dbg.hypotheses() == []
+    # a run the debugger stopped observing is never "healthy": the verdict says what was not observed and why
+    (found,) = dbg.hypotheses()
+    assert found.kind is FailureKind.INCOMPLETE_OBSERVATION
+    assert "statistics exploded" in found.root.detail
 
 
 def test_a_failing_plugin_detector_is_disabled_with_a_warning():

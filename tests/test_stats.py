@@ -230,11 +230,11 @@ def test_a_snapshot_estimates_large_updates_from_a_sample_and_sees_every_frozen_
 
 
 @pytest.mark.parametrize("shape", [(32, 1), (8, 8), (3, 5, 2), (200, 3)])
-def test_cpu_norm_matches_vector_norm_and_propagates_non_finite_values(shape):
+def test_host_norm_matches_vector_norm_and_propagates_non_finite_values(shape):
     t = torch.randn(*shape) * 1e3
-    assert stats.cpu_norm(t) == pytest.approx(torch.linalg.vector_norm(t.double()).item(), rel=1e-6)
+    assert stats.host_norm(t) == pytest.approx(torch.linalg.vector_norm(t.double()).item(), rel=1e-6)
     t.view(-1)[3] = float("nan")
-    assert math.isnan(stats.cpu_norm(t))
+    assert math.isnan(stats.host_norm(t))
     t.view(-1)[3] = float("inf")
-    assert stats.cpu_norm(t) == math.inf
-    assert stats.cpu_norm(torch.randn(*shape).t()) > 0 if len(shape) == 2 else True  # non-contiguous
+    assert stats.host_norm(t) == math.inf
+    assert stats.host_norm(torch.randn(*shape).t()) > 0 if len(shape) == 2 else True  # non-contiguous

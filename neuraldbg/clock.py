@@ -1,0 +1,108 @@
+"""The step clock: what one *training step* is.
+
+A step is one forward/backward cycle closed by the steps of the optimizers that own the model's parameters.
+It is committed when the next training forward pass begins, so several optimizers stepping in one iteration,
+or gradient accumulation over several micro-batches, make one step. ``optimizer.step(closure)`` runs the
+forward and backward passes *inside* the step (LBFGS even several times): those forwards belong to the step the
+closure serves, which is complete when the optimizer's step returns. Until an optimizer is seen, each backward
+pass is provisionally a step; when an optimizer then steps, the provisional steps are folded into one (they were
+micro-batches of gradient accumulation). If no optimizer ever steps, a step is one backward pass. ``step()``
+switches to manual counting.
+
+The clock holds no tensors and decides nothing about statistics: :mod:`neuraldbg.capture` tells it what the
+hooks saw, and it answers whether the step in progress is complete.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+#: Provisional (per-backward) steps held before concluding that no optimizer will step.
+PROVISIONAL_LIMIT = 64
+
+
+class StepMode(str, Enum):
+    UNKNOWN = "unknown"  # no optimizer step seen yet; backward passes are provisional steps
+    OPTIMIZER = "optimizer"
+    BACKWARD = "backward"
+    MANUAL = "manual"
+
+
+class StepClock:
+    """Step boundaries from the sequence of forward passes, backward passes and optimizer steps."""
+
+    def __init__(self) -> None:
+        self.mode = StepMode.UNKNOWN
+        self.step = 0  # the step in progress
+        self.provisional = 0  # provisional steps committed while the mode is unknown
+        self.backward = False  # a backward pass ran in the step in progress
+        self.stepped = False  # an optimizer stepped in the step in progress
+        self.in_closure = False  # inside ``optimizer.step(closure)``: its forwards belong to this step
+        self.optimizer_steps = 0  # every owned optimizer step seen (several per step with several optimizers)
+        self.backward_passes = 0  # backward passes seen (only where the loss gradient is hooked, see capture)
+
+    def forward_begins(self) -> bool:
+        """A training forward pass begins: True when the step in progress is complete (commit it first)."""
+        if self.in_closure:
+            return False
+        if self.mode is StepMode.OPTIMIZER:
+            return self.stepped
+        if self.mode is StepMode.MANUAL or not self.backward:
+            return False
+        if self.mode is StepMode.UNKNOWN:
+            self.provisional += 1
+            if self.provisional >= PROVISIONAL_LIMIT:
+                self.mode = StepMode.BACKWARD
+        return True
+
+    def backward_begins(self) -> None:
+        self.backward = True
+        self.backward_passes += 1
+
+    def optimizer_begins(self, closure: bool) -> tuple[bool, bool]:
+        """An owned optimizer's step begins: (fold the provisional steps into one, commit the step in progress
+        first). With a closure the step's forward and backward passes are still to come."""
+        fold = self.mode is StepMode.UNKNOWN
+        if fold:
+            self.mode = StepMode.OPTIMIZER
+        self.optimizer_steps += 1
+        commit = closure and self.stepped and not self.in_closure
+        if closure:
+            self.in_closure = True
+        else:
+            self.stepped = True
+        return fold, commit
+
+    def optimizer_ends(self) -> bool:
+        """An optimizer's step returned; True when it was a closure step (now complete)."""
+        if not self.in_closure:
+            return False
+        self.in_closure = False
+        self.stepped = True
+        return True
+
+    def manual(self) -> bool:
+        """``step()`` was called; True when the provisional steps must be folded first."""
+        fold = self.mode is not StepMode.MANUAL
+        self.mode = StepMode.MANUAL
+        return fold
+
+    def finish(self, anything_recorded: bool) -> bool:
+        """The run ends: True when the step in progress is a step to commit (a backward pass or an optimizer
+        step happened in it; in manual mode, anything recorded). Forward passes alone are not a training step.
+        An unknown mode becomes "backward": no optimizer ever stepped."""
+        commit = self.backward or self.stepped or (anything_recorded and self.mode is StepMode.MANUAL)
+        if self.mode is StepMode.UNKNOWN and (commit or self.provisional):
+            self.mode = StepMode.BACKWARD
+        return commit
+
+    def committed(self) -> None:
+        """The step in progress was committed; the next one begins."""
+        self.step += 1
+        self.backward = False
+        self.stepped = False
+
+    def folded(self, first: int) -> None:
+        """Provisional steps from ``first`` on were folded into one step in progress."""
+        self.step = first
+        self.provisional = 0
