@@ -118,7 +118,7 @@ class Recorder:
     def fail(self, where: str, exc: BaseException) -> None:
         self.active = False
         self.forward.release()
-        self.backward.drop()
+        self.backward.grads.drop()
         self.coverage.failed(self.clock.step, f"{where} failed with {exc!r}")
         self.warn_once(
             where,
@@ -144,14 +144,14 @@ class Recorder:
         try:
             if self.clock.manual():
                 self.fold()
-            self.backward.capture_once()
+            self.backward.grads.once()
             self.commit()
         except Exception as exc:
             self.fail("dbg.step()", exc)
 
     def commit(self) -> None:
         """The step in progress is complete: file its updates and loss, queue it, start the next one."""
-        self.backward.file_updates()
+        self.backward.grads.file_updates()
         if self.loss is not None:
             loss, self.loss = self.loss, None
             self.pending.put("loss", None, loss if loss.dim() == 0 else loss.float().mean())
@@ -159,7 +159,7 @@ class Recorder:
         self.buffer.append(finished)
         self.clock.committed()
         self.pending = Pending(self.clock.step, self.schedule.is_full(self.clock.step))
-        self.backward.next_step()
+        self.backward.grads.next_step()
         self.forward.next_step()
         if self.clock.mode is StepMode.UNKNOWN:
             return  # held until we know whether these are steps or micro-batches
@@ -173,11 +173,7 @@ class Recorder:
         parts = [*self.buffer, self.pending]
         merged = Pending(parts[0].data.step, parts[0].data.full)
         for part in parts:
-            merged.tensors.extend(part.tensors)
-            merged.targets.extend(part.targets)
-            merged.data.numel.update(part.data.numel)
-            merged.data.input_numel = part.data.input_numel or merged.data.input_numel
-            merged.data.output_numel = part.data.output_numel or merged.data.output_numel
+            merged.absorb(part)
         last = self.pending.data  # host-side gradient readings of the latest micro-batch
         for attr in ("grad", "grad_numel", "grad_exact_zero", "grad_nonfinite", "stepped", "head_finite"):
             setattr(merged.data, attr, getattr(last, attr))
@@ -211,13 +207,13 @@ class Recorder:
             try:
                 self.forward.discard_tentative()
                 if self.clock.finish(bool(self.pending.tensors)):
-                    self.backward.capture_once()
+                    self.backward.grads.once()
                     self.commit()
                 self.flush()
             except Exception as exc:
                 self.fail("the final flush", exc)
         self.forward.release()
-        self.backward.drop()
+        self.backward.grads.drop()
         self.loss = None
 
     def run_facts(self) -> dict[str, Any]:

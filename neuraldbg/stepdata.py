@@ -62,6 +62,24 @@ class Pending:
         self.targets.append((target, key, extra))
         self.tensors.append(tensor)
 
+    def absorb(self, other: Pending) -> None:
+        """Take in what ``other`` recorded of the same step (a staged forward pass, a micro-batch): its device
+        tensors, and its host readings, keeping the worst of two readings."""
+        self.tensors.extend(other.tensors)
+        self.targets.extend(other.targets)
+        src, dst = other.data, self.data
+        dst.numel.update(src.numel)
+        dst.input_numel = src.input_numel or dst.input_numel
+        dst.output_numel = src.output_numel or dst.output_numel
+        if src.output_norm is not None:
+            dst.output_norm = merge_max(dst.output_norm, src.output_norm)
+        if src.input_norm is not None:
+            dst.input_norm = merge_max(dst.input_norm, src.input_norm)
+        if src.target_grad is not None:
+            dst.target_grad = merge_max(dst.target_grad, src.target_grad)
+        for key, value in src.act.items():
+            dst.act[key] = merge_max(dst.act.get(key), value)
+
 
 def merge_max(old: float | None, new: float) -> float:
     """Keep the worst of two readings of one step (gradient accumulation); NaN wins."""

@@ -1,0 +1,184 @@
+"""The backward pass and the optimizer step: when gradients are read, and where a step ends."""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from .. import hooks, measure, stats
+from ..clock import StepMode
+from ..stepdata import SlotKey, merge_max
+from .gradients import GradientReader
+
+if TYPE_CHECKING:
+    from ..recorder import Recorder
+    from .forward import ForwardPath
+
+
+def _closure(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``optimizer.step`` was given a closure (its forward and backward passes run inside the step). The
+    step hooks receive the step's arguments with the optimizer itself first."""
+    closure = args[1] if len(args) > 1 else kwargs.get("closure")
+    return callable(closure)
+
+
+class BackwardPath:
+    """The model output's gradient hook, the end-of-backward callback and the optimizer step hooks."""
+
+    def __init__(self, rec: Recorder, model: nn.Module, forward: ForwardPath) -> None:
+        self._rec = rec
+        self._fwd = forward
+        self.grads = GradientReader(rec, model, forward)
+        self._owned: dict[int, tuple[weakref.ref[Optimizer], int, frozenset[str]]] = {}
+        self._last: tuple[Optimizer | None, int, frozenset[str]] = (None, -1, frozenset())
+        self._lr_seen: dict[int, list[Any]] = {}  # optimizer id -> its groups' learning rates at the last step
+
+    @property
+    def params(self) -> list[tuple[str, nn.Parameter]]:
+        return self.grads.params
+
+    def detach(self) -> None:
+        self.grads.drop()
+        self._last = (None, -1, frozenset())
+
+    # --- the backward pass --------------------------------------------------------------------------------
+
+    def on_backward_start(self, grad: Tensor) -> None:
+        """The gradient of the loss w.r.t. the model's output arrived: the backward pass began."""
+        rec = self._rec
+        if not rec.active:
+            return
+        try:
+            fwd = self._fwd
+            fwd.close()
+            fwd.confirm()
+            if fwd.output is not None:  # fully observed step, or a GPU step: every layer output, batched
+                ends = [(target, t) for target, t in (("input", fwd.input), ("output", fwd.output)) if t is not None]
+                ends = [(target, t) for target, t in ends if t.is_floating_point()]
+                measure.all_norms(rec.pending, fwd.layer_refs(), ends, grad)
+                fwd.release()
+            else:  # cheap CPU step, already checked at the end of the forward pass
+                data = rec.pending.data
+                data.target_grad = merge_max(data.target_grad, stats.host_norm(grad))
+            rec.clock.backward_begins()
+            wanted = rec.clock.mode is not StepMode.OPTIMIZER or (rec.pending.data.full and self._look_for_clipping())
+            if wanted and not hooks.at_backward_end(self._on_backward_end):
+                rec.warn_once("callback", "NeuralDBG: backward-end callbacks are unavailable")
+        except Exception as exc:
+            rec.fail("the backward hook of the model output", exc)
+
+    def on_output_gradient(self, key: SlotKey, grad: Tensor) -> None:
+        if self._rec.active:
+            try:
+                self._rec.pending.put("out_grad", key, stats.norms([grad])[0])
+            except Exception as exc:
+                self._rec.fail(f"the gradient hook of layer {key[0]!r}", exc)
+
+    def _look_for_clipping(self) -> bool:
+        """Whether this fully observed step also reads the gradients before the optimizer sees them: always once
+        clipping was seen, otherwise in the first steps and every 16th step (a pass over every gradient)."""
+        step = self._rec.clock.step
+        return self.grads.clip_seen or step < 16 or step % 16 == 0
+
+    def _on_backward_end(self) -> None:
+        """The gradients as the backward pass left them: compared with what reaches the optimizer (clipping in
+        between hides an explosion), and, until an optimizer is known to step, the step's gradients."""
+        rec = self._rec
+        if not rec.active:
+            return
+        try:
+            if not rec.pending.data.full:
+                self.grads.read_head()
+                return
+            raw = self.grads.raw_norms()
+            if rec.clock.mode is not StepMode.OPTIMIZER:
+                # no optimizer (yet): read them now, the next zero_grad() may come before any optimizer step; an
+                # optimizer step that does come reads them again (after clipping), with these as the raw norms
+                self.grads.capture()
+            self.grads.raw = raw
+        except Exception as exc:
+            rec.fail("the end of the backward pass", exc)
+
+    # --- the optimizer step -------------------------------------------------------------------------------
+
+    def on_optimizer_step(self, optimizer: Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Before an optimizer's step (global pre-hook)."""
+        rec = self._rec
+        if not rec.active:
+            return
+        try:
+            if not self._owned_by(optimizer):
+                return
+            self._fwd.close()
+            self._fwd.compiled.pull()
+            closure = _closure(args, kwargs)
+            fold, commit = rec.clock.optimizer_begins(closure)
+            if fold:
+                rec.fold()
+            if commit:
+                rec.commit()
+            self._learning_rates(optimizer)
+            if not closure:
+                self._gradients_final(optimizer)
+            elif rec.pending.data.full and rec.config.track_updates and self.grads.snapshot is None:
+                # the forward and backward passes are still to come, inside the step: measure the update across
+                # the whole step, from every trainable parameter as it is now
+                self.grads.take_snapshot(self.params)
+        except Exception as exc:
+            rec.fail("the optimizer step hook", exc)
+
+    def on_optimizer_stepped(self, optimizer: Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """After an optimizer's step (global post-hook): a closure step is complete, its gradients final."""
+        rec = self._rec
+        if not (rec.active and rec.clock.in_closure):
+            return
+        try:
+            if self._owned_by(optimizer) and rec.clock.optimizer_ends():
+                self._fwd.close()
+                self._gradients_final(optimizer)
+        except Exception as exc:
+            rec.fail("the optimizer step hook", exc)
+
+    def _learning_rates(self, optimizer: Optimizer) -> None:
+        rec = self._rec
+        data = rec.pending.data
+        lrs = [g.get("lr", 0.0) for g in optimizer.param_groups]
+        seen = self._lr_seen.get(id(optimizer))
+        if seen is not None and seen != lrs:
+            data.lr_changed = True
+            rec.schedule.trigger(rec.clock.step + 1)
+            if not self.grads.captured:
+                data.full = True  # measure this step's update, the first with the new learning rate
+        self._lr_seen[id(optimizer)] = lrs
+
+    def _gradients_final(self, optimizer: Optimizer) -> None:
+        data = self._rec.pending.data
+        self.grads.once()
+        if data.full:
+            names = {id(p): n for n, p in self.params}
+            for group in optimizer.param_groups:
+                lr = float(group.get("lr", 0.0))
+                for p in group["params"]:
+                    name = names.get(id(p))
+                    if name is not None:
+                        data.stepped[name] = max(lr, data.stepped.get(name, 0.0))
+
+    def _owned_by(self, optimizer: Optimizer) -> frozenset[str]:
+        """Names of the watched model's parameters that ``optimizer`` owns (cached until its groups change)."""
+        groups = optimizer.param_groups
+        last, size, owned = self._last
+        if optimizer is last and len(groups) == 1 and len(groups[0]["params"]) == size:
+            return owned
+        size = sum(len(g["params"]) for g in groups)
+        cached = self._owned.get(id(optimizer))
+        if cached is not None and cached[1] == size and cached[0]() is optimizer:
+            owned = cached[2]
+        else:
+            ours = {id(p): n for n, p in self.params}
+            owned = frozenset(ours[id(p)] for g in groups for p in g["params"] if id(p) in ours)
+            self._owned[id(optimizer)] = (weakref.ref(optimizer), size, owned)
+        self._last = (optimizer, size, owned)
+        return owned

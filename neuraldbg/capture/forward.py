@@ -1,0 +1,218 @@
+"""The forward hook: which forwards count, and what a forward pass records (see the package docstring)."""
+
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from .. import hooks, measure, stats
+from ..clock import StepMode
+from ..layers import LayerInfo, Role
+from ..stepdata import Pending, SlotKey, merge_max
+from .compiled import CompiledSlots
+from .order import LayerOrder
+
+if TYPE_CHECKING:
+    from ..recorder import Recorder
+
+
+class ForwardPath:
+    """Layer outputs and the model's output, from the global module forward hook."""
+
+    def __init__(self, rec: Recorder, model: nn.Module, infos: dict[str, LayerInfo], order: list[SlotKey]) -> None:
+        self._rec = rec
+        self._config = rec.config
+        self._model = weakref.ref(model)
+        self._infos = infos
+        self._specs = {name: measure.spec_of(info) for name, info in infos.items()}
+        self._names: dict[nn.Module, str] = {}
+        self._root: nn.Module | None = None
+        self._thread = 0
+        self.order = LayerOrder(infos, order)
+        self.compiled = CompiledSlots(rec, self._specs, self.order)
+        self._open = False
+        self._full = False
+        self._tentative: Pending | None = None  # records of an eval-mode forward, kept if a backward follows
+        self.refs: dict[SlotKey, Tensor] = {}  # layer outputs of a fully observed step
+        self._seen: list[tuple[str, Any]] = []  # raw layer outputs of a cheap step, looked at only if needed
+        self.input: Tensor | None = None
+        self.output: Tensor | None = None
+        self.never_positive: dict[SlotKey, Tensor] = {}  # functionally activated layers: units never positive
+        self._prev_channel_first = False
+        self.autocast = False
+        self.host_reads_are_free = True
+
+    def attach(self) -> None:
+        model = self._model()
+        if model is None:
+            raise RuntimeError("the model was garbage-collected")
+        self._root = model
+        self._names = {module: name for name, module in model.named_modules() if name in self._infos}
+        self._thread = threading.get_ident()
+        self.compiled.attach(self._names)
+
+    def detach(self) -> None:
+        self._names = {}
+        self._root = None
+        self.compiled.detach()
+        self.release()
+
+    def on_module_output(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        """The global forward hook, called after every module call in the process."""
+        if torch.compiler.is_compiling():
+            self.compiled.record(module, args, output)
+            return
+        name = self._names.get(module)
+        if name is None:
+            return
+        rec = self._rec
+        if threading.get_ident() != self._thread:
+            rec.coverage.other_thread_forwards += not name
+            return
+        if not torch.is_grad_enabled():
+            rec.coverage.no_grad_forwards += not name
+            return
+        if not rec.active:
+            return
+        try:
+            if not self._open:
+                self._begin()
+            if not name:
+                self._end(args, kwargs, output)
+            elif not self._full:
+                self._seen.append((name, output))
+            else:
+                self._layer(name, output)
+        except Exception as exc:
+            rec.fail(f"the forward hook of {repr(name) if name else 'the model'}", exc)
+
+    # --- a forward pass -------------------------------------------------------------------------------------
+
+    def _begin(self) -> None:
+        """The first watched module of a forward pass returned: the forward pass opens."""
+        rec = self._rec
+        self.discard_tentative()
+        if rec.clock.forward_begins():
+            rec.commit()
+        self._open = True
+        self.order.forward_begins()
+        self.release()
+        self._prev_channel_first = False
+        self._full = rec.pending.data.full
+        rec.coverage.forwards += 1
+        if self._root is not None and not self._root.training:  # eval mode: training only if a backward follows
+            self._tentative = Pending(rec.pending.data.step, self._full)
+
+    def _target(self) -> Pending:
+        return self._tentative if self._tentative is not None else self._rec.pending
+
+    def _layer(self, name: str, output: Any) -> None:
+        """A fully observed step: the layer's statistics, now, before anything downstream modifies it in place."""
+        t = stats.first_tensor(output)
+        if t is None:
+            return
+        key = self.order.key(name)
+        self.refs[key] = t
+        target = self._target()
+        target.data.numel[key] = t.numel()
+        spec = self._specs[name]
+        follows_conv = spec.role is not Role.PARAMETRIC and self._prev_channel_first
+        measure.layer_output(target, key, spec, t, spec.channel_first or t.dim() >= 4 or follows_conv, self._config)
+        if spec.unit_layer and key[1] == 0 and not (self.order.complete and self.order.activated_by_module(key)):
+            self.never_positive[key] = stats.never_positive(t, spec.channel_first)
+        if self._config.output_gradients and t.requires_grad:
+            hooks.on_gradient(t, partial(self._rec.backward.on_output_gradient, key))
+        self._prev_channel_first = spec.channel_first or t.dim() >= 4
+
+    def _end(self, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        """The model's own forward returned: check a cheap CPU step's output now, and hook its gradient."""
+        self._open = False
+        t = stats.first_tensor(output)
+        if t is None:
+            self.discard_tentative()
+            return
+        inp = stats.first_tensor(args) if args else None
+        if inp is None and kwargs:
+            inp = stats.first_tensor(kwargs)
+        self.input, self.output = inp, t
+        data = self._target().data
+        data.input_numel = inp.numel() if inp is not None else data.input_numel
+        data.output_numel = t.numel()
+        if self._full:  # under autocast a GradScaler may scale gradients between backward and step
+            self.autocast = torch.is_autocast_enabled(t.device.type)
+        cheap_cpu = not self._full and t.is_cpu and self.host_reads_are_free
+        if cheap_cpu:
+            self._check_ends(t)
+        # the loss gradient w.r.t. the output is read from a tensor hook, which also marks the start of the
+        # backward pass; on a cheap CPU step under an optimizer, one element of the head layer's gradient read at
+        # the optimizer step stands in for it (a Python call from the autograd engine costs ~15 us)
+        wanted = self._tentative is not None or not (cheap_cpu and self._rec.clock.mode is StepMode.OPTIMIZER)
+        if t.requires_grad and wanted:
+            hooks.on_gradient(t, self._rec.backward.on_backward_start)
+        elif self._tentative is not None:
+            self.discard_tentative()  # an eval-mode output nothing can differentiate: not training
+
+    def _check_ends(self, output: Tensor) -> None:
+        """The cheap check of a CPU step: the output's norm, read at once (a CPU read costs no device sync). Only
+        when it is non-finite are the input and the layer outputs, still alive, measured to find where it started;
+        then they are let go. (On a GPU every layer output is measured each step instead, read at the flush.)"""
+        data = self._target().data
+        value = stats.host_norm(output)
+        data.output_norm = merge_max(data.output_norm, value)
+        if not math.isfinite(value):
+            if self.input is not None and self.input.is_floating_point():
+                data.input_norm = merge_max(data.input_norm, stats.host_norm(self.input))
+            refs = self.layer_refs()
+            if refs:
+                for key, norm in zip(refs, stats.to_host(stats.norms(list(refs.values())))):
+                    data.act[key] = merge_max(data.act.get(key), norm)
+        self.release()
+
+    def close(self) -> None:
+        """The backward pass or the optimizer step began: a forward still open (submodules called directly) ends."""
+        self._open = False
+
+    def layer_refs(self) -> dict[SlotKey, Tensor]:
+        """Every layer output of this forward pass (tensors on full steps, raw outputs on cheap ones)."""
+        for name, output in self._seen:
+            t = stats.first_tensor(output)
+            if t is not None:
+                self.refs[self.order.key(name)] = t
+        self._seen.clear()
+        return self.refs
+
+    def release(self) -> None:
+        """Let go of this forward pass's tensors."""
+        self.refs.clear()
+        self._seen.clear()
+        self.input = self.output = None
+
+    def next_step(self) -> None:
+        self.never_positive.clear()
+
+    # --- eval-mode forwards -------------------------------------------------------------------------------
+
+    def confirm(self) -> None:
+        """A backward pass follows an eval-mode forward: a training step run in eval mode. Keep its records."""
+        staged, self._tentative = self._tentative, None
+        if staged is None:
+            return
+        pending = self._rec.pending
+        pending.absorb(staged)
+        steps = self._rec.coverage.eval_steps
+        if not steps or steps[-1] != pending.data.step:
+            steps.append(pending.data.step)
+
+    def discard_tentative(self) -> None:
+        """An eval-mode forward that no backward pass followed: a validation pass, not training."""
+        if self._tentative is not None:
+            self._tentative = None
+            self._rec.coverage.eval_forwards += 1
+            self.never_positive.clear()
+            self.release()
