@@ -15,6 +15,8 @@ from enum import Enum
 
 from torch import nn
 
+from . import naming
+
 
 class Role(str, Enum):
     GATED = "gated"  # ReLU family: a hard zero region where the gradient is 0 (units can die)
@@ -105,12 +107,12 @@ def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     Containers matter: a non-finite value produced by a functional op inside a block (``torch.log`` in a
     custom head) first shows in that block's output, after its children's outputs were still finite.
     """
-    return [(name, module) for name, module in model.named_modules() if name]
+    return [(name, module) for name, module in naming.named_modules(model) if name]
 
 
 def describe(model: nn.Module, derivative: float) -> dict[str, LayerInfo]:
     """LayerInfo for the model itself ("") and every watched module, keyed by qualified name."""
-    param_names = {id(p): n for n, p in model.named_parameters()}  # first name wins for shared weights
+    param_names = {id(p): n for n, p in naming.named_parameters(model)}  # first name wins for shared weights
     infos: dict[str, LayerInfo] = {}
     for name, module in [("", model), *watched_modules(model)]:
         own = [(n, p) for n, p in module.named_parameters(recurse=False) if id(p) in param_names]

@@ -28,7 +28,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from . import hooks, measure, stats
+from . import hooks, measure, naming, stats
 from .capture import BackwardPath, ForwardPath
 from .clock import StepClock, StepMode
 from .config import DebugConfig
@@ -60,7 +60,7 @@ class Recorder:
         self.schedule = Schedule(config)
         self.pending = Pending(0, self.schedule.is_full(0))
         self.buffer: list[Pending] = []
-        self.coverage = Coverage(mode_dependent=mode_dependent_layers(model.named_modules()))
+        self.coverage = Coverage(mode_dependent=mode_dependent_layers(naming.named_modules(model)))
         self.active = False
         self.loss: Tensor | None = None
         self._last_head_grad: float | None = None

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from .. import hooks, measure, stats
+from .. import hooks, measure, naming, stats
 from ..clock import StepMode
 from ..layers import LayerInfo, Role
 from ..stepdata import Pending, SlotKey, merge_max
@@ -53,7 +53,7 @@ class ForwardPath:
         if model is None:
             raise RuntimeError("the model was garbage-collected")
         self._root = model
-        self._names = {module: name for name, module in model.named_modules() if name in self._infos}
+        self._names = {module: name for name, module in naming.named_modules(model) if name in self._infos}
         self._thread = threading.get_ident()
         self.compiled.attach(self._names)
 

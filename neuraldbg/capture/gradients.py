@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from .. import measure, stats
+from .. import measure, naming, stats
 from .order import LayerOrder
 
 if TYPE_CHECKING:
@@ -26,7 +26,9 @@ class GradientReader:
         self._order: LayerOrder = forward.order
         self._infos = rec.infos
         self._track_updates = rec.config.track_updates
-        self.params: list[tuple[str, nn.Parameter]] = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.params: list[tuple[str, nn.Parameter]] = [
+            (n, p) for n, p in naming.named_parameters(model) if p.requires_grad
+        ]
         self._by_name = dict(self.params)
         self.raw: list[Tensor] | None = None  # gradient norms at the end of backward (fully observed steps)
         self.snapshot: stats.Snapshot | None = None
