@@ -174,7 +174,7 @@ class Coverage:
             start = 0
         if not parts:
             return []
-        start = max(0, min(start, last))
+        start = max(0, start)  # may lie past the last observed step: the first step that was not observed
         metrics = {"step": float(start)}
         if self.skipped:
             metrics["skipped_parameters"] = float(len(self.skipped))

@@ -97,6 +97,11 @@ class NeuralDbg(Diagnosis):
         return self
 
     @property
+    def model(self) -> nn.Module | None:
+        """The watched model (the module inside a ``torch.compile`` wrapper), or None once it was collected."""
+        return self._model()
+
+    @property
     def attached(self) -> bool:
         return self._recorder.attached
 

@@ -126,7 +126,7 @@ def describe(model: nn.Module, derivative: float) -> dict[str, LayerInfo]:
             type_name=type(module).__name__,
             role=role,
             params=qualified,
-            numel=sum(p.numel() for _, p in own),
+            numel=sum(p.numel() for _, p in own if not isinstance(p, nn.parameter.UninitializedParameter)),
             channel_first=isinstance(module, _CHANNEL_FIRST),
             bound=bound,
             unit_weight=unit_weight,

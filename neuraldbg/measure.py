@@ -74,6 +74,11 @@ def compiled_layer_output(spec: LayerSpec, t: Tensor, config: DebugConfig) -> Te
     return torch.stack(parts)
 
 
+def packed_size(spec: LayerSpec) -> int:
+    """The length of a :func:`compiled_layer_output` vector for a layer of this spec."""
+    return 4 if spec.role is Role.GATED or (spec.role is Role.BOUNDED and spec.radius > 0) else 2
+
+
 def file_compiled(pending: Pending, key: SlotKey, spec: LayerSpec, packed: Tensor) -> None:
     """File a :func:`compiled_layer_output` vector into a step (its parts are read at the flush)."""
     parts = packed.unbind(0)

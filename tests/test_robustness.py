@@ -17,7 +17,18 @@ from neuraldbg import ConfigError, FailureKind, NeuralDbg, NeuralDbgError, Neura
 
 
 def hook_count(model: nn.Module) -> int:
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks) for m in model.modules())
+    """Every hook that could touch the model: its modules' own hooks and the process-wide module and optimizer
+    hooks (NeuralDBG registers global ones: nothing is stored on the modules)."""
+    from torch.nn.modules import module as module_globals
+
+    own = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks) for m in model.modules())
+    shared = (
+        module_globals._global_forward_hooks,
+        module_globals._global_forward_pre_hooks,
+        module_globals._global_backward_hooks,
+        module_globals._global_backward_pre_hooks,
+    )
+    return own + sum(len(d) for d in shared) + optimizer_hook_count()
 
 
 def optimizer_hook_count() -> int:
@@ -59,6 +70,8 @@ def test_parameters_are_bit_identical_with_and_without_the_debugger():
 def test_every_hook_is_removed_on_normal_exit():
     model = support.mlp()
     before, before_opt = hook_count(model), optimizer_hook_count()
+    with NeuralDbg(model):
+        assert hook_count(model) > before and optimizer_hook_count() > before_opt  # the count sees our hooks
     support.train(model, support.regression_batches(), steps=3)
     assert hook_count(model) == before
     assert optimizer_hook_count() == before_opt
@@ -454,3 +467,247 @@ def test_the_device_path_gives_the_same_diagnosis_as_the_cpu_fast_path(bad_step)
 def test_a_config_and_a_preset_together_are_refused():
     with pytest.raises(ConfigError, match=r"not both.*preset='full'"):
         NeuralDbg(support.mlp(), neuraldbg.DebugConfig(), preset="full")
+
+
+# --------------------------------------------------------------------------------------------- closures
+
+
+def _closure_run(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> tuple[NeuralDbg, list[float]]:
+    """``optimizer.step(closure)``: the forward and backward passes run inside the step; returns the debugger and
+    the relative change ||dW||/||W|| of the first layer's weight at each step (plain torch)."""
+    batches = support.regression_batches()
+    first = next(model.parameters())
+    changes = []
+    with NeuralDbg(model) as dbg:
+        for step in range(steps):
+            x, y = batches(step)
+
+            def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
+                opt.zero_grad()
+                loss = F.mse_loss(model(x), y)
+                loss.backward()
+                return loss
+
+            before = first.detach().clone()
+            opt.step(closure)
+            changes.append(float((first.detach() - before).norm() / first.detach().norm()))
+    return dbg, changes
+
+
+def test_closure_steps_are_observed_across_the_real_update():
+    torch.manual_seed(0)
+    model = support.mlp()
+    dbg, changes = _closure_run(model, torch.optim.Adam(model.parameters(), lr=1e-3), steps=30)
+    assert min(changes) > 1e-4  # plain torch: the weights move every step
+    assert dbg.steps == 30 and dbg.step_mode == "optimizer"
+    assert dbg.hypotheses() == []
+    ratios = [v for _, v in dbg.history.get("update_ratio", "0").points()]
+    assert ratios and min(ratios) > 1e-4  # the updates were measured across the step, not inside the closure
+
+
+def test_lbfgs_with_several_evaluations_per_step_is_one_step_each_and_healthy():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+    dbg, changes = _closure_run(model, opt, steps=12)
+    assert min(changes) > 0
+    assert dbg.steps == 12 and dbg.hypotheses() == []
+
+
+def test_a_head_left_out_of_a_closure_optimizer_is_frozen():
+    torch.manual_seed(0)
+    model = support.mlp()
+    head = model[-1]
+    opt = torch.optim.Adam([p for layer in list(model)[:-1] for p in layer.parameters()], lr=1e-3)
+    before = head.weight.detach().clone()
+    dbg, _ = _closure_run(model, opt, steps=20)
+    assert torch.equal(before, head.weight)  # plain torch: the head never changed
+    (found,) = dbg.hypotheses()
+    assert found.kind is FailureKind.FROZEN_PARAMETERS and found.root.layer == str(len(model) - 1)
+
+
+# --------------------------------------------------------------------------------------------- copies
+
+
+def test_a_model_can_be_saved_pickled_and_copied_inside_the_block_and_copies_carry_no_hooks():
+    import io
+    import pickle
+
+    torch.manual_seed(0)
+    model = support.mlp()
+    with torch.no_grad():
+        model[2].bias.fill_(-20.0)  # a dead layer, so the diagnosis has something to keep
+    reference = copy.deepcopy(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batches = support.regression_batches()
+    copies = []
+    with NeuralDbg(model) as dbg:
+        for step in range(20):
+            x, y = batches(step)
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            buffer = io.BytesIO()
+            torch.save(model, buffer)  # word_language_model saves the whole model every epoch
+            pickle.loads(pickle.dumps(model))
+            teacher = copy.deepcopy(model)  # an EMA / teacher / best-model copy
+            teacher_opt = torch.optim.SGD(teacher.parameters(), lr=0.1)
+            teacher_opt.zero_grad()
+            F.mse_loss(teacher(x), y).backward()  # the copy trains too: it must not be recorded
+            teacher_opt.step()
+            copies.append(teacher)
+    assert all(hook_count(c) == 0 for c in copies)
+    assert hook_count(model) == 0
+    assert dbg.steps == 20
+    expected, _ = support.train(reference, batches, steps=20)
+    assert [(h.kind, h.root.layer, h.root.step_start) for h in dbg.hypotheses()] == [
+        (h.kind, h.root.layer, h.root.step_start) for h in expected.hypotheses()
+    ]
+
+
+def test_state_dict_is_unchanged_by_the_debugger():
+    plain = _adam_dropout_run(watch=False)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(inplace=True), nn.Dropout(0.3), nn.Linear(64, 1))
+    with NeuralDbg(model):
+        state = model.state_dict()
+    assert list(state) == list(plain)
+    assert all(type(v) is torch.Tensor for v in state.values())
+
+
+# --------------------------------------------------------------------------------------------- threads
+
+
+def test_an_inference_thread_on_the_watched_model_does_not_change_the_diagnosis():
+    import threading
+
+    def run(with_thread: bool) -> tuple[list[tuple[FailureKind, str, int]], int]:
+        torch.manual_seed(0)
+        model = support.mlp()
+        with torch.no_grad():
+            model[2].bias.fill_(-20.0)  # '3' (ReLU) dead from step 0
+        stop = threading.Event()
+
+        def serve() -> None:
+            while not stop.is_set():
+                with torch.no_grad():
+                    model(torch.randn(64, 16) * 5)  # predictions served while the model trains
+
+        thread = threading.Thread(target=serve, daemon=True)
+        dbg = NeuralDbg(model, preset="full")
+        with dbg:
+            if with_thread:
+                thread.start()
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+            batches = support.regression_batches()
+            for step in range(40):
+                x, y = batches(step)
+                opt.zero_grad()
+                F.mse_loss(model(x), y).backward()
+                opt.step()
+            stop.set()
+        if with_thread:
+            thread.join()
+        found = [(h.kind, h.root.layer, h.root.step_start) for h in dbg.hypotheses()]
+        return found, dbg._recorder.coverage.no_grad_forwards + dbg._recorder.coverage.other_thread_forwards
+
+    alone, _ = run(with_thread=False)
+    served, ignored = run(with_thread=True)
+    assert ignored > 0  # the other thread really ran forwards while the model trained
+    assert served == alone and alone[0][:2] == (FailureKind.DEAD_NEURONS, "3")
+
+
+# --------------------------------------------------------------------------------------------- tensor kinds
+
+
+def test_sparse_embedding_gradients_are_observed_and_a_dead_layer_beside_them_is_found():
+    class SparseBag(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(50, 16, sparse=True)
+            self.fc = nn.Linear(16, 32)
+            self.act = nn.ReLU()
+            self.out = nn.Linear(32, 1)
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return self.out(self.act(self.fc(self.emb(tokens).mean(1))))
+
+    torch.manual_seed(0)
+    model = SparseBag()
+    with torch.no_grad():
+        model.fc.bias.fill_(-20.0)
+    sparse_opt = torch.optim.SparseAdam(list(model.emb.parameters()), lr=1e-2)
+    dense_opt = torch.optim.Adam([*model.fc.parameters(), *model.out.parameters()], lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    with NeuralDbg(model, preset="full") as dbg:  # NeuralDbgWarning is an error in this suite
+        for _ in range(20):
+            tokens, y = torch.randint(0, 50, (32, 5), generator=g), torch.randn(32, 1, generator=g)
+            sparse_opt.zero_grad()
+            dense_opt.zero_grad()
+            F.mse_loss(model(tokens), y).backward()
+            assert model.emb.weight.grad.is_sparse
+            sparse_opt.step()
+            dense_opt.step()
+    assert [(h.kind, h.root.layer) for h in dbg.hypotheses()] == [(FailureKind.DEAD_NEURONS, "act")]
+    assert dbg.history.get("grad_norm", "emb") is not None  # the sparse gradient was read, not skipped
+
+
+def test_complex_parameters_are_observed():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8, dtype=torch.cfloat), nn.Linear(8, 1, dtype=torch.cfloat))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x = torch.randn(16, 8, dtype=torch.cfloat)
+    y = torch.randn(16, 1, dtype=torch.cfloat)
+    with NeuralDbg(model) as dbg:
+        for _ in range(20):
+            opt.zero_grad()
+            (model(x) - y).abs().pow(2).mean().backward()
+            opt.step()
+    assert dbg.steps == 20 and dbg.hypotheses() == []
+    grad = dict(dbg.history.get("grad_norm", "0").points())[0]
+    assert grad > 0
+
+
+def test_lazy_modules_materialised_in_the_first_forward_are_observed():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LazyLinear(32), nn.ReLU(), nn.Linear(32, 1))
+    dbg, losses = support.train(model, support.regression_batches(), steps=60)
+    assert sum(losses[-10:]) < sum(losses[:10])
+    assert dbg.steps == 60 and dbg.hypotheses() == []
+
+
+# ----------------------------------------------------------------------------------- statistics mean one thing
+
+
+def test_a_relu_output_without_a_batch_dimension_counts_its_elements_as_units():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Flatten(0), nn.ReLU())  # a 1-D ReLU output
+    with torch.no_grad():
+        model[0].bias.fill_(-20.0)
+    x = torch.randn(5, 4)
+    dbg, _ = support.train(model, lambda s: (x, torch.ones(40)), steps=10)
+    (found,) = dbg.hypotheses()
+    assert found.kind is FailureKind.DEAD_NEURONS
+    assert found.root.metrics["units"] == 40 and found.root.metrics["dead_fraction"] == 1.0
+
+
+def test_the_gradient_norm_history_is_what_the_optimizer_received_at_every_step():
+    torch.manual_seed(0)
+    model = support.mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    batches = support.regression_batches()
+    received = []
+    with NeuralDbg(model, preset="full") as dbg:
+        for step in range(20):
+            x, y = batches(step)
+            opt.zero_grad()
+            (1e4 * F.mse_loss(model(x), y)).backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # clipped from the very first step
+            received.append(
+                float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model[0].parameters()])))
+            )
+            opt.step()
+    history = dict(dbg.history.get("grad_norm", "0").points())
+    assert set(history) == set(range(20))
+    for step, value in history.items():
+        assert value == pytest.approx(received[step], rel=1e-4), step  # after clipping, step 0 included

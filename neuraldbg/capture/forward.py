@@ -105,6 +105,7 @@ class ForwardPath:
         self.release()
         self._prev_channel_first = False
         self._full = rec.pending.data.full
+        self.autocast = False
         rec.coverage.forwards += 1
         if self._root is not None and not self._root.training:  # eval mode: training only if a backward follows
             self._tentative = Pending(rec.pending.data.step, self._full)
@@ -122,6 +123,8 @@ class ForwardPath:
         target = self._target()
         target.data.numel[key] = t.numel()
         spec = self._specs[name]
+        # autocast is read inside the forward pass: some wrappers (accelerate) enter it inside model.forward only
+        self.autocast = self.autocast or torch.is_autocast_enabled(t.device.type)
         follows_conv = spec.role is not Role.PARAMETRIC and self._prev_channel_first
         measure.layer_output(target, key, spec, t, spec.channel_first or t.dim() >= 4 or follows_conv, self._config)
         if spec.unit_layer and key[1] == 0 and not (self.order.complete and self.order.activated_by_module(key)):
@@ -145,7 +148,7 @@ class ForwardPath:
         data.input_numel = inp.numel() if inp is not None else data.input_numel
         data.output_numel = t.numel()
         if self._full:  # under autocast a GradScaler may scale gradients between backward and step
-            self.autocast = torch.is_autocast_enabled(t.device.type)
+            self.autocast = self.autocast or torch.is_autocast_enabled(t.device.type)
         cheap_cpu = not self._full and t.is_cpu and self.host_reads_are_free
         if cheap_cpu:
             self._check_ends(t)
