@@ -26,6 +26,11 @@ from neuraldbg import ConfigError, NeuralDbgError
 from neuraldbg.integrations.lightning import NeuralDbgCallback
 
 L = kit("lightning.pytorch")
+pytestmark = [  # Lightning's own notices, not about the code under test
+    pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`"),
+    pytest.mark.filterwarnings(r"ignore:`isinstance\(treespec, LeafSpec\)` is deprecated"),  # with torch 2.13
+    pytest.mark.filterwarnings("ignore:The number of training batches .* is smaller than the logging interval"),
+]
 HEALTHY: list[tuple[str, str, int]] = []
 DEAD = [("dead_neurons", "net.3", 0)]
 FROZEN_HEAD = [("frozen_parameters", "head", 0)]
