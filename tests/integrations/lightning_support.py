@@ -91,6 +91,7 @@ def kit(package: str = "lightning.pytorch") -> SimpleNamespace:
             lr: float = 1e-3,
             head_in_optimizer: bool = True,
             manual: bool = False,
+            direct: bool = False,
             fail_at: int | None = None,
             interrupt_at: int | None = None,
         ) -> None:
@@ -99,6 +100,7 @@ def kit(package: str = "lightning.pytorch") -> SimpleNamespace:
             self.head = nn.Linear(64, 2)
             self.optimizer, self.lr, self.head_in_optimizer = optimizer, lr, head_in_optimizer
             self.automatic_optimization = not manual
+            self.direct = direct  # training_step calls the submodules, not self(x): common in LightningModules
             self.fail_at, self.interrupt_at = fail_at, interrupt_at
             self.output_dtypes: list[torch.dtype] = []
             self.validation_batches = 0
@@ -113,7 +115,7 @@ def kit(package: str = "lightning.pytorch") -> SimpleNamespace:
             if batch_idx == self.interrupt_at:
                 raise KeyboardInterrupt
             x, y = batch
-            logits = self(x)
+            logits = self.head(self.net(x)) if self.direct else self(x)
             self.output_dtypes.append(logits.dtype)
             loss = nn.functional.cross_entropy(logits, y)
             if self.automatic_optimization:
