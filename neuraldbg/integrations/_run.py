@@ -54,8 +54,8 @@ class WatchedRun:
         plugins: Iterable[Any],
         options: Mapping[str, Any],
     ) -> None:
+        from .. import NeuralDbg  # the package's name, the class the fixture's debuggers derive from
         from ..config import make_config
-        from ..debugger import NeuralDbg
 
         self._owner = owner
         plugins = tuple(plugins)
@@ -79,7 +79,7 @@ class WatchedRun:
 
     def start(self, model: Any) -> None:
         """Training of ``model`` starts: attach the debugger (created now for ``model`` if none was given)."""
-        from ..debugger import NeuralDbg
+        from .. import NeuralDbg
 
         if self.debugger is None:
             self.debugger = NeuralDbg(model, self._config, plugins=self._plugins)
