@@ -101,11 +101,6 @@ class WatchedRun:
         dbg.attach()
         self._attached_here = True
 
-    @property
-    def attached(self) -> bool:
-        """Whether this run attached the debugger and has not closed it yet."""
-        return self._attached_here
-
     def finish(self) -> bool:
         """Training ended: close the debugger if this run attached it. True when it did (report the verdict then);
         False when there was nothing to close (an end already handled, or training that never started)."""
