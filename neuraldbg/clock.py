@@ -4,10 +4,11 @@ A step is one forward/backward cycle closed by the steps of the optimizers that 
 It is committed when the next training forward pass begins, so several optimizers stepping in one iteration,
 or gradient accumulation over several micro-batches, make one step. ``optimizer.step(closure)`` runs the
 forward and backward passes *inside* the step (LBFGS even several times): those forwards belong to the step the
-closure serves, which is complete when the optimizer's step returns. Until an optimizer is seen, each backward
-pass is provisionally a step; when an optimizer then steps, the provisional steps are folded into one (they were
-micro-batches of gradient accumulation). If no optimizer ever steps, a step is one backward pass. ``step()``
-switches to manual counting.
+closure serves, which is complete when the optimizer's step returns. A closure that runs no forward pass (the
+do-nothing closure Lightning passes in manual optimisation) makes an ordinary step. Until an optimizer is
+seen, each backward pass is provisionally a step; when an optimizer then steps, the provisional steps are
+folded into one (they were micro-batches of gradient accumulation). If no optimizer ever steps, a step is one
+backward pass. ``step()`` switches to manual counting.
 
 The clock holds no tensors and decides nothing about statistics: :mod:`neuraldbg.capture` tells it what the
 hooks saw, and it answers whether the step in progress is complete.
@@ -38,13 +39,15 @@ class StepClock:
         self.backward = False  # a backward pass ran in the step in progress
         self.stepped = False  # an optimizer stepped in the step in progress
         self.in_closure = False  # inside ``optimizer.step(closure)``: its forwards belong to this step
+        self.closure_forward = False  # a forward pass ran inside the closure in progress
         self.optimizer_steps = 0  # every owned optimizer step seen (several per step with several optimizers)
         self.backward_passes = 0  # backward passes seen (only where the loss gradient is hooked, see capture)
 
     def forward_begins(self) -> bool:
         """A training forward pass begins: True when the step in progress is complete (commit it first)."""
-        if self.in_closure:
-            return False
+        if self.in_closure:  # the closure's first forward begins the step the closure serves
+            first, self.closure_forward = not self.closure_forward, True
+            return first and self.stepped
         if self.mode is StepMode.OPTIMIZER:
             return self.stepped
         if self.mode is StepMode.MANUAL or not self.backward:
@@ -59,19 +62,19 @@ class StepClock:
         self.backward = True
         self.backward_passes += 1
 
-    def optimizer_begins(self, closure: bool) -> tuple[bool, bool]:
-        """An owned optimizer's step begins: (fold the provisional steps into one, commit the step in progress
-        first). With a closure the step's forward and backward passes are still to come."""
+    def optimizer_begins(self, closure: bool) -> bool:
+        """An owned optimizer's step begins; True when the provisional steps must be folded into one first.
+        With a closure, the step's forward and backward passes may still be to come."""
         fold = self.mode is StepMode.UNKNOWN
         if fold:
             self.mode = StepMode.OPTIMIZER
         self.optimizer_steps += 1
-        commit = closure and self.stepped and not self.in_closure
-        if closure:
+        if closure and not self.in_closure:
             self.in_closure = True
-        else:
+            self.closure_forward = False
+        elif not closure:
             self.stepped = True
-        return fold, commit
+        return fold
 
     def optimizer_ends(self) -> bool:
         """An optimizer's step returned; True when it was a closure step (now complete)."""
@@ -80,6 +83,10 @@ class StepClock:
         self.in_closure = False
         self.stepped = True
         return True
+
+    def next_index(self) -> int:
+        """The index of the step the next forward pass will belong to."""
+        return self.step + 1 if self.stepped else self.step
 
     def manual(self) -> bool:
         """``step()`` was called; True when the provisional steps must be folded first."""

@@ -115,18 +115,16 @@ class BackwardPath:
             self._fwd.close()
             self._fwd.compiled.pull()
             closure = _closure(args, kwargs)
-            fold, commit = rec.clock.optimizer_begins(closure)
-            if fold:
+            if rec.clock.optimizer_begins(closure):
                 rec.fold()
-            if commit:
-                rec.commit()
             self._learning_rates(optimizer)
             if not closure:
                 self._gradients_final(optimizer)
-            elif rec.pending.data.full and rec.config.track_updates and self.grads.snapshot is None:
-                # the forward and backward passes are still to come, inside the step: measure the update across
-                # the whole step, from every trainable parameter as it is now
-                self.grads.take_snapshot(self.params)
+            elif rec.config.track_updates and rec.schedule.is_full(rec.clock.next_index()):
+                # the forward and backward passes may still be to come, inside the step: measure the update across
+                # the whole step, from every trainable parameter as it is now (the step in progress, if complete,
+                # is committed when the closure's forward begins)
+                self.grads.hold_snapshot(self.params)
         except Exception as exc:
             rec.fail("the optimizer step hook", exc)
 
@@ -138,6 +136,7 @@ class BackwardPath:
         try:
             if self._owned_by(optimizer) and rec.clock.optimizer_ends():
                 self._fwd.close()
+                self.grads.adopt_snapshot()  # a closure that ran no forward pass: an ordinary step
                 self._gradients_final(optimizer)
         except Exception as exc:
             rec.fail("the optimizer step hook", exc)

@@ -86,6 +86,8 @@ class CompiledSlots:
         rec = self._rec
         if rec.clock.forward_begins():
             rec.commit()
+        if rec.clock.in_closure:
+            rec.backward.grads.adopt_snapshot()
         rec.coverage.forwards += 1
         pending = rec.pending
         for name, spec in self._specs.items():

@@ -100,6 +100,8 @@ class ForwardPath:
         self.discard_tentative()
         if rec.clock.forward_begins():
             rec.commit()
+        if rec.clock.in_closure:
+            rec.backward.grads.adopt_snapshot()
         self._open = True
         self.order.forward_begins()
         self.release()

@@ -32,6 +32,7 @@ class GradientReader:
         self._by_name = dict(self.params)
         self.raw: list[Tensor] | None = None  # gradient norms at the end of backward (fully observed steps)
         self.snapshot: stats.Snapshot | None = None
+        self._held: stats.Snapshot | None = None  # taken before a closure step, for the step it will serve
         self.captured = False
         self.clip_seen = False
         self._probe_mean = 0.0
@@ -39,7 +40,7 @@ class GradientReader:
         self._head: tuple[nn.Parameter, str] | None = None
 
     def drop(self) -> None:
-        self.snapshot = None
+        self.snapshot = self._held = None
         self.raw = None
 
     def next_step(self) -> None:
@@ -92,10 +93,27 @@ class GradientReader:
         if self._track_updates and self.snapshot is None:
             self.take_snapshot([(n, p) for n, p, _ in with_grad])
 
-    def take_snapshot(self, named: list[tuple[str, nn.Parameter]]) -> None:
+    def take_snapshot(self, named: list[tuple[str, nn.Parameter]], held: bool = False) -> None:
         """Copy what measures the update of these parameters (before the optimizer changes them)."""
         kept = [(n, d) for n, d in ((n, stats.dense(p.detach())) for n, p in named) if d is not None]
-        self.snapshot = stats.Snapshot([n for n, _ in kept], [d for _, d in kept])
+        snapshot = stats.Snapshot([n for n, _ in kept], [d for _, d in kept])
+        if held:
+            self._held = snapshot
+        else:
+            self.snapshot = snapshot
+
+    def hold_snapshot(self, named: list[tuple[str, nn.Parameter]]) -> None:
+        """Before ``optimizer.step(closure)``: copy the parameters now, for the step the closure serves (the step
+        in progress may still have to be committed, with its own snapshot)."""
+        if self._held is None:
+            self.take_snapshot(named, held=True)
+
+    def adopt_snapshot(self) -> None:
+        """The step a held snapshot was taken for is now the step in progress."""
+        if self._held is not None:
+            if self.snapshot is None:
+                self.snapshot = self._held
+            self._held = None
 
     def file_updates(self) -> None:
         snapshot, self.snapshot = self.snapshot, None

@@ -84,7 +84,7 @@ class WatchedRun:
         if self.debugger is None:
             self.debugger = NeuralDbg(model, self._config, plugins=self._plugins)
         dbg = self.debugger
-        watched = dbg._model()  # the engine holds its model weakly, unwrapped from torch.compile
+        watched = dbg.model  # held weakly by the engine, unwrapped from torch.compile
         if watched is not None and watched is not model and getattr(model, "_orig_mod", None) is not watched:
             raise NeuralDbgError(
                 f"{self._owner}: the debugger watches a {type(watched).__name__}, but the trainer trains a "

@@ -117,13 +117,8 @@ def test_left_out(neuraldbg, tmp_path):
     train(neuraldbg, tmp_path, left_out="transformer.ln_f")
 """
 
-CLOSURE = pytest.mark.xfail(
-    strict=True,
-    reason="needs optimizer.step(closure) handling from the recorder rewrite: every Lightning run in automatic "
-    "optimisation reads 'stalled_updates' today",
-)
 PROJECTS = [
-    pytest.param((LIGHTNING_PROJECT, "head", 30), id="lightning", marks=CLOSURE),
+    pytest.param((LIGHTNING_PROJECT, "head", 30), id="lightning"),
     pytest.param((HUGGINGFACE_PROJECT, "transformer.ln_f", 20), id="huggingface"),
 ]
 

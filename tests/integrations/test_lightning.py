@@ -36,12 +36,6 @@ DEAD = [("dead_neurons", "net.3", 0)]
 FROZEN_HEAD = [("frozen_parameters", "head", 0)]
 CONSOLE = "lightning.pytorch.callbacks.neuraldbg"  # where the callback writes its verdict line
 
-CLOSURE = pytest.mark.xfail(
-    strict=True,
-    reason="needs optimizer.step(closure) handling from the recorder rewrite: Lightning's automatic optimisation "
-    "steps through a closure, and every step reads 'stalled_updates' (updates measured inside the closure)",
-)
-
 
 def fit(model: Any, tmp_path: Any, *, batches: int = 60, val: Any = None, nan_at: int | None = None, **options: Any):
     """Train ``model`` with the callback and a plain-torch Truth; returns (debugger, trainer, truth)."""
@@ -75,7 +69,6 @@ def forward_hooks(module: torch.nn.Module) -> int:
 # --- the issue's table ----------------------------------------------------------------------------------------------
 
 
-@CLOSURE
 def test_a_healthy_classifier_trained_by_fit_is_reported_healthy(tmp_path: Any) -> None:
     m = model()
     dbg, trainer, truth = fit(m, tmp_path)
@@ -84,7 +77,6 @@ def test_a_healthy_classifier_trained_by_fit_is_reported_healthy(tmp_path: Any) 
     assert summaries(dbg) == HEALTHY
 
 
-@CLOSURE
 def test_a_head_left_out_of_configure_optimizers_is_diagnosed_as_frozen(tmp_path: Any) -> None:
     m = model(head_in_optimizer=False)
     dbg, _, truth = fit(m, tmp_path)
@@ -93,7 +85,6 @@ def test_a_head_left_out_of_configure_optimizers_is_diagnosed_as_frozen(tmp_path
     assert summaries(dbg) == FROZEN_HEAD
 
 
-@CLOSURE
 @pytest.mark.parametrize(
     ("make", "expected"),
     [(model, HEALTHY), (dead_model, DEAD), (lambda: model(head_in_optimizer=False), FROZEN_HEAD)],
@@ -112,7 +103,6 @@ def test_a_with_block_around_fit_gives_the_callbacks_diagnosis(make: Any, expect
 # --- faults ---------------------------------------------------------------------------------------------------------
 
 
-@CLOSURE
 def test_a_dead_relu_is_diagnosed_at_its_own_layer_name_from_step_0(tmp_path: Any) -> None:
     m = dead_model()
     watch = ReluWatch(m.net[3])
@@ -123,7 +113,6 @@ def test_a_dead_relu_is_diagnosed_at_its_own_layer_name_from_step_0(tmp_path: An
     assert dbg.layers[:4] == ["net.0", "net.1", "net.2", "net.3"]  # the LightningModule's own names
 
 
-@CLOSURE
 def test_a_learning_rate_far_too_high_is_diagnosed_from_the_step_its_updates_kill_the_relus(tmp_path: Any) -> None:
     m = model(optimizer="sgd", lr=5.0)
     watch = ReluWatch(m.net[3])
@@ -137,7 +126,6 @@ def test_a_learning_rate_far_too_high_is_diagnosed_from_the_step_its_updates_kil
     assert "lower the learning rate" in dbg.explain_failure()[0]
 
 
-@CLOSURE
 def test_a_nan_batch_is_diagnosed_as_a_data_problem_at_lightnings_step_number(tmp_path: Any) -> None:
     dbg, _, truth = fit(model(), tmp_path, nan_at=25)
     assert truth.nan_at_global_step == [25]  # plain torch: the batch Lightning trained at global_step 25
@@ -145,11 +133,6 @@ def test_a_nan_batch_is_diagnosed_as_a_data_problem_at_lightnings_step_number(tm
     assert "data problem" in dbg.explain_failure()[0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs training forwards that bypass the model's __call__ from the recorder rewrite: steps close at the "
-    "root module's forward pre-hook, which never fires when training_step calls self.net(x): 60 steps read as 1",
-)
 def test_a_training_step_that_calls_its_submodules_directly_is_observed_step_by_step(tmp_path: Any) -> None:
     m = dead_model(manual=True, direct=True)  # manual: no closure, so only the direct calls are in question
     watch = ReluWatch(m.net[3])
@@ -163,7 +146,6 @@ def test_a_training_step_that_calls_its_submodules_directly_is_observed_step_by_
 # --- how Lightning trains -------------------------------------------------------------------------------------------
 
 
-@CLOSURE
 @pytest.mark.parametrize(("make", "expected"), [(model, HEALTHY), (dead_model, DEAD)], ids=["healthy", "dead layer"])
 def test_gradient_accumulation_and_clipping_do_not_change_the_diagnosis(make: Any, expected: Any, tmp_path) -> None:
     plain, _, _ = fit(make(), tmp_path, batches=15)
@@ -206,7 +188,6 @@ def test_two_optimizers_stepping_on_one_batch_are_one_engine_step_and_two_lightn
     assert summaries(dbg) == HEALTHY
 
 
-@CLOSURE
 @pytest.mark.parametrize(("make", "expected"), [(model, HEALTHY), (dead_model, DEAD)], ids=["healthy", "dead layer"])
 def test_bf16_mixed_precision_gets_the_full_precision_diagnosis(make: Any, expected: Any, tmp_path: Any) -> None:
     m = make()

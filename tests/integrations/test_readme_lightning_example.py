@@ -1,7 +1,4 @@
-"""The README's Lightning example: a complete test file, run by the suite as it is printed there.
-
-(The strict xfail marks are not in the README: they come off when the recorder handles ``optimizer.step(closure)``.)
-"""
+"""The README's Lightning example: a complete test file, run by the suite as it is printed there."""
 
 import lightning as L
 import pytest
@@ -11,8 +8,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from neuraldbg.integrations.lightning import NeuralDbgCallback
 from pytest_neuraldbg import assert_healthy, assert_parameters_update
-
-CLOSURE = pytest.mark.xfail(strict=True, reason="needs optimizer.step(closure) handling from the recorder rewrite")
 
 
 class Classifier(L.LightningModule):
@@ -54,7 +49,6 @@ def make_trainer(tmp_path, *callbacks, **options):
     )
 
 
-@CLOSURE
 def test_the_classifier_trains_healthily(neuraldbg, tmp_path):
     torch.manual_seed(0)
     model = Classifier()
@@ -63,7 +57,6 @@ def test_the_classifier_trains_healthily(neuraldbg, tmp_path):
     assert_healthy(ndbg)
 
 
-@CLOSURE
 def test_accumulation_and_clipping_keep_it_healthy(neuraldbg, tmp_path):
     torch.manual_seed(0)
     model = Classifier()
@@ -75,7 +68,6 @@ def test_accumulation_and_clipping_keep_it_healthy(neuraldbg, tmp_path):
     assert_healthy(ndbg)
 
 
-@CLOSURE
 def test_a_head_left_out_of_the_optimizer_is_caught(neuraldbg, tmp_path):
     torch.manual_seed(0)
     model = Classifier(train_head=False)
@@ -85,7 +77,6 @@ def test_a_head_left_out_of_the_optimizer_is_caught(neuraldbg, tmp_path):
         assert_parameters_update(ndbg)
 
 
-@CLOSURE
 def test_a_with_block_around_fit_works_too(neuraldbg, tmp_path):
     torch.manual_seed(0)
     model = Classifier()
