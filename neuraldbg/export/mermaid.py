@@ -2,13 +2,20 @@
 
 Rendering rules found by running real Mermaid: node ids are ``n0 … nN`` only (never a layer name: ``end`` or a
 keyword breaks the parse); every label is quoted; inside labels ``#`` is escaped first, then ``"``, ``<``, ``>``
-and the backtick become Mermaid entities; line breaks are ``<br>``. Mermaid refuses more than 500 edges and
-silently draws an error image past 50,000 characters, so large chains are summarised (layers in the same state
-become one node) until the graph fits.
+and the backtick become Mermaid entities; line breaks are ``<br>``. Mermaid looks for ``%%{...}%%`` directives
+anywhere in the source, quoted labels included, before it parses: ``%%{init: {'theme': 'dark'}}%%`` in a layer
+name restyles the graph, a ``themeCSS`` key puts its CSS into the SVG, and a lone ``%%{`` breaks the parse. Every
+``%`` next to another ``%`` becomes ``#37;``, so no directive (and no ``%%`` comment) can form; a single ``%``
+("100% of 64 units") stays readable. Other sequences (``:::``, ``@{``, ``-->``, ``end``, ``click``, ``&``, ``|``,
+``;``, ``---`` and newlines) were tried in quoted labels and edge labels and are inert.
+
+Mermaid refuses more than 500 edges and silently draws an error image past 50,000 characters, so large chains are
+summarised (layers in the same state become one node) until the graph fits.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from ..events import EventType, FailureKind, SemanticEvent
@@ -28,11 +35,15 @@ _CLASSES = (
 )
 
 
+_PERCENT_RUN = re.compile(r"%(?=%)|(?<=%)%")  # every % that touches another: what a directive needs
+
+
 def escape(text: str) -> str:
-    """Make text safe inside a quoted Mermaid label."""
+    """Make text safe inside a quoted Mermaid label (or edge label): no parse error, no directive."""
     text = text.replace("#", "#35;")
     for raw, entity in (('"', "#quot;"), ("<", "#lt;"), (">", "#gt;"), ("`", "#96;")):
         text = text.replace(raw, entity)
+    text = _PERCENT_RUN.sub("#37;", text)
     return text.replace("\r\n", "\n").replace("\n", "<br>")
 
 
