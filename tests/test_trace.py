@@ -322,3 +322,16 @@ def test_fields_a_later_version_adds_pass_through_meta_and_are_skipped_in_config
     trace = neuraldbg.load(write(tmp_path, json.dumps(doc)))
     assert trace.meta["gpu"] == {"name": "H200", "count": 8}
     assert "a_future_threshold" not in trace.config.as_dict()
+
+
+def test_number_literals_must_be_finite_json(nan_run, tmp_path: Path):
+    doc = nan_run.to_dict()
+    doc["meta"]["note"] = float("nan")
+    assert 'a bare NaN, which is not JSON; NeuralDBG writes non-finite numbers as the strings "inf"' in (
+        one_line_error(write(tmp_path, json.dumps(doc)))
+    )
+    doc["meta"]["note"] = float("-inf")
+    assert "a bare -Infinity, which is not JSON" in one_line_error(write(tmp_path, json.dumps(doc)))
+    doc["meta"]["note"] = 12345.5
+    text = json.dumps(doc).replace("12345.5", "1e999")
+    assert "the number 1e999 is too large for a float" in one_line_error(write(tmp_path, text))

@@ -3,10 +3,11 @@
 No pickle: a trace is plain JSON, safe to open from anywhere. Non-finite numbers (which JSON cannot hold) are
 written as the strings ``"inf"``, ``"-inf"`` and ``"nan"``.
 
-Reading treats the text as hostile: the nesting depth is measured before parsing (without recursion), and every
-field a :class:`~neuraldbg.Trace` later reads is checked for its type and range (integer steps from 0, confidences
-in [0, 1], counts finite). Every problem is one :class:`~neuraldbg.errors.TraceError` line naming the file, the
-JSON path of the field and what was expected, so that a trace that loads answers every query.
+Reading treats the text as hostile: the nesting depth is measured before parsing (without recursion); number
+literals must be finite (non-finite values are the strings above); every field a :class:`~neuraldbg.Trace` later
+reads is checked for its type and range (integer steps from 0, confidences in [0, 1], counts finite). Every problem
+is one :class:`~neuraldbg.errors.TraceError` line naming the file, the JSON path of the field and what was
+expected, so that a trace that loads answers every query, and saves again.
 """
 
 from __future__ import annotations
@@ -133,15 +134,28 @@ _KEEP_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _DEPTH_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
-class _NumberTooLong(Exception):
-    def __init__(self, digits: int) -> None:
-        self.digits = digits
+class _BadNumber(Exception):
+    """A number literal no trace holds (raised from inside json.loads, reported as a TraceError)."""
 
 
 def _parse_int(literal: str) -> int:
     if len(literal) > MAX_INT_DIGITS:
-        raise _NumberTooLong(len(literal.lstrip("-")))
+        digits = len(literal.lstrip("-"))
+        raise _BadNumber(f"an integer with {digits} digits; no field of a trace holds more than {MAX_INT_DIGITS}")
     return int(literal)
+
+
+def _parse_float(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise _BadNumber(f"the number {literal[:40]} is too large for a float; no field of a trace holds one")
+    return value
+
+
+def _parse_constant(name: str) -> float:
+    raise _BadNumber(
+        f'a bare {name}, which is not JSON; NeuralDBG writes non-finite numbers as the strings "inf", "-inf", "nan"'
+    )
 
 
 def nesting_depth(text: str) -> int:
@@ -377,17 +391,14 @@ def parse(text: str, source: str) -> dict[str, Any]:
             f"{reader.source}: JSON nested {depth} levels deep; a NeuralDBG trace nests at most {MAX_DEPTH}"
         )
     try:
-        doc = json.loads(text, parse_int=_parse_int)
+        doc = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
     except json.JSONDecodeError as exc:
         hint = " (the file looks truncated)" if exc.pos >= len(text.rstrip()) - 1 else ""
         raise TraceError(
             f"{reader.source}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}{hint}"
         ) from None
-    except _NumberTooLong as exc:
-        raise TraceError(
-            f"{reader.source}: an integer with {exc.digits} digits; no field of a trace holds more than "
-            f"{MAX_INT_DIGITS}"
-        ) from None
+    except _BadNumber as exc:
+        raise TraceError(f"{reader.source}: {exc}") from None
     doc = reader.obj(doc, "")
     if doc.get("format") != FORMAT:
         reader.fail("format", f"expected {FORMAT!r}, got {_short(doc.get('format'))}: not a NeuralDBG trace")
