@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..events import EventType, FailureKind, SemanticEvent
 from ..reasoning.explain import num, pct
 from ..reasoning.hypothesis import CausalHypothesis
 from ..reasoning.topology import Topology
+
+if TYPE_CHECKING:
+    from ..ranks import JobDiagnosis
 
 MAX_EDGES = 400
 MAX_CHARS = 45_000
@@ -163,3 +167,59 @@ def _groups(h: CausalHypothesis, per_chain: int) -> list[list[SemanticEvent]]:
     for e in effects:
         buckets.setdefault((e.event_type.value, e.to_state), []).append(e)
     return [[h.root], *buckets.values()]
+
+
+#: Faults drawn in a job graph; the rest are counted in one node.
+MAX_JOB_FINDINGS = 24
+
+
+def job_graph(job: JobDiagnosis) -> str:
+    from ..ranks import rank_list
+
+    """A flowchart of a distributed job: each group of ranks points at the faults it shows; ranks that sent
+    nothing are dashed nodes, ranks without a fault one green node."""
+    lines = [
+        "flowchart LR",
+        *_CLASSES,
+        "  classDef missing fill:#ffffff,stroke:#7f8c8d,stroke-dasharray:5 5,color:#000",
+    ]
+    classes: dict[str, list[str]] = {}
+    group_node: dict[tuple[int, ...], str] = {}
+    counter = 0
+
+    def node(label: str, css: str) -> str:
+        nonlocal counter
+        name = f"n{counter}"
+        counter += 1
+        lines.append(f"  {name}{label}")
+        classes.setdefault(css, []).append(name)
+        return name
+
+    def ranks_label(ranks: tuple[int, ...]) -> str:
+        if len(ranks) == job.world_size and job.world_size > 1:
+            return "both ranks" if job.world_size == 2 else f"all {job.world_size} ranks"
+        return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_list(ranks)}"
+
+    edges: list[str] = []
+    for f in job.findings[:MAX_JOB_FINDINGS]:
+        if f.ranks not in group_node:
+            group_node[f.ranks] = node(_label(ranks_label(f.ranks)), "evidence")
+        css = "critical" if f.kind in (FailureKind.NON_FINITE, FailureKind.EXPLODING_GRADIENTS) else "root"
+        shard = "a data shard problem" if f.data_shard else ""
+        target = node(_label(f.kind.value, f.where(), shard), css)
+        edges.append(f'  {group_node[f.ranks]} -->|"{escape(f.onset())}"| {target}')
+    hidden = len(job.findings) - MAX_JOB_FINDINGS
+    if hidden > 0:
+        node(_label(f"… {hidden} more faults (see the text report)"), "evidence")
+    faulty = {r for f in job.findings for r in f.ranks}
+    clean = tuple(sorted(r for r in job.reported if r not in faulty))
+    if clean:
+        node(_label(ranks_label(clean), "no failure"), "healthy")
+    for rank, why in sorted(job.missing.items())[:MAX_JOB_FINDINGS]:
+        node(_label(f"rank {rank}", why, "findings unknown"), "missing")
+    if len(job.missing) > MAX_JOB_FINDINGS:
+        node(_label(f"… {len(job.missing) - MAX_JOB_FINDINGS} more ranks sent nothing"), "missing")
+    lines.extend(edges)
+    for name, nodes in classes.items():
+        lines.append(f"  class {','.join(nodes)} {name}")
+    return "\n".join(lines)
