@@ -92,7 +92,7 @@ def read_text(source: str, max_bytes: int = MAX_TRACE_BYTES) -> str:
     if info.st_size > max_bytes:
         raise TraceError(
             f"{shown}: is {info.st_size} bytes, more than the {max_bytes} a trace may have "
-            f"(neuraldbg.load(path, max_bytes=...) raises the limit)"
+            f"(raise the limit with load(path, max_bytes=N) or neuraldbg explain --max-bytes N)"
         )
     # O_NONBLOCK: should the path be swapped for a FIFO after the check above, opening it does not block
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
