@@ -294,10 +294,11 @@ class JobFinding:
             )
         reported = self.world_size - len(self.missing)
         if 0 < len(ranks) < reported:
+            among = f"the {reported} ranks that reported" if self.missing else f"{reported}"
             return (
-                f"Only {_ranks_text(ranks)} of {reported} show it. Under data parallelism every rank holds the "
-                "same weights, so what differs between the ranks (their data shards, rank-specific code or "
-                "devices) is the likely cause."
+                f"Only {_ranks_text(ranks)} of {among} {'shows' if len(ranks) == 1 else 'show'} it. Under data "
+                "parallelism every rank holds the same weights, so what differs between the ranks (their data "
+                "shards, rank-specific code or devices) is the likely cause."
             )
         return ""
 

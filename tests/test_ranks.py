@@ -100,7 +100,10 @@ def test_a_fault_on_some_ranks_names_them_and_each_ranks_onset(traces):
     assert finding.onset() == "from step 0 on rank 0, step 7 on rank 2, step 0 on rank 3"
     job = merge({0: base, 2: later, 3: summarize(rank_run(3, dead=False))}, world_size=4)
     assert job.findings[0].on_ranks() == "on ranks 0, 2"
-    assert "Only ranks 0, 2 of 3 show it" in job.findings[0].note()
+    assert "Only ranks 0, 2 of the 3 ranks that reported show it" in job.findings[0].note()
+    job = merge({0: base, 1: summarize(rank_run(1, dead=False))}, world_size=2)
+    assert job.findings[0].line() == "dead_neurons at '3' from step 0 on rank 0 only"
+    assert job.findings[0].note().startswith("Only rank 0 of 2 shows it. Under data parallelism")
 
 
 def test_a_nan_batch_on_every_rank_is_a_data_problem_not_a_shard_problem(traces):
