@@ -169,7 +169,7 @@ TARGETED = [
     (("events", 0, "layer"), ["0"], r"events\[0\]\.layer: expected a string, got array of 1"),
     (("events", 0, "metrics", "units"), "inf", r"events\[0\]\.metrics\.units: expected a finite number from 0"),
     (("events", 0, "metrics", "call"), -1, r"events\[0\]\.metrics\.call: expected a finite number from 0"),
-    (("events", 0, "metrics", "odd key!"), "lots", r'events\[0\]\.metrics\["odd key!"\]: expected a number'),
+    (("events", 0, "metrics", "odd key!"), "lots", r'events\[0\]\.metrics\["odd key!"\]: expected a finite number'),
     (("events", 0, "detail"), 3, r"events\[0\]\.detail: expected a string, got integer 3"),
     (("hypotheses", 0, "root"), 999, r"hypotheses\[0\]\.root: expected the index of an event \(0 to \d+\), got"),
     (("hypotheses", 0, "couplings"), [[0, 1]], r"hypotheses\[0\]\.couplings\[0\]: expected \[cause index, effect"),
@@ -201,7 +201,7 @@ def test_history_points_must_be_step_value_pairs_with_integer_steps(nan_run, tmp
         (["inf", 1], r"history\.\w+\[\"?[^\]]*\"?\]\[0\]\[0\]: expected an integer from 0 .*got string 'inf'"),
         ([3], r"\[0\]: expected a \[step, value\] pair, got array of 1"),
         (5, r"\[0\]: expected a \[step, value\] pair, got integer 5"),
-        ([3, "x"], r"\[0\]\[1\]: expected a number \(or \"inf\", \"-inf\", \"nan\"\), got string 'x'"),
+        ([3, "x"], r"\[0\]\[1\]: expected a finite number \(or \"inf\", \"-inf\", \"nan\"\), got string 'x'"),
     ):
         doc = nan_run.to_dict()
         first_history_series(doc)[0] = point
@@ -223,11 +223,16 @@ def test_the_depth_limit_counts_brackets_outside_strings_only(nan_run, tmp_path:
     assert "JSON nested 65 levels deep" in one_line_error(write(tmp_path, json.dumps(doc)))
 
 
-def test_an_integer_too_long_for_python_is_a_trace_error(nan_run, tmp_path: Path):
-    text = json.dumps(nan_run.to_dict()).replace('"last_step": 19', '"last_step": ' + "9" * 5000)
-    assert "an integer with 5000 digits; no field of a trace holds more than 24" in one_line_error(
-        write(tmp_path, text)
+def test_a_number_too_long_for_python_to_parse_quickly_is_a_trace_error(nan_run, tmp_path: Path):
+    text = json.dumps(nan_run.to_dict())
+    long = text.replace('"last_step": 19', '"last_step": ' + "9" * 5000)
+    assert "a number with more than 24 digits in a row; no field of a trace holds one" in one_line_error(
+        write(tmp_path, long)
     )
+    at_limit = text.replace('"last_step": 19', '"last_step": ' + "9" * 24)  # read, then out of range
+    assert "meta.last_step: expected an integer from -1" in one_line_error(write(tmp_path, at_limit))
+    past_limit = text.replace('"last_step": 19', '"last_step": ' + "9" * 25)
+    assert "more than 24 digits in a row" in one_line_error(write(tmp_path, past_limit))
 
 
 def test_a_trace_at_the_size_cap_loads_and_one_byte_more_is_refused_before_reading(nan_run, tmp_path: Path):
@@ -332,6 +337,14 @@ def test_number_literals_must_be_finite_json(nan_run, tmp_path: Path):
     )
     doc["meta"]["note"] = float("-inf")
     assert "a bare -Infinity, which is not JSON" in one_line_error(write(tmp_path, json.dumps(doc)))
-    doc["meta"]["note"] = 12345.5
+    doc["meta"]["note"] = {"sizes": [1, 2, 12345.5]}
     text = json.dumps(doc).replace("12345.5", "1e999")
-    assert "the number 1e999 is too large for a float" in one_line_error(write(tmp_path, text))
+    assert "meta.note.sizes[2]: a number too large for a float" in one_line_error(write(tmp_path, text))
+    doc = nan_run.to_dict()
+    doc["events"][0]["metrics"]["grad_norm"] = 12345.5
+    text = json.dumps(doc).replace("12345.5", "-1e999")
+    assert "events[0].metrics.grad_norm: expected a finite number" in one_line_error(write(tmp_path, text))
+    doc = nan_run.to_dict()
+    doc["model"]["layers"][0]["extra"] = 12345.5
+    text = json.dumps(doc).replace("12345.5", "1e400")
+    assert "model.layers[0].extra: a number too large for a float" in one_line_error(write(tmp_path, text))

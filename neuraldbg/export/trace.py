@@ -4,10 +4,10 @@ No pickle: a trace is plain JSON, safe to open from anywhere. Non-finite numbers
 written as the strings ``"inf"``, ``"-inf"`` and ``"nan"``.
 
 Reading treats the text as hostile: the nesting depth is measured before parsing (without recursion); number
-literals must be finite (non-finite values are the strings above); every field a :class:`~neuraldbg.Trace` later
-reads is checked for its type and range (integer steps from 0, confidences in [0, 1], counts finite). Every problem
-is one :class:`~neuraldbg.errors.TraceError` line naming the file, the JSON path of the field and what was
-expected, so that a trace that loads answers every query, and saves again.
+literals must be short and finite (non-finite values are the strings above); every field a
+:class:`~neuraldbg.Trace` later reads is checked for its type and range (integer steps from 0, confidences in
+[0, 1], counts finite). Every problem is one :class:`~neuraldbg.errors.TraceError` line naming the file, the JSON
+path of the field and what was expected, so that a trace that loads answers every query, and saves again.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import os
 import re
 import tempfile
 from collections.abc import Sequence
+from math import isfinite as _finite
 from typing import Any, NoReturn
 
 from ..config import DebugConfig
@@ -118,7 +119,8 @@ def write(path: str | os.PathLike[str], data: dict[str, Any]) -> str:
 MAX_DEPTH = 64
 #: Largest step (and count) accepted: 2**53 - 1, the largest integer every JSON reader holds exactly.
 MAX_STEP = 2**53 - 1
-#: Longest integer literal accepted (Python refuses more than 4300 digits with a message about sys internals).
+#: Longest run of digits accepted in a number (floats as written have at most 21; Python parses integers in
+#: quadratic time, and refuses more than 4300 digits with a message about its internals).
 MAX_INT_DIGITS = 24
 
 #: Metrics read as counts or positions (``int(units)``, the call index): finite and >= 0.
@@ -138,36 +140,44 @@ class _BadNumber(Exception):
     """A number literal no trace holds (raised from inside json.loads, reported as a TraceError)."""
 
 
-def _parse_int(literal: str) -> int:
-    if len(literal) > MAX_INT_DIGITS:
-        digits = len(literal.lstrip("-"))
-        raise _BadNumber(f"an integer with {digits} digits; no field of a trace holds more than {MAX_INT_DIGITS}")
-    return int(literal)
-
-
-def _parse_float(literal: str) -> float:
-    value = float(literal)
-    if not math.isfinite(value):
-        raise _BadNumber(f"the number {literal[:40]} is too large for a float; no field of a trace holds one")
-    return value
-
-
 def _parse_constant(name: str) -> float:
     raise _BadNumber(
         f'a bare {name}, which is not JSON; NeuralDBG writes non-finite numbers as the strings "inf", "-inf", "nan"'
     )
 
 
-def nesting_depth(text: str) -> int:
-    """The deepest nesting of arrays and objects in JSON text, without recursion and without parsing it.
+_DIGITS_ONLY = bytes(ord("0") if 48 <= b <= 57 else ord(" ") for b in range(256))  # 0-9 -> 0, others -> space
 
-    Brackets inside strings do not count: escaped backslashes and escaped quotes are removed, the text is split on
-    the remaining quotes, and only the pieces outside strings are scanned. Linear, in C loops.
-    """
+
+def outside_strings(text: str) -> bytes:
+    """JSON text with every string literal removed (escaped backslashes and quotes first, then split on quotes)."""
     unescaped = text.replace("\\\\", "").replace('\\"', "")
-    outside = "".join(unescaped.split('"')[0::2])
-    brackets = outside.encode("utf-8", "surrogatepass").translate(None, _KEEP_BRACKETS)
+    return "".join(unescaped.split('"')[0::2]).encode("utf-8", "surrogatepass")
+
+
+def nesting_depth(structure: bytes) -> int:
+    """The deepest nesting of arrays and objects in JSON text outside strings, without recursion. Linear, in C."""
+    brackets = structure.translate(None, _KEEP_BRACKETS)
     return max(itertools.accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0)
+
+
+def longest_digit_run_exceeds(structure: bytes, limit: int) -> bool:
+    """Whether JSON text outside strings holds more than ``limit`` digits in a row. Linear, in C."""
+    return b"0" * (limit + 1) in structure.translate(_DIGITS_ONLY)
+
+
+def _non_finite(value: Any) -> str | None:
+    """The JSON path (relative to ``value``) of a non-finite float inside it, if any; iterative, not recursive."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            return where
+        if isinstance(node, dict):
+            stack.extend((v, f"{where}{_key(str(k))}") for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(node))
+    return None
 
 
 def show_path(source: str) -> str:
@@ -246,11 +256,11 @@ class _Reader:
 
     def number(self, value: Any, where: str) -> float:
         """Any number; non-finite ones are written as the strings "inf", "-inf" and "nan"."""
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             return float(value)
         if value in ("inf", "-inf", "nan"):
             return float(value)
-        self.fail(where, f'expected a number (or "inf", "-inf", "nan"), got {_shown(value)}')
+        self.fail(where, f'expected a finite number (or "inf", "-inf", "nan"), got {_shown(value)}')
 
     def count(self, value: Any, where: str) -> float:
         number = self.number(value, where)
@@ -270,6 +280,12 @@ class _Reader:
             self.fail(where, f"expected the index of an event (0 to {size - 1}), got {_shown(value)}")
         return value
 
+    def finite(self, value: Any, where: str) -> None:
+        """Values kept as they are (meta fields a later version adds) hold no float too large for JSON."""
+        found = _non_finite(value)
+        if found is not None:
+            self.fail(where + found, "a number too large for a float; a trace holds only finite numbers")
+
     # --- sections ---------------------------------------------------------------------------------
 
     def meta(self, raw: Any) -> dict[str, Any]:
@@ -287,6 +303,7 @@ class _Reader:
                 self.integer(meta[key], f"meta.{key}", low=low)
         if meta.get("backend") is not None:
             self.text(meta["backend"], "meta.backend")
+        self.finite(meta, "meta")
         rank, world = meta.get("rank"), meta.get("world_size")
         if rank is not None and world is not None and rank >= world:
             self.fail("meta.rank", f"rank {rank} is not below meta.world_size {world}")
@@ -317,6 +334,7 @@ class _Reader:
                     self.text(param, f"{where}.params[{j}]")
             if "numel" in layer:
                 self.integer(layer["numel"], f"{where}.numel")
+            self.finite(layer, where)
         return layers
 
     def event(self, raw: Any, where: str) -> SemanticEvent:
@@ -369,6 +387,11 @@ class _Reader:
                 where = f"{at_metric}{_key(layer)}"
                 series = history.setdefault(metric, {})[layer] = []
                 for i, point in enumerate(self.seq(points, where)):
+                    if type(point) is list and len(point) == 2:  # the common case, checked without a call
+                        step, value = point
+                        if type(step) is int and 0 <= step <= MAX_STEP and type(value) is float and _finite(value):
+                            series.append(point)
+                            continue
                     if not isinstance(point, list) or len(point) != 2:
                         self.fail(f"{where}[{i}]", f"expected a [step, value] pair, got {_shown(point)}")
                     series.append(
@@ -385,13 +408,18 @@ def parse(text: str, source: str) -> dict[str, Any]:
     reader = _Reader(source)
     if not text.strip():
         raise TraceError(f"{reader.source}: the file is empty; expected a NeuralDBG JSON trace")
-    depth = nesting_depth(text)
+    structure = outside_strings(text)
+    depth = nesting_depth(structure)
     if depth > MAX_DEPTH:
         raise TraceError(
             f"{reader.source}: JSON nested {depth} levels deep; a NeuralDBG trace nests at most {MAX_DEPTH}"
         )
+    if longest_digit_run_exceeds(structure, MAX_INT_DIGITS):  # Python parses long integers in quadratic time,
+        raise TraceError(  # and refuses those past 4300 digits
+            f"{reader.source}: a number with more than {MAX_INT_DIGITS} digits in a row; no field of a trace holds one"
+        )
     try:
-        doc = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
+        doc = json.loads(text, parse_constant=_parse_constant)
     except json.JSONDecodeError as exc:
         hint = " (the file looks truncated)" if exc.pos >= len(text.rstrip()) - 1 else ""
         raise TraceError(
