@@ -121,7 +121,7 @@ MAX_DEPTH = 64
 MAX_STEP = 2**53 - 1
 #: Longest run of digits accepted in a number (floats as written have at most 21; Python parses integers in
 #: quadratic time, and refuses more than 4300 digits with a message about its internals).
-MAX_INT_DIGITS = 24
+MAX_DIGITS = 24
 
 #: Metrics read as counts or positions (``int(units)``, the call index): finite and >= 0.
 _COUNT_METRICS = frozenset({"units", "dead_units", "elements", "call"})
@@ -182,7 +182,7 @@ def _non_finite(value: Any) -> str | None:
 
 def show_path(source: str) -> str:
     """A file name as it can be printed on one line (``repr`` when it holds control characters)."""
-    return source if source.isprintable() else repr(source)
+    return source if isinstance(source, str) and source.isprintable() else repr(source)
 
 
 def _key(key: str) -> str:
@@ -414,9 +414,9 @@ def parse(text: str, source: str) -> dict[str, Any]:
         raise TraceError(
             f"{reader.source}: JSON nested {depth} levels deep; a NeuralDBG trace nests at most {MAX_DEPTH}"
         )
-    if longest_digit_run_exceeds(structure, MAX_INT_DIGITS):  # Python parses long integers in quadratic time,
+    if longest_digit_run_exceeds(structure, MAX_DIGITS):  # Python parses long integers in quadratic time,
         raise TraceError(  # and refuses those past 4300 digits
-            f"{reader.source}: a number with more than {MAX_INT_DIGITS} digits in a row; no field of a trace holds one"
+            f"{reader.source}: a number with more than {MAX_DIGITS} digits in a row; no field of a trace holds one"
         )
     try:
         doc = json.loads(text, parse_constant=_parse_constant)
