@@ -452,7 +452,7 @@ def merge(
     for rank in range(world_size):
         raw = summaries.get(rank)
         if raw is None:
-            missing[rank] = reasons.get(rank) or NO_SUMMARY
+            missing[rank] = _cut(str(reasons.get(rank) or NO_SUMMARY), MAX_NAME)
             continue
         try:
             checked[rank] = _check(raw, rank)

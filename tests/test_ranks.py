@@ -15,6 +15,7 @@ from neuraldbg import FailureKind, TraceError
 from neuraldbg.events import EventType, SemanticEvent
 from neuraldbg.ranks import (
     MAX_FINDINGS,
+    MAX_NAME,
     MAX_TEXT,
     NO_SUMMARY,
     merge,
@@ -163,6 +164,7 @@ def test_a_summary_is_bounded_json_safe_and_picklable():
     assert pickle.loads(pickle.dumps(summary)) == summary
     job = merge({3: summary}, world_size=4)
     assert "Rank 3 had 8 more findings than it could send (32 at most)." in job.report()
+    assert len(merge({}, world_size=2, reasons={1: "timed out " * 1000}).missing[1]) == MAX_NAME
 
 
 def test_the_merged_diagnosis_is_json_with_ranks_onsets_and_missing_ranks(traces):
