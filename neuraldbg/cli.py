@@ -1,18 +1,23 @@
-"""Command line: ``neuraldbg demo`` and ``neuraldbg explain TRACE.json``.
+"""Command line: ``neuraldbg demo``, ``neuraldbg explain TRACE.json`` and ``neuraldbg explain RANK_TRACES...``.
 
-Exit codes: 0 healthy (or, for ``demo``, the demo was diagnosed as expected), 1 failures found (or a demo was
-misdiagnosed), 2 usage or input errors.
+Exit codes: 0 healthy (or, for ``demo``, the demo was diagnosed as expected; for a job, every rank reported and
+none shows a failure), 1 failures found (or a demo was misdiagnosed, or a rank of the job is missing), 2 usage or
+input errors (one line on stderr naming the file and the problem), 3 an internal error: a bug in NeuralDBG, never
+a verdict on the training run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
 import warnings
 from collections.abc import Sequence
+from typing import Any, TextIO
 
-EXIT_HEALTHY, EXIT_FAILURES, EXIT_USAGE = 0, 1, 2
+EXIT_HEALTHY, EXIT_FAILURES, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,12 +37,38 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-graph", action="store_true", help="do not print the Mermaid graph")
     demo.add_argument("--save", metavar="PATH", help="also write the trace JSON to PATH")
 
-    explain = sub.add_parser("explain", help="print the diagnosis stored in a trace file")
-    explain.add_argument("trace", help="a trace written by NeuralDbg.save()")
+    explain = sub.add_parser(
+        "explain",
+        help="print the diagnosis stored in a trace file, or the merged diagnosis of a job's per-rank traces",
+    )
+    explain.add_argument(
+        "traces",
+        nargs="+",
+        metavar="TRACE",
+        help="a trace written by NeuralDbg.save(); several traces, or a directory of them (every *.json in it): "
+        "the per-rank traces of one distributed job, merged into one diagnosis",
+    )
+    explain.add_argument(
+        "--max-bytes",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="read trace files of up to N bytes (default: 64 MiB)",
+    )
     fmt = explain.add_mutually_exclusive_group()
     fmt.add_argument("--mermaid", action="store_true", help="print the Mermaid causal graph")
     fmt.add_argument("--json", action="store_true", help="print machine-readable JSON")
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of bytes, got {text!r}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -90,47 +121,106 @@ def _demo(args: argparse.Namespace) -> int:
     return status
 
 
+def _say(text: str, stream: TextIO | None = None) -> None:
+    """Print text that may hold anything a trace held (lone surrogates from a layer name) without failing."""
+    stream = stream if stream is not None else sys.stdout
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    stream.write(text.encode(encoding, "backslashreplace").decode(encoding, "replace") + "\n")
+
+
 def _explain(args: argparse.Namespace) -> int:
     from .errors import TraceError
-    from .tracefile import load
 
     try:
-        trace = load(args.trace)
+        return _explain_traces(args)
     except TraceError as exc:
-        print(f"neuraldbg explain: {exc}", file=sys.stderr)
+        _say(f"neuraldbg explain: {exc}", sys.stderr)
         return EXIT_USAGE
+    except Exception as exc:  # a bug: never exit 1, which says the training run failed
+        first = (str(exc).splitlines() or [""])[0]
+        _say(
+            f"neuraldbg explain: internal error, a bug in NeuralDBG (please report it with the trace): "
+            f"{type(exc).__name__}: {first}",
+            sys.stderr,
+        )
+        traceback.print_exc(file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _trace_paths(given: Sequence[str]) -> tuple[list[str], bool]:
+    """The trace files named (directories expanded to their *.json files), and whether they form a job."""
+    from .errors import TraceError
+    from .export.trace import show_path
+
+    paths: list[str] = []
+    job = len(given) > 1
+    for path in given:
+        if not os.path.isdir(path):
+            paths.append(path)
+            continue
+        job = True
+        try:
+            names = sorted(os.listdir(path))
+        except OSError as exc:
+            raise TraceError(f"{show_path(path)}: cannot list the directory: {exc.strerror or exc}") from None
+        found = [os.path.join(path, n) for n in names if n.endswith(".json") and not n.startswith(".")]
+        if not found:
+            raise TraceError(f"{show_path(path)}: no *.json trace in this directory")
+        paths.extend(found)
+    return paths, job
+
+
+def _explain_traces(args: argparse.Namespace) -> int:
+    from .ranks import merge_traces
+    from .tracefile import MAX_TRACE_BYTES, load
+
+    paths, job = _trace_paths(args.traces)
+    traces = [load(path, max_bytes=args.max_bytes or MAX_TRACE_BYTES) for path in paths]
+    if job:
+        merged = merge_traces(traces)
+        if args.mermaid:
+            _say(merged.export_mermaid())
+        elif args.json:
+            _say(json.dumps({"traces": [t.source for t in traces], **merged.to_dict()}, indent=2))
+        else:
+            _say(merged.report())
+        return EXIT_HEALTHY if merged.healthy else EXIT_FAILURES
+    trace = traces[0]
     hypotheses = trace.hypotheses()
     if args.mermaid:
-        print(trace.export_mermaid_causal_graph())
+        _say(trace.export_mermaid_causal_graph())
     elif args.json:
-        payload = {
-            "trace": trace.source,
-            "healthy": not hypotheses,
-            "hypotheses": [
-                {
-                    "kind": h.kind.value,
-                    "confidence": h.confidence,
-                    "layer": h.root.layer,
-                    "step": h.root.step_start,
-                    "explanation": h.explanation,
-                    "suggestion": h.suggestion,
-                    "chain": [
-                        {
-                            "layer": e.layer,
-                            "param": e.param,
-                            "state": e.to_state,
-                            "steps": [e.step_start, e.step_end],
-                        }
-                        for e in h.chain
-                    ],
-                }
-                for h in hypotheses
-            ],
-        }
-        print(json.dumps(payload, indent=2))
+        _say(json.dumps(_trace_json(trace, hypotheses), indent=2))
     else:
-        print(trace.report())
+        _say(trace.report())
     return EXIT_FAILURES if hypotheses else EXIT_HEALTHY
+
+
+def _trace_json(trace: Any, hypotheses: Sequence[Any]) -> dict[str, Any]:
+    return {
+        "trace": trace.source,
+        "healthy": not hypotheses,
+        "hypotheses": [
+            {
+                "kind": h.kind.value,
+                "confidence": h.confidence,
+                "layer": h.root.layer,
+                "step": h.root.step_start,
+                "explanation": h.explanation,
+                "suggestion": h.suggestion,
+                "chain": [
+                    {
+                        "layer": e.layer,
+                        "param": e.param,
+                        "state": e.to_state,
+                        "steps": [e.step_start, e.step_end],
+                    }
+                    for e in h.chain
+                ],
+            }
+            for h in hypotheses
+        ],
+    }
 
 
 if __name__ == "__main__":  # pragma: no cover

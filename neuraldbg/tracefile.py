@@ -1,21 +1,34 @@
 """Reading a saved trace back: ``neuraldbg.load(path)`` returns a :class:`Trace` with the debugger's query
-methods (``explain_failure()``, ``hypotheses()``, ``export_mermaid_causal_graph()``, ...)."""
+methods (``explain_failure()``, ``hypotheses()``, ``export_mermaid_causal_graph()``, ...).
+
+A trace may come from anywhere (a CI artifact, a colleague, a path typed by hand), so reading it never blocks and
+never reads without bound: only regular files are opened (a FIFO, a device, or a symbolic link to one is refused
+before opening, and the file is opened non-blocking and checked again), at most ``max_bytes`` are read, and every
+field is checked before a :class:`Trace` is built (see :func:`neuraldbg.export.trace.parse`).
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from . import plugins
 from .config import DebugConfig
 from .diagnosis import Diagnosis
-from .errors import ConfigError, TraceError
+from .errors import TraceError
 from .events import SemanticEvent
 from .export import trace as trace_format
 from .history import History
 from .reasoning import CausalRule, Topology
+
+#: Largest trace read by default: 64 MiB. A trace is small by construction (at most ``max_events`` events, history
+#: series of at most ``history_points`` points each): measured, a 101-module MLP after 600 fully observed steps
+#: writes 1.7 MB, about 17 KB per module, nearly all of it history, so 64 MiB holds the trace of a model with about
+#: 3,900 modules. The cap bounds what a hostile or mistaken file can cost (a parsed trace takes several times its
+#: size in memory); ``load(path, max_bytes=...)`` and ``neuraldbg explain --max-bytes`` raise it.
+MAX_TRACE_BYTES = 64 * 1024 * 1024
 
 
 class Trace(Diagnosis):
@@ -23,7 +36,7 @@ class Trace(Diagnosis):
 
     def __init__(self, doc: dict[str, Any], source: str, plugins_: Iterable[Any] = ()) -> None:
         self.source = source
-        self.config = _config(doc["config"])
+        self.config = DebugConfig().replace(**doc["config"])
         self._doc_meta: dict[str, Any] = doc["meta"]
         self._events: list[SemanticEvent] = doc["events"]
         layers = doc["layers"]
@@ -52,31 +65,67 @@ class Trace(Diagnosis):
         return f"<neuraldbg.Trace {self.source!r}: {len(self._events)} events>"
 
 
-def _config(raw: dict[str, Any]) -> DebugConfig:
-    """The run's configuration; fields this version does not know, or cannot accept, keep their defaults."""
-    known = {f.name for f in dataclasses.fields(DebugConfig)}
-    config = DebugConfig()
-    for key, value in raw.items():
-        if key in known:
-            try:
-                config = config.replace(**{key: value})
-            except ConfigError:
-                continue
-    return config
+_NOT_REGULAR = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
-def load(path: str | os.PathLike[str], plugins: Iterable[Any] = ()) -> Trace:
-    """Read a trace written by ``dbg.save(path)``. Raises TraceError naming the file and the problem."""
-    source = os.fspath(path)
+def _refuse_unless_regular(shown: str, mode: int, via_link: bool) -> None:
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISDIR(mode):
+        raise TraceError(f"{shown}: is a directory, expected a JSON trace file")
+    what = next((name for test, name in _NOT_REGULAR if test(mode)), "not a regular file")
+    link = " (through a symbolic link)" if via_link else ""
+    raise TraceError(f"{shown}: is {what}{link}, not a regular file; expected a JSON trace file")
+
+
+def read_text(source: str, max_bytes: int = MAX_TRACE_BYTES) -> str:
+    """The text of a trace file, read without blocking and without reading more than ``max_bytes``."""
+    shown = trace_format.show_path(source)
+    via_link = os.path.islink(source)
+    info = _os_call(shown, via_link, os.stat, source)  # follows symbolic links: what open() would reach
+    _refuse_unless_regular(shown, info.st_mode, via_link)
+    if info.st_size > max_bytes:
+        raise TraceError(
+            f"{shown}: is {info.st_size} bytes, more than the {max_bytes} a trace may have "
+            f"(raise the limit with load(path, max_bytes=N) or neuraldbg explain --max-bytes N)"
+        )
+    # O_NONBLOCK: should the path be swapped for a FIFO after the check above, opening it does not block
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    fd = _os_call(shown, via_link, os.open, source, flags)
+    with os.fdopen(fd, "rb") as fh:
+        _refuse_unless_regular(shown, os.fstat(fh.fileno()).st_mode, via_link)
+        data = _os_call(shown, via_link, fh.read, max_bytes + 1)  # a file of unknown size (/proc) stops here too
+    if len(data) > max_bytes:
+        raise TraceError(f"{shown}: holds more than the {max_bytes} bytes a trace may have")
     try:
-        with open(source, encoding="utf-8") as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        raise TraceError(f"{source}: no such trace file") from None
-    except IsADirectoryError:
-        raise TraceError(f"{source}: is a directory, expected a JSON trace file") from None
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise TraceError(f"{source}: not a text file ({exc.reason} at byte {exc.start}); expected JSON") from None
+        raise TraceError(f"{shown}: not a text file ({exc.reason} at byte {exc.start}); expected JSON") from None
+
+
+def _os_call(shown: str, via_link: bool, call: Any, *args: Any) -> Any:
+    """``call(*args)``, with the operating system's refusals as TraceError lines."""
+    try:
+        return call(*args)
+    except (FileNotFoundError, NotADirectoryError):
+        dangling = " (a symbolic link to nothing)" if via_link else ""
+        raise TraceError(f"{shown}: no such trace file{dangling}") from None
     except OSError as exc:
-        raise TraceError(f"{source}: cannot read the trace file: {exc.strerror or exc}") from None
-    return Trace(trace_format.parse(text, source), source, plugins)
+        raise TraceError(f"{shown}: cannot read the trace file: {exc.strerror or exc}") from None
+    except ValueError:  # os.stat and os.open refuse a NUL character in the path
+        raise TraceError(f"{shown}: not a valid file name (it contains a NUL character)") from None
+
+
+def load(path: str | os.PathLike[str], plugins: Iterable[Any] = (), *, max_bytes: int = MAX_TRACE_BYTES) -> Trace:
+    """Read a trace written by ``dbg.save(path)``.
+
+    Raises :class:`~neuraldbg.TraceError`, and nothing else, for anything wrong with the file: its message is one
+    line naming the file, where in it the problem is and what was expected. A trace that loads answers every query.
+    """
+    source = os.fspath(path)
+    return Trace(trace_format.parse(read_text(source, max_bytes), source), source, plugins)

@@ -8,7 +8,7 @@ import pytest
 
 from neuraldbg import EventType, FailureKind, SemanticEvent
 from neuraldbg.export.mermaid import MAX_CHARS, MAX_EDGES, causal_graph, escape
-from neuraldbg.reasoning import Topology, builtin_rules, diagnose
+from neuraldbg.reasoning import CausalHypothesis, Coupling, Topology, builtin_rules, diagnose
 
 
 def dead_chain(names: list[str], dead_at: int) -> tuple[list[SemanticEvent], Topology]:
@@ -81,7 +81,24 @@ def test_escaping_turns_every_dangerous_character_into_an_entity():
     assert escape("#quot;") == "#35;quot;"  # '#' first, so user text never forms an entity
 
 
-NASTY = ['enc["x"]', "blocks.<0>", "layer#3;", "ünïcödé→β", "end", "a|b (c) {d}", "%%x", "back\\slash", "`tick`"]
+def test_escaping_breaks_every_run_of_percent_signs_so_no_directive_can_form():
+    assert escape("%%{init: {}}%%") == "#37;#37;{init: {}}#37;#37;"
+    assert escape("a%%%b") == "a#37;#37;#37;b"
+    assert escape("100% of 64 units, 5%") == "100% of 64 units, 5%"  # a lone % stays readable
+
+
+NASTY = [
+    'enc["x"]',
+    "blocks.<0>",
+    "layer#3;",
+    "ünïcödé→β",
+    "end",
+    "a|b (c) {d}",
+    "%%x",
+    "back\\slash",
+    "`tick`",
+    "a%%{b",
+]
 
 
 def test_any_layer_name_yields_only_safe_ids_and_quoted_labels():
@@ -95,6 +112,7 @@ def test_any_layer_name_yields_only_safe_ids_and_quoted_labels():
         ), line
         inside = re.findall(r'"(.*)"', line)
         assert all('"' not in s and "<" not in s.replace("<br>", "") for s in inside)
+    assert "%%" not in graph
 
 
 def test_a_huge_chain_is_summarised_under_mermaids_limits():
@@ -123,3 +141,40 @@ def test_the_golden_and_the_summarised_graphs_render_in_real_mermaid():
     names = [f"layers.{i}" for i in range(600)]
     events, topo = dead_chain(names, dead_at=599)
     mermaidx.render(causal_graph(diagnose(events, topo, builtin_rules()), topo)).svg()
+
+
+#: Names that act on Mermaid when left as they are: a directive that restyles the graph, one that injects CSS
+#: into the SVG, a directive left open (a parse error), a stray directive end, and class shorthand.
+DIRECTIVES = [
+    "%%{init: {'themeCSS': '.node rect{fill:#ff0000 !important}'}}%%",
+    "%%{init: {'theme': 'dark', 'fontFamily': 'Comic Sans MS'}}%%",
+    "a%%{b",
+    "}%%",
+    "x:::root",
+]
+
+
+def hostile_graph(names: list[str], relation: str) -> str:
+    """A dead layer whose victims carry ``names``; the first coupling's relation is ``relation``."""
+    chain_names = [n for name in names for n in (name, f"{name}.act")] + ["head", "act"]
+    events, topo = dead_chain(chain_names, dead_at=len(chain_names) - 1)
+    h = diagnose(events, topo, builtin_rules())[0]
+    first = h.couplings[0]
+    couplings = [Coupling(first.cause, first.effect, relation), *h.couplings[1:]]
+    hyp = CausalHypothesis(h.kind, h.confidence, h.root, h.chain, h.explanation, h.suggestion, couplings)
+    return causal_graph([hyp], topo)
+
+
+def style_of(svg: str) -> str:
+    found = re.search(r"<style>(.*?)</style>", svg, re.S)
+    assert found is not None
+    return found.group(1)
+
+
+def test_a_mermaid_directive_in_a_layer_name_or_relation_neither_applies_nor_breaks_the_graph():
+    mermaidx = pytest.importorskip("mermaidx")
+    hostile = mermaidx.render(hostile_graph(DIRECTIVES, DIRECTIVES[0])).svg()
+    tame = mermaidx.render(hostile_graph([f"layer{i}" for i in range(len(DIRECTIVES))], "kills")).svg()
+    assert style_of(hostile) == style_of(tame)  # no theme, font or CSS came from the names
+    assert "rgb(255, 0, 0)" not in hostile and "ff0000" not in style_of(hostile)
+    assert "a%%{b" in hostile and "}%%" in hostile and "x:::root" in hostile  # shown as text, literally

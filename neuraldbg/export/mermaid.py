@@ -2,19 +2,30 @@
 
 Rendering rules found by running real Mermaid: node ids are ``n0 … nN`` only (never a layer name: ``end`` or a
 keyword breaks the parse); every label is quoted; inside labels ``#`` is escaped first, then ``"``, ``<``, ``>``
-and the backtick become Mermaid entities; line breaks are ``<br>``. Mermaid refuses more than 500 edges and
-silently draws an error image past 50,000 characters, so large chains are summarised (layers in the same state
-become one node) until the graph fits.
+and the backtick become Mermaid entities; line breaks are ``<br>``. Mermaid looks for ``%%{...}%%`` directives
+anywhere in the source, quoted labels included, before it parses: ``%%{init: {'theme': 'dark'}}%%`` in a layer
+name restyles the graph, a ``themeCSS`` key puts its CSS into the SVG, and a lone ``%%{`` breaks the parse. Every
+``%`` next to another ``%`` becomes ``#37;``, so no directive (and no ``%%`` comment) can form; a single ``%``
+("100% of 64 units") stays readable. Other sequences (``:::``, ``@{``, ``-->``, ``end``, ``click``, ``&``, ``|``,
+``;``, ``---`` and newlines) were tried in quoted labels and edge labels and are inert.
+
+Mermaid refuses more than 500 edges and silently draws an error image past 50,000 characters, so large chains are
+summarised (layers in the same state become one node) until the graph fits.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..events import EventType, FailureKind, SemanticEvent
 from ..reasoning.explain import num, pct
 from ..reasoning.hypothesis import CausalHypothesis
 from ..reasoning.topology import Topology
+
+if TYPE_CHECKING:
+    from ..ranks import JobDiagnosis
 
 MAX_EDGES = 400
 MAX_CHARS = 45_000
@@ -28,11 +39,15 @@ _CLASSES = (
 )
 
 
+_PERCENT_RUN = re.compile(r"%(?=%)|(?<=%)%")  # every % that touches another: what a directive needs
+
+
 def escape(text: str) -> str:
-    """Make text safe inside a quoted Mermaid label."""
+    """Make text safe inside a quoted Mermaid label (or edge label): no parse error, no directive."""
     text = text.replace("#", "#35;")
     for raw, entity in (('"', "#quot;"), ("<", "#lt;"), (">", "#gt;"), ("`", "#96;")):
         text = text.replace(raw, entity)
+    text = _PERCENT_RUN.sub("#37;", text)
     return text.replace("\r\n", "\n").replace("\n", "<br>")
 
 
@@ -152,3 +167,59 @@ def _groups(h: CausalHypothesis, per_chain: int) -> list[list[SemanticEvent]]:
     for e in effects:
         buckets.setdefault((e.event_type.value, e.to_state), []).append(e)
     return [[h.root], *buckets.values()]
+
+
+#: Faults drawn in a job graph; the rest are counted in one node.
+MAX_JOB_FINDINGS = 24
+
+
+def job_graph(job: JobDiagnosis) -> str:
+    from ..ranks import rank_list
+
+    """A flowchart of a distributed job: each group of ranks points at the faults it shows; ranks that sent
+    nothing are dashed nodes, ranks without a fault one green node."""
+    lines = [
+        "flowchart LR",
+        *_CLASSES,
+        "  classDef missing fill:#ffffff,stroke:#7f8c8d,stroke-dasharray:5 5,color:#000",
+    ]
+    classes: dict[str, list[str]] = {}
+    group_node: dict[tuple[int, ...], str] = {}
+    counter = 0
+
+    def node(label: str, css: str) -> str:
+        nonlocal counter
+        name = f"n{counter}"
+        counter += 1
+        lines.append(f"  {name}{label}")
+        classes.setdefault(css, []).append(name)
+        return name
+
+    def ranks_label(ranks: tuple[int, ...]) -> str:
+        if len(ranks) == job.world_size and job.world_size > 1:
+            return "both ranks" if job.world_size == 2 else f"all {job.world_size} ranks"
+        return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_list(ranks)}"
+
+    edges: list[str] = []
+    for f in job.findings[:MAX_JOB_FINDINGS]:
+        if f.ranks not in group_node:
+            group_node[f.ranks] = node(_label(ranks_label(f.ranks)), "evidence")
+        css = "critical" if f.kind in (FailureKind.NON_FINITE, FailureKind.EXPLODING_GRADIENTS) else "root"
+        shard = "a data shard problem" if f.data_shard else ""
+        target = node(_label(f.kind.value, f.where(), shard), css)
+        edges.append(f'  {group_node[f.ranks]} -->|"{escape(f.onset())}"| {target}')
+    hidden = len(job.findings) - MAX_JOB_FINDINGS
+    if hidden > 0:
+        node(_label(f"… {hidden} more faults (see the text report)"), "evidence")
+    faulty = {r for f in job.findings for r in f.ranks}
+    clean = tuple(sorted(r for r in job.reported if r not in faulty))
+    if clean:
+        node(_label(ranks_label(clean), "no failure"), "healthy")
+    for rank, why in sorted(job.missing.items())[:MAX_JOB_FINDINGS]:
+        node(_label(f"rank {rank}", why, "findings unknown"), "missing")
+    if len(job.missing) > MAX_JOB_FINDINGS:
+        node(_label(f"… {len(job.missing) - MAX_JOB_FINDINGS} more ranks sent nothing"), "missing")
+    lines.extend(edges)
+    for name, nodes in classes.items():
+        lines.append(f"  class {','.join(nodes)} {name}")
+    return "\n".join(lines)
