@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
@@ -28,6 +29,8 @@ from torch.utils.hooks import RemovableHandle
 ModuleHook = Callable[[torch.nn.Module, tuple[Any, ...], dict[str, Any], Any], None]
 OptimizerHook = Callable[[torch.optim.Optimizer, tuple[Any, ...], dict[str, Any]], None]
 
+
+_GLOBAL_WITH_KWARGS: dict[int, bool] = getattr(_module_globals, "_global_forward_hooks_with_kwargs", {})
 
 #: torch.compile warns on every compiled module call while a global module hook exists, because the hook also
 #: sees the ``OptimizedModule`` wrapper; ours ignores every module it does not watch, so the warning is noise.
@@ -47,7 +50,11 @@ class HookHandle:
 
     def remove(self) -> None:
         while self._handles:
-            self._handles.pop().remove()
+            handle = self._handles.pop()
+            handle.remove()
+            # torch registers a global hook's with_kwargs flag in a dictionary its handle does not clean up; a
+            # leftover entry makes torch believe a global hook still exists (torch.compile then warns on every call)
+            _GLOBAL_WITH_KWARGS.pop(handle.id, None)
         if self._quiet is not None:
             quiet, self._quiet = self._quiet, None
             filters: list[Any] = warnings.filters  # type: ignore[assignment]  # a list at run time

@@ -27,6 +27,8 @@ def hook_count(model: nn.Module) -> int:
         module_globals._global_forward_pre_hooks,
         module_globals._global_backward_hooks,
         module_globals._global_backward_pre_hooks,
+        module_globals._global_forward_hooks_with_kwargs,  # torch's handle forgets this one: we remove it
+        module_globals._global_forward_hooks_always_called,
     )
     return own + sum(len(d) for d in shared) + optimizer_hook_count()
 
@@ -407,29 +409,6 @@ def test_bad_options_name_the_value_and_what_was_expected():
         NeuralDbg(model, preset="fast")
     with pytest.raises(ConfigError, match=r"torch\.nn\.Module"):
         NeuralDbg("model")  # type: ignore[arg-type]
-
-
-def test_torch_compile_keeps_the_diagnosis():
-    pytest.importorskip("torch._dynamo")
-    from torch._dynamo.utils import counters
-
-    torch.manual_seed(0)
-    model = support.mlp(width=16, depth=2)
-    with torch.no_grad():
-        model[2].bias.fill_(-30.0)
-    compiled = torch.compile(model)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    batches = support.regression_batches()
-    counters.clear()
-    with NeuralDbg(compiled) as dbg:
-        for step in range(8):
-            x, y = batches(step)
-            opt.zero_grad()
-            F.mse_loss(compiled(x), y).backward()
-            opt.step()
-    top = dbg.hypotheses()[0]
-    assert top.kind is FailureKind.DEAD_NEURONS and top.root.layer == "3"
-    assert hook_count(model) == 0
 
 
 @pytest.mark.parametrize("bad_step", [None, 23])

@@ -1,0 +1,170 @@
+"""torch.compile: the debugger adds no graph break and no recompilation, and still diagnoses a broken model.
+
+Both ways users wire it are covered: the debugger on the compiled module (``NeuralDbg(torch.compile(model))``)
+and on the original module while the compiled one trains (``dbg = NeuralDbg(model); torch.compile(model)``).
+Dynamo's own counters are read after a warm-up and compared with the same model compiled without a debugger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import support
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import FailureKind, NeuralDbg
+
+dynamo = pytest.importorskip("torch._dynamo")
+from torch._dynamo.utils import counters  # noqa: E402
+
+WARMUP = 6
+STEPS = 16
+
+
+class Block(nn.Module):
+    """A transformer encoder block with a head: a model class of the user's (torch.compile runs the hooks of such
+    a root module outside its graph)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x).mean(1))
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 1))
+
+
+def cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 1),
+    )
+
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
+    "mlp": (mlp, (8, 16)),
+    "cnn": (cnn, (4, 3, 8, 8)),
+    "transformer block": (Block, (4, 5, 16)),
+}
+
+
+def compiled_run(
+    name: str, wrap: str | None, *, dead: bool = False, bad_step: int | None = None
+) -> tuple[NeuralDbg | None, dict[str, int], dict[str, int]]:
+    """Train a compiled model; returns the debugger and Dynamo's counts after the warm-up and at the end."""
+    build, shape = MODELS[name]
+    dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = build()
+    if dead:
+        with torch.no_grad():
+            model[0].bias.fill_(-30.0)  # the ReLU after it is dead from step 0
+    compiled = torch.compile(model)
+    dbg = None if wrap is None else NeuralDbg(compiled if wrap == "compiled" else model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    warm: dict[str, int] = {}
+    if dbg is not None:
+        dbg.attach()
+    try:
+        for step in range(STEPS):
+            x, y = torch.randn(*shape, generator=g), torch.randn(shape[0], 1, generator=g)
+            if step == bad_step:
+                x[0].fill_(float("nan"))
+            opt.zero_grad()
+            F.mse_loss(compiled(x), y).backward()
+            opt.step()
+            if step == WARMUP - 1:
+                warm = counts()
+    finally:
+        if dbg is not None:
+            dbg.close()
+    return dbg, warm, counts()
+
+
+def counts() -> dict[str, int]:
+    return {
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "graphs": counters["stats"]["unique_graphs"],
+        "frames": counters["stats"]["calls_captured"] and counters["frames"]["total"],
+    }
+
+
+@pytest.mark.parametrize("wrap", ["compiled", "original"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_debugger_adds_no_graph_break_and_no_recompilation(name: str, wrap: str):
+    _, plain_warm, plain_end = compiled_run(name, None)
+    dbg, warm, end = compiled_run(name, wrap)
+    assert end["graph_breaks"] == plain_end["graph_breaks"] == 0
+    assert end["graphs"] == plain_end["graphs"]  # no extra graph, no recompilation at all
+    assert end["frames"] - warm["frames"] == plain_end["frames"] - plain_warm["frames"]  # steady state: as plain
+    assert dbg is not None and dbg.steps == STEPS and dbg.hypotheses() == []
+
+
+@pytest.mark.parametrize("wrap", ["compiled", "original"])
+def test_explain_sees_one_graph_with_the_debugger_attached(wrap: str):
+    dynamo.reset()
+    torch.manual_seed(0)
+    model = Block()
+    dbg = NeuralDbg(torch.compile(model) if wrap == "compiled" else model)
+    with dbg:
+        found = dynamo.explain(model)(torch.randn(4, 5, 16))
+    assert (found.graph_count, found.graph_break_count) == (1, 0)
+
+
+@pytest.mark.parametrize("wrap", ["compiled", "original"])
+def test_a_dead_layer_in_a_compiled_model_is_diagnosed_at_its_layer(wrap: str):
+    dbg, _, end = compiled_run("mlp", wrap, dead=True)
+    assert end["graph_breaks"] == 0
+    assert dbg is not None
+    top = dbg.hypotheses()[0]
+    assert (top.kind, top.root.layer, top.root.step_start) == (FailureKind.DEAD_NEURONS, "1", 0)
+
+
+@pytest.mark.parametrize("wrap", ["compiled", "original"])
+def test_a_nan_batch_in_a_compiled_model_is_a_data_problem_at_its_step(wrap: str):
+    dbg, _, _ = compiled_run("mlp", wrap, bad_step=9)
+    assert dbg is not None
+    top = dbg.hypotheses()[0]
+    assert (top.kind, top.root.event_type.value, top.root.step_start) == (FailureKind.NON_FINITE, "input", 9)
+
+
+def test_the_compiled_statistics_match_the_eager_ones():
+    """The same dead model, compiled and not: the same per-layer statistics at the same steps."""
+    found = {}
+    for compile_it in (False, True):
+        dynamo.reset()
+        torch.manual_seed(0)
+        model = support.mlp(width=16, depth=2)
+        with torch.no_grad():
+            model[2].bias.fill_(-30.0)
+        run = torch.compile(model) if compile_it else model
+        dbg = NeuralDbg(model, preset="full")
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        batches = support.regression_batches()
+        with dbg:
+            for step in range(8):
+                x, y = batches(step)
+                opt.zero_grad()
+                F.mse_loss(run(x), y).backward()
+                opt.step()
+        found[compile_it] = {
+            metric: dbg.history.get(metric, layer).points()
+            for metric, layer in (("dead_fraction", "3"), ("output_rms", "2"), ("grad_norm", "0"))
+        }
+    for metric, points in found[False].items():
+        assert [s for s, _ in points] == [s for s, _ in found[True][metric]]
+        for (_, eager), (_, compiled) in zip(points, found[True][metric]):
+            assert compiled == pytest.approx(eager, rel=1e-4, abs=1e-7), metric
