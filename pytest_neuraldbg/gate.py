@@ -29,12 +29,19 @@ class GateFailure(AssertionError):
     """A test failed by the gate; its report shows this text alone (see :func:`show`)."""
 
 
-def gate_text(recs: Sequence[dict[str, Any]], source: str = "--neuraldbg-gate", explained: str = "") -> str:
+def gate_text(
+    recs: Sequence[dict[str, Any]], source: str = "--neuraldbg-gate", explained: str = "", several: bool = False
+) -> str:
     """The failure text of a test failed by the gate: verdict line first, then the explanations.
 
     ``explained``: the text of the test's other failure; explanations it already gives are not repeated.
+    ``several``: the test watched several runs, so each failure is named with its run.
     """
-    bad = [h for rec in recs for h in rec["hypotheses"]]
+    bad = [
+        {**h, "summary": f"run {rec['run']}: {h['summary']}"} if several else h
+        for rec in recs
+        for h in rec["hypotheses"]
+    ]
     first = verdict.headline(bad, "NeuralDBG gate: training is unhealthy")
     hint = (
         f"Failed by the NeuralDBG gate (gate=fail from {source}). For a test that trains a broken model on "
@@ -73,9 +80,10 @@ def check(item: pytest.Item, state: SessionState, other: str = "") -> None:
     fixture = item.stash.get(FIXTURE_KEY, None)
     if fixture is None or fixture.settings.gate != "fail":
         return
-    unhealthy = unexpected(reporting.record_item(item, state))
+    recs = reporting.record_item(item, state)
+    unhealthy = unexpected(recs)
     if unhealthy:
-        text = gate_text(unhealthy, fixture.settings.source("gate"), other)
+        text = gate_text(unhealthy, fixture.settings.source("gate"), other, several=len(recs) > 1)
         raise GateFailure(combined(text, other) if other else text)
 
 
