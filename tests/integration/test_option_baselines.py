@@ -641,3 +641,62 @@ def test_two_workers_give_the_same_outcomes_notes_and_files_as_one_process(proje
     refreshed.stdout.fnmatch_lines(["baselines: 1 created, 3 updated"])
     (directory / "test_gone.json").unlink()
     assert {p.name: p.read_text("utf-8") for p in directory.iterdir()} == written
+
+
+# --- a baseline test that watched no run --------------------------------------------------------------------------
+
+IDLE_TESTS = """
+import models
+import pytest
+
+pytestmark = pytest.mark.neuraldbg(baseline=True)
+
+
+def test_never_trains(neuraldbg):
+    assert neuraldbg.runs == []
+
+
+def test_no_fixture():
+    pass
+
+
+def test_empty_loop(neuraldbg):
+    model = models.healthy()
+    with neuraldbg(model):
+        for batch in []:
+            pass
+"""
+
+
+@pytest.mark.parametrize("args", [(), (UPDATE,)], ids=["comparing", "updating"])
+def test_a_baseline_test_that_watched_no_run_fails_and_nothing_is_written(
+    project: pytest.Pytester, args: tuple[str, ...]
+) -> None:
+    project.makepyfile(test_idle=IDLE_TESTS)
+    result = project.runpytest(*args, "--neuraldbg-report=report")
+    result.assert_outcomes(failed=3)
+    for test in ("test_never_trains", "test_no_fixture"):
+        result.stdout.fnmatch_lines(
+            [
+                f"*_ {test} _*",
+                f"NeuralDBG baseline: test_idle.py::{test} has @pytest.mark.neuraldbg(baseline=True) but watched no "
+                "training run, so there is nothing to compare with a baseline or to store in one",
+                "",
+                "Watch the training in the test (neuraldbg.smoke_train(...), or `with neuraldbg(model) as ndbg:` "
+                "around the loop), or remove baseline=True from the tests that do not train.",
+            ]
+        )
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_empty_loop _*",
+            "NeuralDBG baseline: run '1' of test_idle.py::test_empty_loop took no training step (0 steps observed), "
+            "so there is nothing to compare with a baseline or to store in one",
+        ]
+    )
+    assert not (project.path / "__neuraldbg__").exists()
+    summary = (project.path / "report" / "summary.md").read_text("utf-8")
+    assert (
+        "| `test_idle.py::test_no_fixture` | **failed** | - (no run watched) | ❌ no run: NeuralDBG baseline:"
+        in summary
+    )
+    assert summary.splitlines()[2].startswith("**3 of 3 tests watching training failed**")
