@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -700,3 +701,39 @@ def test_a_baseline_test_that_watched_no_run_fails_and_nothing_is_written(
         in summary
     )
     assert summary.splitlines()[2].startswith("**3 of 3 tests watching training failed**")
+
+
+LR_TEST = """
+import os
+
+import models
+import pytest
+import torch
+
+@pytest.mark.neuraldbg(baseline=True)
+def test_lr(neuraldbg):
+    lr = float(os.environ.get("LR", "1e-3"))
+    sgd = lambda params: torch.optim.SGD(params, lr=lr)
+    neuraldbg.smoke_train(models.healthy(), models.data(), models.loss, steps=30, optimizer=sgd)
+"""
+
+
+def test_a_learning_rate_change_lists_each_regressed_metric_once_worst_first_and_improvements_apart(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project.makepyfile(test_lr=LR_TEST)
+    update(project, passed=1)
+    monkeypatch.setenv("LR", "5e-2")  # 50x: larger updates everywhere (regressions), a lower loss (improvement)
+    result = project.runpytest()
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    body = text.split("Regressions beyond tolerance, worst first (the worst point of each metric and layer):\n")[1]
+    table, _, rest = body.partition("\n\n")
+    header, *rows, summary_line = table.splitlines()
+    assert header.split() == ["metric", "layer", "point", "baseline", "now", "tolerance"]
+    assert [row.split()[:2] for row in rows] == [["update_ratio", "0"], ["update_ratio", "2"], ["update_ratio", "4"]]
+    assert re.fullmatch(r"\.\.\. and \d+ more points beyond tolerance", summary_line)  # the rest in one line
+    assert rest.startswith("Better than the baseline (these pass):\n  loss ")  # improvements listed apart
+    assert "loss" not in table
+    first = next(line for line in text.splitlines() if line.startswith("NeuralDBG baseline regression: "))
+    assert first.startswith("NeuralDBG baseline regression: update_ratio at '0' ")  # the worst one leads
