@@ -2,9 +2,11 @@
 
 Each hook hands off to a small module: :mod:`~pytest_neuraldbg.options` (flags, ini keys, environment,
 precedence), :mod:`~pytest_neuraldbg.fixture` (what the fixture returns), :mod:`~pytest_neuraldbg.reporting`
-(JUnit properties, report sections, terminal summary, files), :mod:`~pytest_neuraldbg.gate` (failing
-unhealthy tests) and :mod:`~pytest_neuraldbg.baseline` (training-health baselines). Imports no torch at import
-time, so ``pytest --help`` and xdist workers stay fast; the engine is imported when a test first uses the fixture.
+(JUnit properties, report sections, terminal summary, files), :mod:`~pytest_neuraldbg.outcomes` (test outcomes
+as pytest counts them, for reports that agree with it), :mod:`~pytest_neuraldbg.gate` (failing unhealthy tests)
+and :mod:`~pytest_neuraldbg.baseline` (training-health baselines). Imports no torch at import time (only the
+engine's vocabulary, :mod:`neuraldbg.events`), so ``pytest --help`` and xdist workers stay fast; the engine is
+imported when a test first uses the fixture.
 """
 
 from __future__ import annotations
