@@ -188,8 +188,9 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "gate",
-        "fail (bare flag), warn or off: fail every test whose watched training run is unhealthy, "
-        "even if the test asserts nothing about it; warn reports without failing (default off)",
+        "fail (the bare flag, which never takes the next argument), warn or off (given with =): fail every "
+        "test whose watched training run is unhealthy, even if the test asserts nothing about it, except for "
+        "failures the test itself asserted on and expected; warn reports without failing (default off)",
         "fail|warn|off",
         parse_gate,
         default="off",
@@ -205,7 +206,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "junit",
-        "write a training-health JUnit XML file to PATH: one test case per watched run and check",
+        "write a training-health JUnit XML file to PATH: one test case per watched run and check (and one "
+        "per test with a baseline)",
         "PATH",
         parse_path,
         is_path=True,
