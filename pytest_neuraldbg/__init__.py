@@ -16,6 +16,7 @@ from __future__ import annotations
 from .assertions import (
     assert_finite,
     assert_healthy,
+    assert_learns,
     assert_no_dead_neurons,
     assert_no_exploding_gradients,
     assert_no_saturation,
@@ -33,6 +34,7 @@ __all__ = [
     "NeuralDbgFixture",
     "assert_finite",
     "assert_healthy",
+    "assert_learns",
     "assert_no_dead_neurons",
     "assert_no_exploding_gradients",
     "assert_no_saturation",

@@ -17,18 +17,22 @@ This module imports no torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
-from . import records, verdict
+from . import learning, records, verdict
+from .errors import ArgumentError, ArgumentTypeError
 
-FAILURE_KINDS = tuple(verdict.CHECKS)
+FAILURE_KINDS = tuple(verdict.CHECKS)  # every FailureKind of the engine, layer-level and run-level
+#: A loss that fell at least this much without reaching the factor, with no fault found, is learning slowly.
+SLOW_BUT_FALLING = 1.05
 
 
 def _hypotheses(ndbg: Any, helper: str) -> list[dict[str, Any]]:
     __tracebackhide__ = True
     if not callable(getattr(ndbg, "hypotheses", None)):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"{helper}(): expected a NeuralDbg debugger or a trace from neuraldbg.load(), got {type(ndbg).__name__}"
         )
     return [records.hypothesis_dict(h) for h in ndbg.hypotheses()]
@@ -36,24 +40,37 @@ def _hypotheses(ndbg: Any, helper: str) -> list[dict[str, Any]]:
 
 def kind_names(kinds: Iterable[Any], helper: str) -> set[str]:
     """Failure kind values from :class:`~neuraldbg.FailureKind` members or their names/values as strings."""
+    __tracebackhide__ = True
     out: set[str] = set()
     for kind in [kinds] if isinstance(kinds, str) else kinds:
         value = getattr(kind, "value", kind)
         text = str(value).strip().lower().replace("-", "_").replace(" ", "_")
         if text not in FAILURE_KINDS:
-            raise ValueError(f"{helper}(ignore=...): unknown failure kind {kind!r}; expected one of {FAILURE_KINDS}")
+            raise ArgumentError(
+                f"{helper}(ignore=...): unknown failure kind {kind!r}; expected one of {', '.join(FAILURE_KINDS)}"
+            )
         out.add(text)
     return out
 
 
-def _fail(first_line: str, hypotheses: Sequence[dict[str, Any]]) -> NoReturn:
+def _note_asserted(ndbg: Any, hypotheses: Sequence[dict[str, Any]]) -> None:
+    """Tell a debugger of the fixture which failures a helper is raising on (see :mod:`~pytest_neuraldbg.gate`)."""
+    note = getattr(ndbg, "note_asserted", None)
+    if callable(note):
+        note([records.key(h) for h in hypotheses])
+
+
+def _fail(ndbg: Any, first_line: str, hypotheses: Sequence[dict[str, Any]]) -> NoReturn:
     __tracebackhide__ = True
+    _note_asserted(ndbg, hypotheses)
     raise AssertionError(verdict.failure_text(first_line, hypotheses))
 
 
 def assert_healthy(ndbg: Any, *, ignore: Iterable[Any] = ()) -> None:
     """Fail when the run has any failure hypothesis whose root cause is not in ``ignore``.
 
+    That includes the run-level kinds: a run that took no training step, got no gradient, trained in eval mode,
+    had a loss that cannot teach, or was not fully observed is not healthy, whatever its layers did.
     ``ignore`` takes :class:`~neuraldbg.FailureKind` members or strings (``"frozen_parameters"``), e.g. to
     accept frozen layers of a fine-tuned model.
     """
@@ -61,14 +78,14 @@ def assert_healthy(ndbg: Any, *, ignore: Iterable[Any] = ()) -> None:
     skip = kind_names(ignore, "assert_healthy")
     found = [h for h in _hypotheses(ndbg, "assert_healthy") if h["kind"] not in skip]
     if found:
-        _fail(verdict.headline(found), found)
+        _fail(ndbg, verdict.headline(found), found)
 
 
 def _assert_none_of(ndbg: Any, kinds: tuple[str, ...], what: str, helper: str) -> None:
     __tracebackhide__ = True
     found = [h for h in _hypotheses(ndbg, helper) if verdict.involves(h, kinds)]
     if found:
-        _fail(verdict.kind_headline(found, kinds, what), found)
+        _fail(ndbg, verdict.kind_headline(found, kinds, what), found)
 
 
 def assert_no_vanishing_gradients(ndbg: Any) -> None:
@@ -113,13 +130,13 @@ def assert_no_dead_neurons(ndbg: Any, *, max_fraction: float | None = None) -> N
     __tracebackhide__ = True
     helper = "assert_no_dead_neurons"
     if max_fraction is not None and not (isinstance(max_fraction, (int, float)) and 0 <= max_fraction < 1):
-        raise ValueError(f"{helper}(max_fraction=...): expected a number in [0, 1), got {max_fraction!r}")
+        raise ArgumentError(f"{helper}(max_fraction=...): expected a number in [0, 1), got {max_fraction!r}")
     found = [h for h in _hypotheses(ndbg, helper) if verdict.involves(h, ("dead_neurons",))]
     if max_fraction is not None:
         found = [h for h in found if _dead_over(h, max_fraction)]
         found += _dead_from_history(ndbg, max_fraction, {h["layer"] for h in found})
     if found:
-        _fail(verdict.kind_headline(found, ("dead_neurons",), "dead neurons"), found)
+        _fail(ndbg, verdict.kind_headline(found, ("dead_neurons",), "dead neurons"), found)
 
 
 def _dead_over(h: dict[str, Any], max_fraction: float) -> bool:
@@ -176,3 +193,87 @@ def _longest_run_above(points: list[tuple[int, float]], limit: float) -> tuple[i
             best = (run[0][0], run[-1][0], len(run), max(v for _, v in run))
         run = []
     return best
+
+
+def assert_learns(ndbg: Any, *, factor: float = learning.DEFAULT_FACTOR) -> None:
+    """Fail unless the loss fell by ``factor`` over the run: "does it learn?", with NeuralDBG's diagnosis of why not.
+
+    The classic smoke test of a training loop is that it can overfit one batch:
+    ``assert_learns(neuraldbg.smoke_train(model, data, loss_fn, overfit=True))``.
+
+    Statistic: the median of the first ``w`` recorded losses against the median of the last ``w``, with ``w`` a
+    fifth of the recorded points, between 1 and 10 (10 for a 50-step run), so one noisy batch or spike does not
+    decide. The run learns when ``last <= first / factor``; the default ``factor=2`` asks the loss to halve
+    (it must be greater than 1). How many steps that takes depends on the model and the optimizer: with
+    ``smoke_train``'s Adam at lr 1e-3, many small models halve the loss on one batch within 50 steps, but some
+    take 100-200 (slow learners, large-scale regression targets); give them ``steps=200`` or a higher learning
+    rate rather than a lower factor, which would let a barely moving loss pass. On a full dataset the loss falls
+    more slowly still. The loss must be positive at the start.
+
+    The failure message gives the verdict line with both numbers, the loss curve (step: loss at ten points)
+    and then NeuralDBG's diagnosis of the run (dead layers, frozen parameters, stalled updates, ...), or says
+    that it found no fault (and whether the loss is falling, only too slowly). A run that took no training step
+    fails too.
+
+    The loss comes from the run's history: ``smoke_train`` records it; in your own loop call
+    ``ndbg.observe_loss(loss)`` every step. Works on a trace from :func:`neuraldbg.load` as well.
+    """
+    __tracebackhide__ = True
+    helper = "assert_learns"
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1 or math.isinf(factor):
+        raise ArgumentError(
+            f"{helper}(factor=...): expected a number greater than 1 (2: the loss halves), got {factor!r}"
+        )
+    found = _hypotheses(ndbg, helper)
+    steps = int(getattr(ndbg, "steps", 0) or 0)
+    history = getattr(ndbg, "history", None)
+    series = history.get("loss", "") if history is not None else None
+    points = [(int(s), float(v)) for s, v in series.points()] if series is not None else []
+    if steps == 0 and not points:
+        _fail_to_learn(ndbg, "NeuralDBG: the run did not learn: it took no training step (0 steps observed)", [], found)
+    if not points:
+        raise ArgumentError(
+            f"{helper}(): this run recorded no loss, so whether it learns cannot be judged. neuraldbg.smoke_train() "
+            "records it; in your own loop call ndbg.observe_loss(loss) once per step, after computing the loss."
+        )
+    if len(points) < 2:
+        raise ArgumentError(f"{helper}(): only one loss was recorded (step {points[0][0]}); train for 2 steps or more")
+    drop = learning.loss_drop(points)
+    if math.isfinite(drop.first) and drop.first <= 0:
+        raise ArgumentError(
+            f"{helper}() compares the loss by the factor it fell by, which needs a positive loss; this run's starts "
+            f"at {learning.number(drop.first)} ("
+            + (f"median of its first {drop.window} recorded losses)" if drop.window > 1 else "its first recorded loss)")
+        )
+    if not drop.learned(float(factor)):
+        _fail_to_learn(ndbg, learning.verdict_line(drop, float(factor), steps), points, found, drop)
+
+
+def _fail_to_learn(
+    ndbg: Any,
+    first_line: str,
+    points: list[tuple[int, float]],
+    found: list[dict[str, Any]],
+    drop: learning.LossDrop | None = None,
+) -> NoReturn:
+    __tracebackhide__ = True
+    parts = [first_line]
+    if points:
+        parts.append(f"Loss curve (step: loss): {learning.curve(points)}")
+    if found:
+        parts.append(verdict.headline(found, "Why, according to NeuralDBG: training is unhealthy"))
+        parts += [verdict.describe(h, i if len(found) > 1 else None) for i, h in enumerate(found, 1)]
+    elif drop is not None and drop.fell_by >= SLOW_BUT_FALLING:
+        parts.append(
+            f"NeuralDBG found no training fault in this run, and the loss is falling ({drop.fell_by:.3g}x), only "
+            "not fast enough for this check: train longer on the batch (more steps) or with a higher learning rate, "
+            "or lower the factor."
+        )
+    else:
+        parts.append(
+            "NeuralDBG found no training fault in this run (no dead or saturated layer, no vanishing or exploding "
+            "gradients, no frozen or stalled parameters, nothing non-finite). Check the learning rate, the loss "
+            "function and the targets, or train for more steps."
+        )
+    _note_asserted(ndbg, found)
+    raise AssertionError("\n\n".join(parts))

@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 import pytest
 
 from . import assertions, baseline, options
+from .errors import ArgumentError, ArgumentTypeError, hide_usage_problems
 from .options import OptionError, Settings
 
 
@@ -41,6 +42,7 @@ class NeuralDbgFixture:
     assert_no_saturation = staticmethod(assertions.assert_no_saturation)
     assert_finite = staticmethod(assertions.assert_finite)
     assert_parameters_update = staticmethod(assertions.assert_parameters_update)
+    assert_learns = staticmethod(assertions.assert_learns)
 
     def __init__(
         self,
@@ -90,23 +92,31 @@ class NeuralDbgFixture:
         Takes the engine's arguments (``config``, ``preset``, ``plugins``, any DebugConfig field) and
         ``name``, the run's name in reports when a test watches several runs (default: 1, 2, ...).
         """
-        from neuraldbg import DebugConfig
+        __tracebackhide__ = True
+        from neuraldbg import ConfigError, DebugConfig
 
         from .watched import WatchedDbg
 
-        if isinstance(config, DebugConfig):
-            dbg = WatchedDbg(model, config, preset=preset, plugins=plugins, **options)
-        else:
-            layered: dict[str, Any] = {}
-            if self.settings.persistence is not None:
-                layered["persistence"] = self.settings.persistence
-            layered.update(self.engine_options)
-            if isinstance(config, Mapping):
-                layered.update(config)
-            elif config is not None:
-                raise TypeError(f"neuraldbg(): config must be a DebugConfig or a mapping, got {type(config).__name__}")
-            layered.update(options)
-            dbg = WatchedDbg(model, preset=preset or self.settings.preset, plugins=plugins, **layered)
+        if config is not None and not isinstance(config, (DebugConfig, Mapping)):
+            raise ArgumentTypeError(
+                f"neuraldbg(): config must be a neuraldbg.DebugConfig or a mapping, got {type(config).__name__}"
+            )
+        problem: ConfigError | None = None
+        try:
+            if isinstance(config, DebugConfig):
+                dbg = WatchedDbg(model, config, preset=preset, plugins=plugins, **options)
+            else:
+                layered: dict[str, Any] = {}
+                if self.settings.persistence is not None:
+                    layered["persistence"] = self.settings.persistence
+                layered.update(self.engine_options)
+                layered.update(config or {})
+                layered.update(options)
+                dbg = WatchedDbg(model, preset=preset or self.settings.preset, plugins=plugins, **layered)
+        except ConfigError as exc:  # a misspelt or out-of-range option: the engine's message, at the test's line
+            problem = exc
+        if problem is not None:
+            raise problem.with_traceback(None)
         run = self._unique(name)
         self._runs.append((run, dbg))
         self._devices[run] = baseline.device_of(model)
@@ -121,6 +131,7 @@ class NeuralDbgFixture:
         optimizer: Any = None,
         steps: int | None = None,
         seed: int = 0,
+        overfit: bool = False,
         name: str | None = None,
         config: Any = None,
         preset: str | None = None,
@@ -138,19 +149,30 @@ class NeuralDbgFixture:
             seed: seeds torch, ``random``, numpy (when installed) and a ``DataLoader``'s own ``generator``
                 (if it was given one; otherwise its shuffling and worker seeds come from torch's) for the
                 loop; their states are restored afterwards.
+            overfit: train every step on the first batch of ``data`` (the "overfit one batch" check: a
+                healthy model and loop drive its loss down fast; see :func:`~pytest_neuraldbg.assert_learns`).
             name, config, preset, **options: as for calling the fixture.
+
+        The loss of every step is recorded (``observe_loss``), for :func:`~pytest_neuraldbg.assert_learns`
+        and baselines. Arguments it cannot train with (``steps=0``, a model without trainable parameters, a
+        loss that is not a one-element tensor) fail at the test's line with a message naming the argument.
 
         Deterministic runs (for baselines): the loop is seeded, but what happens before it is yours to seed:
         call ``torch.manual_seed(...)`` before building the model (its initialisation) and build generated
         data with a seeded ``torch.Generator``; random augmentations inside a Dataset and DataLoader workers
         follow torch's seed. On a GPU add ``torch.use_deterministic_algorithms(True)``.
         """
-        from .smoke import train
+        __tracebackhide__ = hide_usage_problems
+        from .smoke import check_arguments, train
 
-        dbg = self(model, config, preset=preset, name=name, **options)
         total = self.settings.steps if steps is None else steps
-        self._origins[self._runs[-1][0]] = {"seed": seed, "steps": total}
-        return train(dbg, model, data, loss_fn, optimizer=optimizer, steps=total, seed=seed)
+        check_arguments(model, loss_fn, total, overfit)
+        dbg = self(model, config, preset=preset, name=name, **options)
+        origin: dict[str, Any] = {"seed": seed, "steps": total}
+        if overfit:
+            origin["overfit"] = True
+        self._origins[self._runs[-1][0]] = origin
+        return train(dbg, model, data, loss_fn, optimizer=optimizer, steps=total, seed=seed, overfit=overfit)
 
     # --- baselines -----------------------------------------------------------------------------------
 
@@ -181,10 +203,15 @@ class NeuralDbgFixture:
 
     def finish_baseline(self, passed: bool) -> None:
         """After the test body (called by the plugin): with ``baseline=True`` compare every run not compared
-        yet, and all runs stored in the file must have been watched; when updating, write the file."""
+        yet, and all runs stored in the file must have been watched; when updating, write the file.
+
+        A ``baseline=True`` test that watched no run fails (it has nothing to compare, and nothing is written).
+        """
         __tracebackhide__ = True
         if self.baseline is None:
             return
+        if passed and self.settings.baseline and not self._runs and not self.baseline.compared:
+            self.baseline.no_run(_test_failure, marker=True)
         if passed and self.settings.baseline:
             rest = [(run, dbg) for run, dbg in self._runs if run not in self.baseline.compared]
             for _, dbg in rest:
@@ -195,12 +222,13 @@ class NeuralDbgFixture:
         self.baseline.finish(passed, due=self.settings.baseline and bool(self._runs))
 
     def _run_name(self, ndbg: Any, name: str | None) -> str:
+        __tracebackhide__ = True
         if name is not None:
             return str(name)
         for run, dbg in self._runs:
             if dbg is ndbg:
                 return run
-        raise ValueError(
+        raise ArgumentError(
             "assert_matches_baseline(): this debugger was not created by the neuraldbg fixture; "
             "pass name=... to store it under a run name"
         )

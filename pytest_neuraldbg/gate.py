@@ -5,6 +5,13 @@ the test would. So ``xfail`` sees the failure (an unhealthy run under ``xfail(st
 healthy one XPASS(strict)), a body that failed keeps its own failure (the explanation then comes as a report
 section), and a baseline check that fails after the same body is reported in the same failure, both verdict
 lines first. ``gate=warn`` only reports; ``@pytest.mark.neuraldbg(gate="off")`` turns it off for a test.
+
+Expected failures: a test that asserted on a failure and expected it is not failed again. When an assertion
+helper (``assert_no_dead_neurons``, ``assert_healthy``, ``assert_learns``, ...) raised its ``AssertionError``
+on a run's failure and the test passed anyway, the test caught that error on purpose
+(``with pytest.raises(AssertionError, match=...)``): those failures are the test's subject, not a surprise, and
+the gate counts only the others. ``assert not ndbg.explain_failure()`` inside ``pytest.raises`` is not seen
+this way (nothing tells the plugin it raised); use a helper there, or the marker.
 """
 
 from __future__ import annotations
@@ -22,16 +29,24 @@ class GateFailure(AssertionError):
     """A test failed by the gate; its report shows this text alone (see :func:`show`)."""
 
 
-def gate_text(recs: Sequence[dict[str, Any]], source: str = "--neuraldbg-gate", explained: str = "") -> str:
+def gate_text(
+    recs: Sequence[dict[str, Any]], source: str = "--neuraldbg-gate", explained: str = "", several: bool = False
+) -> str:
     """The failure text of a test failed by the gate: verdict line first, then the explanations.
 
     ``explained``: the text of the test's other failure; explanations it already gives are not repeated.
+    ``several``: the test watched several runs, so each failure is named with its run.
     """
-    bad = [h for rec in recs for h in rec["hypotheses"]]
+    bad = [
+        {**h, "summary": f"run {rec['run']}: {h['summary']}"} if several else h
+        for rec in recs
+        for h in rec["hypotheses"]
+    ]
     first = verdict.headline(bad, "NeuralDBG gate: training is unhealthy")
     hint = (
         f"Failed by the NeuralDBG gate (gate=fail from {source}). For a test that trains a broken model on "
-        'purpose, use @pytest.mark.neuraldbg(gate="off").'
+        "purpose, assert on the failure it expects (with pytest.raises(AssertionError): "
+        'assert_no_dead_neurons(ndbg)) or use @pytest.mark.neuraldbg(gate="off").'
     )
     carried = bool(explained) and all(h["explanation"] in explained for h in bad)
     return verdict.failure_text(first, [] if carried else bad, [hint])
@@ -43,8 +58,21 @@ def combined(first: str, second: str) -> str:
     return "\n".join([head1, head2]) + (f"\n{rest1}" if rest1 else "") + (f"\n{rest2}" if rest2 else "")
 
 
+def unexpected(recs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The unhealthy runs, each with only the failures no assertion helper of the (passing) test raised on."""
+    out = []
+    for rec in recs:
+        if rec["verdict"] != records.UNHEALTHY:
+            continue
+        left = [h for h in rec["hypotheses"] if not h.get("asserted")]
+        if left:
+            out.append({**rec, "hypotheses": left})
+    return out
+
+
 def check(item: pytest.Item, state: SessionState, other: str = "") -> None:
-    """Raise :class:`GateFailure` when the test's gate is ``fail`` and a run it watched is unhealthy.
+    """Raise :class:`GateFailure` when the test's gate is ``fail`` and a run it watched has a failure the test
+    did not assert on itself.
 
     ``other``: the text of the test's other failure (its baseline check's), reported after the gate's.
     """
@@ -52,9 +80,10 @@ def check(item: pytest.Item, state: SessionState, other: str = "") -> None:
     fixture = item.stash.get(FIXTURE_KEY, None)
     if fixture is None or fixture.settings.gate != "fail":
         return
-    unhealthy = [r for r in reporting.record_item(item, state) if r["verdict"] == records.UNHEALTHY]
+    recs = reporting.record_item(item, state)
+    unhealthy = unexpected(recs)
     if unhealthy:
-        text = gate_text(unhealthy, fixture.settings.source("gate"), other)
+        text = gate_text(unhealthy, fixture.settings.source("gate"), other, several=len(recs) > 1)
         raise GateFailure(combined(text, other) if other else text)
 
 

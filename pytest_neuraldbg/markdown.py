@@ -1,7 +1,12 @@
 """``summary.md``: a Markdown report of the watched runs, for ``$GITHUB_STEP_SUMMARY`` or a PR comment.
 
-GitHub renders the ```` ```mermaid ```` blocks: each unhealthy run gets its causal graph and a line chart of
-the gradient norm (log10) of its first, root and last layers, both collapsed in ``<details>``. The file stays
+The verdict agrees with pytest: the first sentence says how many tests that watched training failed (a gate
+failure, a baseline regression or their own assertion), then how many runs are unhealthy and how baselines
+came out, then pytest's own counts for the session. The table has one row per watched run with its test's
+outcome (passed, failed, xfailed, error, ...) beside the training verdict and the baseline result. GitHub
+renders the ```` ```mermaid ```` blocks: each unhealthy run gets its causal graph and a line chart of the
+gradient norm (log10) of its first, root and last layers, both collapsed in ``<details>``; each failed baseline
+lists its worst differences. The file stays
 under 65,536 characters (the limit of a GitHub comment, far below the 1 MiB of a step summary): past it, rows
 and sections are left out with a note saying how many. Pure functions of the run records; no I/O.
 """
@@ -9,10 +14,11 @@ and sections are left out with a note saying how many. Pure functions of the run
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import records
+from .outcomes import BAD, BASELINE_ORDER, BaselineResult, Outcomes
 
 COMMENT_LIMIT = 65_536  # characters in a GitHub issue or PR comment
 MAX_CHART_POINTS = 40
@@ -146,33 +152,150 @@ def _labels(recs: Sequence[dict[str, Any]]) -> list[str]:
     return [records.run_label(r, per_test[r["nodeid"]]) for r in recs]
 
 
-def summary(recs: Sequence[dict[str, Any]], *, gate: str = "off", limit: int = COMMENT_LIMIT) -> str:
-    """The whole ``summary.md``: verdict counts, a table of runs, then each unhealthy run in detail."""
-    order = {records.UNHEALTHY: 0, records.ERROR: 1, records.HEALTHY: 2}
-    recs = sorted(recs, key=lambda r: order.get(r["verdict"], 3))  # stable: test order within a verdict
-    labels = _labels(recs)
-    bad = [(r, label) for r, label in zip(recs, labels) if r["verdict"] != records.HEALTHY]
-    unhealthy = sum(r["verdict"] == records.UNHEALTHY for r in recs)
-    head = ["## NeuralDBG training health", ""]
-    if not recs:
-        head.append("No training run was watched.")
-        return "\n".join(head) + "\n"
-    if unhealthy:
-        verdict_text = f"**{unhealthy} of {len(recs)} watched runs unhealthy**"
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
+
+
+def _outcome_cell(outcome: str) -> str:
+    return f"**{outcome}**" if outcome in BAD else (outcome or "-")
+
+
+def _training_cell(record: dict[str, Any] | None, outcome: str) -> str:
+    if record is None:
+        return "- (no run watched)"
+    text = f"{ICONS.get(record['verdict'], '')} {record['verdict']}"
+    hypotheses = record["hypotheses"]
+    if outcome == "passed" and hypotheses and all(h.get("asserted") for h in hypotheses):
+        text += " (expected by the test)"
+    elif outcome == "xfailed" and record["verdict"] == records.UNHEALTHY:
+        text += " (expected: xfail)"
+    return text
+
+
+def _baseline_cell(result: BaselineResult | None) -> str:
+    if result is None:
+        return "-"
+    icon = "❌ " if result.failed else ("✅ " if result.status in ("matched", "improved") else "")
+    first = f": {result.lines[0]}" if result.failed and result.lines else ""
+    more = f" (+{len(result.lines) - 1} more)" if first and len(result.lines) > 1 else ""
+    return cell(f"{icon}{result.status}{first}{more}")
+
+
+def _hypotheses_cell(record: dict[str, Any] | None, outcome: str) -> str:
+    if record is None:
+        return "-"
+    if record["verdict"] == records.ERROR:
+        return "error"
+    expected = outcome == "passed"
+    found = [
+        h["summary"] + (" (asserted by the test)" if expected and h.get("asserted") else "")
+        for h in record["hypotheses"]
+    ]
+    return cell("; ".join(found)) if found else "-"
+
+
+def _headline(
+    rows: Sequence[tuple[str, dict[str, Any] | None]],
+    outcomes: Outcomes | None,
+    baselines: Mapping[str, BaselineResult],
+    gate: str,
+) -> list[str]:
+    """The verdict sentence (about tests, then runs and baselines), and pytest's own counts."""
+    recs = [r for _, r in rows if r is not None]
+    tests = list(dict.fromkeys(nodeid for nodeid, _ in rows))
+    failed = [t for t in tests if outcomes is not None and outcomes.of(t) in BAD]
+    unhealthy = [r for r in recs if r["verdict"] == records.UNHEALTHY]
+    errors = sum(r["verdict"] == records.ERROR for r in recs)
+    if failed:
+        first = f"**{len(failed)} of {_count(len(tests), 'test')} watching training failed**"
+    elif unhealthy:
+        first = f"**No test watching training failed, but {len(unhealthy)} of {len(recs)} watched runs are unhealthy**"
+    elif recs:
+        first = f"**All {_count(len(recs), 'watched run')} healthy**"
     else:
-        verdict_text = f"**All {len(recs)} watched runs healthy**"
-    errors = len(recs) - unhealthy - sum(r["verdict"] == records.HEALTHY for r in recs)
-    head.append(verdict_text + (f", {errors} could not be analysed" if errors else "") + f" (gate: {gate}).")
+        first = f"**No training run was watched by the {_count(len(tests), 'test')} with a baseline**"
+    details = [
+        f"runs: {len(unhealthy)} of {len(recs)} unhealthy" + (f", {errors} could not be analysed" if errors else "")
+    ]
+    if baselines:
+        statuses: dict[str, int] = {}
+        for t in tests:
+            if t in baselines:
+                statuses[baselines[t].status] = statuses.get(baselines[t].status, 0) + 1
+        order = [*BASELINE_ORDER, "unchanged", "matched"]
+        ranked = sorted(statuses, key=lambda s: order.index(s) if s in order else len(order))
+        details.append("baselines: " + ", ".join(f"{statuses[status]} {status}" for status in ranked))
+    lines = [f"{first} ({'; '.join(details)}; gate: {gate})."]
+    if outcomes is not None and outcomes.counts:
+        lines += ["", f"pytest, whole session: {outcomes.text()}."]
+    return lines
+
+
+def _baseline_section(nodeid: str, result: BaselineResult, limit: int = 5) -> str:
+    lines = [f"### ❌ {code(nodeid)}: baseline {escape(result.status)}", ""]
+    lines += [f"- {escape(line)}" for line in result.lines[:limit]]
+    if len(result.lines) > limit:
+        lines.append(f"- … and {len(result.lines) - limit} more")
+    if result.path:
+        lines += ["", f"Baseline file: {code(result.path)}"]
+    return "\n".join(lines)
+
+
+def summary(
+    recs: Sequence[dict[str, Any]],
+    *,
+    gate: str = "off",
+    outcomes: Outcomes | None = None,
+    baselines: Mapping[str, BaselineResult] | None = None,
+    limit: int = COMMENT_LIMIT,
+) -> str:
+    """The whole ``summary.md``: the verdict, a table (test outcome, training verdict, baseline, steps,
+    failure hypotheses; one row per watched run, and one per baseline test that watched none), then each
+    unhealthy run and each failed baseline in detail. Tests that failed come first, then unhealthy runs."""
+    baselines = dict(baselines or {})
+    outcome_of = outcomes.of if outcomes is not None else (lambda _: "")
+    rows: list[tuple[str, dict[str, Any] | None]] = [(str(r["nodeid"]), r) for r in recs]
+    watched = {nodeid for nodeid, _ in rows}
+    rows += [(nodeid, None) for nodeid in sorted(baselines) if nodeid not in watched]
+
+    def rank(row: tuple[str, dict[str, Any] | None]) -> int:
+        nodeid, rec = row
+        if outcome_of(nodeid) in BAD:
+            return 0
+        return {records.UNHEALTHY: 1, records.ERROR: 2}.get(rec["verdict"] if rec is not None else "", 3)
+
+    rows.sort(key=rank)  # stable: test order within a rank
+    labels = dict(zip(map(id, recs), _labels(recs)))
+    head = ["## NeuralDBG training health", ""]
+    if not rows:
+        head.append("No training run was watched.")
+        if outcomes is not None and outcomes.counts:
+            head += ["", f"pytest, whole session: {outcomes.text()}."]
+        return "\n".join(head) + "\n"
+    head += _headline(rows, outcomes, baselines, gate)
     budget = limit - 400  # room for the notes on what was left out
     text = "\n".join(head)
 
-    table = ["", "| Test | Verdict | Steps | Failure hypotheses |", "|---|---|---|---|"]
-    table_budget = budget // 2 if bad else budget  # leave room for the sections of unhealthy runs
+    bad = [(r, labels[id(r)]) for _, r in rows if r is not None and r["verdict"] != records.HEALTHY]
+    failed_baselines = [
+        (n, baselines[n]) for n in dict.fromkeys(n for n, _ in rows) if n in baselines and baselines[n].failed
+    ]
+    table = [
+        "",
+        "| Test | Outcome | Training | Baseline | Steps | Failure hypotheses |",
+        "|---|---|---|---|---|---|",
+    ]
+    table_budget = budget // 2 if bad or failed_baselines else budget  # leave room for the sections below
     size = len(text) + sum(len(line) + 1 for line in table)
     left_out = 0
-    for r, label in zip(recs, labels):
-        found = "; ".join(h["summary"] for h in r["hypotheses"]) or ("-" if r["verdict"] == "healthy" else "error")
-        row = f"| {code(label)} | {ICONS.get(r['verdict'], '')} {r['verdict']} | {r['steps']} | {cell(found)} |"
+    for nodeid, r in rows:
+        outcome = outcome_of(nodeid)
+        label = labels[id(r)] if r is not None else nodeid
+        row = (
+            f"| {code(label)} | {_outcome_cell(outcome)} | {_training_cell(r, outcome)} | "
+            f"{_baseline_cell(baselines.get(nodeid))} | {r['steps'] if r is not None else 0} | "
+            f"{_hypotheses_cell(r, outcome)} |"
+        )
         if size + len(row) + 1 > table_budget:
             left_out += 1
             continue
@@ -180,9 +303,15 @@ def summary(recs: Sequence[dict[str, Any]], *, gate: str = "off", limit: int = C
         size += len(row) + 1
     text += "\n" + "\n".join(table)
     if left_out:
-        text += f"\n\n_{left_out} more runs not listed: GitHub limits a comment to {limit:,} characters._"
+        text += f"\n\n_{left_out} more rows not listed: GitHub limits a comment to {limit:,} characters._"
 
     skipped = 0
+    for nodeid, result in failed_baselines:
+        part = "\n\n" + _baseline_section(nodeid, result)
+        if len(text) + len(part) <= budget:
+            text += part
+        else:
+            skipped += 1
     for r, label in bad:
         for graphs in (True, False):
             part = "\n\n" + section(r, label, graphs=graphs)
@@ -192,7 +321,5 @@ def summary(recs: Sequence[dict[str, Any]], *, gate: str = "off", limit: int = C
         else:
             skipped += 1
     if skipped:
-        text += (
-            f"\n\n_{skipped} more unhealthy runs left out to stay within {limit:,} characters; see the .json files._"
-        )
+        text += f"\n\n_{skipped} more sections left out to stay within {limit:,} characters; see the .json files._"
     return text + "\n"

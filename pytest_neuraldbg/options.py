@@ -65,10 +65,7 @@ def parse_gate(value: Any) -> str:
     aliases = {"true": "fail", "1": "fail", "yes": "fail", "on": "fail", "false": "off", "0": "off", "no": "off"}
     text = aliases.get(text, text)
     if text not in GATES:
-        raise OptionError(
-            "expected one of fail, warn, off (a bare --neuraldbg-gate means fail; "
-            "write --neuraldbg-gate=VALUE when test paths follow it)"
-        )
+        raise OptionError("expected one of fail, warn, off (a bare --neuraldbg-gate means fail)")
     return text
 
 
@@ -191,8 +188,9 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "gate",
-        "fail (bare flag), warn or off: fail every test whose watched training run is unhealthy, "
-        "even if the test asserts nothing about it; warn reports without failing (default off)",
+        "fail (the bare flag, which never takes the next argument), warn or off (given with =): fail every "
+        "test whose watched training run is unhealthy, even if the test asserts nothing about it, except for "
+        "failures the test itself asserted on and expected; warn reports without failing (default off)",
         "fail|warn|off",
         parse_gate,
         default="off",
@@ -208,7 +206,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "junit",
-        "write a training-health JUnit XML file to PATH: one test case per watched run and check",
+        "write a training-health JUnit XML file to PATH: one test case per watched run and check (and one "
+        "per test with a baseline)",
         "PATH",
         parse_path,
         is_path=True,
@@ -224,6 +223,15 @@ OPTIONS: tuple[Option, ...] = (
         "update_baselines",
         "write or refresh the training-health baselines of the tests that use them (marker baseline=True "
         "or neuraldbg.assert_matches_baseline) instead of comparing; ini and env values: true or false",
+        "",
+        parse_bool,
+        default=False,
+        is_flag=True,
+    ),
+    Option(
+        "remove_stale_baselines",
+        "delete the stale training-health baselines (files in __neuraldbg__/ of the collected test modules that "
+        "no test uses any more) instead of only listing them; ini and env values: true or false",
         "",
         parse_bool,
         default=False,
@@ -278,6 +286,7 @@ class Settings:
     junit: Path | None = None
     steps: int = DEFAULT_STEPS
     update_baselines: bool = False
+    remove_stale_baselines: bool = False
     grad_tolerance: float = DEFAULT_GRAD_TOLERANCE
     fraction_tolerance: float = DEFAULT_FRACTION_TOLERANCE
     loss_tolerance: float = DEFAULT_LOSS_TOLERANCE
@@ -302,6 +311,31 @@ def add_options(parser: pytest.Parser) -> None:
         else:
             group.addoption(option.flag, dest=option.dest, metavar=option.metavar, help=text)
         parser.addini(option.ini, f"{option.help} (like {option.flag})", type="string")
+
+
+def bare_flags_take_no_value(args: list[str], exists: Callable[[str], bool]) -> None:
+    """Rewrite, in place, a bare ``--neuraldbg-gate`` as ``--neuraldbg-gate=fail`` so it never takes the next
+    argument: in ``pytest --neuraldbg-gate tests`` the test path stays a test path.
+
+    A value is given with ``=`` only. A bare flag followed by a word that is a value (``--neuraldbg-gate warn``)
+    and not an existing path is refused with the spelling that works, rather than run as a test path that is
+    not there. Arguments after ``--`` are positional and left alone. ``exists`` tells whether a path exists.
+    """
+    for option in OPTIONS:
+        if option.bare_value is None:
+            continue
+        for i, arg in enumerate(args):
+            if arg == "--":
+                break
+            if arg != option.flag:
+                continue
+            following = args[i + 1] if i + 1 < len(args) else None
+            if following is not None and following.strip().lower() in GATES and not exists(following):
+                raise pytest.UsageError(
+                    f"neuraldbg: {option.flag} takes its value after '=': write {option.flag}={following} "
+                    f"(a bare {option.flag} means {option.bare_value} and never takes the next argument)"
+                )
+            args[i] = f"{option.flag}={option.bare_value}"
 
 
 OVERRIDE = "(-o override)"

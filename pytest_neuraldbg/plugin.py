@@ -2,13 +2,16 @@
 
 Each hook hands off to a small module: :mod:`~pytest_neuraldbg.options` (flags, ini keys, environment,
 precedence), :mod:`~pytest_neuraldbg.fixture` (what the fixture returns), :mod:`~pytest_neuraldbg.reporting`
-(JUnit properties, report sections, terminal summary, files), :mod:`~pytest_neuraldbg.gate` (failing
-unhealthy tests) and :mod:`~pytest_neuraldbg.baseline` (training-health baselines). Imports no torch at import
-time, so ``pytest --help`` and xdist workers stay fast; the engine is imported when a test first uses the fixture.
+(JUnit properties, report sections, terminal summary, files), :mod:`~pytest_neuraldbg.outcomes` (test outcomes
+as pytest counts them, for reports that agree with it), :mod:`~pytest_neuraldbg.gate` (failing unhealthy tests)
+and :mod:`~pytest_neuraldbg.baseline` (training-health baselines). Imports no torch at import time (only the
+engine's vocabulary, :mod:`neuraldbg.events`), so ``pytest --help`` and xdist workers stay fast; the engine is
+imported when a test first uses the fixture.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +27,15 @@ if TYPE_CHECKING:
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Register ``--neuraldbg-*`` flags and ``neuraldbg_*`` ini keys (see :mod:`pytest_neuraldbg.options`)."""
     options.add_options(parser)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    """Before pytest reads its arguments: a bare ``--neuraldbg-gate`` never takes the test path after it."""
+    before = list(args)
+    options.bare_flags_take_no_value(args, lambda path: (early_config.invocation_params.dir / path).exists())
+    if args != before:  # pytest parsed them once already, to find the initial conftest files: parse again
+        early_config.known_args_namespace = parser.parse_known_args(args, namespace=copy.copy(early_config.option))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -43,9 +55,11 @@ def neuraldbg(request: pytest.FixtureRequest) -> Iterator[NeuralDbgFixture]:
     from .fixture import NeuralDbgFixture
 
     try:
-        fixture = NeuralDbgFixture.for_item(request.node, request.config.stash[SESSION_KEY].settings)
+        fixture, problem = NeuralDbgFixture.for_item(request.node, request.config.stash[SESSION_KEY].settings), ""
     except options.OptionError as exc:
-        pytest.fail(f"neuraldbg: {exc}", pytrace=False)
+        problem = str(exc)
+    if problem:  # failed outside the except block, so the message is shown once, without a chained traceback
+        pytest.fail(f"neuraldbg: {problem}", pytrace=False)
     request.node.stash[FIXTURE_KEY] = fixture
     yield fixture
     fixture.close()
@@ -97,9 +111,11 @@ def pytest_assertrepr_compare(config: pytest.Config, op: str, left: object, righ
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Write the report files, once, on the controller (never on an xdist worker)."""
+    """Remove stale baselines when asked, write the report files: once, on the controller (not an xdist worker)."""
     if not hasattr(session.config, "workerinput"):
-        reporting.write_files(session.config.stash[SESSION_KEY])
+        state = session.config.stash[SESSION_KEY]
+        reporting.remove_stale(state, session.config.rootpath)
+        reporting.write_files(state)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

@@ -62,6 +62,11 @@ def hypothesis_dict(h: Any) -> dict[str, Any]:
     }
 
 
+def key(hypothesis: dict[str, Any]) -> tuple[str, str, int]:
+    """What identifies a hypothesis within its run: kind, root layer, onset step."""
+    return (str(hypothesis["kind"]), str(hypothesis["layer"]), int(hypothesis["step"]))
+
+
 def grad_chart_series(dbg: Any, hypotheses: list[Any]) -> list[dict[str, Any]]:
     """Gradient norm series of the first layer, the root's layer and the last layer (those with parameters).
 
@@ -108,14 +113,22 @@ def _nearest_parametric(root: str, order: list[str], parametric: list[str]) -> s
 
 
 def summarise(dbg: Any, *, nodeid: str, run: str, include_trace: bool = False) -> dict[str, Any]:
-    """The record of one watched run. Never raises: a failure of the engine becomes an ``error`` record."""
+    """The record of one watched run. Never raises: a failure of the engine becomes an ``error`` record.
+
+    Each hypothesis says whether an assertion helper of the test failed on it (``asserted``): when the test
+    passed anyway, it caught that failure on purpose (``pytest.raises``), so the gate does not fail it again.
+    """
     record: dict[str, Any] = {"nodeid": nodeid, "run": run, "steps": 0, "hypotheses": [], "mermaid": ""}
     try:
         hypotheses = list(dbg.hypotheses())
+        asserted = set(getattr(dbg, "asserted", ()))  # failures an assertion helper raised on (see watched.py)
+        found = [hypothesis_dict(h) for h in hypotheses]
+        for h in found:
+            h["asserted"] = key(h) in asserted
         record.update(
             verdict=UNHEALTHY if hypotheses else HEALTHY,
             steps=int(dbg.steps),
-            hypotheses=[hypothesis_dict(h) for h in hypotheses],
+            hypotheses=found,
             mermaid=dbg.export_mermaid_causal_graph(),
             grad_chart=grad_chart_series(dbg, hypotheses) if hypotheses else [],
         )

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from . import baseline, records, verdict
-from .state import FIXTURE_KEY, RECORDS_KEY, SessionState
+from . import baseline, outcomes, records, verdict
+from .state import FIXTURE_KEY, RECORDS_KEY, SESSION_KEY, SessionState
 
 SECTION = "NeuralDBG training health"
 ATTRIBUTE = "neuraldbg_runs"
@@ -82,15 +82,28 @@ def section_text(recs: Sequence[dict[str, Any]]) -> str:
 
 
 def annotate(report: pytest.TestReport, recs: list[dict[str, Any]]) -> None:
-    """Attach the records to the call report and add the report section, unless its failure explains them."""
+    """Attach the records to the call report and explain its unhealthy runs, unless its failure already does.
+
+    A failed test gets the explanation in its failure itself (a section of the traceback), so the terminal and
+    the failure text of pytest's JUnit carry it: ``assert not ndbg.explain_failure()`` fails with the verdict
+    as its message and every explanation and chain in its text. A passing test gets a report section.
+    """
     if not recs:
         return
     setattr(report, ATTRIBUTE, recs)
     if not any(r["verdict"] != records.HEALTHY for r in recs):
         return
     unhealthy = [r for r in recs if r["verdict"] == records.UNHEALTHY]
-    if not (report.failed and _carries_explanations(report, unhealthy)):
-        report.sections.append((SECTION, section_text(recs)))
+    if report.failed and _carries_explanations(report, unhealthy):
+        return
+    text = section_text(recs)
+    longrepr: Any = report.longrepr
+    if report.failed and hasattr(longrepr, "addsection"):  # a traceback: the explanation becomes its last section
+        longrepr.addsection(SECTION, text)
+    elif report.failed and isinstance(report.longrepr, str):
+        report.longrepr = f"{report.longrepr}\n\n{SECTION}:\n{text}"
+    else:
+        report.sections.append((SECTION, text))
 
 
 def _carries_explanations(report: pytest.TestReport, unhealthy: list[dict[str, Any]]) -> bool:
@@ -101,14 +114,6 @@ def _carries_explanations(report: pytest.TestReport, unhealthy: list[dict[str, A
 
 # --- baselines --------------------------------------------------------------------------------------------
 
-#: Per test, the note that wins when several runs were compared one by one: the most urgent first.
-BASELINE_ORDER = ("regressed", "invalid", "missing", "not written", "improved", "created", "updated")
-
-
-def baseline_status(notes: Sequence[dict[str, Any]]) -> str:
-    statuses = [n["status"] for n in notes]
-    return next((s for s in BASELINE_ORDER if s in statuses), statuses[-1] if statuses else "")
-
 
 def finish_baseline(item: pytest.Item, passed: bool) -> None:
     """After the test body: let the fixture compare or write the baseline; its outcome becomes a JUnit property.
@@ -117,6 +122,8 @@ def finish_baseline(item: pytest.Item, passed: bool) -> None:
     """
     __tracebackhide__ = True
     fixture = item.stash.get(FIXTURE_KEY, None)
+    if fixture is None and passed:
+        fixture = _baseline_without_fixture(item)
     if fixture is None or fixture.baseline is None:
         return
     try:
@@ -124,7 +131,31 @@ def finish_baseline(item: pytest.Item, passed: bool) -> None:
     finally:
         notes = fixture.baseline.notes
         if notes:
-            item.user_properties.append(("neuraldbg.baseline", f"{baseline_status(notes)}: {notes[0]['path']}"))
+            item.user_properties.append(
+                ("neuraldbg.baseline", f"{outcomes.baseline_status(notes)}: {notes[0]['path']}")
+            )
+
+
+def _baseline_without_fixture(item: pytest.Item) -> Any:
+    """A test marked ``baseline=True`` that did not even request the fixture: it gets one (with no runs), whose
+    baseline check then fails it for watching no run. None for every other test."""
+    __tracebackhide__ = True
+    from . import options
+    from .fixture import NeuralDbgFixture
+
+    try:
+        marked = "baseline" in options.marker_kwargs(item)
+        fixture, problem = (
+            (NeuralDbgFixture.for_item(item, item.config.stash[SESSION_KEY].settings), "") if marked else (None, "")
+        )
+    except options.OptionError as exc:
+        fixture, problem = None, str(exc)
+    if problem:
+        pytest.fail(f"neuraldbg: {problem}", pytrace=False)
+    if fixture is None or not fixture.settings.baseline:
+        return None
+    item.stash[FIXTURE_KEY] = fixture
+    return fixture
 
 
 def annotate_baseline(report: pytest.TestReport, item: pytest.Item) -> None:
@@ -170,6 +201,7 @@ class Collector:
         self.state = state
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.state.outcomes.add(report)
         if report.when == "call":
             self.state.records.extend(getattr(report, ATTRIBUTE, None) or [])
             self.state.baseline_notes.extend(getattr(report, BASELINE_ATTRIBUTE, None) or [])
@@ -228,12 +260,23 @@ def sorted_records(state: SessionState) -> list[dict[str, Any]]:
     return sorted(state.records, key=lambda r: (str(r["nodeid"]), str(r["run"])))
 
 
+def remove_stale(state: SessionState, root: Path) -> None:
+    """With ``--neuraldbg-remove-stale-baselines``: delete the stale baseline files (controller only)."""
+    if not state.settings.remove_stale_baselines:
+        return
+    for shown_path in sorted(state.stale):
+        path = Path(shown_path)
+        if baseline.remove(path if path.is_absolute() else root / path):
+            state.removed.append(shown_path)
+
+
 def write_files(state: SessionState) -> None:
     """Write ``--neuraldbg-report`` and ``--neuraldbg-junit`` outputs (controller only)."""
     from . import junit, markdown
 
     settings = state.settings
     recs = sorted_records(state)
+    results = outcomes.baseline_results(state.baseline_notes)
     if settings.report is not None:
         directory = settings.report
         directory.mkdir(parents=True, exist_ok=True)
@@ -242,10 +285,11 @@ def write_files(state: SessionState) -> None:
                 _write(directory / f"{stem}.json", json.dumps(rec["trace"], indent=1, allow_nan=False) + "\n")
             if rec.get("mermaid"):
                 _write(directory / f"{stem}.mmd", rec["mermaid"] + "\n")
-        state.written.append(_write(directory / "summary.md", markdown.summary(recs, gate=settings.gate)))
+        summary = markdown.summary(recs, gate=settings.gate, outcomes=state.outcomes, baselines=results)
+        state.written.append(_write(directory / "summary.md", summary))
     if settings.junit is not None:
         settings.junit.parent.mkdir(parents=True, exist_ok=True)
-        state.written.append(_write(settings.junit, junit.report(recs)))
+        state.written.append(_write(settings.junit, junit.report(recs, outcomes=state.outcomes, baselines=results)))
 
 
 def _write(path: Path, text: str) -> Path:
@@ -271,12 +315,12 @@ def baseline_summary(reporter: Any, state: SessionState) -> None:
     per_test: dict[str, list[dict[str, Any]]] = {}
     for note in state.baseline_notes:
         per_test.setdefault(str(note["nodeid"]), []).append(note)
-    status = {nodeid: baseline_status(notes) for nodeid, notes in sorted(per_test.items())}
+    status = {nodeid: outcomes.baseline_status(notes) for nodeid, notes in sorted(per_test.items())}
     if status:
         counts: dict[str, int] = {}
         for value in status.values():
             counts[value] = counts.get(value, 0) + 1
-        order = [*BASELINE_ORDER, "unchanged", "matched"]
+        order = [*outcomes.BASELINE_ORDER, "unchanged", "matched"]
         listed = ", ".join(f"{counts[s]} {s}" for s in sorted(counts, key=order.index))
         reporter.write_line(f"baselines: {listed}")
     for nodeid, value in status.items():
@@ -291,10 +335,14 @@ def baseline_summary(reporter: Any, state: SessionState) -> None:
         elif value == "not written":
             reporter.write_line(f"baseline not written for {nodeid}: the test did not pass", yellow=True)
     for path, test in sorted(state.stale.items()):
-        reporter.write_line(f"stale baseline: {path} (no test {test})", yellow=True)
-    if state.stale:
+        if path in state.removed:
+            reporter.write_line(f"removed stale baseline: {path} (no test {test})")
+        else:
+            reporter.write_line(f"stale baseline: {path} (no test {test})", yellow=True)
+    if len(state.removed) < len(state.stale):
         reporter.write_line(
-            f"  delete stale baselines, or rename them after a renamed test and run {baseline.UPDATE_FLAG}"
+            f"  remove them with {baseline.REMOVE_STALE_FLAG}, or rename them after a renamed test and run "
+            f"{baseline.UPDATE_FLAG}"
         )
 
 
@@ -308,7 +356,11 @@ def _runs_summary(reporter: Any, state: SessionState, recs: list[dict[str, Any]]
     for r in recs:
         per_test[r["nodeid"]] = per_test.get(r["nodeid"], 0) + 1
     for r in unhealthy:
-        found = "; ".join(h["summary"] for h in r["hypotheses"])
+        expected = state.outcomes.of(r["nodeid"]) == "passed"  # a helper's failure the passing test caught
+        found = "; ".join(
+            h["summary"] + (" (asserted by the test)" if expected and h.get("asserted") else "")
+            for h in r["hypotheses"]
+        )
         reporter.write_line(f"UNHEALTHY {records.run_label(r, per_test[r['nodeid']])}: {found}", red=True)
     for r in errors:
         reporter.write_line(f"ERROR {records.run_label(r, per_test[r['nodeid']])}: {r.get('error')}", yellow=True)

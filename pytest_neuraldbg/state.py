@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .options import Settings
+from .outcomes import Outcomes
 
 if TYPE_CHECKING:
     from .fixture import NeuralDbgFixture
@@ -24,6 +25,8 @@ class SessionState:
     baseline_notes: list[dict[str, Any]] = field(default_factory=list)  # from every test that has a baseline
     deselected: list[tuple[Path, str]] = field(default_factory=list)  # (module, test id) of deselected tests
     stale: dict[str, str] = field(default_factory=dict)  # stale baseline file -> "test_x in test_mod.py"
+    removed: list[str] = field(default_factory=list)  # stale baseline files deleted (--neuraldbg-remove-stale-...)
+    outcomes: Outcomes = field(default_factory=Outcomes)  # pytest's counts, and each test's outcome
 
 
 SESSION_KEY = pytest.StashKey[SessionState]()

@@ -10,18 +10,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from neuraldbg.events import RUN_LEVEL_KINDS, FailureKind  # the engine's vocabulary; imports no torch
+
 MAX_HEADLINE = 300
 
-#: Every failure kind of the engine and how a headline names it.
-CHECKS: dict[str, str] = {
-    "vanishing_gradients": "vanishing gradients",
-    "exploding_gradients": "exploding gradients",
-    "dead_neurons": "dead neurons",
-    "saturated_activations": "saturated activations",
-    "non_finite": "non-finite values",
-    "frozen_parameters": "frozen parameters",
-    "stalled_updates": "stalled updates",
-}
+#: How a headline names a failure kind, where its value with spaces would read badly.
+_NAMES = {"non_finite": "non-finite values", "eval_mode_training": "training in eval mode"}
+
+#: Every failure kind of the engine (:class:`~neuraldbg.FailureKind`, in its order) and how a headline names it.
+CHECKS: dict[str, str] = {kind.value: _NAMES.get(kind.value, kind.value.replace("_", " ")) for kind in FailureKind}
+#: The kinds about the run as a whole (nothing trained, no gradient, eval mode, a loss that cannot teach, the
+#: debugger stopped observing): the run cannot be called healthy, whatever its layers did.
+RUN_KINDS: tuple[str, ...] = tuple(kind.value for kind in FailureKind if kind in RUN_LEVEL_KINDS)
+#: The kinds about one layer's health: each has its own check (and its own case in the health JUnit file).
+LAYER_KINDS: tuple[str, ...] = tuple(kind for kind in CHECKS if kind not in RUN_KINDS)
 
 
 def short(text: str, limit: int) -> str:

@@ -8,13 +8,29 @@ Imported lazily by the fixture (it imports the engine, hence torch).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from neuraldbg import NeuralDbg
 
 from .verdict import Explanations, Hypotheses
 
 
 class WatchedDbg(NeuralDbg):
-    """A :class:`~neuraldbg.NeuralDbg` recorded by the ``neuraldbg`` fixture for the test's report."""
+    """A :class:`~neuraldbg.NeuralDbg` recorded by the ``neuraldbg`` fixture for the test's report.
+
+    ``asserted`` holds the failures (kind, root layer, onset step) an assertion helper raised its
+    ``AssertionError`` on. A test that passes although such an error was raised caught it on purpose
+    (``with pytest.raises(AssertionError): assert_no_dead_neurons(ndbg)``): the gate does not fail it again.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.asserted: set[tuple[str, str, int]] = set()
+
+    def note_asserted(self, keys: Iterable[tuple[str, str, int]]) -> None:
+        """Called by the assertion helpers just before they raise on these failures."""
+        self.asserted.update(keys)
 
     def hypotheses(self) -> Hypotheses:
         """Ranked causal hypotheses, most likely first; empty when training looks healthy."""

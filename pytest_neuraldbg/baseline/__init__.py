@@ -46,18 +46,28 @@ differences between runs, which the tolerances mostly absorb.
 Modules: :mod:`.paths` (where a test's file lives), :mod:`.summary` (a run as baseline data), :mod:`.files`
 (the JSON document: dump, write, load, validate), :mod:`.compare` (tolerances and the rules above),
 :mod:`.texts` (failure texts and tables), :mod:`.check` (one test's baseline: compare or write) and
-:mod:`.stale` (files no test uses). This package imports no torch at import time.
+:mod:`.stale` (files no test uses, deleted with ``--neuraldbg-remove-stale-baselines``).
+This package imports no torch at import time.
 """
 
 from __future__ import annotations
 
 from .check import BaselineCheck, NeuralDbgBaselineWarning
-from .compare import CHANGED, IMPROVED, REGRESSED, Tolerances, compare_run, environment_differences, judge
+from .compare import (
+    CHANGED,
+    IMPROVED,
+    REGRESSED,
+    Tolerances,
+    compare_run,
+    environment_differences,
+    judge,
+    severity,
+)
 from .files import FORMAT, BaselineError, document, dumps, load, validate, write
 from .paths import MAX_NAME, directory_for, file_name, locate, path_for, shown
-from .stale import stale_files
+from .stale import remove, stale_files
 from .summary import POINTS, Observed, device_of, environment, rounded, summarise, targets
-from .texts import UPDATE_FLAG, grouped, table, update_command
+from .texts import REMOVE_STALE_FLAG, UPDATE_FLAG, grouped, table, update_command
 
 __all__ = [
     "CHANGED",
@@ -66,6 +76,7 @@ __all__ = [
     "MAX_NAME",
     "POINTS",
     "REGRESSED",
+    "REMOVE_STALE_FLAG",
     "UPDATE_FLAG",
     "BaselineCheck",
     "BaselineError",
@@ -85,7 +96,9 @@ __all__ = [
     "load",
     "locate",
     "path_for",
+    "remove",
     "rounded",
+    "severity",
     "shown",
     "stale_files",
     "summarise",

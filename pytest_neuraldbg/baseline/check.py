@@ -11,7 +11,16 @@ from ..options import Settings
 from .compare import RunComparison, Tolerances, compare_run
 from .files import BaselineError, document, load, write
 from .summary import Observed
-from .texts import environment_text, grouped, in_run, invalid_text, missing_text, regression_text
+from .texts import (
+    environment_text,
+    grouped,
+    in_run,
+    invalid_text,
+    missing_text,
+    no_run_text,
+    regression_lines,
+    regression_text,
+)
 
 
 class NeuralDbgBaselineWarning(UserWarning):
@@ -21,9 +30,11 @@ class NeuralDbgBaselineWarning(UserWarning):
 class BaselineCheck:
     """The baseline of one test: compares runs with its file, or collects them to write it.
 
-    ``notes`` are plain dictionaries for the terminal summary (they travel to the xdist controller on the
-    test's report): ``{"nodeid", "path", "status", "lines"}`` with status ``matched``, ``improved``,
-    ``regressed``, ``missing``, ``invalid``, ``created``, ``updated``, ``unchanged`` or ``not written``.
+    ``notes`` are plain dictionaries for the reports (they travel to the xdist controller on the test's report):
+    ``{"nodeid", "path", "status", "lines", "text"}`` with status ``matched``, ``improved``, ``regressed``,
+    ``missing``, ``invalid``, ``no run`` (the test watched no run, or one that took no step), ``created``,
+    ``updated``, ``unchanged`` or ``not written``; ``lines`` are what was found (regressions worst first),
+    ``text`` the failure text of a status that failed the test.
     """
 
     def __init__(
@@ -50,8 +61,16 @@ class BaselineCheck:
     def updating(self) -> bool:
         return bool(self.settings.update_baselines)
 
-    def _note(self, status: str, lines: Iterable[str] = ()) -> None:
-        self.notes.append({"nodeid": self.nodeid, "path": self.shown_path, "status": status, "lines": list(lines)})
+    def _note(self, status: str, lines: Iterable[str] = (), text: str = "") -> None:
+        note = {"nodeid": self.nodeid, "path": self.shown_path, "status": status, "lines": list(lines), "text": text}
+        self.notes.append(note)
+
+    def no_run(self, fail: Callable[[str], NoReturn], *, marker: bool) -> NoReturn:
+        """Fail a baseline test that watched no training run: nothing to compare, nothing written."""
+        __tracebackhide__ = True
+        text = no_run_text(self.nodeid, marker)
+        self._note("no run", [text.split("\n", 1)[0]], text)
+        fail(text)
 
     def check(self, observed: Mapping[str, Observed], *, complete: bool, fail: Callable[[str], NoReturn]) -> None:
         """Compare ``observed`` runs with the file (or keep them for writing when updating).
@@ -61,6 +80,11 @@ class BaselineCheck:
         """
         __tracebackhide__ = True
         self.compared.update(observed)
+        empty = [name for name, run in observed.items() if not run.summary.get("steps_observed")]
+        if empty:  # no step: no statistics to compare or to store
+            text = no_run_text(self.nodeid, False, empty)
+            self._note("no run", [text.split("\n", 1)[0]], text)
+            fail(text)
         if self.updating:
             self.pending.update({name: o.summary for name, o in observed.items()})
             return
@@ -69,13 +93,15 @@ class BaselineCheck:
         except BaselineError as exc:
             doc, problem = None, str(exc)
         if problem:  # failed outside the except block: the reader's error is no part of the test's failure
-            self._note("invalid", [problem])
-            fail(invalid_text(self.shown_path, self.nodeid, problem))
+            text = invalid_text(self.shown_path, self.nodeid, problem)
+            self._note("invalid", [problem], text)
+            fail(text)
         if doc is None:
             if not observed:  # nothing watched and nothing stored: nothing to compare
                 return
-            self._note("missing")
-            fail(missing_text(self.shown_path, self.nodeid))
+            text = missing_text(self.shown_path, self.nodeid)
+            self._note("missing", [text.split("\n", 1)[0]], text)
+            fail(text)
         stored: dict[str, Any] = doc["runs"]
         several = len(set(stored) | set(observed) | self.compared) > 1
         problems: list[str] = []
@@ -103,17 +129,16 @@ class BaselineCheck:
         regressions = [r for c in comparisons for r in c.regressions]
         improvements = [f"{in_run(c.run, several)}{line}" for c in comparisons for line in grouped(c.improvements)]
         if problems or regressions:
-            self._note("regressed", [*problems, *(r.what for r in regressions)])
-            fail(
-                regression_text(
-                    comparisons,
-                    problems,
-                    path=self.shown_path,
-                    nodeid=self.nodeid,
-                    hypotheses={name: o.hypotheses for name, o in observed.items()},
-                    several=several,
-                )
+            text = regression_text(
+                comparisons,
+                problems,
+                path=self.shown_path,
+                nodeid=self.nodeid,
+                hypotheses={name: o.hypotheses for name, o in observed.items()},
+                several=several,
             )
+            self._note("regressed", [*problems, *regression_lines(comparisons, several, per_group=True)], text)
+            fail(text)
         self._note("improved" if improvements else "matched", improvements)
 
     def finish(self, passed: bool, due: bool = False) -> None:

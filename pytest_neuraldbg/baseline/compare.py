@@ -56,6 +56,7 @@ class Row:
     tolerance: str
     change: str  # REGRESSED, IMPROVED or CHANGED
     what: str  # a phrase for one-line verdicts: "grad_norm at '0' 101x smaller at first (step 0)"
+    severity: float = math.inf  # how far beyond its tolerance, in tolerances (2: twice as far as allowed)
 
 
 @dataclass
@@ -71,6 +72,22 @@ class RunComparison:
     @property
     def improvements(self) -> list[Row]:
         return [r for r in self.rows if r.change != REGRESSED]
+
+    @property
+    def worst_regressions(self) -> list[Row]:
+        """The regressions, worst first (new failures, then by :func:`severity`); ties keep the layer order."""
+        return sorted(self.regressions, key=lambda r: (r.metric != "verdict", -r.severity))
+
+
+def worst_per_group(rows: Sequence[Row]) -> list[Row]:
+    """The worst row of each metric and layer (``rows`` worst first), in that order."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for row in rows:
+        if (row.metric, row.layer) not in seen:
+            seen.add((row.metric, row.layer))
+            out.append(row)
+    return out
 
 
 def _show(value: Any) -> str:
@@ -102,6 +119,24 @@ def judge(metric: str, base: Any, now: Any, tolerances: Tolerances) -> str | Non
     if relative <= tolerances.loss + 1e-9:
         return None
     return REGRESSED if n > b else IMPROVED
+
+
+def severity(metric: str, base: Any, now: Any, tolerances: Tolerances) -> float:
+    """How far ``now`` is from ``base``, measured in tolerances, so that differences of different metrics rank
+    together: 1 at the tolerance, 2 at twice it (a 100x change of a gradient norm under a factor-10 tolerance).
+    A change to or from a non-finite value is infinitely severe."""
+    b, n = as_float(base), as_float(now)
+    if not (math.isfinite(b) and math.isfinite(n)):
+        return math.inf
+    if metric in LOG_METRICS:
+        shift = abs(math.log10(max(abs(n), TINY)) - math.log10(max(abs(b), TINY)))
+        allowed = math.log10(tolerances.grad)
+    elif metric in FRACTION_METRICS:
+        shift, allowed = abs(n - b), tolerances.fraction
+    else:
+        shift = abs(n - b) / abs(b) if b != 0 else math.inf
+        allowed = tolerances.loss
+    return shift / allowed if allowed > 0 else math.inf
 
 
 def _phrase(metric: str, layer: str, point: str, base: Any, now: Any) -> str:
@@ -141,7 +176,10 @@ def compare_run(name: str, base: Mapping[str, Any], now: Mapping[str, Any], tole
             if change == REGRESSED and fixed and metric in LOG_METRICS:
                 change = CHANGED
             phrase = _phrase(metric, layer, label, b, n)
-            out.rows.append(Row(metric, layer, label, _show(b), _show(n), tolerances.text(metric), change, phrase))
+            how_far = severity(metric, b, n, tolerances)
+            out.rows.append(
+                Row(metric, layer, label, _show(b), _show(n), tolerances.text(metric), change, phrase, how_far)
+            )
 
     old_layers, new_layers = base["layers"], now["layers"]
     for layer in sorted(set(old_layers) | set(new_layers), key=_natural):

@@ -1,4 +1,4 @@
-"""Stale baseline files: files of the collected modules that no test of theirs would use."""
+"""Stale baseline files: files of the collected modules that no test of theirs would use, and removing them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from .paths import directory_for, file_name
+from .paths import DIRECTORY, directory_for, file_name
 
 
 def stale_files(tests: Iterable[tuple[Path, str]], partial: Callable[[Path], bool]) -> list[tuple[Path, str]]:
@@ -37,3 +37,19 @@ def _written_for(path: Path) -> str:
     except (OSError, ValueError, AttributeError):
         test = None
     return test if isinstance(test, str) and file_name(test) == path.name else path.stem
+
+
+def remove(path: Path) -> bool:
+    """Delete a stale baseline file, then its module's folder and ``__neuraldbg__`` when they are left empty.
+
+    Only ``__neuraldbg__/<module>/<test>.json`` files are touched; returns whether the file was deleted.
+    """
+    if path.suffix != ".json" or path.parent.parent.name != DIRECTORY or not path.is_file():
+        return False
+    path.unlink()
+    for folder in (path.parent, path.parent.parent):
+        try:
+            folder.rmdir()  # only succeeds when empty
+        except OSError:
+            break
+    return True

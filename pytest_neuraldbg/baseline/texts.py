@@ -7,10 +7,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import verdict
-from .compare import CHANGED, IMPROVED, REGRESSED, Row, RunComparison
+from .compare import CHANGED, IMPROVED, REGRESSED, Row, RunComparison, worst_per_group
 
 UPDATE_FLAG = "--neuraldbg-update-baselines"
-MAX_ROWS = 40  # rows of a failure's table per run
+REMOVE_STALE_FLAG = "--neuraldbg-remove-stale-baselines"
+MAX_ROWS = 20  # rows of a failure's regression table per run (one per metric and layer)
 
 
 def update_command(nodeid: str) -> str:
@@ -33,13 +34,41 @@ def invalid_text(path: str, nodeid: str, problem: str) -> str:
     )
 
 
-def table(rows: Sequence[Row]) -> list[str]:
-    head = ("metric", "layer", "point", "baseline", "now", "tolerance", "change")
+def no_run_text(nodeid: str, marker: bool, empty: Sequence[str] = ()) -> str:
+    """The failure of a baseline test that watched no training run (or only runs that took no step)."""
+    if empty:
+        runs = ", ".join(repr(name) for name in empty)
+        first = (
+            f"NeuralDBG baseline: run {runs} of {nodeid} took no training step (0 steps observed), so there is "
+            "nothing to compare with a baseline or to store in one"
+        )
+        fix = (
+            "Does the data yield batches, and does the loop call optimizer.step() (or backward) under the debugger? "
+            "neuraldbg.assert_healthy(ndbg) says what it saw."
+        )
+    else:
+        how = "@pytest.mark.neuraldbg(baseline=True)" if marker else "a baseline"
+        first = (
+            f"NeuralDBG baseline: {nodeid} has {how} but watched no training run, so there is nothing to compare "
+            "with a baseline or to store in one"
+        )
+        fix = (
+            "Watch the training in the test (neuraldbg.smoke_train(...), or `with neuraldbg(model) as ndbg:` around "
+            "the loop), or remove baseline=True from the tests that do not train."
+        )
+    return f"{first}\n\n{fix}"
+
+
+def table(rows: Sequence[Row], *, change: bool = True) -> list[str]:
+    """Aligned columns: metric, layer, point, baseline, now, tolerance and (with ``change``) what it means."""
+    head = ["metric", "layer", "point", "baseline", "now", "tolerance", "change"]
     cells = [
         head,
-        *((r.metric, r.layer or "-", r.point or "-", r.baseline, r.now, r.tolerance, r.change) for r in rows),
+        *([r.metric, r.layer or "-", r.point or "-", r.baseline, r.now, r.tolerance, r.change] for r in rows),
     ]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    if not change:
+        cells = [c[:-1] for c in cells]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
     return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
 
 
@@ -52,8 +81,10 @@ def regression_text(
     hypotheses: Mapping[str, list[dict[str, Any]]],
     several: bool,
 ) -> str:
-    """The failure text: one verdict line, the file, a table per run, the engine's diagnosis, how to refresh."""
-    phrases = [*problems, *(f"{in_run(c.run, several)}{r.what}" for c in comparisons for r in c.regressions)]
+    """The failure text: one verdict line (the worst regression first), the file, then per run the regressions
+    (the worst point of each metric and layer, worst first, the rest in one line) and, apart, what improved;
+    then the engine's diagnosis and how to refresh."""
+    phrases = [*problems, *regression_lines(comparisons, several)]
     first = f"NeuralDBG baseline regression: {phrases[0]}"
     if len(phrases) > 1:
         first += f"; +{len(phrases) - 1} more"
@@ -62,10 +93,23 @@ def regression_text(
     for c in comparisons:
         if not c.rows:
             continue
-        shown_rows = c.rows[:MAX_ROWS]
-        lines += ["", f"run {c.run}:" if several else "Differences beyond tolerance:", *table(shown_rows)]
-        if len(c.rows) > MAX_ROWS:
-            lines.append(f"... and {len(c.rows) - MAX_ROWS} more differences")
+        lines += ["", f"run {c.run}:"] if several else []
+        worst = c.worst_regressions
+        if worst:
+            shown = worst_per_group(worst)
+            title = "Regressions beyond tolerance, worst first (the worst point of each metric and layer):"
+            lines += [*([] if several else [""]), title, *table(shown[:MAX_ROWS], change=False)]
+            rest = len(worst) - len(shown[:MAX_ROWS])
+            if rest:
+                groups = len(shown) - len(shown[:MAX_ROWS])
+                where = f", {groups} more metrics and layers" if groups else ""
+                lines.append(f"... and {rest} more points beyond tolerance{where}")
+        better = grouped([r for r in c.rows if r.change == IMPROVED])
+        if better:
+            lines += ["", "Better than the baseline (these pass):", *(f"  {line}" for line in better)]
+        changed = grouped([r for r in c.rows if r.change == CHANGED])
+        if changed:
+            lines += ["", "Changed together with a fixed failure (these pass):", *(f"  {line}" for line in changed)]
     for c in comparisons:
         found = hypotheses.get(c.run) or []
         if c.regressions and found:
@@ -74,6 +118,16 @@ def regression_text(
             lines += [verdict.describe(h, i if len(found) > 1 else None) for i, h in enumerate(found, 1)]
     lines += ["", "If the change is intended, refresh the baseline and commit it:", f"  {update_command(nodeid)}"]
     return "\n".join(lines)
+
+
+def regression_lines(comparisons: Sequence[RunComparison], several: bool, *, per_group: bool = False) -> list[str]:
+    """Every regression as a phrase, worst first within each run; with ``per_group`` only the worst point of
+    each metric and layer (for the reports, which list what regressed rather than every point)."""
+    return [
+        f"{in_run(c.run, several)}{r.what}"
+        for c in comparisons
+        for r in (worst_per_group(c.worst_regressions) if per_group else c.worst_regressions)
+    ]
 
 
 def grouped(rows: Sequence[Row]) -> list[str]:

@@ -42,10 +42,12 @@ def test_an_unknown_preset_lists_the_presets(pytester: pytest.Pytester) -> None:
     assert "--neuraldbg-preset: invalid value 'turbo' for preset: expected a preset name, one of default, full" in err
 
 
-def test_a_gate_flag_that_swallowed_a_test_path_says_how_to_write_it(pytester: pytest.Pytester) -> None:
-    err = usage_error(pytester.runpytest("--neuraldbg-gate", "tests"))
-    assert "--neuraldbg-gate: invalid value 'tests' for gate" in err
-    assert "write --neuraldbg-gate=VALUE when test paths follow it" in err
+def test_a_gate_value_written_after_a_space_is_refused_with_the_spelling_that_works(pytester: pytest.Pytester) -> None:
+    err = usage_error(pytester.runpytest("--neuraldbg-gate", "warn"))
+    assert (
+        "ERROR: neuraldbg: --neuraldbg-gate takes its value after '=': write --neuraldbg-gate=warn "
+        "(a bare --neuraldbg-gate means fail and never takes the next argument)"
+    ) in err
 
 
 def test_bad_markers_fail_only_their_own_test_and_name_marker_test_and_expectation(project: pytest.Pytester) -> None:

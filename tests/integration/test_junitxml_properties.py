@@ -79,3 +79,40 @@ def test_a_test_with_several_runs_gets_one_group_of_properties_per_run(cases: di
         "bad",
         "unhealthy",
     ]
+
+
+BARE_IDIOM = """
+import models
+
+def test_bare(neuraldbg):
+    ndbg = models.loop(neuraldbg, models.dead())
+    assert not ndbg.explain_failure()
+"""
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["one-process", "two-workers"])
+def test_the_bare_idiom_fails_with_the_explanation_and_the_chain_in_its_failure_text(
+    project: pytest.Pytester, xdist: bool
+) -> None:
+    project.makepyfile(test_bare=BARE_IDIOM)
+    if xdist:
+        pytest.importorskip("xdist")
+        result = project.runpytest_subprocess("--junitxml=junit.xml", "-n", "2", "-p", "no:cacheprovider")
+    else:
+        result = project.runpytest("--junitxml=junit.xml")
+    result.assert_outcomes(failed=1)
+    case = junit_cases(project.path / "junit.xml")["test_bare::test_bare"]
+    failure = case.find("failure")
+    assert failure is not None
+    assert failure.get("message", "").startswith(
+        "AssertionError: assert not <unhealthy training: dead_neurons at '3' from step 0 (confidence 1.00)>"
+    )
+    text = failure.text or ""
+    assert "Dead neurons in '3' (ReLU), fed by '2' (Linear)" in text
+    assert "Causal chain (root first):\n  root activation initial -> dead at '3', steps 0-" in text
+    assert dict(properties(case))["neuraldbg.verdict"] == "unhealthy"  # the properties stay
+    # the terminal shows it once, as the last part of the failure
+    assert result.stdout.str().count("Dead neurons in '3' (ReLU)") == 1
+    result.stdout.fnmatch_lines(
+        ["E       AssertionError: assert not <unhealthy training: *", "*- NeuralDBG training health -*"]
+    )

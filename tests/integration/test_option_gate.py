@@ -236,3 +236,107 @@ def test_a_baseline_failure_of_a_healthy_run_is_the_tests_only_failure_under_the
         ["NeuralDBG baseline __neuraldbg__/test_both/test_marked.json is not valid JSON: *", "FAILED *"]
     )
     assert "NeuralDBG gate:" not in result.stdout.str()
+
+
+# --- a bare flag never takes the test path after it ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["one-process", "two-workers"])
+def test_a_bare_gate_flag_before_a_test_path_gates_the_tests_of_that_path(silent: pytest.Pytester, xdist: bool) -> None:
+    tests = silent.mkdir("tests")
+    for module in ("test_silent.py", "models.py"):
+        (silent.path / module).rename(tests / module)
+    silent.makepyfile(test_elsewhere="def test_not_collected():\n    raise AssertionError('outside tests/')\n")
+    if xdist:
+        pytest.importorskip("xdist")
+        result = silent.runpytest_subprocess("--neuraldbg-gate", "tests", "-n", "2", "-p", "no:cacheprovider")
+        result.stdout.fnmatch_lines(["*2 workers*"])
+    else:
+        result = silent.runpytest("--neuraldbg-gate", "tests")
+    result.assert_outcomes(passed=1, failed=1)  # only tests/ ran, and the gate is on
+    result.stdout.fnmatch_lines(["FAILED tests/test_silent.py::test_dead - NeuralDBG gate: training is unhealth*"])
+
+
+def test_a_bare_gate_flag_in_addopts_leaves_the_command_lines_paths_alone(silent: pytest.Pytester) -> None:
+    tests = silent.mkdir("tests")
+    for module in ("test_silent.py", "models.py"):
+        (silent.path / module).rename(tests / module)
+    silent.makeini("[pytest]\naddopts = --neuraldbg-gate\n")
+    result = silent.runpytest("tests")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["Failed by the NeuralDBG gate (gate=fail from --neuraldbg-gate).*"])
+
+
+# --- expected failures: a test that asserted on the failure it expects --------------------------------------
+
+EXPECTED = """
+import models
+import pytest
+from pytest_neuraldbg import assert_healthy, assert_learns, assert_no_dead_neurons
+
+
+def test_expects_the_dead_relu(neuraldbg):
+    ndbg = neuraldbg.smoke_train(models.dead(), models.data(), models.loss, steps=30)
+    with pytest.raises(AssertionError, match="dead_neurons at '3' from step 0"):
+        assert_no_dead_neurons(ndbg)
+
+
+def test_expects_it_not_to_learn(neuraldbg):
+    ndbg = neuraldbg.smoke_train(models.dead(), models.data(), models.loss, steps=30, overfit=True)
+    with pytest.raises(AssertionError, match="dead_neurons at '3'"):
+        assert_learns(ndbg)
+
+
+def test_expects_one_failure_of_two_runs(neuraldbg):
+    checked = neuraldbg.smoke_train(models.dead(), models.data(), models.loss, steps=30, name="checked")
+    neuraldbg.smoke_train(models.dead(), models.data(), models.loss, steps=30, name="unchecked")
+    with pytest.raises(AssertionError):
+        assert_healthy(checked)
+
+
+def test_expects_with_the_bare_idiom(neuraldbg):
+    ndbg = neuraldbg.smoke_train(models.dead(), models.data(), models.loss, steps=30)
+    with pytest.raises(AssertionError):
+        assert not ndbg.explain_failure()
+"""
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["one-process", "two-workers"])
+def test_a_failure_the_test_asserted_on_and_expected_is_not_failed_again_by_the_gate(
+    project: pytest.Pytester, xdist: bool
+) -> None:
+    project.makepyfile(test_expected=EXPECTED)
+    args = ("--neuraldbg-gate", "--junitxml=junit.xml", "-p", "no:cacheprovider")
+    if xdist:
+        pytest.importorskip("xdist")
+        result = project.runpytest_subprocess(*args, "-n", "2")
+    else:
+        result = project.runpytest(*args)
+    result.assert_outcomes(passed=2, failed=2)
+    cases = junit_cases(project.path / "junit.xml")
+    assert {name for name, case in cases.items() if case.find("failure") is None} == {
+        "test_expected::test_expects_the_dead_relu",
+        "test_expected::test_expects_it_not_to_learn",
+    }
+    # another run's failure that nothing asserted on still fails the test, and only that run is named
+    unchecked = cases["test_expected::test_expects_one_failure_of_two_runs"].find("failure")
+    assert unchecked is not None
+    assert unchecked.get("message", "").startswith(
+        "NeuralDBG gate: training is unhealthy - run unchecked: dead_neurons at '3' from step 0"
+    )
+    assert (unchecked.text or "").count("Dead neurons in '3' (ReLU)") == 1
+    # `assert not ndbg.explain_failure()` inside pytest.raises tells the plugin nothing: the gate fails it, and
+    # its text says what to write instead
+    bare = cases["test_expected::test_expects_with_the_bare_idiom"].find("failure")
+    assert bare is not None and bare.get("message", "").startswith("NeuralDBG gate: training is unhealthy")
+    result.stdout.fnmatch_lines(
+        [
+            "Failed by the NeuralDBG gate (gate=fail from --neuraldbg-gate). For a test that trains a broken model on "
+            "purpose, assert on the failure it expects (with pytest.raises(AssertionError): "
+            'assert_no_dead_neurons(ndbg)) or use @pytest.mark.neuraldbg(gate="off").'
+        ]
+    )
+    # the run stays unhealthy in the summary, marked as asserted by its test
+    result.stdout.fnmatch_lines(
+        ["UNHEALTHY test_expected.py::test_expects_the_dead_relu: dead_neurons at '3' * (asserted by the test)"]
+    )

@@ -8,15 +8,10 @@ from pathlib import Path
 import pytest
 from integration_support import SILENT_TESTS, junit_cases, render_mermaid
 
-CHECKS = {
-    "vanishing_gradients",
-    "exploding_gradients",
-    "dead_neurons",
-    "saturated_activations",
-    "non_finite",
-    "frozen_parameters",
-    "stalled_updates",
-}
+from neuraldbg import FailureKind
+
+#: One case per layer-level failure kind of the engine, and "observed" for the run-level kinds.
+CHECKS = {kind.value for kind in FailureKind if not kind.run_level} | {"observed"}
 
 
 @pytest.fixture
@@ -32,9 +27,11 @@ def test_every_run_is_checked_for_every_failure_kind(health_xml: Path) -> None:
     cases = junit_cases(health_xml)
     tests = ("test_dead", "test_healthy")
     assert set(cases) == {f"test_silent.py::{test}::{check}" for test in tests for check in CHECKS}
+    assert len(CHECKS) == 8  # seven layer-level checks and the run-level one
     suite = ET.parse(health_xml).getroot().find("testsuite")
     assert suite is not None
-    assert (suite.get("name"), suite.get("tests"), suite.get("failures")) == ("neuraldbg", "14", "2")
+    assert (suite.get("name"), suite.get("tests"), suite.get("failures")) == ("neuraldbg", "16", "2")
+    assert {case.get("status") for case in cases.values()} == {"passed"}  # each case carries its test's outcome
 
 
 def test_the_dead_run_fails_the_dead_neuron_check_and_the_vanishing_check_it_causes(health_xml: Path) -> None:

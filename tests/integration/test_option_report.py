@@ -31,11 +31,16 @@ def report_dir(project: pytest.Pytester) -> Path:
 
 def test_summary_md_has_the_table_the_explanation_and_collapsed_graphs(report_dir: Path) -> None:
     summary = (report_dir / "summary.md").read_text(encoding="utf-8")
-    assert summary.startswith("## NeuralDBG training health\n\n**1 of 5 watched runs unhealthy** (gate: off).")
-    assert "| Test | Verdict | Steps | Failure hypotheses |" in summary
-    assert "| `test_silent.py::test_dead` | ❌ unhealthy | 30 | dead\\_neurons at '3' from step 0 (conf" in summary
-    assert "| `test_silent.py::test_healthy` | ✅ healthy | 30 | - |" in summary
-    assert summary.count("| ✅ healthy |") == 4
+    assert summary.startswith(
+        "## NeuralDBG training health\n\n**No test watching training failed, but 1 of 5 watched runs are unhealthy** "
+        "(runs: 1 of 5 unhealthy; gate: off).\n\npytest, whole session: 5 passed.\n"
+    )
+    assert "| Test | Outcome | Training | Baseline | Steps | Failure hypotheses |" in summary
+    assert (
+        "| `test_silent.py::test_dead` | passed | ❌ unhealthy | - | 30 | dead\\_neurons at '3' from step 0 (conf"
+    ) in summary
+    assert "| `test_silent.py::test_healthy` | passed | ✅ healthy | - | 30 | - |" in summary
+    assert summary.count("| passed | ✅ healthy |") == 4
     assert "### ❌ `test_silent.py::test_dead`" in summary
     assert "Dead neurons in '3' (ReLU), fed by '2' (Linear)" in summary
     assert "<details><summary>Causal graph</summary>\n\n```mermaid\nflowchart TD" in summary
@@ -78,7 +83,11 @@ def test_a_session_without_watched_runs_still_writes_a_summary(pytester: pytest.
     pytester.makepyfile("def test_plain():\n    assert True\n")
     result = pytester.runpytest("--neuraldbg-report=out")
     result.assert_outcomes(passed=1)
-    assert (pytester.path / "out" / "summary.md").read_text("utf-8").endswith("No training run was watched.\n")
+    assert (
+        (pytester.path / "out" / "summary.md")
+        .read_text("utf-8")
+        .endswith("No training run was watched.\n\npytest, whole session: 1 passed.\n")
+    )
     result.stdout.fnmatch_lines(["neuraldbg: wrote */out/summary.md"])
 
 

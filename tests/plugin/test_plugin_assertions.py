@@ -128,3 +128,20 @@ def test_each_helper_fails_on_the_fault_it_names(make, helper, first_line: str) 
     with pytest.raises(AssertionError) as info:
         helper(ndbg)
     assert str(info.value).splitlines()[0].startswith(first_line)
+
+
+def test_a_helper_that_raises_on_a_watched_run_marks_those_failures_as_asserted() -> None:
+    from pytest_neuraldbg import assert_healthy, assert_no_dead_neurons, assert_no_exploding_gradients, records
+
+    model = support.mlp(width=16, depth=2)
+    with torch.no_grad():
+        model[2].bias.fill_(-20.0)
+    ndbg = NeuralDbgFixture(Settings()).smoke_train(model, support.regression_batches(), F.mse_loss, steps=20)
+    assert_no_exploding_gradients(ndbg)  # passes: marks nothing
+    assert_healthy(ndbg, ignore=["dead_neurons"])
+    assert ndbg.asserted == set()
+    with pytest.raises(AssertionError):
+        assert_no_dead_neurons(ndbg)
+    assert ndbg.asserted == {("dead_neurons", "3", 0)}
+    rec = records.summarise(ndbg, nodeid="t::x", run="1")
+    assert [h["asserted"] for h in rec["hypotheses"]] == [True]

@@ -469,9 +469,12 @@ def test_a_regression_fails_with_a_verdict_line_a_table_and_the_diagnosis(tmp_pa
     lines = str(info.value).splitlines()
     assert lines[0] == "NeuralDBG baseline regression: new failure dead_neurons at '1'; +5 more"
     assert lines[2] == "Baseline: __neuraldbg__/test_m/test_it.json"
-    assert lines[5].split() == ["metric", "layer", "point", "baseline", "now", "tolerance", "change"]
-    assert lines[6].split() == ["verdict", "1", "-", "-", "dead_neurons", "exact", "regressed"]
-    assert lines[7].split() == ["loss", "-", "first", "(step", "0)", "2", "4", "+25%", "regressed"]
+    assert lines[4] == "Regressions beyond tolerance, worst first (the worst point of each metric and layer):"
+    assert lines[5].split() == ["metric", "layer", "point", "baseline", "now", "tolerance"]
+    assert lines[6].split() == ["verdict", "1", "-", "-", "dead_neurons", "exact"]
+    # the worst point of the loss: 0.5 -> 4 at the end (8x) is further off than 2 -> 4 at the start
+    assert lines[7].split() == ["loss", "-", "last", "(step", "19)", "0.5", "4", "+25%"]
+    assert lines[8] == "... and 4 more points beyond tolerance"
     assert "NeuralDBG's diagnosis: training is unhealthy - dead_neurons at '1' from step 0" in lines
     assert lines[-2:] == [
         "If the change is intended, refresh the baseline and commit it:",
@@ -571,3 +574,46 @@ def test_baseline_options_follow_the_precedence_marker_cli_env_ini() -> None:
     assert marked.source("grad_tolerance") == "marker @pytest.mark.neuraldbg on test_x"
     with pytest.raises(OptionError, match="invalid value 'yes please' for baseline: expected true or false"):
         options.apply_marker(settings, {"baseline": "yes please"}, "test_x")
+
+
+def test_severity_counts_tolerances_so_different_metrics_rank_together() -> None:
+    assert baseline.severity("grad_norm", 1.0, 100.0, TOL) == pytest.approx(2.0)  # two decades, tolerance one
+    assert baseline.severity("dead_fraction", 0.1, 0.4, TOL) == pytest.approx(3.0)  # +0.3 against +0.1
+    assert baseline.severity("loss", 1.0, 1.5, TOL) == pytest.approx(2.0)  # +50% against +25%
+    assert baseline.severity("grad_norm", 1.0, "nan", TOL) == math.inf
+
+
+def test_a_regression_shows_the_worst_point_of_each_metric_and_layer_first_and_improvements_apart(
+    tmp_path: Path,
+) -> None:
+    check = _check(tmp_path)
+    before = _run(layers={**_run()["layers"], "1": {"dead_fraction": [0.4] * 5}})
+    baseline.write(check.path, baseline.document("test_it", {"1": before}))
+    faster = {  # what a learning rate raised 50x does: bigger updates and gradients, fewer dead units, lower loss
+        "0": {"grad_norm": [1.0, 20.0, 30.0, 20.0, 20.0], "update_ratio": [0.5] * 5},
+        "1": {"dead_fraction": [0.4, 0.4, 0.0, 0.0, 0.0]},
+    }
+    now = _run(layers=faster, loss=[2.0, 1.0, 0.5, 0.4, 0.2])
+    with pytest.raises(Failed) as info:
+        check.check({"1": baseline.Observed(now)}, complete=True, fail=fail)
+    text = str(info.value)
+    assert text.splitlines()[0] == (
+        "NeuralDBG baseline regression: update_ratio at '0' 50x larger at first (step 0) (0.01 -> 0.5); +8 more"
+    )
+    regressions = text.split("Regressions beyond tolerance, worst first (the worst point of each metric and layer):\n")
+    table, rest = regressions[1].split("\n\n", 1)
+    assert [row.split()[:3] for row in table.splitlines()[1:-1]] == [
+        ["update_ratio", "0", "first"],
+        ["grad_norm", "0", "50%"],
+    ]
+    assert table.splitlines()[-1] == "... and 7 more points beyond tolerance"
+    assert rest.startswith(
+        "Better than the baseline (these pass):\n"
+        "  dead_fraction at '1' 0.4 -> 0 at 50% (step 10) (+2 more points)\n"
+        "  loss 1.5 -> 1 at 25% (step 5) (+3 more points)\n"
+    )
+    assert "dead_fraction" not in table and "loss" not in table
+    assert check.notes[-1]["lines"][:2] == [
+        "update_ratio at '0' 50x larger at first (step 0) (0.01 -> 0.5)",
+        "grad_norm at '0' 30x larger at 50% (step 10) (1 -> 30)",
+    ]

@@ -12,7 +12,8 @@ def unhealthy(*summaries: str) -> dict:
 
 HINT = (
     "Failed by the NeuralDBG gate (gate=fail from env NEURALDBG_GATE). For a test that trains a broken model on "
-    'purpose, use @pytest.mark.neuraldbg(gate="off").'
+    "purpose, assert on the failure it expects (with pytest.raises(AssertionError): assert_no_dead_neurons(ndbg)) "
+    'or use @pytest.mark.neuraldbg(gate="off").'
 )
 
 
@@ -41,3 +42,17 @@ def test_two_failure_texts_become_one_with_both_verdict_lines_first() -> None:
         "GATE\nBASELINE\n\ngate body\n\nhint\n\ntable"
     )
     assert gate.combined("GATE", "BASELINE\n\ntable") == "GATE\nBASELINE\n\ntable"
+
+
+def test_the_gate_counts_only_the_failures_no_helper_of_the_test_raised_on() -> None:
+    run = unhealthy("a at '1'", "b at '2'")
+    run["hypotheses"][0]["asserted"] = True
+    assert [h["summary"] for r in gate.unexpected([run]) for h in r["hypotheses"]] == ["b at '2'"]
+    run["hypotheses"][1]["asserted"] = True
+    assert gate.unexpected([run]) == []  # every failure was the test's subject: nothing left to gate
+    assert (
+        gate.unexpected([{"verdict": "healthy", "hypotheses": []}, unhealthy("c at '3'")])[0]["hypotheses"][0][
+            "summary"
+        ]
+        == "c at '3'"
+    )

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import re
+from types import SimpleNamespace
 
 import pytest
 
 from pytest_neuraldbg import markdown
+from pytest_neuraldbg.outcomes import BaselineResult, Outcomes
 
 
 def hypothesis(layer: str = "3", summary: str = "dead_neurons at '3' from step 0 (confidence 1.00)") -> dict:
@@ -81,18 +83,103 @@ def test_markdown_text_is_escaped_so_layer_names_are_not_formatting() -> None:
     assert markdown.code("test_x.py::test[`a`\nb]") == "`test_x.py::test['a' b]`"
 
 
+def outcomes(**tests: str) -> Outcomes:
+    """pytest's outcomes of hand-made call reports: ``test_name=outcome`` (passed, failed, xfailed, ...)."""
+    found = Outcomes()
+    for name, outcome in tests.items():
+        failed_setup = outcome == "error"
+        report = SimpleNamespace(
+            nodeid=f"t.py::{name}",
+            when="setup" if failed_setup else "call",
+            outcome={"xfailed": "skipped", "xpassed": "passed", "error": "failed"}.get(outcome, outcome),
+            **({"wasxfail": ""} if outcome in ("xfailed", "xpassed") else {}),
+        )
+        report.passed, report.failed, report.skipped = (report.outcome == o for o in ("passed", "failed", "skipped"))
+        found.add(report)
+    return found
+
+
+def table_rows(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("| `")]
+
+
 def test_the_summary_puts_unhealthy_runs_first_with_their_explanation_graph_and_chart() -> None:
-    text = markdown.summary([record("t.py::test_ok", "healthy"), record("t.py::test_dead")], gate="warn")
-    assert text.startswith("## NeuralDBG training health\n\n**1 of 2 watched runs unhealthy** (gate: warn).\n\n| Test")
-    table = [line for line in text.splitlines() if line.startswith("| `")]
-    assert table == [
-        "| `t.py::test_dead` | ❌ unhealthy | 30 | dead\\_neurons at '3' from step 0 (confidence 1.00) |",
-        "| `t.py::test_ok` | ✅ healthy | 30 | - |",
+    seen = outcomes(test_ok="passed", test_dead="passed")
+    text = markdown.summary([record("t.py::test_ok", "healthy"), record("t.py::test_dead")], gate="warn", outcomes=seen)
+    assert text.startswith(
+        "## NeuralDBG training health\n\n**No test watching training failed, but 1 of 2 watched runs are unhealthy** "
+        "(runs: 1 of 2 unhealthy; gate: warn).\n\npytest, whole session: 2 passed.\n\n| Test | Outcome |"
+    )
+    assert table_rows(text) == [
+        "| `t.py::test_dead` | passed | ❌ unhealthy | - | 30 | dead\\_neurons at '3' from step 0 (confidence 1.00) |",
+        "| `t.py::test_ok` | passed | ✅ healthy | - | 30 | - |",
     ]
     assert "### ❌ `t.py::test_dead`\n\n**dead\\_neurons at '3' from step 0 (confidence 1.00)**" in text
     assert "<details><summary>Causal graph</summary>\n\n```mermaid\nflowchart TD" in text
     assert text.count("```mermaid") == 2 and "xychart-beta" in text
     assert "### ❌ `t.py::test_ok`" not in text
+
+
+def test_tests_that_failed_on_their_baseline_are_not_called_healthy_and_come_first() -> None:
+    recs = [record(f"t.py::test_{name}", "healthy") for name in ("a", "b", "c", "d", "e")]
+    seen = outcomes(test_a="passed", test_b="failed", test_c="passed", test_d="failed", test_e="passed")
+    regressed = BaselineResult("regressed", ["grad_norm at '0' 101x smaller at first (step 0)", "two", "three"], "p")
+    baselines = {"t.py::test_b": regressed, "t.py::test_d": regressed, "t.py::test_a": BaselineResult("matched")}
+    text = markdown.summary(recs, gate="fail", outcomes=seen, baselines=baselines)
+    assert "All 5 watched runs healthy" not in text
+    assert text.splitlines()[2] == (
+        "**2 of 5 tests watching training failed** (runs: 0 of 5 unhealthy; baselines: 2 regressed, 1 matched; "
+        "gate: fail)."
+    )
+    assert text.splitlines()[4] == "pytest, whole session: 2 failed, 3 passed."
+    rows = table_rows(text)
+    assert rows[:2] == [
+        f"| `t.py::test_{name}` | **failed** | ✅ healthy | ❌ regressed: grad\\_norm at '0' 101x smaller at first "
+        "(step 0) (+2 more) | 30 | - |"
+        for name in ("b", "d")
+    ]
+    assert rows[2] == "| `t.py::test_a` | passed | ✅ healthy | ✅ matched | 30 | - |"
+    assert "### ❌ `t.py::test_b`: baseline regressed\n\n- grad\\_norm at '0' 101x" in text
+
+
+def test_every_outcome_is_shown_beside_the_verdict_and_expected_failures_say_so() -> None:
+    asserted = dict(hypothesis(), asserted=True)
+    recs = [
+        record("t.py::test_gate"),
+        record("t.py::test_xfail"),
+        record("t.py::test_caught", hypotheses=[asserted]),
+        record("t.py::test_setup"),
+    ]
+    text = markdown.summary(
+        recs, outcomes=outcomes(test_gate="failed", test_xfail="xfailed", test_caught="passed", test_setup="error")
+    )
+    cells = {row.split(" | ")[0]: row.split(" | ")[1:3] for row in table_rows(text)}
+    assert cells == {
+        "| `t.py::test_gate`": ["**failed**", "❌ unhealthy"],
+        "| `t.py::test_xfail`": ["xfailed", "❌ unhealthy (expected: xfail)"],
+        "| `t.py::test_caught`": ["passed", "❌ unhealthy (expected by the test)"],
+        "| `t.py::test_setup`": ["**error**", "❌ unhealthy"],
+    }
+    assert "(asserted by the test)" in next(r for r in table_rows(text) if "test_caught" in r)
+    assert text.splitlines()[4] == "pytest, whole session: 1 failed, 1 passed, 1 xfailed, 1 error."
+
+
+def test_a_baseline_test_that_watched_no_run_has_a_row_of_its_own() -> None:
+    text = markdown.summary(
+        [],
+        outcomes=outcomes(test_idle="failed"),
+        baselines={
+            "t.py::test_idle": BaselineResult(
+                "no run",
+                ["NeuralDBG baseline: t.py::test_idle has @pytest.mark.neuraldbg(baseline=True) but watched no run"],
+            )
+        },
+    )
+    assert table_rows(text) == [
+        "| `t.py::test_idle` | **failed** | - (no run watched) | ❌ no run: NeuralDBG baseline: t.py::test\\_idle has "
+        "@pytest.mark.neuraldbg(baseline=True) but watched no run | 0 | - |"
+    ]
+    assert text.splitlines()[2].startswith("**1 of 1 test watching training failed**")
 
 
 def test_a_test_with_several_runs_names_each_run() -> None:
@@ -106,9 +193,9 @@ def test_the_summary_fits_a_github_comment_and_says_what_it_left_out() -> None:
     recs += [record(f"tests/test_many.py::test_ok_{i}", "healthy") for i in range(2000)]
     text = markdown.summary(recs)
     assert len(text) <= markdown.COMMENT_LIMIT
-    assert re.search(r"_\d+ more runs not listed: GitHub limits a comment to 65,536 characters._", text)
+    assert re.search(r"_\d+ more rows not listed: GitHub limits a comment to 65,536 characters._", text)
     assert "_Graphs left out to stay within GitHub's size limit" in text
-    assert re.search(r"_\d+ more unhealthy runs left out to stay within 65,536 characters", text)
+    assert re.search(r"_\d+ more sections left out to stay within 65,536 characters", text)
     assert text.count("| ❌ unhealthy |") == 30  # unhealthy rows come first and are kept
 
 

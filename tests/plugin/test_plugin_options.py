@@ -40,7 +40,7 @@ def test_every_option_has_a_flag_an_ini_key_and_an_environment_variable() -> Non
     )
     assert set(names) == {
         *("preset", "persistence", "gate", "report", "junit", "steps"),
-        *("update_baselines", "grad_tolerance", "fraction_tolerance", "loss_tolerance"),
+        *("update_baselines", "remove_stale_baselines", "grad_tolerance", "fraction_tolerance", "loss_tolerance"),
     }
 
 
@@ -114,3 +114,19 @@ def test_a_marker_overrides_plugin_settings_and_passes_engine_options_through() 
     assert settings.source("gate") == "marker @pytest.mark.neuraldbg on test_x"
     with pytest.raises(OptionError, match=r"marker @pytest.mark.neuraldbg on test_x: invalid value 0 for steps"):
         options.apply_marker(base, {"steps": 0}, "test_x")
+
+
+def rewritten(*args: str, existing: tuple[str, ...] = ()) -> list[str]:
+    out = list(args)
+    options.bare_flags_take_no_value(out, lambda path: path in existing)
+    return out
+
+
+def test_a_bare_gate_flag_is_rewritten_so_it_never_takes_the_next_argument() -> None:
+    assert rewritten("--neuraldbg-gate", "tests") == ["--neuraldbg-gate=fail", "tests"]
+    assert rewritten("tests", "--neuraldbg-gate") == ["tests", "--neuraldbg-gate=fail"]
+    assert rewritten("--neuraldbg-gate=warn", "tests") == ["--neuraldbg-gate=warn", "tests"]
+    assert rewritten("-x", "--", "--neuraldbg-gate") == ["-x", "--", "--neuraldbg-gate"]  # after --: a path
+    assert rewritten("--neuraldbg-gate", "off", existing=("off",)) == ["--neuraldbg-gate=fail", "off"]  # a folder
+    with pytest.raises(pytest.UsageError, match="write --neuraldbg-gate=warn"):
+        rewritten("--neuraldbg-gate", "warn")

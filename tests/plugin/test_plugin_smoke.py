@@ -67,11 +67,15 @@ def test_an_optimizer_factory_is_called_with_the_parameters_and_the_model_mode_i
     made = []
 
     def sgd(params):
-        made.append(torch.optim.SGD(params, lr=0.01))
+        made.append(torch.optim.SGD(params, lr=0.01, momentum=0.9))
         return made[-1]
 
     fixture(steps=4).smoke_train(model, make_batches(1), F.mse_loss, optimizer=sgd)
-    assert len(made) == 1 and made[0].state == {} and not model.training  # plain SGD keeps no state
+    assert len(made) == 1 and not model.training
+    given = [p for group in made[0].param_groups for p in group["params"]]
+    assert [id(p) for p in given] == [id(p) for p in model.parameters()]  # called with the model's parameters
+    # and it is the optimizer that trained: each step left its momentum buffer on every parameter
+    assert set(made[0].state) == set(given) and all("momentum_buffer" in s for s in made[0].state.values())
 
 
 def test_bad_data_fails_with_a_clear_message() -> None:

@@ -80,3 +80,15 @@ def test_a_watched_debugger_answers_with_readable_lists_and_a_verdict_repr() -> 
     assert repr(ndbg.hypotheses()).startswith("<unhealthy training: dead_neurons at '3' from step 0 (confidence")
     assert ndbg.explain_failure() == [h.explanation for h in ndbg.hypotheses()]
     assert repr(ndbg).endswith(", UNHEALTHY: dead_neurons at '3' from step 0 (confidence 1.00)>")
+
+
+def test_the_checks_are_the_engines_failure_kinds_run_level_ones_included() -> None:
+    from neuraldbg import FailureKind
+    from neuraldbg.events import RUN_LEVEL_KINDS
+
+    assert list(verdict.CHECKS) == [kind.value for kind in FailureKind]  # derived, in the engine's order
+    assert set(verdict.RUN_KINDS) == {kind.value for kind in RUN_LEVEL_KINDS}
+    assert set(verdict.LAYER_KINDS) | set(verdict.RUN_KINDS) == set(verdict.CHECKS)
+    assert not set(verdict.LAYER_KINDS) & set(verdict.RUN_KINDS)
+    assert verdict.CHECKS["non_finite"] == "non-finite values"
+    assert verdict.CHECKS["no_training_observed"] == "no training observed"
