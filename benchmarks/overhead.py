@@ -72,6 +72,33 @@ def cnn() -> nn.Module:
     )
 
 
+class Transformer(nn.Module):
+    """A small language-model-like transformer: embedding, 2 encoder layers, a vocabulary head."""
+
+    def __init__(self, vocab: int = 256, d: int = 64) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        layer = nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(tokens))).flatten(0, 1)
+
+
+def transformer() -> nn.Module:
+    return Transformer()
+
+
+def deep() -> nn.Module:
+    """200 narrow Linear+ReLU layers with residual-free default init: the many-module case, where per-module
+    work dominates (its gradients really do vanish at init, so the debugger also observes densely)."""
+    layers: list[nn.Module] = []
+    for _ in range(200):
+        layers += [nn.Linear(32, 32), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(32, 1))
+
+
 CASES = [
     Case(
         "tiny (README model, batch 32)",
@@ -93,6 +120,20 @@ CASES = [
         lambda g: (torch.randn(64, 3, 32, 32, generator=g), torch.randint(0, 10, (64,), generator=g)),
         F.cross_entropy,
         2,
+    ),
+    Case(
+        "transformer 2x64, 4 heads, seq 32, batch 16",
+        transformer,
+        lambda g: (torch.randint(0, 256, (16, 32), generator=g), torch.randint(0, 256, (16 * 32,), generator=g)),
+        F.cross_entropy,
+        4,
+    ),
+    Case(
+        "deep narrow MLP 200x32 ReLU, batch 32",
+        deep,
+        lambda g: (torch.randn(32, 32, generator=g), torch.randn(32, 1, generator=g)),
+        F.mse_loss,
+        4,
     ),
 ]
 
@@ -208,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, for a smoke run")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    parser.add_argument("--model", choices=["tiny", "mlp", "cnn"], action="append", help="only these models")
+    parser.add_argument(
+        "--model", choices=["tiny", "mlp", "cnn", "transformer", "deep"], action="append", help="only these models"
+    )
     parser.add_argument("--no-memory", action="store_true", help="skip the memory run")
     args = parser.parse_args(argv)
     if args.threads:

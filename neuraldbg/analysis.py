@@ -110,8 +110,9 @@ class Analyzer:
         for key, (count, total) in data.saturated.items():
             if key[1] == 0 and total:
                 add("saturated_fraction", key[0], step, count / total)
-        for key in data.act:
-            if key[1] == 0:
+        infos = self.ctx.infos
+        for key in data.act:  # layers with parameters: where an explosion is rooted (activations follow them)
+            if key[1] == 0 and infos[key[0]].numel:
                 add("output_rms", key[0], step, view.rms(key))
         for key, norm in data.out_grad.items():
             if key[1] == 0:

@@ -132,15 +132,19 @@ def gradients(data: StepData, with_grad: Sequence[tuple[str, nn.Parameter, Tenso
     data.grad.clear()
     data.grad_exact_zero.clear()
     data.grad_nonfinite.clear()
-    for (name, _, g), value in zip(with_grad, values):
+    # a norm of exactly 0 or inf is ambiguous (an exact zero or an underflow; inf/NaN elements or an overflow):
+    # the largest element of each such gradient tells, read for all of them in one transfer
+    unclear = [i for i, v in enumerate(values) if v == 0.0 or not math.isfinite(v)]
+    largest = dict(zip(unclear, stats.largest_magnitudes([with_grad[i][2] for i in unclear])))
+    for i, ((name, _, g), value) in enumerate(zip(with_grad, values)):
         data.grad_numel[name] = g.numel()
-        if value == 0.0 or not math.isfinite(value):
-            exact_zero, finite = stats.exact_zero_and_finite(g)
-            if exact_zero:
+        top = largest.get(i)
+        if top is not None:
+            if top == 0.0:
                 data.grad_exact_zero.add(name)
             elif value == 0.0:
-                value = float(g.detach().abs().max())  # underflow: the largest element bounds the norm
-            if not finite:
+                value = top  # underflow: the largest element bounds the norm
+            if not math.isfinite(top):
                 data.grad_nonfinite.add(name)
         data.grad[name] = value
 
@@ -185,7 +189,8 @@ def updates(pending: Pending, snapshot: stats.Snapshot) -> None:
     for name, scale, delta, weight, old in zip(snapshot.names, snapshot.scales, deltas, after, before):
         pending.put("delta", name, delta, scale)
         pending.put("weight", name, weight)
-        pending.put("before", name, old)
+        if old is not None:  # a sampled parameter: its old norm bounds a change the sample missed
+            pending.put("before", name, old)
 
 
 def suspicious(record: StepData, config: DebugConfig, previous_head_grad: float | None) -> bool:

@@ -169,41 +169,50 @@ def saturated_count(t: Tensor, center: float, radius: float) -> Tensor:
 
 
 @torch.no_grad()
-def exact_zero_and_finite(t: Tensor) -> tuple[bool, bool]:
-    """(all elements are exactly 0, all elements are finite). Costs a device sync; used only to disambiguate
-    a norm that came out as 0 (underflow or true zero) or inf (overflow or inf/NaN elements)."""
-    low, high = torch.aminmax(t.reshape(-1).float())
-    lo, hi = float(low), float(high)
-    return lo == 0.0 and hi == 0.0, math.isfinite(lo) and math.isfinite(hi)
+def largest_magnitudes(tensors: Sequence[Tensor]) -> list[float]:
+    """max |t| of each tensor, moved to the host in one transfer: 0 only for an exactly-zero tensor (a norm of 0
+    can also be an underflow), non-finite only when an element is (a norm of inf can also be an overflow)."""
+    if not tensors:
+        return []
+    with torch.no_grad():
+        if all(t.dtype is torch.float32 for t in tensors):
+            return to_host(torch._foreach_norm(list(tensors), math.inf))
+        return to_host([torch.linalg.vector_norm(t.float(), math.inf) for t in tensors])
 
 
 class Snapshot:
     """What the optimizer will do to some parameters, measured without copying them all.
 
-    Before the step: every parameter's norm (one batched reduction) and a copy of an evenly strided sample of
-    at most ``sample`` elements per parameter (the whole parameter when it is smaller). After the step,
-    :meth:`changes` gives per parameter the sample change's norm, the new norm and the old norm, all batched;
-    :func:`update_norm` turns them into ||dW||: the sample's change scaled to the whole parameter or, when the
-    sample did not change but the norm did (a sparse update the sample missed), the change of the norm, which
-    bounds ||dW|| from below. A parameter is unchanged (exactly 0) only when its sample and its norm both are.
+    Before the step: a copy of an evenly strided sample of at most ``sample`` elements per parameter (the whole
+    parameter when it is smaller: then its change is exact), and the norm of each sampled parameter (one batched
+    reduction). After the step, :meth:`changes` gives per parameter the sample change's norm, the new norm and,
+    for sampled parameters, the old norm, all batched; :func:`update_norm` turns them into ||dW||: the sample's
+    change scaled to the whole parameter or, when the sample did not change but the norm did (a sparse update the
+    sample missed), the change of the norm, which bounds ||dW|| from below. A parameter is unchanged (exactly 0)
+    only when its sample and its norm both are.
     """
 
     def __init__(self, names: Sequence[str], params: Sequence[Tensor], sample: int = 65536) -> None:
         self.names = list(names)
         with torch.no_grad():
             self._params = [p.detach() for p in params]
-            self._before = norms(self._params)
             views = [_sample(p, sample) for p in self._params]
             self._samples = [v for v, _ in views]
             self.scales = [s for _, s in views]
-            self._copies = list(torch._foreach_mul(self._samples, 1.0))  # one batched copy
+            self._sampled = [i for i, s in enumerate(self.scales) if s != 1.0]
+            self._before = norms([self._params[i] for i in self._sampled]) if self._sampled else []
+            self._copies = list(torch._foreach_mul(self._samples, 1.0)) if self._samples else []  # one copy
 
-    def changes(self) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
-        """(sample change norms, norms after, norms before), each one 0-d tensor per parameter."""
+    def changes(self) -> tuple[list[Tensor], list[Tensor], list[Tensor | None]]:
+        """(sample change norms, norms after, norms before or None for parameters copied whole), each one 0-d
+        tensor per parameter."""
         with torch.no_grad():
             after = norms(self._params)
             deltas = norms(list(torch._foreach_sub(self._samples, self._copies)))
-        return deltas, after, self._before
+        before: list[Tensor | None] = [None] * len(self._params)
+        for i, value in zip(self._sampled, self._before):
+            before[i] = value
+        return deltas, after, before
 
 
 def _sample(p: Tensor, limit: int) -> tuple[Tensor, float]:

@@ -119,13 +119,14 @@ def assign(data: StepData, target: str, key: Any, extra: float, value: float) ->
             counts[key] = (counts[key][0], int(value))
     elif target == "out_grad":
         data.out_grad[key] = merge_max(data.out_grad.get(key), value)
-    elif target in ("delta", "weight", "before"):  # one snapshot reading: delta, weight, then before
+    elif target in ("delta", "weight", "before"):  # one snapshot reading: delta, weight, then (sampled) before
         parts = data.update_parts.setdefault(key, [])
         parts.append(value)
         if target == "delta":
-            parts.append(extra)  # the sample's scale
-        if target == "before":
-            delta, scale, after, before = parts
+            parts.append(extra)  # the sample's scale: 1 when the parameter was copied whole (no "before" follows)
+        if target == "before" or (target == "weight" and parts[1] == 1.0):
+            delta, scale, after = parts[:3]
+            before = parts[3] if len(parts) > 3 else after
             data.update[key] = (stats.update_norm(delta, scale, after, before), after)
             del data.update_parts[key]
     else:  # pragma: no cover - a programming error, not a user error

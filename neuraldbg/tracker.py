@@ -179,7 +179,12 @@ class Tracker:
         self._last: dict[TrackKey, str] = {}
         self._snapshot: list[SemanticEvent] | None = None  # events() until the next update
         self._snapshot_final = False
-        self.started = 0  # runs started so far: a new one asks the recorder to observe densely
+        # states that began while no other layer was in them: each asks the recorder to observe densely, to date
+        # the state and confirm it quickly. A state already open elsewhere (a deep net whose layers cross a
+        # threshold one after another) adds nothing a dense window would resolve, and would keep every step full.
+        self.started = 0
+        self._open_states: dict[tuple[str, str], int] = {}
+        self._open_detectors: dict[str, int] = {}
         # a state that returns within this many steps continues its event (a flapping layer is one event)
         self.store = EventStore(config.max_events, merge_gap=max(2 * config.early_every, 8 * config.persistence))
 
@@ -200,25 +205,36 @@ class Tracker:
                 run = None
             if run is None:
                 self._open[key] = _Run(f, f, step, step, 1, self._last.get(key), solid=int(not f.provisional))
-                self.started += 1
+                state = (detector, f.state)
+                opened = self._open_states.get(state, 0)
+                self.started += opened == 0
+                self._open_states[state] = opened + 1
+                self._open_detectors[detector] = self._open_detectors.get(detector, 0) + 1
             else:
                 run.extend(step, f)
             self._last[key] = f.state
+        normal = {event_type: normal_state(event_type) for event_type, *_ in obs.observed[:1]}
         for event_type, layer, param, call in obs.observed:
             key = (detector, event_type, layer, param, call)
             if key in abnormal:
                 continue
-            ended = self._open.pop(key, None)
-            if ended is not None:
-                self._close(key, ended)
-            self._last[key] = normal_state(event_type)
+            if self._open:
+                ended = self._open.pop(key, None)
+                if ended is not None:
+                    self._close(key, ended)
+            healthy = normal.get(event_type)
+            if healthy is None:
+                healthy = normal[event_type] = normal_state(event_type)
+            self._last[key] = healthy
 
     def has_open(self, detector: str) -> bool:
         """Whether a state found by ``detector`` is still holding."""
-        return any(key[0] == detector for key in self._open)
+        return self._open_detectors.get(detector, 0) > 0
 
     def _close(self, key: TrackKey, run: _Run) -> None:
         self._open.pop(key, None)
+        self._open_states[(key[0], run.state)] -= 1
+        self._open_detectors[key[0]] -= 1
         if run.qualifies(self._persistence, self._steps):
             self.store.add(key, run.to_event(self._persistence))
 

@@ -83,11 +83,18 @@ def test_saturated_count_matches_elementwise_bounds(center, radius):
     assert stats.saturated_count(t, center, radius).item() == expected
 
 
-def test_exact_zero_and_finite_distinguish_underflow_and_overflow():
-    assert stats.exact_zero_and_finite(torch.zeros(5)) == (True, True)
-    assert stats.exact_zero_and_finite(torch.full((5,), 1e-30)) == (False, True)
-    assert stats.exact_zero_and_finite(torch.full((5,), 1e30)) == (False, True)  # its L2 norm overflows
-    assert stats.exact_zero_and_finite(torch.tensor([1.0, float("nan")])) == (False, False)
+def test_largest_magnitudes_distinguish_underflow_and_overflow_from_zero_and_non_finite():
+    tensors = [
+        torch.zeros(5),
+        torch.full((5,), 1e-30),  # its L2 norm underflows to 0
+        torch.full((5,), 1e30),  # its L2 norm overflows to inf
+        torch.tensor([1.0, float("nan")]),
+        torch.tensor([-3.0, 2.0], dtype=torch.float64),
+    ]
+    assert [stats.norms([t])[0].item() for t in tensors[:3]] == [0.0, 0.0, math.inf]
+    top = stats.largest_magnitudes(tensors)
+    assert top[0] == 0.0 and top[1] == pytest.approx(1e-30) and top[2] == pytest.approx(1e30)
+    assert math.isnan(top[3]) and top[4] == 3.0
 
 
 def test_to_host_moves_values_in_order():
@@ -217,8 +224,10 @@ def test_a_snapshot_estimates_large_updates_from_a_sample_and_sees_every_frozen_
     sparse[7, 3] += 0.5  # one element: the strided sample misses it
     deltas, after, old = snap.changes()
     d_big, d_small, d_frozen, d_sparse = (
-        stats.update_norm(d.item(), s, a.item(), b.item()) for d, s, a, b in zip(deltas, snap.scales, after, old)
+        stats.update_norm(d.item(), s, a.item(), a.item() if b is None else b.item())
+        for d, s, a, b in zip(deltas, snap.scales, after, old)
     )
+    assert [b is None for b in old] == [False, True, False, False]  # the old norm is kept for sampled ones only
     assert snap.scales[0] > 1 and snap.scales[1] == 1.0  # the big one was sampled
     assert d_big == pytest.approx((big - before[0]).norm().item(), rel=0.02)
     assert after[0].item() == pytest.approx(big.norm().item(), rel=1e-6)
