@@ -213,19 +213,16 @@ class Tracker:
             else:
                 run.extend(step, f)
             self._last[key] = f.state
-        normal = {event_type: normal_state(event_type) for event_type, *_ in obs.observed[:1]}
+        last, is_open = self._last, bool(self._open)
         for event_type, layer, param, call in obs.observed:
             key = (detector, event_type, layer, param, call)
             if key in abnormal:
                 continue
-            if self._open:
+            if is_open:
                 ended = self._open.pop(key, None)
                 if ended is not None:
                     self._close(key, ended)
-            healthy = normal.get(event_type)
-            if healthy is None:
-                healthy = normal[event_type] = normal_state(event_type)
-            self._last[key] = healthy
+            last[key] = "healthy" if event_type is EventType.GRADIENT else "normal"  # normal_state(), inlined
 
     def has_open(self, detector: str) -> bool:
         """Whether a state found by ``detector`` is still holding."""

@@ -143,7 +143,13 @@ class GradientReader:
             return
         if type(grad) is not Tensor or grad.layout is not torch.strided:
             return
-        value = float(grad.reshape(-1)[0])
+        if grad.numel() <= 64:  # a small head: reading it whole costs less than indexing one element
+            first = grad.tolist()
+            while isinstance(first, list):
+                first = first[0]
+            value = float(first)
+        else:
+            value = float(grad.reshape(-1)[0])
         rec = self._rec
         rec.pending.data.head_finite = math.isfinite(value)
         # an outlier batch shows as a jump of this element against its running mean: observe what follows
