@@ -158,10 +158,12 @@ def test_the_gate_reports_and_baselines_see_runs_watched_by_a_callback(
     result.stdout.fnmatch_lines(["FAILED test_project.py::test_left_out - NeuralDBG gate: training is unhealthy*"])
     summary = (pytester.path / "report" / "summary.md").read_text(encoding="utf-8")
     escaped = layer.replace("_", "\\_")
-    assert f"| `test_project.py::test_healthy` | ✅ healthy | {steps} | - |" in summary
-    assert (
-        f"| `test_project.py::test_left_out` | ❌ unhealthy | {steps} | frozen\\_parameters at '{escaped}'" in summary
-    )
+    rows = {line.split("`")[1]: line for line in summary.splitlines() if line.startswith("| `test_project.py::")}
+    healthy, left_out = rows["test_project.py::test_healthy"], rows["test_project.py::test_left_out"]
+    assert healthy.startswith("| `test_project.py::test_healthy` | passed | ✅ healthy |")
+    assert healthy.endswith(f"| {steps} | - |")
+    assert left_out.startswith("| `test_project.py::test_left_out` | **failed** | ❌ unhealthy |")
+    assert f"| {steps} | frozen\\_parameters at '{escaped}'" in left_out
     properties = junit_properties(pytester.path / "junit.xml")
     assert properties["test_healthy"]["neuraldbg.verdict"] == "healthy"
     assert properties["test_left_out"]["neuraldbg.verdict"] == "unhealthy"
@@ -170,5 +172,5 @@ def test_the_gate_reports_and_baselines_see_runs_watched_by_a_callback(
     monkeypatch.setenv("LR", "1e-5")
     result = pytester.runpytest("-ra")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["NeuralDBG baseline regression: update_ratio at '*' *x smaller at first (step 0) *"])
+    result.stdout.fnmatch_lines(["NeuralDBG baseline regression: update_ratio at '*' *x smaller at * (step *) *"])
     result.stdout.fnmatch_lines(["FAILED test_project.py::test_healthy - Failed: NeuralDBG baseline regression*"])
