@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..events import SemanticEvent
@@ -15,9 +17,16 @@ class Topology:
     first_step: int = 0  # first observed step
     last_step: int = -1  # last observed step of the run (-1: unknown)
     _index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    _pinned: dict[int, float] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._index.update({name: i for i, name in enumerate(self.order)})
+
+    def pinned(self, events: Sequence[SemanticEvent]) -> Topology:
+        """A copy that knows the position of each of ``events`` by heart (the engine asks for them many times).
+        Valid while those events live: positions are remembered by object identity."""
+        positions = {id(e): self.event_position(e) for e in events}
+        return dataclasses.replace(self, _index={}, _pinned=positions)
 
     def position(self, layer: str) -> int:
         """Forward position; the model's input/loss ("") comes first, unknown layers last."""
@@ -27,6 +36,9 @@ class Topology:
 
     def event_position(self, event: SemanticEvent) -> float:
         """Forward position of an event; within a layer, a later call comes later."""
+        known = self._pinned.get(id(event))
+        if known is not None:
+            return known
         return self.position(event.layer) + event.metrics.get("call", 0.0) * 1e-3
 
     def describe(self, layer: str) -> str:
