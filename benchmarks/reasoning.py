@@ -8,7 +8,9 @@ long run, each event a random failure or evidence state of a random layer over a
 proportions a long, troubled run produces (vanishing and evidence most, run-level findings rare). Two shapes:
 
 * ``wide``: the number of layers grows with the events (20 events per layer): a huge model;
-* ``long``: 200 layers, the events grow with the run's length (many episodes per layer).
+* ``long``: 200 layers, the events grow with the run's length (many episodes per layer);
+* ``separate``: every event its own fault (units dying in one layer after another, each recovering before the
+  layer before it dies), so that choosing roots, not collecting chains, is the work.
 
 Each size is diagnosed by ``neuraldbg.reasoning.diagnose`` with the built-in rules (what ``hypotheses()`` runs,
 minus the explanations' history lookups); the time is the best of ``--repeat`` runs (wall clock,
@@ -98,6 +100,28 @@ def events(n: int, layers: int, seed: int = 0, steps: int = 100_000) -> list[Sem
     return out
 
 
+def separate(n: int) -> tuple[list[SemanticEvent], Topology]:
+    """``n`` dead layers that explain nothing of each other: later layers die earlier and recover first."""
+    topo = topology(2 * n)
+    metrics = {"dead_fraction": 1.0, "units": 8.0}
+    evs = [
+        SemanticEvent(
+            T.ACTIVATION,
+            K.DEAD_NEURONS,
+            topo.order[2 * i + 1],
+            None,
+            10 * (n - i),
+            10 * (n - i) + 5,
+            None,
+            "dead",
+            dict(metrics),
+            0.9,
+        )
+        for i in range(n)
+    ]
+    return evs, topo
+
+
 def _event(
     r: random.Random,
     etype: EventType,
@@ -139,9 +163,11 @@ def counting_checks() -> Iterator[list[int]]:
 
 def measure(n: int, shape: str, repeat: int) -> tuple[float, int, int]:
     """(best seconds, rule checks, hypotheses) for one synthetic trace."""
-    layers = max(4, n // 20) if shape == "wide" else 200
-    evs = events(n, layers, seed=n)
-    topo = topology(layers)
+    if shape == "separate":
+        evs, topo = separate(n)
+    else:
+        layers = max(4, n // 20) if shape == "wide" else 200
+        evs, topo = events(n, layers, seed=n), topology(layers)
     rules = builtin_rules()
     best = float("inf")
     for _ in range(repeat):
@@ -156,7 +182,9 @@ def measure(n: int, shape: str, repeat: int) -> tuple[float, int, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="*", default=[1000, 2000, 4000, 8000, 16000, 32000, 64000])
-    parser.add_argument("--shapes", nargs="*", default=["wide", "long"], choices=["wide", "long"])
+    parser.add_argument(
+        "--shapes", nargs="*", default=["wide", "long", "separate"], choices=["wide", "long", "separate"]
+    )
     parser.add_argument("--large", type=int, default=540_000, help="one more size, wide shape (0: none)")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args(argv)
@@ -169,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(("wide", args.large))
     for shape, n in runs:
         seconds, checks, found = measure(n, shape, 1 if n > 100_000 else args.repeat)
-        layers = max(4, n // 20) if shape == "wide" else 200
+        layers = {"wide": max(4, n // 20), "long": 200, "separate": 2 * n}[shape]
         print(
             f"| {shape} | {n} | {layers} | {found} | {checks} | {checks / n:.2f} | {seconds:.3f} | "
             f"{1e6 * seconds / n:.1f} |"

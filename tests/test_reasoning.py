@@ -555,3 +555,12 @@ def test_an_explosion_from_a_layer_initialised_too_large_is_rooted_there_and_not
     assert h.kind is E and h.root.layer == "fc2" and h.root.step_start == 0
     assert "learning rate is too high" not in h.explanation and h.suggestion.startswith("re-initialise 'fc2'")
     assert all(c.cause.where != c.effect.where for c in h.couplings)
+
+
+def test_the_layer_feeding_an_activation_is_the_nearest_one_with_parameters_before_it():
+    roles = {"a": "parametric", "b": "gated", "c": "other", "d": "parametric", "e": "bounded"}
+    topo = Topology(order=list(roles), types={}, roles=roles)
+    fed = {name: topo.feeding(name) for name in [*roles, "", "unknown"]}
+    assert fed == {"a": None, "b": "a", "c": "a", "d": "a", "e": "d", "": None, "unknown": "d"}
+    assert topo.last_parametric() == "d"
+    assert Topology(order=["x"], types={}, roles={"x": "gated"}).last_parametric() is None

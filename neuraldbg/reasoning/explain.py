@@ -205,7 +205,7 @@ def _vanishing(
     top = root.metrics.get("max_layer_grad_norm", 0.0)
     all_zero = all(e.metrics.get("exact_zero") == 1.0 for e in events)
     layers = sorted({e.layer for e in events}, key=topo.position)
-    last = next((n for n in reversed(topo.order) if topo.roles.get(n) == "parametric"), None)
+    last = topo.last_parametric()
     reference = ""
     if last is not None and last not in layers:
         value = _series_near(series, "grad_norm", last, root.step_start)

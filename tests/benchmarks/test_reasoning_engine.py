@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from benchmarks.reasoning import counting_checks, events, topology
+from benchmarks.reasoning import counting_checks, events, separate, topology
 from neuraldbg.events import RUN_LEVEL_KINDS, EventType, FailureKind, SemanticEvent
 from neuraldbg.reasoning import CausalRule, Topology, builtin_rules, diagnose
 from neuraldbg.reasoning.engine import _trusted
@@ -184,6 +184,12 @@ def test_with_a_learning_rate_history_and_a_plugin_rule_the_engine_still_matches
     rules = [*builtin_rules(), DeadMakesConstant("dead-makes-constant", "makes constant", K.DEAD_NEURONS, (None,))]
     assert not _trusted(rules[-1]) and all(_trusted(rule) for rule in rules[:-1])
     assert engine(evs, topo, rules, lr=50.0) == reference(evs, topo, rules, lr_at_onset=50.0)
+
+
+def test_faults_that_explain_nothing_of_each_other_are_each_their_own_hypothesis():
+    evs, topo = separate(300)
+    found = engine(evs, topo, builtin_rules())
+    assert len(found) == 300 and found == reference(evs, topo, builtin_rules())
 
 
 def test_rule_checks_grow_linearly_with_the_number_of_events():
