@@ -23,10 +23,12 @@ surges explain the other failures they set off. Hypotheses are ranked by tier (n
 training observed, no gradient, a degenerate loss; then faults; last, an incomplete observation, a caveat),
 then confidence, onset and forward order.
 
-Cost: events are sorted once into lanes (:mod:`.index`); each root is found at the head of a lane, and each
-rule tries a cause only when no cause it has tried already explains everything this one would (``covers``), so
-a diagnosis costs O(N log N) for N events with the built-in rules, plus the events each tried cause scans. A
-plugin rule that overrides ``explains`` alone is tried for every cause against every candidate of its kinds.
+Cost: events are sorted once into lanes (:mod:`.index`); each root is the head of a lane; a rule tries a cause
+only when no cause it tried before covers it (``CausalRule.covers``), scans candidates from the earliest step an
+effect can start, and, for a direction in forward order, asks a range-max tree for the candidates on that side.
+With the built-in rules each event is checked about once (1.05 ``explains`` calls per event from 1k to 540k
+synthetic events, ``python -m benchmarks.reasoning``); the rest is sorting and tree queries, O(N log N). A plugin
+rule that overrides ``explains`` alone is tried for every cause against every candidate of its kinds.
 """
 
 from __future__ import annotations
