@@ -366,20 +366,20 @@ class _Closure:
         ``also`` (already in the chain) explain, transitively."""
         topo = self.topo
         probe_root = dataclasses.replace(root, kind=kind) if root.kind is not kind else root
-        # causes by onset, the most downstream first: an early cause explains most, so the ones it covers are
-        # skipped
-        heap: list[tuple[int, float, int]] = []
+        # the root first (what it explains reads as its doing), then the events given, then the rest by onset, the
+        # most downstream first: an early cause explains most, so the ones it covers are skipped
+        heap: list[tuple[int, int, float, int]] = []
         waiting: list[tuple[SemanticEvent, SemanticEvent]] = []  # (the event, the event as a cause)
 
-        def push(event: SemanticEvent, probe: SemanticEvent) -> None:
-            heapq.heappush(heap, (probe.step_start, -topo.event_position(probe), len(waiting)))
+        def push(event: SemanticEvent, probe: SemanticEvent, turn: int = 2) -> None:
+            heapq.heappush(heap, (turn, probe.step_start, -topo.event_position(probe), len(waiting)))
             waiting.append((event, probe))
 
-        push(root, probe_root)
+        push(root, probe_root, 0)
         for event in also:
-            push(event, event)
+            push(event, event, 1)
         while heap:
-            cause, probe = waiting[heapq.heappop(heap)[2]]
+            cause, probe = waiting[heapq.heappop(heap)[3]]
             for r in self.by_cause.get(probe.kind, ()):
                 rule = self.rules[r]
                 if self.trusted[r] and not (rule.applies_to(probe) and self._first_try(r, probe)):
