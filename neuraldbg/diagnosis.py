@@ -66,6 +66,7 @@ class Diagnosis:
 
     @property
     def healthy(self) -> bool:
+        """No hypothesis at all: a run that was not (fully) observed has one, so it is never healthy."""
         return not self.hypotheses()
 
     def explain_failure(self) -> list[str]:
@@ -77,7 +78,12 @@ class Diagnosis:
         return [h.root for h in self.hypotheses()]
 
     def detect_coupled_failures(self) -> list[Coupling]:
-        """Directed causal links between events (cause explains effect), deduplicated; one per explained event."""
+        """Directed causal links between events (cause explains effect), deduplicated; one per explained event.
+
+        Events that are part of a fault rather than its consequence have none: parameters frozen for the same
+        reason, a layer's later state in the same layer, updates as large as the weights at the same learning
+        rate (they are in the hypothesis' ``chain``). No link joins an event to another in the same place.
+        """
         seen: set[tuple[int, int]] = set()
         out: list[Coupling] = []
         for h in self.hypotheses():

@@ -82,19 +82,34 @@ class SemanticEvent:
 
     @property
     def where(self) -> str:
-        """A readable location: the quoted layer name, or "the model" for ``""``."""
+        """Where it held, in words: the quoted parameter or layer name; for the model as a whole (layer ``""``)
+        what was observed there: "the input batch", "the loss", "the model's updates", "the run" or "the model"."""
         if self.param is not None:
             return f"'{self.param}'"
-        return f"'{self.layer}'" if self.layer else "the model"
+        if self.layer:
+            return f"'{self.layer}'"
+        if self.event_type is EventType.INPUT:
+            return "the input batch"
+        if self.event_type is EventType.LOSS:
+            return "the loss"
+        if self.event_type is EventType.UPDATE:
+            return "the model's updates"
+        if self.event_type is EventType.RUN:
+            losses = (FailureKind.DEGENERATE_LOSS, FailureKind.NO_GRADIENT)
+            return "the loss" if self.kind in losses else "the run"
+        return "the model"
 
     def step_range(self) -> str:
+        """ "step 3" or "steps 0-32"."""
         if self.step_start == self.step_end:
             return f"step {self.step_start}"
         return f"steps {self.step_start}-{self.step_end}"
 
     def __str__(self) -> str:
-        origin = self.from_state or "initial"
-        return f"{self.event_type.value} {origin} -> {self.to_state} at {self.where}, {self.step_range()}"
+        """In plain words: ``'3': 100% of 64 units dead (never positive), steps 0-49``."""
+        from .reasoning.words import event_text  # the words live with the explanations that use them
+
+        return event_text(self)
 
 
 #: The failure kinds about the run as a whole (see :attr:`FailureKind.run_level`).

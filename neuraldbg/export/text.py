@@ -6,7 +6,11 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
+from ..events import FailureKind
 from ..reasoning.hypothesis import CausalHypothesis
+
+#: Findings about what was observed rather than about the training: alone, they make a run inconclusive.
+OBSERVATION_KINDS = frozenset({FailureKind.NO_TRAINING_OBSERVED, FailureKind.INCOMPLETE_OBSERVATION})
 
 
 def verdict(hypotheses: Sequence[CausalHypothesis], meta: dict[str, Any]) -> str:
@@ -15,6 +19,11 @@ def verdict(hypotheses: Sequence[CausalHypothesis], meta: dict[str, Any]) -> str
     if not hypotheses:
         return f"NeuralDBG: healthy - no training failure in {steps} observed steps of {model}."
     kinds = ", ".join(dict.fromkeys(h.kind.value for h in hypotheses))
+    if all(h.kind in OBSERVATION_KINDS for h in hypotheses):
+        return (
+            f"NeuralDBG: INCONCLUSIVE - {kinds} in {steps} observed steps of {model}: the run was not fully "
+            "observed, so it cannot be called healthy."
+        )
     n = len(hypotheses)
     return (
         f"NeuralDBG: UNHEALTHY - {n} failure hypothes{'es' if n > 1 else 'is'} ({kinds}) in {steps} steps of {model}."

@@ -11,33 +11,24 @@ import math
 from collections.abc import Callable, Sequence
 
 from ..events import EventType, FailureKind, SemanticEvent
+from .hypothesis import Coupling
+from .rules import SETS_OFF, is_update_surge
 from .topology import Topology
+from .words import count, num, pct
+
+__all__ = ["effects", "explain", "num", "pct", "steps"]
 
 Series = Callable[[str, str], list[tuple[int, float]]]
 
 
-def num(x: float) -> str:
-    """A number as people read it in a diagnosis: 3e-18, 0.12, 4.2e+05, inf, nan."""
-    if not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    if x == 0:
-        return "0"
-    if 1e-3 <= abs(x) < 1e4:
-        return f"{x:.3g}"
-    return f"{x:.1e}".replace("e-0", "e-").replace("e+0", "e+")
-
-
-def pct(x: float) -> str:
-    return f"{100 * x:.0f}%" if x >= 0.01 or x == 0 else f"{100 * x:.1g}%"
-
-
 def steps(e: SemanticEvent, topo: Topology | None = None) -> str:
-    """'from step 0 to 49'; for a state still holding at the end, says how far it was checked."""
+    """'from step 0 to 49'; for a state still holding at the end, how far it was measured."""
     last = topo.last_step if topo is not None else -1
     if e.metrics.get("ongoing") and last >= e.step_end:
         if last == e.step_end:
             return f"from step {e.step_start} to the end of the run (step {last})"
-        return f"from step {e.step_start} to the end of the run (last checked at step {e.step_end} of {last})"
+        # cheap steps do not measure every state: say what was seen, and that nothing after it said otherwise
+        return f"from step {e.step_start} until the run ended at step {last} (measured up to step {e.step_end})"
     if e.step_start == e.step_end:
         return f"at step {e.step_start}"
     return f"from step {e.step_start} to {e.step_end}"
@@ -62,6 +53,7 @@ _EFFECT_WORDS = {
     ("loss", "non_finite"): "a non-finite loss",
     ("update", "frozen"): "frozen parameters",
     ("update", "stalled"): "stalled updates",
+    ("update", "exploding"): "updates as large as the weights",
 }
 
 
@@ -73,11 +65,7 @@ def effects(chain: Sequence[SemanticEvent], topo: Topology) -> str:
     parts = []
     for (etype, state), evs in groups.items():
         words = _EFFECT_WORDS.get((etype, state), f"{state} {etype}")
-        layers: list[str] = []
-        for e in sorted(evs, key=topo.event_position):
-            name = e.param or e.layer
-            if name not in layers:
-                layers.append(name)
+        layers = list(dict.fromkeys(e.param or e.layer for e in sorted(evs, key=topo.event_position)))
         start = min(e.step_start for e in evs)
         where = "in the model" if layers == [""] else f"in {_names(layers)}"
         parts.append(f"{words} {where} (from step {start})")
@@ -88,38 +76,59 @@ def explain(
     kind: FailureKind,
     root: SemanticEvent,
     chain: Sequence[SemanticEvent],
+    couplings: Sequence[Coupling],
     topo: Topology,
     series: Series | None,
 ) -> tuple[str, str]:
-    """(explanation, suggestion) for one hypothesis; the explanation ends with the suggestion."""
+    """(explanation, suggestion) for one hypothesis; the explanation ends with the suggestion.
+
+    Update surges in the chain are the learning rate's evidence when they set the root off or recur at its
+    learning rate (no coupling), and effects of an explosion otherwise (coupled to it).
+    """
     writer = _WRITERS.get(kind, _generic)
-    surge = next((e for e in chain[1:] if _is_surge(e)), None)
-    rest = [e for e in chain[1:] if e is not surge]
+    caused = {id(c.effect) for c in couplings if c.relation != SETS_OFF}
+    trigger = next((c.cause for c in couplings if c.relation == SETS_OFF and c.effect is root), None)
+    recurring = [e for e in chain[1:] if is_update_surge(e) and e is not trigger and id(e) not in caused]
+    evidence = {id(e) for e in recurring} | ({id(trigger)} if trigger is not None else set())
+    rest = [e for e in chain[1:] if id(e) not in evidence]
     what, fix = writer(root, rest, topo, series)
-    if surge is not None and not _is_surge(root):
-        ratio = num(surge.metrics.get("median_update_ratio", math.nan))
-        lr = surge.metrics.get("lr")
-        with_lr = f", learning rate {num(lr)}" if lr is not None else ""
+    lr_named = False
+    if trigger is not None:
+        lr_named = True
         what += (
-            f" It started right after the updates grew as large as the weights (median ||dW||/||W|| {ratio} "
-            f"from step {surge.step_start}{with_lr}): the learning rate is too high."
+            f" It started right after the updates grew as large as the weights (median ||dW||/||W|| "
+            f"{num(trigger.metrics.get('median_update_ratio', math.nan))} from step {trigger.step_start}"
+            f"{_with_lr(trigger)}): the learning rate is too high."
         )
-        if "learning rate" not in fix:
-            now = f" (now {num(lr)})" if lr is not None else ""
-            fix = f"lower the learning rate{now}, e.g. 10x smaller, or warm it up; then {fix}"
+    if recurring:
+        lr_named = True
+        again = min(e.step_start for e in recurring)
+        if is_update_surge(root) or trigger is not None:
+            what += f" The updates are as large as the weights again from step {again}."
+        else:
+            what += (
+                f" From step {again} the updates are as large as the weights at the learning rate in force when "
+                f"it began (median ||dW||/||W|| {num(recurring[0].metrics.get('median_update_ratio', math.nan))}"
+                f"{_with_lr(recurring[0])}): the learning rate is too high."
+            )
+    if lr_named and not is_update_surge(root) and "learning rate" not in fix:
+        lr = (trigger or recurring[0]).metrics.get("lr")
+        now = f" (now {num(lr)})" if lr is not None else ""
+        fix = f"lower the learning rate{now}, e.g. 10x smaller, or warm it up; then {fix}"
     # events of the root's own kind that the text above already lists are part of the fault, not its effects
     listed = kind in (
         FailureKind.FROZEN_PARAMETERS,
         FailureKind.EXPLODING_GRADIENTS,
         FailureKind.VANISHING_GRADIENTS,
     )
-    caused = effects([e for e in rest if not (listed and e.kind is kind)], topo)
-    text = " ".join(p for p in (what, caused, f"Fix: {fix}") if p)
+    consequences = effects([e for e in rest if not (listed and e.kind is kind)], topo)
+    text = " ".join(p for p in (what, consequences, f"Fix: {fix}") if p)
     return text, fix
 
 
-def _is_surge(e: SemanticEvent) -> bool:
-    return e.kind is None and e.event_type is EventType.UPDATE and e.to_state == "exploding"
+def _with_lr(surge: SemanticEvent) -> str:
+    lr = surge.metrics.get("lr")
+    return f", learning rate {num(lr)}" if lr is not None else ""
 
 
 def _series_near(series: Series | None, metric: str, layer: str, step: int) -> float | None:
@@ -151,9 +160,11 @@ def _dead(root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series
         )
     target = f"'{feeding}'" if feeding else "the layer before it"
     if root.step_start > topo.first_step:
+        lr = _series_near(series, "lr", "", root.step_start)
+        now = f" (now {num(lr)})" if lr is not None else ""
         fix = (
-            f"lower the learning rate or clip gradients: the units died at step {root.step_start}, when a large "
-            f"update pushed the pre-activations of {target} below zero; a LeakyReLU or GELU cannot die."
+            f"lower the learning rate{now} or clip gradients: the units died at step {root.step_start}, when a "
+            f"large update pushed the pre-activations of {target} below zero; a LeakyReLU or GELU cannot die."
         )
     else:
         fix = (
@@ -194,7 +205,7 @@ def _vanishing(
     top = root.metrics.get("max_layer_grad_norm", 0.0)
     all_zero = all(e.metrics.get("exact_zero") == 1.0 for e in events)
     layers = sorted({e.layer for e in events}, key=topo.position)
-    last = next((n for n in reversed(topo.order) if topo.roles.get(n) == "parametric"), None)
+    last = topo.last_parametric()
     reference = ""
     if last is not None and last not in layers:
         value = _series_near(series, "grad_norm", last, root.step_start)
@@ -397,6 +408,144 @@ def _generic(root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, ser
     )
 
 
+# --- run-level findings: what was (not) observed of the run as a whole --------------------------------------
+
+
+def _no_training(
+    root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series | None
+) -> tuple[str, str]:
+    m = root.metrics
+    forwards = int(m.get("forwards", 0.0))
+    no_grad, evals, threads = (
+        int(m.get(k, 0.0)) for k in ("no_grad_forwards", "eval_forwards", "other_thread_forwards")
+    )
+    if forwards == 0:
+        what = (
+            "No training step was observed: the model was never called while NeuralDBG watched it, so nothing "
+            "about its training can be concluded."
+        )
+        fix = (
+            "check that the training loop runs inside the `with NeuralDbg(model)` block, that its data loader is "
+            "not empty (len(loader) > 0), and that it trains this model object - not a copy, or a model built "
+            "after NeuralDBG was attached."
+        )
+        return what, fix
+    parts = [
+        f"{count(no_grad)} under torch.no_grad()" if no_grad else "",
+        f"{count(evals)} in eval mode with no backward pass" if evals else "",
+        f"{count(threads)} in another thread" if threads else "",
+    ]
+    how = "; ".join(p for p in parts if p)
+    what = (
+        f"No training step was observed: the model ran {count(forwards)} forward passes while watched"
+        + (f" ({how})" if how else "")
+        + ", but no backward pass and optimizer step followed any of them. Nothing about its training can be "
+        "concluded."
+    )
+    if no_grad + evals >= forwards:
+        fix = (
+            "only validation or inference ran under the debugger: put the training loop (model.train(), the "
+            "forward pass with gradients, loss.backward(), optimizer.step()) inside the `with NeuralDbg(model)` "
+            "block."
+        )
+    elif threads:
+        fix = (
+            "the forward passes ran in a thread other than the one that attached NeuralDBG: attach it in the "
+            "thread that trains (or call dbg.step() there after each optimizer step)."
+        )
+    else:
+        fix = (
+            "call loss.backward() and optimizer.step() on this model's loss inside the `with NeuralDbg(model)` "
+            "block, and check that the optimizer holds this model's parameters."
+        )
+    return what, fix
+
+
+def _no_gradient(
+    root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series | None
+) -> tuple[str, str]:
+    m = root.metrics
+    backward = int(m.get("backward_passes", 0.0))
+    params, taken = count(m.get("trainable_parameters", 0.0)), count(m.get("steps", 0.0))
+    if backward == 0:
+        what = (
+            f"No gradient: the optimizer stepped {taken} times, but loss.backward() was never called, so none of "
+            f"the {params} trainable parameters ever received a gradient. The model cannot learn."
+        )
+        fix = "call loss.backward() after computing the loss and before optimizer.step(), every step."
+    else:
+        what = (
+            f"No gradient: {count(backward)} backward passes ran during {taken} optimizer steps, but no gradient "
+            f"reached any of the {params} trainable parameters: the loss is detached from the model's graph "
+            "(a .detach(), .item() or .numpy() on the way from the output to the loss, a forward pass under "
+            "torch.no_grad(), or a loss rebuilt with torch.tensor(...)). The model cannot learn."
+        )
+        fix = (
+            "compute the loss from the model's output tensor itself, with gradients enabled: remove .detach(), "
+            ".item() and torch.tensor(...) between model(x) and the loss, and any torch.no_grad() around the "
+            "training forward pass; loss.requires_grad must be True before loss.backward()."
+        )
+    return what, fix
+
+
+def _eval_mode(
+    root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series | None
+) -> tuple[str, str]:
+    m = root.metrics
+    taken = count(m.get("steps", 0.0))
+    layers = int(m.get("mode_dependent_layers", 0.0))
+    which = f" ({root.detail})" if root.detail else ""
+    what = (
+        f"The model trained in eval mode: {taken} training steps {steps(root, topo)} ran their forward pass "
+        f"with model.training False, so its {layers} layer{'s' if layers != 1 else ''} whose behaviour depends on "
+        f"the mode{which} behaved as at inference: dropout was off and batch-norm statistics were frozen while "
+        "the optimizer stepped."
+    )
+    fix = "call model.train() before the training loop, and again after every validation pass that calls model.eval()."
+    return what, fix
+
+
+def _degenerate_loss(
+    root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series | None
+) -> tuple[str, str]:
+    m = root.metrics
+    loss = m.get("loss")
+    value = f" (loss {num(loss)})" if loss is not None else ""
+    what = (
+        f"Degenerate loss: at all {count(m.get('steps', 0.0))} observed steps{value} the gradient of the loss with "
+        "respect to the model's output is exactly zero, so no parameter can learn, whatever the layers do. "
+        "Typical causes: cross_entropy on a model with a single output unit (the log-softmax of one logit is "
+        "always 0), a loss multiplied by 0, or a loss that does not depend on the output."
+    )
+    fix = (
+        "check the loss: for two classes with one output unit use "
+        "binary_cross_entropy_with_logits (BCEWithLogitsLoss) with float targets, or give the model one output "
+        "per class for cross_entropy; remove any factor that makes the loss constant."
+    )
+    return what, fix
+
+
+def _incomplete(
+    root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series | None
+) -> tuple[str, str]:
+    m = root.metrics
+    k = int(m.get("step", root.step_start))
+    skipped = int(m.get("skipped_parameters", 0.0))
+    detail = f": {root.detail}" if root.detail else ""
+    what = f"Observation incomplete from step {k}{detail}."
+    if skipped:
+        what += f" {count(skipped)} parameters were not measured."
+    what += (
+        " Findings from before that stand; what came after was not checked, so this run cannot be called "
+        "healthy. The training itself was not affected."
+    )
+    fix = (
+        "treat this run's diagnosis as partial; if the detail above points at NeuralDBG rather than the model, "
+        "report it with the detail."
+    )
+    return what, fix
+
+
 _WRITERS = {
     FailureKind.DEAD_NEURONS: _dead,
     FailureKind.SATURATED_ACTIVATIONS: _saturated,
@@ -405,4 +554,9 @@ _WRITERS = {
     FailureKind.NON_FINITE: _non_finite,
     FailureKind.FROZEN_PARAMETERS: _frozen,
     FailureKind.STALLED_UPDATES: _stalled,
+    FailureKind.NO_TRAINING_OBSERVED: _no_training,
+    FailureKind.NO_GRADIENT: _no_gradient,
+    FailureKind.EVAL_MODE_TRAINING: _eval_mode,
+    FailureKind.DEGENERATE_LOSS: _degenerate_loss,
+    FailureKind.INCOMPLETE_OBSERVATION: _incomplete,
 }

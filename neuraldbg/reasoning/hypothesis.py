@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..events import FailureKind, SemanticEvent
+from ..events import EventType, FailureKind, SemanticEvent
 
 
 @dataclass(frozen=True)
@@ -21,9 +21,12 @@ class Coupling:
 class CausalHypothesis:
     """One underlying fault: its root event, the events it explains, and what to do about it.
 
-    ``chain`` starts with ``root`` and lists the explained events in causal order. ``confidence`` (in [0, 1])
-    comes from the evidence: how far past its threshold the root is, how long it held, and how many other
-    events it explains.
+    ``chain`` starts with ``root`` and lists every event the fault accounts for, in order of onset: the events
+    it caused, each linked to its cause by one of ``couplings``, and the events that are part of the fault
+    itself, which have no coupling (other parameters frozen the same way, a layer's later state in the same
+    layer, updates as large as the weights at the same learning rate). ``confidence`` (in [0, 1]) comes from
+    the evidence: how far past its threshold the root is, how long it held, and how many other events it
+    explains.
     """
 
     kind: FailureKind
@@ -43,9 +46,17 @@ class CausalHypothesis:
         return self.root.step_start
 
     def summary(self) -> str:
-        """One line: kind, root layer and onset step, confidence."""
-        where = f"'{self.root.layer}'" if self.root.layer else "the model"
-        return f"{self.kind.value} at {where} from step {self.root.step_start} (confidence {self.confidence:.2f})"
+        """One line: kind, root layer (for a finding about a layer) and onset step, confidence."""
+        root = self.root
+        if self.kind.run_level:
+            at = ""
+        elif root.layer:
+            at = f" at '{root.layer}'"
+        elif root.event_type in (EventType.INPUT, EventType.LOSS):
+            at = f" at {root.where}"  # the input batch, the loss
+        else:
+            at = " at the model"
+        return f"{self.kind.value}{at} from step {self.root.step_start} (confidence {self.confidence:.2f})"
 
     def __str__(self) -> str:
         return self.explanation

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..events import SemanticEvent
@@ -15,9 +17,17 @@ class Topology:
     first_step: int = 0  # first observed step
     last_step: int = -1  # last observed step of the run (-1: unknown)
     _index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    _pinned: dict[int, float] = field(default_factory=dict, repr=False, compare=False)
+    _fed_by: list[int] = field(default_factory=list, repr=False, compare=False)  # position -> feeding position
 
     def __post_init__(self) -> None:
         self._index.update({name: i for i, name in enumerate(self.order)})
+
+    def pinned(self, events: Sequence[SemanticEvent]) -> Topology:
+        """A copy that knows the position of each of ``events`` by heart (the engine asks for them many times).
+        Valid while those events live: positions are remembered by object identity."""
+        positions = {id(e): self.event_position(e) for e in events}
+        return dataclasses.replace(self, _index={}, _pinned=positions, _fed_by=[])
 
     def position(self, layer: str) -> int:
         """Forward position; the model's input/loss ("") comes first, unknown layers last."""
@@ -27,6 +37,9 @@ class Topology:
 
     def event_position(self, event: SemanticEvent) -> float:
         """Forward position of an event; within a layer, a later call comes later."""
+        known = self._pinned.get(id(event))
+        if known is not None:
+            return known
         return self.position(event.layer) + event.metrics.get("call", 0.0) * 1e-3
 
     def describe(self, layer: str) -> str:
@@ -38,7 +51,19 @@ class Topology:
     def feeding(self, layer: str) -> str | None:
         """The nearest parametric layer before ``layer`` in forward order (what feeds an activation)."""
         pos = self.position(layer)
-        for name in reversed(self.order[: max(pos, 0)]):
-            if self.roles.get(name) == "parametric":
-                return name
-        return None
+        return None if pos < 0 else self._parametric_before(min(pos, len(self.order)))
+
+    def last_parametric(self) -> str | None:
+        """The last layer with parameters in forward order."""
+        return self._parametric_before(len(self.order))
+
+    def _parametric_before(self, pos: int) -> str | None:
+        if not self._fed_by:  # the nearest parametric position before each position, computed once
+            last = -1
+            for i, name in enumerate(self.order):
+                self._fed_by.append(last)
+                if self.roles.get(name) == "parametric":
+                    last = i
+            self._fed_by.append(last)
+        fed = self._fed_by[pos]
+        return self.order[fed] if fed >= 0 else None

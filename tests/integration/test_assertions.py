@@ -75,8 +75,8 @@ def test_a_dead_relu_fails_assert_healthy_with_the_dead_layer_and_the_step(resul
             "E       AssertionError: NeuralDBG: training is unhealthy - dead_neurons at '3' from step 0 (confidence *)",
             "E       Dead neurons in '3' (ReLU), fed by '2' (Linear)*",
             "E       Causal chain (root first):",
-            "E         root activation initial -> dead at '3', steps 0-*",
-            "E           -> gradient initial -> vanishing at '0', steps 0-*",
+            "E         root '3': * units dead (never positive), steps 0-*",
+            "E           -> '0': gradient *, steps 0-*('3' zeroes the gradient of '0')",
         ]
     )
 
@@ -132,4 +132,4 @@ def test_the_junit_failure_message_starts_with_the_one_line_verdict(
         "AssertionError: NeuralDBG: training is unhealthy - dead_neurons at '3' from step 0"
     )
     assert len(message) < 600
-    assert "root activation initial -> dead at '3'" in (failure.text or "")
+    assert "root '3': 100% of" in (failure.text or "")

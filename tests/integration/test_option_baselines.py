@@ -334,7 +334,7 @@ def test_a_new_failure_fails_with_the_engines_diagnosis(
             "NeuralDBG's diagnosis: training is unhealthy - dead_neurons at '3' from step 0 (confidence *)",
             "Dead neurons in '3' (ReLU)*",
             "Causal chain (root first):",
-            "  root activation initial -> dead at '3', steps 0-*",
+            "  root '3': * units dead (never positive), steps 0-*",
         ]
     )
 

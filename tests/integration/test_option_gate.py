@@ -22,7 +22,7 @@ def test_the_gate_fails_a_test_that_asserts_nothing_about_its_dead_relu(silent: 
             "",
             "Dead neurons in '3' (ReLU)*",
             "Causal chain (root first):",
-            "  root activation initial -> dead at '3', steps 0-*",
+            "  root '3': * units dead (never positive), steps 0-*",
         ]
     )
     result.stdout.fnmatch_lines(["FAILED test_silent.py::test_dead - NeuralDBG gate: training is unhealthy*"])

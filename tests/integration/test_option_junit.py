@@ -52,7 +52,7 @@ def test_a_failing_case_carries_the_explanation_and_a_mermaid_graph_that_renders
     first, rest = failure.text.split("\n", 1)
     assert first.startswith("NeuralDBG: dead neurons - dead_neurons at '3' from step 0")
     assert "Dead neurons in '3' (ReLU), fed by '2' (Linear)" in rest
-    assert "root activation initial -> dead at '3'" in rest
+    assert "root '3': 100% of" in rest and "units dead (never positive)" in rest
     graph = rest.split("Causal graph (Mermaid):\n", 1)[1]
     assert graph.startswith("flowchart TD")
     render_mermaid(graph)

@@ -29,7 +29,7 @@ def test_the_message_starts_with_one_verdict_line_and_names_layer_and_step(dead)
     first, blank, explanation, *chain = str(info.value).splitlines()
     assert first == "NeuralDBG: training is unhealthy - dead_neurons at '3' from step 0 (confidence 1.00)"
     assert blank == "" and explanation.startswith("Dead neurons in '3' (ReLU)")
-    assert chain[0] == "Causal chain (root first):" and chain[1].startswith("  root activation initial -> dead at '3'")
+    assert chain[0] == "Causal chain (root first):" and chain[1].startswith("  root '3': 100% of")
 
 
 def test_ignore_takes_failure_kinds_or_their_names_and_rejects_unknown_ones(dead) -> None:
