@@ -54,7 +54,7 @@ def test_a_healthy_model_passes_and_a_dead_one_fails_with_the_curve_and_the_diag
             "E       ",
             "E       Dead neurons in '3' (ReLU)*",
             "E       Causal chain (root first):",
-            "E         root activation initial -> dead at '3', steps 0-*",
+            "E         root '3': 100% of 16 units dead (never positive), steps 0-*",
             "*",
             "test_learns.py:17: AssertionError",
         ]

@@ -109,7 +109,7 @@ def test_the_bare_idiom_fails_with_the_explanation_and_the_chain_in_its_failure_
     )
     text = failure.text or ""
     assert "Dead neurons in '3' (ReLU), fed by '2' (Linear)" in text
-    assert "Causal chain (root first):\n  root activation initial -> dead at '3', steps 0-" in text
+    assert "Causal chain (root first):\n  root '3': 100% of 16 units dead (never positive), steps 0-" in text
     assert dict(properties(case))["neuraldbg.verdict"] == "unhealthy"  # the properties stay
     # the terminal shows it once, as the last part of the failure
     assert result.stdout.str().count("Dead neurons in '3' (ReLU)") == 1

@@ -68,14 +68,14 @@ def test_a_run_level_failure_fails_assert_healthy_the_gate_and_the_observed_case
     project.makepyfile(test_run=RUN_LEVEL.format(kind=kind))
     result = project.runpytest("--neuraldbg-gate", "--neuraldbg-junit=health.xml", "--neuraldbg-report=report")
     result.assert_outcomes(passed=0, failed=3)  # the gate fails even the test that ignored it for assert_healthy
-    result.stdout.fnmatch_lines([f"E       AssertionError: NeuralDBG: training is unhealthy - {kind} at the model*"])
-    result.stdout.fnmatch_lines([f"NeuralDBG gate: training is unhealthy - {kind} at the model from step 0*"])
+    result.stdout.fnmatch_lines([f"E       AssertionError: NeuralDBG: training is unhealthy - {kind} from step 0*"])
+    result.stdout.fnmatch_lines([f"NeuralDBG gate: training is unhealthy - {kind} from step 0*"])
     cases = junit_cases(project.path / "health.xml")
     failing = {name.split("::")[-1] for name, case in cases.items() if case.find("failure") is not None}
     assert failing == {"observed"}  # no layer-level check claims it
     failure = cases["test_run.py::test_silent::observed"].find("failure")
     assert failure is not None
-    assert failure.get("message", "").startswith(f"NeuralDBG: run-level failure - {kind} at the model from step 0")
+    assert failure.get("message", "").startswith(f"NeuralDBG: run-level failure - {kind} from step 0")
     summary = (project.path / "report" / "summary.md").read_text("utf-8")
     assert (
         f"| `test_run.py::test_silent` | **failed** | ❌ unhealthy | - | 10 | {kind.replace('_', chr(92) + '_')}"
