@@ -200,7 +200,9 @@ class Tracker:
             abnormal.add(key)
             run: _Run | None = self._open.get(key)
             if run is not None and run.state != f.state:
-                run.confirmed = run.confirmed or (f.decisive and run.state == "exploding")
+                # an explosion that turns into another failure (NaN, dead units) set it off: it was real, however
+                # short it was before the layer changed state
+                run.confirmed = run.confirmed or (run.state == "exploding" and (f.decisive or f.kind is not None))
                 self._close(key, run)
                 run = None
             if run is None:

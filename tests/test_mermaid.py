@@ -178,3 +178,23 @@ def test_a_mermaid_directive_in_a_layer_name_or_relation_neither_applies_nor_bre
     assert style_of(hostile) == style_of(tame)  # no theme, font or CSS came from the names
     assert "rgb(255, 0, 0)" not in hostile and "ff0000" not in style_of(hostile)
     assert "a%%{b" in hostile and "}%%" in hostile and "x:::root" in hostile  # shown as text, literally
+
+
+def test_a_run_level_finding_is_drawn_in_words_as_a_node_of_the_run():
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from neuraldbg import NeuralDbg
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 1))
+    model.eval()  # trained in eval mode: dropout is off while the optimizer steps
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with NeuralDbg(model) as dbg:
+        for _ in range(5):
+            opt.zero_grad()
+            F.mse_loss(model(torch.randn(8, 4)), torch.randn(8, 1)).backward()
+            opt.step()
+    graph = dbg.export_mermaid_causal_graph()
+    assert """["the run<br>trained in eval mode (5 steps: '1' (Dropout))<br>steps 0-4"]""" in graph
+    assert "exploding" not in graph and "model<br>" not in graph

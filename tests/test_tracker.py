@@ -115,3 +115,35 @@ def test_memory_stays_flat_on_a_long_run_whose_layer_flaps():
     assert events_1k == events_3k <= 8  # one event per layer and state, however often it flaps
     capacity = dbg.config.history_points * len(dbg.history.series)
     assert points_1k <= capacity and points_3k <= capacity
+
+
+EXPLODING = Finding(EventType.ACTIVATION, FailureKind.EXPLODING_GRADIENTS, "3", "exploding", {"grad_norm": 1e5}, 0.5)
+
+
+def test_a_short_explosion_that_turns_into_another_failure_is_kept_but_one_that_resolves_is_not():
+    tracker = Tracker(DebugConfig(persistence=3, persistence_steps=5))
+    feed(tracker, [EXPLODING, EXPLODING, EXPLODING, DEAD, DEAD, DEAD, DEAD, DEAD])  # blown up, then the units died
+    assert [(e.to_state, e.step_start, e.step_end) for e in tracker.events()] == [
+        ("exploding", 0, 2),
+        ("dead", 3, 7),
+    ]
+    calm = Tracker(DebugConfig(persistence=3, persistence_steps=5))
+    feed(calm, [EXPLODING, EXPLODING, EXPLODING] + [None] * 5)  # three steps, then it settled by itself
+    assert calm.events() == []
+
+
+def test_only_a_new_kind_of_state_asks_for_dense_observation():
+    tracker = Tracker(DebugConfig())
+    for step, layers in enumerate([["3"], ["3", "5"], ["3", "5", "7"]]):
+        obs = Observation()
+        for layer in layers:
+            obs.saw(EventType.ACTIVATION, layer)
+            obs.findings.append(Finding(EventType.ACTIVATION, FailureKind.DEAD_NEURONS, layer, "dead", {}, 1.0))
+        tracker.update("d", step, obs)
+    assert tracker.started == 1  # layers dying one after another while one already is: no new dense window
+    obs = Observation()
+    obs.saw(EventType.ACTIVATION, "3")
+    obs.findings.append(NAN)
+    tracker.update("d", 3, obs)
+    assert tracker.started == 2  # a new kind of state does ask for it
+    assert tracker.has_open("d") and not tracker.has_open("other")

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..events import EventType, FailureKind, SemanticEvent
+from ..reasoning import words
 from ..reasoning.explain import num, pct
 from ..reasoning.hypothesis import CausalHypothesis
 from ..reasoning.topology import Topology
@@ -82,14 +83,19 @@ def state_text(e: SemanticEvent) -> str:
         return f"stalled: update ratio {num(m.get('median_update_ratio', 0.0))}"
     if e.to_state == "anomalous":
         return f"outputs blow up: rms {num(m.get('output_rms', 0.0))}"
-    return e.to_state
+    return words.state(e)  # run-level findings, update surges, amplifying layers: the explanations' words
 
 
 def _where(e: SemanticEvent, topo: Topology) -> str:
     if e.param:
         return f"'{e.param}'"
     if not e.layer:
-        return "input" if e.event_type is EventType.INPUT else "loss" if e.event_type is EventType.LOSS else "model"
+        return {
+            EventType.INPUT: "input",
+            EventType.LOSS: "loss",
+            EventType.RUN: "the run",
+            EventType.UPDATE: "the model's updates",
+        }.get(e.event_type, "model")
     return topo.describe(e.layer)
 
 
