@@ -31,6 +31,11 @@ class DebugConfig:
 
     # --- sampling: which steps get full statistics --------------------------------------------------------
     dense_steps: int = 16  # the first N steps are all fully observed: faults present from step 0 are common
+    dense_stride: int = 0  # ... every Nth of them, where 0 means 1 for models of up to ``dense_modules``
+    # watched modules and proportionally more for bigger ones: a fully observed step costs work per module, so
+    # for a model of many narrow layers it costs more than a training step (a 400-module MLP: ~1.6 steps), while
+    # 3 observations spanning 5 steps still confirm a fault present from step 0 within the dense phase
+    dense_modules: int = 128  # the module count up to which the dense phase observes every step
     early_every: int = 16  # then every Nth step ... (Cockpit: 1.04x overhead when tracking every 16th step)
     early_steps: int = 256  # ... until this step (smoke tests and the start of training, where faults show)
     full_every: int = 64  # and every Nth step after that; the triggers below cover what happens in between
@@ -105,6 +110,8 @@ class DebugConfig:
 #: Bounds checked for each field: (kind, lower bound, upper bound); bounds are inclusive.
 _BOUNDS: dict[str, tuple[str, float, float]] = {
     "dense_steps": ("int", 0, math.inf),
+    "dense_stride": ("int", 0, math.inf),
+    "dense_modules": ("int", 1, math.inf),
     "full_every": ("int", 1, math.inf),
     "early_every": ("int", 1, math.inf),
     "early_steps": ("int", 0, math.inf),

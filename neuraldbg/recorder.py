@@ -57,13 +57,13 @@ class Recorder:
         self.infos = infos
         self._sink = sink
         self.clock = StepClock()
-        self.schedule = Schedule(config)
+        self.schedule = Schedule(config, modules=len(infos))
         self.pending = Pending(0, self.schedule.is_full(0))
         self.buffer: list[Pending] = []
         self.coverage = Coverage(mode_dependent=mode_dependent_layers(naming.named_modules(model)))
         self.active = False
         self.loss: Tensor | None = None
-        self._last_head_grad: float | None = None
+        self._last_head_grad: tuple[int, float] | None = None  # (step, head-layer gradient norm) of a full step
         self._warned: set[str] = set()
         self.forward = ForwardPath(self, model, infos, order if order is not None else [])
         self.backward = BackwardPath(self, model, self.forward)
@@ -195,9 +195,13 @@ class Recorder:
         records = [p.data for p in buffer]
         suspicious = False
         for record in records:
-            suspicious |= measure.suspicious(record, self.config, self._last_head_grad)
+            # a head gradient compares with the step just before it only: across a gap it may have grown with the
+            # fit (the cheap steps' probe watches for outlier batches in between)
+            last = self._last_head_grad
+            previous = last[1] if last is not None and last[0] == record.step - 1 else None
+            suspicious |= measure.suspicious(record, self.config, previous)
             if record.head_grad is not None and math.isfinite(record.head_grad):
-                self._last_head_grad = record.head_grad
+                self._last_head_grad = (record.step, record.head_grad)
         if self._sink(records) or suspicious:  # the sink says a new abnormal state began
             self.schedule.trigger(self.clock.step)
 

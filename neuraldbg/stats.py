@@ -75,11 +75,12 @@ def norms(tensors: Sequence[Tensor]) -> list[Tensor]:
     tensors one by one. Every tensor must be plain and strided (see :func:`dense`). This runs in every fully
     observed step's hot path, so the common case (one device, float32) takes a short way.
     """
-    first = tensors[0]
-    if first.dtype is torch.float32 and all(t.dtype is torch.float32 and t.device == first.device for t in tensors):
-        with torch.no_grad():
-            return list(torch._foreach_norm(list(tensors)))
     with torch.no_grad():
+        if all(t.dtype is torch.float32 for t in tensors):
+            try:
+                return list(torch._foreach_norm(list(tensors)))
+            except RuntimeError:  # tensors on several devices
+                pass
         return _grouped_norms(tensors)
 
 
@@ -237,9 +238,10 @@ def to_host(tensors: Iterable[Tensor]) -> list[float]:
     items = list(tensors)
     if not items:
         return []
-    devices = {t.device for t in items}
-    if len(devices) == 1:
-        return torch.stack([t.float() if t.dtype != torch.float32 else t for t in items]).tolist()
+    try:  # one device (the common case): one stack, which promotes mixed dtypes, and one transfer
+        return list(torch.stack(items).tolist())
+    except RuntimeError:  # tensors on several devices
+        devices = {t.device for t in items}
     out: list[float] = [0.0] * len(items)
     for device in devices:
         idx = [i for i, t in enumerate(items) if t.device == device]
