@@ -195,7 +195,7 @@ def test_the_verdict_goes_to_the_log_history_and_to_transformers_log(tmp_path: A
     }
     assert [r.levelname for r in records] == ["WARNING"]
     assert records[0].getMessage() == callback.debugger.report()
-    assert "non_finite at the model from step" in records[0].getMessage()
+    assert "non_finite at the input batch from step" in records[0].getMessage()
 
 
 def test_a_healthy_verdict_is_one_info_line_and_log_false_logs_nothing(tmp_path: Any) -> None:
