@@ -72,6 +72,10 @@ class DebugConfig:
     dead_unit_fraction: float = 0.7  # a layer is dead when at least this fraction of its units is dead
     # (DeepDiagnosis and AUTOTRAINER: 70 %; smdebug's 50 % fires on healthy deep plain MLPs with PyTorch's
     #  default init, where about half the units of the deep layers are constant-sign for every input)
+    dead_min_observations: int = 8  # a dead reading is provisional until the steps it held over add up to this
+    # many observations per unit (samples x positions): a healthy ReLU unit, positive on about half its inputs,
+    # is silent on n of them with probability 2^-n, so one batch of one sample proves nothing (calibrated on
+    # fuzzed runs with batches of 1-8, tests/fuzz: batch 1 gave false dead layers; 8 gives 2^-8 per unit)
     saturation_derivative: float = 1e-2  # an output is saturated when the activation's derivative there is
     # below this fraction of its maximum (tanh: |y| > 0.995, sigmoid: y < 0.0025 or y > 0.9975; calibrated:
     # DeepDiagnosis' |x| > 5 for tanh is 1.8e-4, smdebug's bounds are 1e-7 and miss most saturated layers)
@@ -125,6 +129,7 @@ _BOUNDS: dict[str, tuple[str, float, float]] = {
     "dead_sample_fraction": ("float", 0, 1),
     "dead_onset_fraction": ("float", 0, 1),
     "dead_unit_fraction": ("float", 0, 1),
+    "dead_min_observations": ("int", 1, math.inf),
     "saturation_derivative": ("float", 0, 1),
     "saturated_fraction": ("float", 0, 1),
     "anomalous_rms": ("float", 0, math.inf),

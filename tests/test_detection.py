@@ -372,3 +372,44 @@ def test_healthy_models_produce_no_failure_event(name: str):
     assert failures == [], dbg.report()
     assert dbg.hypotheses() == []
     assert dbg.explain_failure() == []
+
+
+# --------------------------------------------------------------------------------------------- batches of one
+
+
+def test_a_narrow_relu_net_trained_one_sample_at_a_time_is_not_called_dead():
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(16, 4), nn.ReLU(), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    batches = support.regression_batches(batch=1)
+    silent: dict[str, list[torch.Tensor]] = {"1": [], "3": []}
+    handles = [
+        model[int(name)].register_forward_hook(lambda m, i, o, name=name: silent[name].append(o.detach()[0] <= 0))
+        for name in silent
+    ]
+    support.plain_train(copy.deepcopy(model), batches, steps=30)
+    for h in handles:
+        h.remove()
+    # plain torch: on a single sample most units are often silent (a per-batch reading calls the layer dead) ...
+    per_step = [float(s.float().mean()) for s in silent["1"]]
+    assert sum(f >= 0.7 for f in per_step) >= 3
+    # ... but every unit of both ReLUs fires on some sample of the run
+    assert all(not bool(torch.stack(s).all(dim=0).any()) for s in silent.values())
+
+    dbg, _ = support.train(model, batches, steps=30)
+
+    assert FailureKind.DEAD_NEURONS not in {h.kind for h in dbg.hypotheses()}, dbg.report()
+
+
+def test_a_layer_killed_by_its_bias_is_found_dead_from_step_0_with_batches_of_one():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    with torch.no_grad():
+        model[2].bias.fill_(-20.0)
+    batches = support.regression_batches(batch=1)
+    assert support.dead_unit_fraction(support.capture_outputs(model, batches(0)[0], ["3"])["3"]) == 1.0
+
+    dbg, _ = support.train(model, batches, steps=20)
+
+    top = dbg.hypotheses()[0]
+    assert top.kind is FailureKind.DEAD_NEURONS
+    assert (top.root.layer, top.root.step_start) == ("3", 0)
