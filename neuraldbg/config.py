@@ -61,7 +61,15 @@ class DebugConfig:
     #  gradients are uniformly small, e.g. near convergence, silent)
     vanishing_floor: float = 1e-9  # below this a layer's gradient is vanishing whatever the other layers do,
     # unless the gradient of the loss w.r.t. the model's output is itself tiny (a converged fit)
-    exploding_norm: float = 1e3  # a layer's gradient norm above this is exploding (seed default: norm > 1e3)
+    exploding_norm: float = 1e3  # a layer's gradient norm above this is exploding (seed default: norm > 1e3),
+    # times the loss's own gradient scale when that is above 1: the smallest norm of d(loss)/d(output) seen so
+    # far. A loss summed over N elements makes every gradient N times larger than its mean; Adam-like optimizers
+    # do not see the difference (calibrated: a VAE with reduction="sum" trains normally with norms of 2-12k and a
+    # loss gradient of ~400; every mean-reduced scenario of the benchmark has a loss gradient below 1)
+    quiet_output_rms: float = 0.3  # a tiny gradient on a layer whose output rms is below this, while a layer
+    # before it and one beside it get healthy gradients, is a small-signal regime, not vanishing (derived: query
+    # and key outputs of rms r give attention logits q.k/sqrt(d) spread by ~r^2, at most r^2 sqrt(d) <= 1 for
+    # heads up to 128 wide, so the softmax is near-uniform, far from saturation; BERT's query/key at init: 0.16)
 
     # --- activations -----------------------------------------------------------------------------------------
     dead_sample_fraction: float = 0.0  # a unit is dead when active on at most this fraction of the samples of
@@ -126,6 +134,7 @@ _BOUNDS: dict[str, tuple[str, float, float]] = {
     "vanishing_ratio": ("float", 0, 1),
     "vanishing_floor": ("float", 0, math.inf),
     "exploding_norm": ("float", 0, math.inf),
+    "quiet_output_rms": ("float", 0, math.inf),
     "dead_sample_fraction": ("float", 0, 1),
     "dead_onset_fraction": ("float", 0, 1),
     "dead_unit_fraction": ("float", 0, 1),
