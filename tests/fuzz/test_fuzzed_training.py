@@ -1,0 +1,187 @@
+"""Property-based fuzzing: random models and loops (``fuzz_models``) trained with and without NeuralDBG.
+
+Two properties over every drawn run:
+
+* the debugger never changes or breaks a run: no exception, no ``NeuralDbgWarning``, final parameters, buffers
+  and losses bit-identical to a run without it, every hook it installed removed (module, tensor and global
+  optimizer hooks), and the model garbage-collected once the user lets go of it;
+* its diagnosis agrees with a plain-torch oracle (``fuzz_oracle``): no hypothesis on a run the oracle confirms
+  healthy, and the fault named on a run it confirms faulty. Runs it can confirm neither way are discarded (the
+  session summary reports how many).
+
+Profiles (``conftest.py``): 50 derandomized examples by default, ``--hypothesis-profile=long`` for 500. Sparse
+embeddings and ``optimizer.step(closure)`` wait for the recorder's rewrite: their properties are strict xfails.
+"""
+
+from __future__ import annotations
+
+import gc
+import warnings
+import weakref
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.modules.module as torch_module
+import torch.optim.optimizer as torch_optimizer
+from fuzz_campaign import CAMPAIGN
+from fuzz_models import RunSpec, build, describe, run_specs, train
+from fuzz_oracle import FAULTY, HEALTHY, judge
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from neuraldbg import NeuralDbg
+from neuraldbg.errors import NeuralDbgWarning
+
+#: Expected failures need no shrinking: the first failing example is enough.
+FIND_ONLY = (Phase.explicit, Phase.generate)
+
+_MODULE_HOOKS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_state_dict_hooks",
+    "_load_state_dict_pre_hooks",
+)
+
+
+def global_hooks() -> dict[str, int]:
+    """How many hooks torch holds for every module and every optimizer."""
+    names = [n for n in dir(torch_module) if n.startswith("_global_") and n.endswith("hooks")]
+    counts = {n: len(getattr(torch_module, n)) for n in names}
+    optimizer_hooks = [n for n in dir(torch_optimizer) if n.startswith("_global_optimizer")]
+    counts.update({n: len(getattr(torch_optimizer, n)) for n in optimizer_hooks})
+    return counts
+
+
+def hooks_left(model: nn.Module) -> list[str]:
+    """Every module or parameter hook still attached to ``model``."""
+    left = []
+    for name, m in model.named_modules():
+        for attr in _MODULE_HOOKS:
+            if getattr(m, attr, None):
+                left.append(f"{name or 'model'}.{attr}")
+    for name, p in model.named_parameters():
+        if p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None):
+            left.append(f"{name} tensor hook")
+    return left
+
+
+def final_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def bit_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def watched_run(spec: RunSpec) -> tuple[NeuralDbg | None, dict[str, Any]]:
+    """Train ``spec`` under NeuralDbg; returns the debugger and what the non-interference checks need. The run's
+    objects are dropped before returning, so the model can be collected."""
+    run = build(spec)
+    model_ref = weakref.ref(run.model)
+    before = global_hooks()
+    out: dict[str, Any] = {}
+    dbg = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with NeuralDbg(run.model) as dbg:
+                out["losses"] = train(run)
+        except Exception as exc:
+            out["error"] = exc
+    out["warnings"] = [str(w.message) for w in caught if issubclass(w.category, NeuralDbgWarning)]
+    out["state"] = final_state(run.model)
+    out["hooks"] = hooks_left(run.model) + [n for n, c in global_hooks().items() if c != before.get(n)]
+    del run
+    if model_ref() is not None:  # freed by reference counting in every run so far; a cycle needs the collector
+        gc.collect()
+    out["collected"] = model_ref() is None
+    return dbg, out
+
+
+@given(st.one_of(run_specs(), run_specs(closure=True)))
+def test_the_debugger_never_changes_or_breaks_a_fuzzed_run(spec: RunSpec) -> None:
+    plain = build(spec)
+    plain_losses = train(plain)
+    reference = final_state(plain.model)
+    del plain
+
+    dbg, out = watched_run(spec)
+
+    same = "error" not in out and out["losses"] == plain_losses and bit_identical(out["state"], reference)
+    checks = {
+        "no_crash": "error" not in out,
+        "no_warning": not out["warnings"],
+        "bit_identical": same,
+        "hooks_removed": not out["hooks"],
+        "collected": out["collected"],
+    }
+    CAMPAIGN.watched(spec, **checks)
+    if "error" in out:
+        raise out["error"]
+    assert not out["warnings"], describe(spec)
+    assert checks["bit_identical"], f"the debugger changed the run: {describe(spec)}"
+    assert not out["hooks"], f"hooks left behind: {out['hooks']}"
+    assert out["collected"], "the debugger kept the model alive after its block"
+    assert dbg is not None
+    dbg.hypotheses()  # it still answers without the model
+    if not spec.closure:  # closure steps are miscounted until the recorder rewrite (see the xfail below)
+        assert dbg.steps == spec.steps
+
+
+def diagnose(spec: RunSpec, record: bool = True) -> tuple[str, set[str], list[str], str]:
+    """(oracle label, oracle kinds not named, the engine's hypotheses, the oracle's reasons) for one run."""
+    verdict, _, _ = judge(build(spec))
+    run = build(spec)
+    with NeuralDbg(run.model) as dbg:
+        train(run)
+    hypotheses = dbg.hypotheses()
+    named = {h.kind.value for h in hypotheses} | {e.kind.value for h in hypotheses for e in h.chain if e.kind}
+    found = verdict.kinds <= named if verdict.label == FAULTY else None
+    if record:
+        CAMPAIGN.judged(spec, verdict.label, [h.summary() for h in hypotheses], found)
+    return verdict.label, verdict.kinds - named, [h.summary() for h in hypotheses], str(verdict)
+
+
+@given(run_specs())
+def test_fuzzed_runs_confirmed_healthy_get_no_hypothesis_and_confirmed_faults_are_named(spec: RunSpec) -> None:
+    label, missed, hypotheses, reasons = diagnose(spec)
+    if label == HEALTHY:
+        assert hypotheses == [], f"false alarm on a run plain torch confirms healthy: {describe(spec)}"
+    elif label == FAULTY:
+        assert not missed, f"{sorted(missed)} not named ({hypotheses}); oracle: {reasons}; {describe(spec)}"
+
+
+@pytest.mark.xfail(
+    strict=True, reason="needs sparse-gradient support from the recorder rewrite (linalg_vector_norm on SparseCPU)"
+)
+@settings(max_examples=10, phases=FIND_ONLY)
+@given(run_specs(sparse_embedding=True))
+def test_runs_with_sparse_embedding_gradients_are_watched_without_warnings(spec: RunSpec) -> None:
+    plain = build(spec)
+    train(plain)
+    reference = final_state(plain.model)
+    dbg, out = watched_run(spec)
+    assert "error" not in out
+    assert not out["warnings"], out["warnings"]
+    assert bit_identical(out["state"], reference)
+    assert dbg is not None and dbg.steps == spec.steps
+
+
+@pytest.mark.xfail(
+    strict=True, reason="needs optimizer.step(closure) support from the recorder rewrite (a step too many, no updates)"
+)
+@settings(max_examples=10, phases=FIND_ONLY)
+@given(run_specs(closure=True))
+def test_closure_stepped_runs_are_counted_and_confirmed_healthy_ones_get_no_hypothesis(spec: RunSpec) -> None:
+    dbg, _ = watched_run(spec)
+    assert dbg is not None and dbg.steps == spec.steps, f"{dbg} for {spec.steps} steps"
+    label, _, hypotheses, _ = diagnose(spec, record=False)
+    if label == HEALTHY:
+        assert hypotheses == [], describe(spec)
