@@ -66,6 +66,9 @@ class DebugConfig:
     # far. A loss summed over N elements makes every gradient N times larger than its mean; Adam-like optimizers
     # do not see the difference (calibrated: a VAE with reduction="sum" trains normally with norms of 2-12k and a
     # loss gradient of ~400; every mean-reduced scenario of the benchmark has a loss gradient below 1)
+    exploding_hold: float = 0.1  # once a layer explodes, readings above this fraction of the threshold continue
+    # its state without confirming it (hysteresis; calibrated: a clipped GRU whose raw norm swings between 5e2
+    # and 7e3 from step to step was never one state for 5 steps, so its explosion went unreported)
     quiet_output_rms: float = 0.3  # a tiny gradient on a layer whose output rms is below this, while a layer
     # before it and one beside it get healthy gradients, is a small-signal regime, not vanishing (derived: query
     # and key outputs of rms r give attention logits q.k/sqrt(d) spread by ~r^2, at most r^2 sqrt(d) <= 1 for
@@ -134,6 +137,7 @@ _BOUNDS: dict[str, tuple[str, float, float]] = {
     "vanishing_ratio": ("float", 0, 1),
     "vanishing_floor": ("float", 0, math.inf),
     "exploding_norm": ("float", 0, math.inf),
+    "exploding_hold": ("float", 0, 1),
     "quiet_output_rms": ("float", 0, math.inf),
     "dead_sample_fraction": ("float", 0, 1),
     "dead_onset_fraction": ("float", 0, 1),

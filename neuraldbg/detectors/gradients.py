@@ -9,7 +9,10 @@ proportional to d(loss)/d(output): a loss summed over N elements (``reduction="s
 reconstruction term) multiplies every gradient by N compared with its mean, with no change to what Adam-like
 optimizers do. So the threshold is multiplied by the loss gradient's norm whenever that is above 1 (the
 smallest seen so far: the loss's reduction is fixed for a run, while a real explosion inflates the loss gradient
-too). Mean-reduced losses have loss gradients below 1 and keep the plain threshold.
+too). Mean-reduced losses have loss gradients below 1 and keep the plain threshold. Once a layer explodes,
+readings down to ``exploding_hold`` of the threshold continue its state without confirming it (provisional): a
+clipped recurrent net whose raw norm swings between 5e2 and 7e3 from step to step is one explosion, not a series
+of blips too short to count, while a single spike followed by smaller readings never becomes one.
 
 **Vanishing** needs both an absolute and a relative test (below ``vanishing_norm`` *and* below
 ``vanishing_ratio`` of the largest layer at the same step), except for an exact zero or a norm below
@@ -45,6 +48,7 @@ gradient are not vanishing gradients, and are recognised from the structure and 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Collection
 
@@ -60,6 +64,7 @@ class GradientDetector(Detector):
 
     def __init__(self) -> None:
         self._loss_scale: float | None = None  # smallest finite, positive d(loss)/d(output) norm seen so far
+        self._exploding: set[str] = set()  # layers whose last reading was exploding
 
     def _scale(self, target_grad: float | None) -> float:
         """The loss's gradient scale: 1 for losses whose gradient w.r.t. the output is at most 1 (mean-reduced
@@ -83,16 +88,24 @@ class GradientDetector(Detector):
         vanishing: dict[str, dict[str, float]] = {}
         for layer, g in grads.items():
             obs.saw(self.event_type, layer)
+            was_exploding = layer in self._exploding
+            self._exploding.discard(layer)  # added back below while it keeps exploding
             metrics = {"grad_norm": g.norm, "max_layer_grad_norm": top}
             if g.non_finite:
                 obs.findings.append(self._finding(layer, GradientHealth.NON_FINITE, metrics, 1.0, True))
-            elif g.norm * clip > limit:  # judged before clipping: clip_grad_norm_ hides, not heals
+            elif g.norm * clip > limit or (was_exploding and g.norm * clip > limit * cfg.exploding_hold):
+                # judged before clipping: clip_grad_norm_ hides, not heals
                 if clip > 1:
                     metrics.update(grad_norm=g.norm * clip, clipped_grad_norm=g.norm, clip_factor=clip)
                 if scale > 1:
                     metrics["loss_gradient_scale"] = scale
                 s = strength(g.norm * clip, limit, decades=3, above=True)
-                obs.findings.append(self._finding(layer, GradientHealth.EXPLODING, metrics, s))
+                finding = self._finding(layer, GradientHealth.EXPLODING, metrics, s)
+                if g.norm * clip <= limit:
+                    finding = dataclasses.replace(finding, provisional=True)
+                obs.findings.append(finding)
+                self._exploding.add(layer)
+                continue
             elif converged:
                 continue  # the loss has (almost) nothing left to give: small gradients are the fit, not a fault
             elif g.exact_zero:
