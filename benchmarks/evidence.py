@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from benchmarks.scenarios import PENDING, SCENARIOS, get
+from benchmarks.scenarios import SCENARIOS, get
 from benchmarks.scenarios.base import GroundTruth, Run, Scenario
 
 DEAD_FRACTION = 0.5  # smdebug: the layer fires when > 50 % of its units are dead
@@ -975,9 +975,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="scenario names (all when omitted)")
     parser.add_argument("--timing", action="store_true", help="also time each scenario's training without probes")
-    parser.add_argument("--pending", action="store_true", help="the scenarios waiting for engine support (PENDING)")
     args = parser.parse_args(argv)
-    scenarios = [get(n) for n in args.names] if args.names else (PENDING if args.pending else SCENARIOS)
+    scenarios = [get(n) for n in args.names] if args.names else SCENARIOS
     failures = 0
     for scenario in scenarios:
         ev = measure(scenario)

@@ -1,8 +1,6 @@
 """The diagnosis benchmark's scenario library: small deterministic training runs with known ground truth.
 
-``SCENARIOS`` lists every scored scenario (unique names); ``get(name)`` looks one up. ``PENDING`` lists scenarios
-written for behaviour the engine does not have yet (``optimizer.step(closure)``, until the recorder's rewrite):
-``get`` finds them, the scored set leaves them out.
+``SCENARIOS`` lists every scenario (unique names); ``get(name)`` looks one up.
 """
 
 from __future__ import annotations
@@ -20,13 +18,11 @@ SCENARIOS: list[Scenario] = [
     *scale.SCENARIOS,
     *attention.SCENARIOS,
     *normalization.SCENARIOS,
+    *closure.SCENARIOS,
 ]
 
-#: Needs ``optimizer.step(closure)`` support from the recorder rewrite: every closure step reads as "stalled".
-PENDING: list[Scenario] = [*closure.SCENARIOS]
-
-_BY_NAME = {s.name: s for s in [*SCENARIOS, *PENDING]}
-if len(_BY_NAME) != len(SCENARIOS) + len(PENDING):  # pragma: no cover - guarded by the test suite too
+_BY_NAME = {s.name: s for s in SCENARIOS}
+if len(_BY_NAME) != len(SCENARIOS):  # pragma: no cover - guarded by the test suite too
     raise RuntimeError("duplicate scenario names")
 
 
@@ -38,4 +34,4 @@ def get(name: str) -> Scenario:
         raise KeyError(f"no scenario {name!r}; known: {sorted(_BY_NAME)}") from None
 
 
-__all__ = ["KINDS", "PENDING", "SCENARIOS", "Batch", "GroundTruth", "Run", "Scenario", "StepProbe", "get"]
+__all__ = ["KINDS", "SCENARIOS", "Batch", "GroundTruth", "Run", "Scenario", "StepProbe", "get"]

@@ -1,9 +1,8 @@
 """Steps taken with ``optimizer.step(closure)``: Adam given a closure, and LBFGS, which calls it several times a
 step (a line search). Healthy, and with a head left out of the optimizer.
 
-Not in the scored set yet: the recorder measures updates inside the closure, so these runs read "stalled, no
-parameter changes at all" until its rewrite lands. ``PENDING`` in ``benchmarks.scenarios`` lists them; run them
-by name with ``python -m benchmarks.diagnosis NAME`` and ``python -m benchmarks.evidence NAME``.
+Before the recorder's rewrite, updates were measured inside the closure and every one of these runs read
+"stalled, no parameter changes at all"; these scenarios keep that fixed.
 """
 
 from __future__ import annotations

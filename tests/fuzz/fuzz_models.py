@@ -12,16 +12,16 @@ Models are built from *items* in one of four input domains:
   Dropout, activations (module, in-place, or ``F.relu`` inside a block's ``forward``), residual and nested
   blocks, a ReLU and a Linear each shared between several places; sequences add ``nn.MultiheadAttention``,
   LSTM, GRU and Conv1d;
-* ``tokens`` (batch, time) integer ids: an ``nn.Embedding`` stem (``sparse=True`` behind a flag), then as
+* ``tokens`` (batch, time) integer ids: an ``nn.Embedding`` stem (half of them ``sparse=True``), then as
   ``sequence``;
 * ``image`` (batch, channels, height, width): Conv2d, BatchNorm2d, activations, dropout, residual and nested
   blocks.
 
 A sequence is averaged over time and an image pooled, then a few vector items and a Linear head follow. The
 head's output is returned as is, in a tuple, or in a dict (with the features first or last). Optimizers: SGD
-(with or without momentum), Adam, AdamW, RMSprop; batch 1-8; gradient accumulation over up to 3
-micro-batches; no scheduler, StepLR, cosine annealing or exponential decay; optionally ``optimizer.step
-(closure)``.
+(with or without momentum), Adam, AdamW, RMSprop, and LBFGS for the fifth of the runs that step with
+``optimizer.step(closure)``; batch 1-8; gradient accumulation over up to 3 micro-batches; no scheduler, StepLR,
+cosine annealing or exponential decay.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class RunSpec:
     task: str  # "regression" or "classification"
     outputs: int
     wrap: str  # "plain", "tuple", "dict", "dict_features_first"
-    optimizer: str  # "sgd", "sgd_momentum", "adam", "adamw", "rmsprop"
+    optimizer: str  # "sgd", "sgd_momentum", "adam", "adamw", "rmsprop", "lbfgs" (closure runs only)
     lr: float
     scheduler: str  # "none", "step", "cosine", "exponential"
     batch: int
@@ -107,18 +107,20 @@ def _make_valid(items: tuple[Item, ...], previous: str, batch: int, domain: str)
 
 
 @st.composite
-def run_specs(draw: st.DrawFn, *, sparse_embedding: bool = False, closure: bool = False) -> RunSpec:
-    """A random, valid training run. ``sparse_embedding``: a token model whose Embedding has sparse gradients
-    (trained with SGD, which supports them); ``closure``: steps taken with ``optimizer.step(closure)``."""
-    domain = "tokens" if sparse_embedding else draw(st.sampled_from(("vector", "sequence", "tokens", "image")))
+def run_specs(draw: st.DrawFn) -> RunSpec:
+    """A random, valid training run. Token models may have a sparse Embedding (trained with SGD, which supports
+    sparse gradients); a fifth of the runs step with ``optimizer.step(closure)``, LBFGS among the optimizers."""
+    domain = draw(st.sampled_from(("vector", "sequence", "tokens", "image")))
+    sparse = domain == "tokens" and draw(st.booleans())
+    closure = draw(st.integers(0, 4)) == 0
     batch = draw(st.integers(1, 8))
     body = _items(draw, domain, draw(st.integers(1, 5)), 0)
     neck = _items(draw, "vector", draw(st.integers(0, 2)), 1)
     body, _ = _make_valid(body, "stem", batch, domain)
     neck, _ = _make_valid(neck, "pool", batch, "vector")
-    optimizers = ("sgd", "sgd_momentum", "adam", "adamw", "rmsprop")
-    optimizer = "sgd_momentum" if sparse_embedding else draw(st.sampled_from(optimizers))
-    lr = draw(st.sampled_from((0.01, 0.05) if optimizer.startswith("sgd") else (1e-3, 3e-3)))
+    optimizers = ("sgd", "sgd_momentum") if sparse else ("sgd", "sgd_momentum", "adam", "adamw", "rmsprop")
+    optimizer = draw(st.sampled_from(optimizers + (("lbfgs",) if closure and not sparse else ())))
+    lrs = {"lbfgs": (0.5,)}.get(optimizer, (0.01, 0.05) if optimizer.startswith("sgd") else (1e-3, 3e-3))
     return RunSpec(
         seed=draw(st.integers(0, 2**16)),
         domain=domain,
@@ -129,13 +131,13 @@ def run_specs(draw: st.DrawFn, *, sparse_embedding: bool = False, closure: bool 
         outputs=draw(st.integers(1, 3)) + 1,
         wrap=draw(st.sampled_from(("plain", "plain", "tuple", "dict", "dict_features_first"))),
         optimizer=optimizer,
-        lr=lr,
+        lr=draw(st.sampled_from(lrs)),
         scheduler=draw(st.sampled_from(("none", "none", "step", "cosine", "exponential"))),
         batch=batch,
         accumulation=1 if closure else draw(st.sampled_from((1, 1, 2, 3))),
         steps=draw(st.integers(12, 20)),
         length=draw(st.integers(2, 5)),
-        sparse_embedding=sparse_embedding,
+        sparse_embedding=sparse,
         closure=closure,
     )
 
@@ -371,6 +373,8 @@ def build(spec: RunSpec) -> BuiltRun:
         opt = torch.optim.Adam(params, lr=spec.lr)
     elif spec.optimizer == "adamw":
         opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=0.01)
+    elif spec.optimizer == "lbfgs":
+        opt = torch.optim.LBFGS(params, lr=spec.lr, max_iter=4, history_size=5, line_search_fn="strong_wolfe")
     else:
         opt = torch.optim.RMSprop(params, lr=spec.lr)
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None

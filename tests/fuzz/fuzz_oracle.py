@@ -17,7 +17,8 @@ is *neither* rather than guessed; they are deliberately not NeuralDBG's (``neura
 
 **Confirmed healthy** means all of:
 
-* every loss and gradient is finite, and the loss never exceeds 10x its first value;
+* every loss and gradient is finite, and the loss does not diverge: no 3-step mean of it exceeds 10x the first
+  one (single batches of one sample vary too much to compare one loss with another);
 * no gradient is large: every module's gradient norm stays below 100;
 * no gradient is small, except by construction: at every step (but isolated single steps: a vanishing gradient
   is a state, a batch that silences a layer once is not) every module's gradient is at least 1e-2 of the
@@ -235,9 +236,9 @@ def verdict(run: BuiltRun, probe: PlainTorchProbe) -> Verdict:
     steps = len(probe.losses)
     if probe.non_finite:
         return Verdict(FAULTY, {"non_finite"}, ["a loss, output or gradient is not finite"])
-    losses = probe.losses
-    if max(losses) > MAX_LOSS_GROWTH * max(losses[0], 1e-12):
-        unhealthy.append(f"the loss grows to {max(losses) / losses[0]:.1f}x its first value")
+    windows = [sum(probe.losses[i : i + 3]) / 3 for i in range(steps - 2)]
+    if max(windows) > MAX_LOSS_GROWTH * max(windows[0], 1e-12):
+        unhealthy.append(f"the loss grows to {max(windows) / windows[0]:.1f}x its first value (3-step means)")
     # gradients
     per_step = [{n: g[s] for n, g in probe.grads.items() if len(g) == steps} for s in range(steps)]
     top = [max(d.values(), default=0.0) for d in per_step]

@@ -9,8 +9,7 @@ Two properties over every drawn run:
   healthy, and the fault named on a run it confirms faulty. Runs it can confirm neither way are discarded (the
   session summary reports how many).
 
-Profiles (``conftest.py``): 50 derandomized examples by default, ``--hypothesis-profile=long`` for 500. Sparse
-embeddings and ``optimizer.step(closure)`` wait for the recorder's rewrite: their properties are strict xfails.
+Profiles (``conftest.py``): 50 derandomized examples by default, ``--hypothesis-profile=long`` for 500.
 """
 
 from __future__ import annotations
@@ -20,22 +19,17 @@ import warnings
 import weakref
 from typing import Any
 
-import pytest
 import torch
 import torch.nn.modules.module as torch_module
 import torch.optim.optimizer as torch_optimizer
 from fuzz_campaign import CAMPAIGN
 from fuzz_models import RunSpec, build, describe, run_specs, train
 from fuzz_oracle import FAULTY, HEALTHY, judge
-from hypothesis import Phase, given, settings
-from hypothesis import strategies as st
+from hypothesis import given
 from torch import nn
 
 from neuraldbg import NeuralDbg
 from neuraldbg.errors import NeuralDbgWarning
-
-#: Expected failures need no shrinking: the first failing example is enough.
-FIND_ONLY = (Phase.explicit, Phase.generate)
 
 _MODULE_HOOKS = (
     "_forward_hooks",
@@ -105,7 +99,7 @@ def watched_run(spec: RunSpec) -> tuple[NeuralDbg | None, dict[str, Any]]:
     return dbg, out
 
 
-@given(st.one_of(run_specs(), run_specs(closure=True)))
+@given(run_specs())
 def test_the_debugger_never_changes_or_breaks_a_fuzzed_run(spec: RunSpec) -> None:
     plain = build(spec)
     plain_losses = train(plain)
@@ -129,13 +123,11 @@ def test_the_debugger_never_changes_or_breaks_a_fuzzed_run(spec: RunSpec) -> Non
     assert checks["bit_identical"], f"the debugger changed the run: {describe(spec)}"
     assert not out["hooks"], f"hooks left behind: {out['hooks']}"
     assert out["collected"], "the debugger kept the model alive after its block"
-    assert dbg is not None
+    assert dbg is not None and dbg.steps == spec.steps
     dbg.hypotheses()  # it still answers without the model
-    if not spec.closure:  # closure steps are miscounted until the recorder rewrite (see the xfail below)
-        assert dbg.steps == spec.steps
 
 
-def diagnose(spec: RunSpec, record: bool = True) -> tuple[str, set[str], list[str], str]:
+def diagnose(spec: RunSpec) -> tuple[str, set[str], list[str], str]:
     """(oracle label, oracle kinds not named, the engine's hypotheses, the oracle's reasons) for one run."""
     verdict, _, _ = judge(build(spec))
     run = build(spec)
@@ -144,8 +136,7 @@ def diagnose(spec: RunSpec, record: bool = True) -> tuple[str, set[str], list[st
     hypotheses = dbg.hypotheses()
     named = {h.kind.value for h in hypotheses} | {e.kind.value for h in hypotheses for e in h.chain if e.kind}
     found = verdict.kinds <= named if verdict.label == FAULTY else None
-    if record:
-        CAMPAIGN.judged(spec, verdict.label, [h.summary() for h in hypotheses], found)
+    CAMPAIGN.judged(spec, verdict.label, [h.summary() for h in hypotheses], found)
     return verdict.label, verdict.kinds - named, [h.summary() for h in hypotheses], str(verdict)
 
 
@@ -156,32 +147,3 @@ def test_fuzzed_runs_confirmed_healthy_get_no_hypothesis_and_confirmed_faults_ar
         assert hypotheses == [], f"false alarm on a run plain torch confirms healthy: {describe(spec)}"
     elif label == FAULTY:
         assert not missed, f"{sorted(missed)} not named ({hypotheses}); oracle: {reasons}; {describe(spec)}"
-
-
-@pytest.mark.xfail(
-    strict=True, reason="needs sparse-gradient support from the recorder rewrite (linalg_vector_norm on SparseCPU)"
-)
-@settings(max_examples=10, phases=FIND_ONLY)
-@given(run_specs(sparse_embedding=True))
-def test_runs_with_sparse_embedding_gradients_are_watched_without_warnings(spec: RunSpec) -> None:
-    plain = build(spec)
-    train(plain)
-    reference = final_state(plain.model)
-    dbg, out = watched_run(spec)
-    assert "error" not in out
-    assert not out["warnings"], out["warnings"]
-    assert bit_identical(out["state"], reference)
-    assert dbg is not None and dbg.steps == spec.steps
-
-
-@pytest.mark.xfail(
-    strict=True, reason="needs optimizer.step(closure) support from the recorder rewrite (a step too many, no updates)"
-)
-@settings(max_examples=10, phases=FIND_ONLY)
-@given(run_specs(closure=True))
-def test_closure_stepped_runs_are_counted_and_confirmed_healthy_ones_get_no_hypothesis(spec: RunSpec) -> None:
-    dbg, _ = watched_run(spec)
-    assert dbg is not None and dbg.steps == spec.steps, f"{dbg} for {spec.steps} steps"
-    label, _, hypotheses, _ = diagnose(spec, record=False)
-    if label == HEALTHY:
-        assert hypotheses == [], describe(spec)
