@@ -15,14 +15,16 @@ class Campaign:
     verdicts: dict[RunSpec, str] = field(default_factory=dict)  # oracle label: healthy, faulty or neither
     alarms: dict[RunSpec, list[str]] = field(default_factory=dict)  # hypotheses raised on confirmed-healthy runs
     detected: dict[RunSpec, bool] = field(default_factory=dict)  # confirmed-faulty runs: was the fault named?
+    faults: dict[RunSpec, set[str]] = field(default_factory=dict)  # confirmed-faulty runs: the oracle's kinds
     interference: dict[RunSpec, dict[str, bool]] = field(default_factory=dict)  # non-interference checks
 
-    def judged(self, spec: RunSpec, label: str, alarms: list[str], detected: bool | None) -> None:
+    def judged(self, spec: RunSpec, label: str, alarms: list[str], kinds: set[str], detected: bool | None) -> None:
         self.verdicts[spec] = label
         if label == "healthy":
             self.alarms[spec] = alarms
         elif detected is not None:
             self.detected[spec] = detected
+            self.faults[spec] = kinds
 
     def watched(self, spec: RunSpec, **checks: bool) -> None:
         self.interference[spec] = checks
@@ -47,6 +49,8 @@ class Campaign:
                 f"neither (discarded) {labels['neither']} ({labels['neither'] / n:.0%}); alarms on healthy models "
                 f"{alarms}/{labels['healthy']}; faulty models diagnosed {found}/{len(self.detected)}"
             )
+        for spec, kinds in self.faults.items():  # worth keeping as explicit examples (test_fuzzed_training.py)
+            lines.append(f"confirmed faulty {sorted(kinds)}, named: {self.detected[spec]}: {spec!r}")
         return lines
 
 

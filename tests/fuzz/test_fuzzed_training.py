@@ -9,7 +9,8 @@ Two properties over every drawn run:
   healthy, and the fault named on a run it confirms faulty. Runs it can confirm neither way are discarded (the
   session summary reports how many).
 
-Profiles (``conftest.py``): 50 derandomized examples by default, ``--hypothesis-profile=long`` for 500.
+Profiles (``conftest.py``): 50 derandomized examples by default, ``--hypothesis-profile=long`` for 500. The
+runs the long profile found confirmed faulty are kept as explicit cases, so every profile checks them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import warnings
 import weakref
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.modules.module as torch_module
 import torch.optim.optimizer as torch_optimizer
@@ -127,8 +129,9 @@ def test_the_debugger_never_changes_or_breaks_a_fuzzed_run(spec: RunSpec) -> Non
     dbg.hypotheses()  # it still answers without the model
 
 
-def diagnose(spec: RunSpec) -> tuple[str, set[str], list[str], str]:
-    """(oracle label, oracle kinds not named, the engine's hypotheses, the oracle's reasons) for one run."""
+def diagnose(spec: RunSpec, record: bool = True) -> tuple[str, set[str], list[str], str]:
+    """(oracle label, oracle kinds not named, the engine's hypotheses, the oracle's reasons) for one run;
+    ``record``: count it in the session's figures (drawn runs only)."""
     verdict, _, _ = judge(build(spec))
     run = build(spec)
     with NeuralDbg(run.model) as dbg:
@@ -136,8 +139,66 @@ def diagnose(spec: RunSpec) -> tuple[str, set[str], list[str], str]:
     hypotheses = dbg.hypotheses()
     named = {h.kind.value for h in hypotheses} | {e.kind.value for h in hypotheses for e in h.chain if e.kind}
     found = verdict.kinds <= named if verdict.label == FAULTY else None
-    CAMPAIGN.judged(spec, verdict.label, [h.summary() for h in hypotheses], found)
+    if record:
+        CAMPAIGN.judged(spec, verdict.label, [h.summary() for h in hypotheses], verdict.kinds, found)
     return verdict.label, verdict.kinds - named, [h.summary() for h in hypotheses], str(verdict)
+
+
+#: Runs the oracle confirmed faulty in the long profile, kept so every profile checks that their faults are named.
+FOUND_FAULTY = [
+    RunSpec(  # vanishing: an LSTM branch, a sigmoid and a BatchNorm over two time steps, one sample a step
+        seed=0,
+        domain="sequence",
+        width=8,
+        body=(("residual", ("shared_relu", ("nested", ("lstm", "relu")))), "sigmoid", "bn"),
+        neck=("silu", "tanh"),
+        task="regression",
+        outputs=4,
+        wrap="plain",
+        optimizer="adam",
+        lr=0.001,
+        scheduler="cosine",
+        batch=1,
+        accumulation=1,
+        steps=16,
+        length=2,
+        closure=True,
+    ),
+    RunSpec(  # vanishing: a narrow ReLU chain into a BatchNorm, one sample a step
+        seed=2984,
+        domain="sequence",
+        width=4,
+        body=("shared_relu", "relu", ("nested", ("leaky_relu0", "bn"))),
+        neck=("relu",),
+        task="classification",
+        outputs=3,
+        wrap="dict",
+        optimizer="adam",
+        lr=0.003,
+        scheduler="exponential",
+        batch=1,
+        accumulation=1,
+        steps=17,
+        length=4,
+    ),
+    RunSpec(  # non-finite: SGD at lr 0.05 through a sigmoid and two wide linears
+        seed=94,
+        domain="sequence",
+        width=32,
+        body=(("residual", ("relu",)), "linear", "sigmoid", "leaky_relu0", "linear"),
+        neck=(("residual", ("ln",)),),
+        task="regression",
+        outputs=2,
+        wrap="plain",
+        optimizer="sgd",
+        lr=0.05,
+        scheduler="none",
+        batch=3,
+        accumulation=1,
+        steps=20,
+        length=4,
+    ),
+]
 
 
 @given(run_specs())
@@ -147,3 +208,10 @@ def test_fuzzed_runs_confirmed_healthy_get_no_hypothesis_and_confirmed_faults_ar
         assert hypotheses == [], f"false alarm on a run plain torch confirms healthy: {describe(spec)}"
     elif label == FAULTY:
         assert not missed, f"{sorted(missed)} not named ({hypotheses}); oracle: {reasons}; {describe(spec)}"
+
+
+@pytest.mark.parametrize("spec", FOUND_FAULTY, ids=["lstm-sigmoid-bn", "narrow-relu-bn", "sgd-non-finite"])
+def test_faulty_runs_found_by_fuzzing_stay_confirmed_faulty_and_named(spec: RunSpec) -> None:
+    label, missed, hypotheses, reasons = diagnose(spec, record=False)
+    assert label == FAULTY, reasons
+    assert not missed, f"{sorted(missed)} not named ({hypotheses}); oracle: {reasons}"
