@@ -23,9 +23,10 @@ is *neither* rather than guessed; they are deliberately not NeuralDBG's (``neura
 * no gradient is small, except by construction: at every step (but isolated single steps: a vanishing gradient
   is a state, a batch that silences a layer once is not) every module's gradient is at least 1e-2 of the
   largest module's, or at least 1e-3 in absolute terms, or the module is *inert*: perturbing its parameters
-  (each element scaled by up to 1.35x either way, keeping its sign) moves the model's output by less than 1e-4
-  of its size. Inert parameters are redundant by construction (a bias or an affine norm right before a
-  BatchNorm, which normalises it away): their gradient is 0 up to rounding, and nothing is lost;
+  (each element scaled by e^(0.3 z), z standard normal, so its sign is kept) moves the model's output on a batch
+  of at least 8 samples by less than 1e-4 of its size. Inert parameters are redundant by construction (a bias
+  or an affine norm right before a BatchNorm, which normalises it away): their gradient is 0 up to rounding,
+  and nothing is lost;
 * no ReLU-family output has more than 30% of its units that were positive on no sample of the second half of
   the run (at least 8 samples);
 * no hidden tanh/sigmoid has more than 25% of its outputs where the derivative is below 2% of its maximum;
@@ -197,7 +198,7 @@ class PlainTorchProbe(Observer):
 
 def inert(run: BuiltRun, module_name: str) -> bool:
     """Whether the loss's input cannot see ``module_name``'s parameters: scaling each element by a random factor
-    in [1/1.35, 1.35] (signs kept) moves the output of a training-mode forward pass (the same batch of at least 8
+    e^(0.3 z) (signs kept) moves the output of a training-mode forward pass (the same batch of at least 8
     samples, the same dropout draws) by less than ``INERT_CHANGE`` of its size. Run on a copy, so the trained
     model is untouched."""
     model = copy.deepcopy(run.model)
