@@ -370,6 +370,31 @@ def test_a_layer_left_out_of_the_optimizer_has_frozen_parameters_at_that_layer()
     assert "not in any optimizer" in top.explanation
 
 
+def test_two_players_stepped_on_alternate_steps_are_not_frozen_on_each_others_turn():
+    torch.manual_seed(0)
+    generator = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16))
+    critic = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    model = nn.Sequential(generator, critic)
+    opts = [torch.optim.Adam(critic.parameters(), lr=1e-3), torch.optim.Adam(generator.parameters(), lr=1e-3)]
+    batches = support.regression_batches(in_features=8)
+    changed: list[bool] = []
+    graded: list[bool] = []
+    with support.NeuralDbg(model) as dbg:
+        for step in range(80):  # the critic's optimizer steps on even steps, the generator's on odd ones
+            x, y = batches(step)
+            for opt in opts:
+                opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            before = generator[0].weight.detach().clone()
+            opts[step % 2].step()
+            changed.append(not torch.equal(before, generator[0].weight))
+            graded.append(bool(generator[0].weight.grad.abs().sum() > 0))
+    # plain torch: the generator gets a gradient at every step and moves at every odd step, never at even ones
+    assert all(graded) and changed == [step % 2 == 1 for step in range(80)]
+
+    assert FailureKind.FROZEN_PARAMETERS not in {h.kind for h in dbg.hypotheses()}, dbg.report()
+
+
 def test_a_param_group_with_learning_rate_zero_is_frozen():
     torch.manual_seed(0)
     model = support.cnn()
