@@ -13,7 +13,14 @@ Definitions (the ones the ground truths are written against):
   output is non-finite, at the loss (``""``) when every module output is finite, or at the gradients;
 * a module's update at step ``k`` is the change ``optimizer.step()`` made to its own (non-recursive) trainable
   parameters; the update ratio is ``||dW|| / ||W||``;
-* *vanishing* compares the gradient norm of the first parametrised module in forward order with the last one.
+* *vanishing* compares the gradient norm of the first parametrised module in forward order with the last one;
+  where a truth names root modules and the gradient still reaches the first module (a branch cut off while a
+  residual connection carries the gradient around it), the roots' gradient norms are compared with the last
+  module's instead;
+* *exploding* compares the total gradient norm with 1e3 times the loss's own gradient scale: the norm of
+  d(loss)/d(output), when above 1, the smallest so far. A loss summed over N elements multiplies every gradient
+  by N (its mean's gradient is below 1 in every scenario here); the loss's reduction is fixed for a run, while
+  a real explosion inflates that gradient as well, hence the smallest so far.
 
 Thresholds follow the published defaults collected in ``shared/guide/DETECTION.md``.
 """
@@ -21,11 +28,12 @@ Thresholds follow the published defaults collected in ``shared/guide/DETECTION.m
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +41,7 @@ import torch
 from torch import nn
 
 from benchmarks.scenarios import SCENARIOS, get
-from benchmarks.scenarios.base import GroundTruth, Scenario
+from benchmarks.scenarios.base import GroundTruth, Run, Scenario
 
 DEAD_FRACTION = 0.5  # smdebug: the layer fires when > 50 % of its units are dead
 SATURATED_FRACTION = 0.5  # smdebug / DeepDiagnosis: > 50 % of the layer
@@ -65,6 +73,7 @@ class Evidence:
     nonfinite_step: int | None
     nonfinite_origin: str | None  # "" for the input or the loss, else a module name
     nonfinite_source: str | None  # "input", "module", "loss" or "gradient"
+    loss_grad: list[float]  # per step: norm of d(loss)/d(model output), the largest over the step's forwards
     param_modules: list[str]  # modules with direct trainable parameters, in forward order
     grad_norm: dict[str, list[float]]  # module -> norm of its direct parameters' gradients (nan: no gradient)
     param_grad_norm: dict[str, list[float]]  # parameter (qualified name) -> norm of its gradient
@@ -160,6 +169,8 @@ class _Recorder:
         self.nonfinite_source: str | None = None
         self.step_nonfinite: tuple[str, str] | None = None
         self.losses: list[float] = []
+        self.loss_grad: list[float] = []
+        self.step_loss_grad: list[float] = []
         self.grad_norm: dict[str, list[float]] = {n: [] for n in self.params}
         self.total_grad_norm: list[float] = []
         self.update_ratio: dict[str, list[float]] = {n: [] for n in self.params}
@@ -199,6 +210,8 @@ class _Recorder:
         if t is None or not t.is_floating_point():
             return
         if name == "":  # the model itself: note which submodule outputs it returns as they are
+            if t.requires_grad:
+                t.register_hook(lambda g: self.step_loss_grad.append(_norm([g])))
             self.output_keys |= {k for k, o in self.outputs.items() if o is t}
             if not torch.isfinite(t).all():  # made non-finite by the model's own forward code
                 self._flag_nonfinite("", "module")
@@ -220,6 +233,8 @@ class _Recorder:
     def probe(self, step: int, model: nn.Module, loss: torch.Tensor) -> None:
         value = float(loss.detach().float().item())
         self.losses.append(value)
+        self.loss_grad.append(max(self.step_loss_grad, default=math.nan))
+        self.step_loss_grad = []
         if not math.isfinite(value):
             self._flag_nonfinite("", "loss")
         self._record_gradients()
@@ -321,6 +336,7 @@ def measure(scenario: Scenario) -> Evidence:
         nonfinite_step=rec.nonfinite_step,
         nonfinite_origin=rec.nonfinite_origin,
         nonfinite_source=rec.nonfinite_source,
+        loss_grad=rec.loss_grad,
         param_modules=param_modules,
         grad_norm=rec.grad_norm,
         param_grad_norm=rec.param_grad_norm,
@@ -400,9 +416,21 @@ def first_vanishing_step(ev: Evidence) -> int | None:
     return _first(r < VANISHING_RATIO for r in depth_ratio(ev)[: ev.horizon])
 
 
+def loss_scale(ev: Evidence) -> list[float]:
+    """Per step: the loss's gradient scale, max(1, the smallest finite d(loss)/d(output) norm so far)."""
+    smallest, out = math.inf, []
+    for g in ev.loss_grad:
+        if math.isfinite(g) and g > 0:
+            smallest = min(smallest, g)
+        out.append(max(1.0, smallest if math.isfinite(smallest) else 1.0))
+    return out
+
+
 def first_exploding_step(ev: Evidence) -> int | None:
-    """First step (before the first non-finite value) whose total gradient norm exceeds the threshold."""
-    return _first(g > EXPLODING_NORM for g in ev.total_grad_norm[: ev.horizon])
+    """First step (before the first non-finite value) whose total gradient norm exceeds the threshold times the
+    loss's gradient scale."""
+    scales = loss_scale(ev)
+    return _first(g > EXPLODING_NORM * k for g, k in zip(ev.total_grad_norm[: ev.horizon], scales, strict=False))
 
 
 def frozen_onset(ev: Evidence, module: str) -> int | None:
@@ -508,8 +536,31 @@ def _check_saturated(ev: Evidence, roots: frozenset[str] | None, onset: tuple[in
     return problems
 
 
+def root_ratios(ev: Evidence, roots: frozenset[str]) -> dict[str, list[float]]:
+    """Per root module and step: its gradient norm over the last parametrised module's (in forward order)."""
+    last = [m for m in ev.param_modules if m in ev.order][-1]
+    return {
+        r: [a / b if b > 0 else math.nan for a, b in zip(ev.grad_norm[r], ev.grad_norm[last], strict=True)]
+        for r in roots
+        if r in ev.grad_norm
+    }
+
+
+def root_vanishing_step(ev: Evidence, roots: frozenset[str]) -> int | None:
+    """First step from which a root module's gradient stays below the ratio (at 80 % of the later steps): a
+    branch cut off while the gradient reaches the modules before it around it."""
+    for ratios in root_ratios(ev, roots).values():
+        flags = [x < VANISHING_RATIO for x in ratios[: ev.horizon]]
+        step = _first(flags)
+        if step is not None and sum(flags[step:]) >= 0.8 * (len(flags) - step):
+            return step
+    return None
+
+
 def _check_vanishing(ev: Evidence, roots: frozenset[str] | None, onset: tuple[int, int] | None) -> list[str]:
     step = first_vanishing_step(ev)
+    if step is None and roots is not None:
+        step = root_vanishing_step(ev, roots)
     if step is None:
         low = min((r for r in depth_ratio(ev)[: ev.horizon] if math.isfinite(r)), default=math.nan)
         return [f"vanishing_gradients: first/last gradient-norm ratio never below {VANISHING_RATIO} (min {low:.2e})"]
@@ -598,7 +649,7 @@ def check(scenario: Scenario, ev: Evidence) -> list[str]:
         if kind not in allowed
     ]
     if t.healthy:
-        return problems + _check_healthy(ev)
+        return problems + _check_healthy(ev) + extra_evidence(scenario, ev)[1]
     roots, onset = t.root_layers, t.onset
     checkers = {
         "dead_neurons": lambda: _check_dead(ev, roots, onset),
@@ -611,7 +662,221 @@ def check(scenario: Scenario, ev: Evidence) -> list[str]:
     }
     for kind in sorted(t.kinds):
         problems += checkers[kind]()
-    return problems
+    return problems + extra_evidence(scenario, ev)[1]
+
+
+# ------------------------------------------------------------------------------------- scenario-specific checks
+#
+# What a generic definition cannot see: that a summed loss's large gradients are only its scale (a mean twin),
+# that a small gradient is cancelled by construction (perturbing the parameters changes nothing), that attention
+# starts uniform, that a gate stays shut. Each check may train control runs; results are kept per evidence.
+
+Lines = list[str]
+Problems = list[str]
+Extra = Callable[[Scenario, Evidence], tuple[Lines, Problems]]
+EXTRAS: dict[str, Extra] = {}
+_EXTRA_CACHE: dict[tuple[str, int], tuple[Evidence, tuple[Lines, Problems]]] = {}
+
+
+def extra(name: str) -> Callable[[Extra], Extra]:
+    def register(fn: Extra) -> Extra:
+        get(name)  # a KeyError for a misspelt scenario
+        EXTRAS[name] = fn
+        return fn
+
+    return register
+
+
+def extra_evidence(scenario: Scenario, ev: Evidence) -> tuple[Lines, Problems]:
+    """(evidence lines, contradictions) of the scenario's own checks; empty when it has none."""
+    fn = EXTRAS.get(scenario.name)
+    if fn is None:
+        return [], []
+    key = (scenario.name, id(ev))
+    cached = _EXTRA_CACHE.get(key)
+    if cached is None or cached[0] is not ev:
+        cached = (ev, fn(scenario, ev))
+        _EXTRA_CACHE[key] = cached
+    return cached[1]
+
+
+def trained(run: Run) -> tuple[nn.Module, list[float]]:
+    """Train ``run`` without hooks; returns the model and the total gradient norm of each step."""
+    norms: list[float] = []
+
+    def probe(step: int, model: nn.Module, loss: torch.Tensor) -> None:
+        norms.append(_norm(p.grad for p in model.parameters() if p.grad is not None))
+
+    run.train(probe)
+    return run.model, norms
+
+
+def _mean_twin(scenario: Scenario, ev: Evidence, lr_factor: float) -> tuple[Lines, Problems]:
+    """The same run with the summed loss divided by its element count n must follow the same weights (apart by
+    less than 1 % of the distance they travelled): for SGD with the learning rate multiplied by ``lr_factor`` (n),
+    for Adam unchanged but for its epsilon, divided by n too (the only term of Adam's update that is not
+    scale-invariant)."""
+    start = scenario.build().model
+    summed, _ = trained(scenario.build())
+    twin = scenario.build()
+    n = twin.batch(0)[1].numel()
+    loss_fn = twin.loss_fn
+    twin.loss_fn = lambda out, target: loss_fn(out, target) / n
+    for opt in twin.optimizers:
+        for group in opt.param_groups:
+            group["lr"] *= lr_factor
+            if "eps" in group:
+                group["eps"] /= n
+    mean_model, mean_norms = trained(twin)
+    params = list(summed.parameters())
+    apart = _norm(a.detach() - b.detach() for a, b in zip(params, mean_model.parameters(), strict=True))
+    travelled = _norm(a.detach() - b.detach() for a, b in zip(params, start.parameters(), strict=True))
+    lines = [
+        f"   summed loss: total gradient norm up to {max(ev.total_grad_norm):.3g}; loss gradient from "
+        f"{ev.loss_grad[0]:.3g}; mean twin (loss / {n}, lr x {lr_factor:g}, eps / {n}): gradient norm up to "
+        f"{max(mean_norms):.3g}; final weights apart by {apart / travelled:.1e} of the distance travelled"
+    ]
+    problems = []
+    if max(ev.total_grad_norm) <= EXPLODING_NORM:
+        problems.append("the summed loss's gradients never exceed 1e3: the scenario tests nothing")
+    if apart > 0.01 * travelled:
+        problems.append(f"the mean twin ends {apart / travelled:.1e} of the way apart: more than the loss's scale")
+    return lines, problems
+
+
+@extra("healthy_vae_summed_loss_adam")
+def _(s: Scenario, ev: Evidence) -> tuple[Lines, Problems]:
+    return _mean_twin(s, ev, lr_factor=1.0)
+
+
+@extra("healthy_summed_loss_sgd_scaled_lr")
+def _(s: Scenario, ev: Evidence) -> tuple[Lines, Problems]:
+    return _mean_twin(s, ev, lr_factor=float(s.build().batch(0)[1].numel()))
+
+
+@extra("exploding_summed_loss_sgd_lr_too_high")
+def _(s: Scenario, ev: Evidence) -> tuple[Lines, Problems]:
+    def scaled_lr(run: Run) -> Run:
+        for group in run.optimizers[0].param_groups:
+            group["lr"] /= run.batch(0)[1].numel()
+        return run
+
+    ctl = measure(dataclasses.replace(s, build=lambda: scaled_lr(s.build())))
+    finite = [x for x in ev.losses if math.isfinite(x)]
+    lines = [
+        f"   loss {finite[0]:.3g} -> up to {max(finite):.3g} before NaN; update/weight ratio at step 0 "
+        f"{ev.total_update_ratio[0]:.2g}; control at lr / batch: symptoms {symptoms(ctl)}, loss drop "
+        f"{_loss_drop(ctl):.2f}"
+    ]
+    problems = []
+    if max(finite) < 100 * finite[0] or ev.total_update_ratio[0] < 0.5:
+        problems.append("the run does not diverge with updates as large as the weights")
+    if symptoms(ctl) or _loss_drop(ctl) > LOSS_DROP:
+        problems.append("the control at a scaled learning rate is not healthy")
+    return lines, problems
+
+
+def _attention_probs(model: nn.Module, inputs: torch.Tensor, module: str) -> torch.Tensor:
+    """The attention probabilities of ``module`` (the dropout applied to them) on ``inputs``."""
+    seen: list[torch.Tensor] = []
+    handle = dict(model.named_modules())[module].register_forward_hook(lambda m, a, out: seen.append(out.detach()))
+    try:
+        with torch.no_grad():
+            model(inputs)
+    finally:
+        handle.remove()
+    return seen[0]
+
+
+@extra("healthy_tiny_bert_adamw")
+def _(s: Scenario, ev: Evidence) -> tuple[Lines, Problems]:
+    run = s.build()
+    probs = _attention_probs(run.model, run.batch(0)[0], "layers.0.attention.dropout")
+    peak = float(probs.amax(dim=-1).mean())
+    ratios = root_ratios(ev, frozenset({"layers.0.attention.query", "layers.0.attention.key"}))
+    first = max(r[0] for r in ratios.values())
+    last = min(r[-1] for r in ratios.values())
+    lines = [
+        f"   attention at step 0: mean largest probability {peak:.3f} (uniform: {1 / probs.shape[-1]:.3f}); "
+        f"layer 0 query/key gradient / classifier's: {first:.1e} at step 0, {last:.1e} at the end"
+    ]
+    problems = []
+    if peak > 2 / probs.shape[-1]:
+        problems.append("attention is not near-uniform at initialisation")
+    if first >= VANISHING_RATIO:
+        problems.append("the query/key gradients do not start small: the scenario tests nothing")
+    if last < 30 * first:
+        problems.append("the query/key gradients do not grow with training")
+    return lines, problems
+
+
+@extra("vanishing_attention_gate_stuck_closed")
+def _(s: Scenario, ev: Evidence) -> tuple[Lines, Problems]:
+    from benchmarks.scenarios.attention import GATED_BRANCH
+
+    ratios = root_ratios(ev, GATED_BRANCH)
+    worst = max(max(r[: ev.horizon]) for r in ratios.values())
+    opened: list[float] = []
+    run = s.build()
+    gate = run.model.layers[0].gate
+    handle = gate.register_forward_hook(lambda m, a, out: opened.append(float(torch.sigmoid(out.detach()).max())))
+    run.train()
+    handle.remove()
+
+    def open_gate(run: Run) -> Run:
+        nn.init.zeros_(run.model.layers[0].gate.bias)
+        return run
+
+    ctl = measure(dataclasses.replace(s, build=lambda: open_gate(s.build())))
+    ctl_ratios = root_ratios(ctl, GATED_BRANCH)
+    gain = min(ctl_ratios[layer][0] / ratios[layer][0] for layer in GATED_BRANCH)
+    lines = [
+        f"   gated branch gradient / classifier's: at most {worst:.1e} over the run; the gate opens at most "
+        f"{max(opened):.1e}; with the gate bias at 0 every layer of the branch starts with >= {gain:.0f}x more"
+    ]
+    problems = []
+    if worst >= VANISHING_RATIO / 10:
+        problems.append(f"the gated branch's gradient reaches {worst:.1e} of the classifier's")
+    if max(opened) >= 1e-4:
+        problems.append(f"the gate opens to {max(opened):.1e}")
+    if gain < 1e3:
+        problems.append("opening the gate does not restore the branch's gradients")
+    return lines, problems
+
+
+def _cancelled_norm(s: Scenario, ev: Evidence, norm: str) -> tuple[Lines, Problems]:
+    """The first of two normalisations in a row: its gradient is ~0 and perturbing it changes nothing."""
+    run = s.build()
+    x, _ = run.batch(0)
+    module = dict(run.model.named_modules())[norm]
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        before = run.model(x)
+        module.weight.mul_(torch.exp(0.3 * torch.randn(module.weight.shape, generator=g)))
+        module.bias.add_(0.3 * torch.randn(module.bias.shape, generator=g))
+        after = run.model(x)
+    moved = float((after - before).norm() / before.norm())
+    ratio = max(r for r in root_ratios(ev, frozenset({norm}))[norm] if math.isfinite(r))
+    lines = [
+        f"   {norm!r}: gradient at most {ratio:.1e} of the last layer's; scaling its weight by random positive factors "
+        f"and shifting its bias moves the output by {moved:.1e} (relative)"
+    ]
+    problems = []
+    if moved > 1e-4:
+        problems.append(f"{norm!r} is not cancelled by the normalisation after it (output moves {moved:.1e})")
+    if ratio >= VANISHING_RATIO:
+        problems.append(f"{norm!r}'s gradient is not small: the scenario tests nothing")
+    return lines, problems
+
+
+@extra("healthy_layernorm_then_batchnorm")
+def _(s: Scenario, ev: Evidence) -> tuple[Lines, Problems]:
+    return _cancelled_norm(s, ev, "1")
+
+
+@extra("healthy_conv_batchnorm_twice")
+def _(s: Scenario, ev: Evidence) -> tuple[Lines, Problems]:
+    return _cancelled_norm(s, ev, "bn_a")
 
 
 # ------------------------------------------------------------------------------------------------- printing
@@ -661,6 +926,10 @@ def report(scenario: Scenario, ev: Evidence) -> list[str]:
             f"changed at {sum(ev.changed[m])}/{len(ev.changed[m])} steps"
         )
     lines += _activation_lines(ev, t, w)
+    scales = loss_scale(ev)
+    if max(scales, default=1.0) > 1:
+        lines.append(f"   loss gradient scale (exploding threshold x): {_fmt(scales, w)}")
+    lines += extra_evidence(scenario, ev)[0]
     smallest = _smallest_gradients(ev)
     if smallest:
         lines.append(f"   smallest parameter gradients (median over finite steps): {smallest}")

@@ -61,7 +61,18 @@ class DebugConfig:
     #  gradients are uniformly small, e.g. near convergence, silent)
     vanishing_floor: float = 1e-9  # below this a layer's gradient is vanishing whatever the other layers do,
     # unless the gradient of the loss w.r.t. the model's output is itself tiny (a converged fit)
-    exploding_norm: float = 1e3  # a layer's gradient norm above this is exploding (seed default: norm > 1e3)
+    exploding_norm: float = 1e3  # a layer's gradient norm above this is exploding (seed default: norm > 1e3),
+    # times the loss's own gradient scale when that is above 1: the smallest norm of d(loss)/d(output) seen so
+    # far. A loss summed over N elements makes every gradient N times larger than its mean; Adam-like optimizers
+    # do not see the difference (calibrated: a VAE with reduction="sum" trains normally with norms of 2-12k and a
+    # loss gradient of ~400; every mean-reduced scenario of the benchmark has a loss gradient below 1)
+    exploding_hold: float = 0.1  # once a layer explodes, readings above this fraction of the threshold continue
+    # its state without confirming it (hysteresis; calibrated: a clipped GRU whose raw norm swings between 5e2
+    # and 7e3 from step to step was never one state for 5 steps, so its explosion went unreported)
+    quiet_output_rms: float = 0.3  # a tiny gradient on a layer whose output rms is below this, while a layer
+    # before it and one beside it get healthy gradients, is a small-signal regime, not vanishing (derived: query
+    # and key outputs of rms r give attention logits q.k/sqrt(d) spread by ~r^2, at most r^2 sqrt(d) <= 1 for
+    # heads up to 128 wide, so the softmax is near-uniform, far from saturation; BERT's query/key at init: 0.16)
 
     # --- activations -----------------------------------------------------------------------------------------
     dead_sample_fraction: float = 0.0  # a unit is dead when active on at most this fraction of the samples of
@@ -72,6 +83,10 @@ class DebugConfig:
     dead_unit_fraction: float = 0.7  # a layer is dead when at least this fraction of its units is dead
     # (DeepDiagnosis and AUTOTRAINER: 70 %; smdebug's 50 % fires on healthy deep plain MLPs with PyTorch's
     #  default init, where about half the units of the deep layers are constant-sign for every input)
+    dead_min_observations: int = 8  # a dead reading is provisional until the steps it held over add up to this
+    # many observations per unit (samples x positions): a healthy ReLU unit, positive on about half its inputs,
+    # is silent on n of them with probability 2^-n, so one batch of one sample proves nothing (calibrated on
+    # fuzzed runs with batches of 1-8, tests/fuzz: batch 1 gave false dead layers; 8 gives 2^-8 per unit)
     saturation_derivative: float = 1e-2  # an output is saturated when the activation's derivative there is
     # below this fraction of its maximum (tanh: |y| > 0.995, sigmoid: y < 0.0025 or y > 0.9975; calibrated:
     # DeepDiagnosis' |x| > 5 for tanh is 1.8e-4, smdebug's bounds are 1e-7 and miss most saturated layers)
@@ -122,9 +137,12 @@ _BOUNDS: dict[str, tuple[str, float, float]] = {
     "vanishing_ratio": ("float", 0, 1),
     "vanishing_floor": ("float", 0, math.inf),
     "exploding_norm": ("float", 0, math.inf),
+    "exploding_hold": ("float", 0, 1),
+    "quiet_output_rms": ("float", 0, math.inf),
     "dead_sample_fraction": ("float", 0, 1),
     "dead_onset_fraction": ("float", 0, 1),
     "dead_unit_fraction": ("float", 0, 1),
+    "dead_min_observations": ("int", 1, math.inf),
     "saturation_derivative": ("float", 0, 1),
     "saturated_fraction": ("float", 0, 1),
     "anomalous_rms": ("float", 0, math.inf),

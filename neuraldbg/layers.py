@@ -41,6 +41,14 @@ _NORMALIZING: tuple[type[nn.Module], ...] = (
     nn.LocalResponseNorm,
     *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
 )
+#: Normalisations that standardise each channel (feature) with statistics shared by all its positions: whatever
+#: per-channel scale and shift the layer feeding them applies (a bias, or another norm's affine weight and bias)
+#: is divided out again, so that layer's parameters get no gradient by construction. (LayerNorm and GroupNorm
+#: standardise each sample across channels instead: a per-channel affine before them still matters.)
+_RENORMALIZING: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._BatchNorm,
+    nn.modules.instancenorm._InstanceNorm,
+)
 _CHANNEL_FIRST: tuple[type[nn.Module], ...] = (
     nn.modules.conv._ConvNd,
     nn.modules.batchnorm._NormBase,
@@ -67,6 +75,7 @@ class LayerInfo:
     bound: Bound | None = None  # for Role.BOUNDED
     unit_weight: str | None = None  # qualified name of the weight whose rows are the output units
     normalizes: bool = False  # a normalisation layer: rescaling its input is its job
+    renormalizes_channels: bool = False  # BatchNorm, InstanceNorm: cancels a per-channel affine right before it
 
 
 def saturation_bound(module: nn.Module, derivative: float) -> Bound | None:
@@ -131,6 +140,7 @@ def describe(model: nn.Module, derivative: float) -> dict[str, LayerInfo]:
             bound=bound,
             unit_weight=unit_weight,
             normalizes=isinstance(module, _NORMALIZING),
+            renormalizes_channels=isinstance(module, _RENORMALIZING),
         )
     return infos
 

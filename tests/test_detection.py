@@ -4,6 +4,7 @@ stay silent."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import pytest
 import support
@@ -197,6 +198,91 @@ def test_weights_far_too_large_explode_from_step_0_at_that_layer():
     assert top.root.layer == "2"
 
 
+def constant_target_batches(target: Callable[[int], float]) -> Callable[[int], support.Batch]:
+    """Random inputs and a constant target ``target(step)``: the gradient scales with it, step by step."""
+
+    def make(step: int) -> support.Batch:
+        x = torch.randn(32, 16, generator=torch.Generator().manual_seed(50 + step))
+        return x, torch.full((32, 1), target(step))
+
+    return make
+
+
+def largest_layer_gradients(model: nn.Module, batches: Callable[[int], support.Batch], steps: int) -> list[float]:
+    """Plain torch, on a copy trained with the same Adam: the largest layer gradient norm of each step."""
+    model = copy.deepcopy(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    norms = []
+    for step in range(steps):
+        x, y = batches(step)
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        norms.append(max(layer_gradients(model).values()))
+        opt.step()
+    return norms
+
+
+SWINGS = {  # target from step 10: 3000 and 200 alternating (norms ~7e3 / ~450), or 3000 once, then 200
+    "swinging": lambda step: 0.0 if step < 10 else (3000.0 if step % 2 == 0 else 200.0),
+    "one spike": lambda step: 3000.0 if step == 10 else (200.0 if 10 < step < 20 else 0.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SWINGS))
+def test_an_explosion_that_swings_around_the_threshold_is_one_explosion_and_a_single_spike_is_none(name: str):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
+    batches = constant_target_batches(SWINGS[name])
+    norms = largest_layer_gradients(model, batches, 30)
+    above = [step for step, n in enumerate(norms) if n > 1e3]
+    assert all(100 < norms[step] < 1e3 for step in range(11, 20) if step not in above)  # dips stay above 1e2
+    assert above[0] == 10
+
+    dbg, _ = support.train(model, batches, steps=30)
+
+    exploding = [h for h in dbg.hypotheses() if h.kind is FailureKind.EXPLODING_GRADIENTS]
+    if name == "swinging":  # over 1e3 at every other step: one state from step 10, not blips of one step each
+        assert len(above) == 10 and exploding and exploding[0].root.step_start == 10, dbg.report()
+    else:  # over 1e3 once: the readings below it continue the state but never confirm it
+        assert above == [10] and not exploding, dbg.report()
+
+
+def test_a_clipped_recurrent_explosion_is_found_from_its_first_step_over_the_threshold():
+    class LanguageModel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.rnn, self.decoder = (
+                nn.Embedding(40, 32),
+                nn.GRU(32, 64, batch_first=True),
+                nn.Linear(64, 40),
+            )
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return self.decoder(self.rnn(self.embed(tokens))[0]).reshape(-1, 40)
+
+    torch.manual_seed(0)
+    model = LanguageModel()
+    nn.init.normal_(model.rnn.weight_hh_l0)  # meant orthogonal_: std 1 over 64 units amplifies ~8x per step
+    batches = support.token_batches(seq=24)
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    raw: list[float] = []
+    with support.NeuralDbg(model) as dbg:
+        for step in range(30):
+            x, y = batches(step)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            raw.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)))  # the norm before clipping
+            opt.step()
+    # plain torch: the raw norm swings between a few hundred and several thousand, mostly above 1e3
+    first = next(step for step, n in enumerate(raw) if n > 1e3)
+    assert sum(n > 1e3 for n in raw) >= 10 and min(raw[first:]) > 100
+
+    top = dbg.hypotheses()[0]
+    assert top.kind is FailureKind.EXPLODING_GRADIENTS
+    assert top.root.layer == "rnn"
+    assert top.root.step_start <= first + 1
+
+
 # --------------------------------------------------------------------------------------------- non-finite
 
 
@@ -282,6 +368,31 @@ def test_a_layer_left_out_of_the_optimizer_has_frozen_parameters_at_that_layer()
     assert top.root.step_start == 0
     assert {e.param for e in top.chain} == {"0.weight", "0.bias"}
     assert "not in any optimizer" in top.explanation
+
+
+def test_two_players_stepped_on_alternate_steps_are_not_frozen_on_each_others_turn():
+    torch.manual_seed(0)
+    generator = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16))
+    critic = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    model = nn.Sequential(generator, critic)
+    opts = [torch.optim.Adam(critic.parameters(), lr=1e-3), torch.optim.Adam(generator.parameters(), lr=1e-3)]
+    batches = support.regression_batches(in_features=8)
+    changed: list[bool] = []
+    graded: list[bool] = []
+    with support.NeuralDbg(model) as dbg:
+        for step in range(80):  # the critic's optimizer steps on even steps, the generator's on odd ones
+            x, y = batches(step)
+            for opt in opts:
+                opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            before = generator[0].weight.detach().clone()
+            opts[step % 2].step()
+            changed.append(not torch.equal(before, generator[0].weight))
+            graded.append(bool(generator[0].weight.grad.abs().sum() > 0))
+    # plain torch: the generator gets a gradient at every step and moves at every odd step, never at even ones
+    assert all(graded) and changed == [step % 2 == 1 for step in range(80)]
+
+    assert FailureKind.FROZEN_PARAMETERS not in {h.kind for h in dbg.hypotheses()}, dbg.report()
 
 
 def test_a_param_group_with_learning_rate_zero_is_frozen():
@@ -372,3 +483,543 @@ def test_healthy_models_produce_no_failure_event(name: str):
     assert failures == [], dbg.report()
     assert dbg.hypotheses() == []
     assert dbg.explain_failure() == []
+
+
+# --------------------------------------------------------------------------------------------- batches of one
+
+
+def test_a_narrow_relu_net_trained_one_sample_at_a_time_is_not_called_dead():
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(16, 4), nn.ReLU(), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    batches = support.regression_batches(batch=1)
+    silent: dict[str, list[torch.Tensor]] = {"1": [], "3": []}
+    handles = [
+        model[int(name)].register_forward_hook(lambda m, i, o, name=name: silent[name].append(o.detach()[0] <= 0))
+        for name in silent
+    ]
+    support.plain_train(copy.deepcopy(model), batches, steps=30)
+    for h in handles:
+        h.remove()
+    # plain torch: on a single sample most units are often silent (a per-batch reading calls the layer dead) ...
+    per_step = [float(s.float().mean()) for s in silent["1"]]
+    assert sum(f >= 0.7 for f in per_step) >= 3
+    # ... but every unit of both ReLUs fires on some sample of the run
+    assert all(not bool(torch.stack(s).all(dim=0).any()) for s in silent.values())
+
+    dbg, _ = support.train(model, batches, steps=30)
+
+    assert FailureKind.DEAD_NEURONS not in {h.kind for h in dbg.hypotheses()}, dbg.report()
+
+
+def test_a_layer_killed_by_its_bias_is_found_dead_from_step_0_with_batches_of_one():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    with torch.no_grad():
+        model[2].bias.fill_(-20.0)
+    batches = support.regression_batches(batch=1)
+    assert support.dead_unit_fraction(support.capture_outputs(model, batches(0)[0], ["3"])["3"]) == 1.0
+
+    dbg, _ = support.train(model, batches, steps=20)
+
+    top = dbg.hypotheses()[0]
+    assert top.kind is FailureKind.DEAD_NEURONS
+    assert (top.root.layer, top.root.step_start) == ("3", 0)
+
+
+# --------------------------------------------------------------------------------------------- summed losses
+
+
+class SmallVAE(nn.Module):
+    """The PyTorch example's VAE at 14x14 pixels: 196 -> 64 -> (8, 8) -> 64 -> 196."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc21, self.fc22 = nn.Linear(196, 64), nn.Linear(64, 8), nn.Linear(64, 8)
+        self.fc3, self.fc4 = nn.Linear(8, 64), nn.Linear(64, 196)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        h = F.relu(self.fc1(x))
+        mu, logvar = self.fc21(h), self.fc22(h)
+        z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
+        return torch.sigmoid(self.fc4(F.relu(self.fc3(z)))), mu, logvar
+
+
+def vae_loss(out: tuple[torch.Tensor, torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    recon, mu, logvar = out
+    return F.binary_cross_entropy(recon, x, reduction="sum") - 0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())
+
+
+def pixel_batches(batch: int = 64) -> Callable[[int], support.Batch]:
+    patterns = (torch.rand(10, 196, generator=torch.Generator().manual_seed(7)) > 0.7).float()
+
+    def make(step: int) -> support.Batch:
+        g = torch.Generator().manual_seed(700 + step)
+        x = patterns[torch.randint(0, 10, (batch,), generator=g)] * (0.6 + 0.4 * torch.rand(batch, 196, generator=g))
+        return x, x
+
+    return make
+
+
+def train_plain_with_norms(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    loss_fn: Callable[..., torch.Tensor],
+    batches: Callable[[int], support.Batch],
+    steps: int,
+) -> list[float]:
+    """Train without the debugger; the largest layer gradient norm (over a module's own parameters) of each step."""
+    norms = []
+    layers = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+    for step in range(steps):
+        x, y = batches(step)
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        norms.append(
+            max(float(torch.cat([p.grad.reshape(-1) for p in m.parameters(recurse=False)]).norm()) for m in layers)
+        )
+        opt.step()
+    return norms
+
+
+def test_a_vae_with_a_summed_loss_under_adam_is_not_exploding():
+    batches, steps = pixel_batches(batch=128), 40  # the example's batch size
+    torch.manual_seed(0)
+    start = SmallVAE()
+    summed, mean = copy.deepcopy(start), copy.deepcopy(start)
+    n = batches(0)[0].numel()
+    torch.manual_seed(1)
+    norms = train_plain_with_norms(summed, torch.optim.Adam(summed.parameters(), lr=1e-3), vae_loss, batches, steps)
+    torch.manual_seed(1)  # the same reparametrisation noise
+    mean_opt = torch.optim.Adam(mean.parameters(), lr=1e-3, eps=1e-8 / n)
+    mean_norms = train_plain_with_norms(mean, mean_opt, lambda o, x: vae_loss(o, x) / n, batches, steps)
+    # plain torch: gradient norms of a few thousand, only because the loss is a sum: the mean twin (Adam's epsilon
+    # scaled with it) has norms below 1 and follows the same weights
+    assert max(norms) > 1e3 and max(mean_norms) < 1.0
+    with torch.no_grad():
+        apart = sum(float((a - b).pow(2).sum()) for a, b in zip(summed.parameters(), mean.parameters())) ** 0.5
+        travelled = sum(float((a - b).pow(2).sum()) for a, b in zip(summed.parameters(), start.parameters())) ** 0.5
+    assert apart < 1e-3 * travelled
+
+    model = copy.deepcopy(start)
+    torch.manual_seed(1)
+    dbg, losses = support.train(model, batches, vae_loss, steps=steps)
+
+    assert sum(losses[-5:]) < 0.9 * sum(losses[:5])  # it trains
+    assert dbg.hypotheses() == [], dbg.report()
+
+
+def test_a_summed_loss_with_a_learning_rate_meant_for_its_mean_explodes_under_sgd():
+    torch.manual_seed(0)
+    model = support.mlp(width=64, depth=2, in_features=16)
+    batches = support.regression_batches(batch=64)
+    twin = copy.deepcopy(model)
+    losses = support.plain_train(
+        twin,
+        batches,
+        lambda o, y: F.mse_loss(o, y, reduction="sum"),
+        steps=12,
+        optimizer=torch.optim.SGD(twin.parameters(), lr=0.02),
+    )
+    assert not all(torch.isfinite(torch.tensor(losses))) or max(losses) > 1e6 * losses[0]  # plain torch: diverges
+
+    dbg, _ = support.train(
+        model,
+        batches,
+        lambda o, y: F.mse_loss(o, y, reduction="sum"),
+        steps=12,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.02),
+    )
+
+    top = dbg.hypotheses()[0]
+    assert top.kind is FailureKind.EXPLODING_GRADIENTS
+    assert top.root.step_start <= 2
+
+
+def test_a_summed_loss_with_a_learning_rate_scaled_down_for_it_is_healthy_under_sgd():
+    batches, steps = pixel_batches(batch=128), 40
+    torch.manual_seed(0)
+    start = nn.Sequential(nn.Linear(196, 64), nn.Tanh(), nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 196))
+    n = batches(0)[0].numel()
+    summed, mean = copy.deepcopy(start), copy.deepcopy(start)
+    summed_loss = lambda o, y: F.mse_loss(o, y, reduction="sum")
+    norms = train_plain_with_norms(
+        summed, torch.optim.SGD(summed.parameters(), lr=2.0 / n, momentum=0.9), summed_loss, batches, steps
+    )
+    mean_norms = train_plain_with_norms(
+        mean, torch.optim.SGD(mean.parameters(), lr=2.0, momentum=0.9), F.mse_loss, batches, steps
+    )
+    # plain torch: the same trajectory as the mean loss at lr 2, whose gradients are n times smaller
+    assert max(norms) > 1e3 and max(mean_norms) < 1.0
+    assert all(torch.allclose(a, b, rtol=1e-3, atol=1e-6) for a, b in zip(summed.parameters(), mean.parameters()))
+
+    model = copy.deepcopy(start)
+    dbg, losses = support.train(
+        model,
+        batches,
+        summed_loss,
+        steps=steps,
+        optimizer=torch.optim.SGD(model.parameters(), lr=2.0 / n, momentum=0.9),
+    )
+
+    assert sum(losses[-5:]) < 0.9 * sum(losses[:5])  # it trains
+    assert dbg.hypotheses() == [], dbg.report()
+
+
+# --------------------------------------------------------------------------------------------- attention
+
+
+class BertAttention(nn.Module):
+    """Self-attention with separate query, key and value projections, as BERT writes it."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.query, self.key, self.value = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.probs = nn.Identity()  # a module whose output is the attention probabilities, for plain-torch hooks
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (y.view(b, t, self.heads, -1).transpose(1, 2) for y in (self.query(x), self.key(x), self.value(x)))
+        probs = self.probs(torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1))
+        return (probs @ v).transpose(1, 2).reshape(b, t, d)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, dim: int, heads: int, gate_bias: float | None) -> None:
+        super().__init__()
+        self.attention, self.attention_output = BertAttention(dim, heads), nn.Linear(dim, dim)
+        self.gate = nn.Linear(dim, 1) if gate_bias is not None else None
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.intermediate, self.output = nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        branch = self.attention_output(self.attention(x))
+        if self.gate is not None:
+            branch = torch.sigmoid(self.gate(x)) * branch
+        x = self.norm1(x + branch)
+        return self.norm2(x + self.output(F.gelu(self.intermediate(x))))
+
+
+class TinyBert(nn.Module):
+    """BERT for sequence classification at 2 layers and hidden size 64, initialised like BERT (std 0.02).
+    ``gate_bias``: the first layer's attention branch is gated by sigmoid(gate(x)), the gate's bias set to it."""
+
+    def __init__(self, vocab: int = 40, length: int = 10, gate_bias: float | None = None) -> None:
+        super().__init__()
+        self.words, self.positions, self.norm = nn.Embedding(vocab, 64), nn.Embedding(length, 64), nn.LayerNorm(64)
+        self.layers = nn.ModuleList([BertLayer(64, 2, gate_bias), BertLayer(64, 2, None)])
+        self.pooler, self.pooler_act, self.classifier = nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+                if isinstance(m, nn.Linear):
+                    nn.init.zeros_(m.bias)
+        if gate_bias is not None:
+            nn.init.constant_(self.layers[0].gate.bias, gate_bias)  # type: ignore[union-attr]
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.words(tokens) + self.positions.weight[: tokens.shape[1]])
+        for layer in self.layers:
+            h = layer(h)
+        return self.classifier(self.pooler_act(self.pooler(h[:, 0])))
+
+
+def majority_batches(vocab: int = 40, length: int = 10, batch: int = 16) -> Callable[[int], support.Batch]:
+    """Label 1 when most tokens come from the lower half of the vocabulary: learnable with uniform attention."""
+
+    def make(step: int) -> support.Batch:
+        g = torch.Generator().manual_seed(900 + step)
+        low = torch.rand(batch, length, generator=g) < torch.rand(batch, 1, generator=g)
+        tokens = torch.randint(0, vocab // 2, (batch, length), generator=g) + (~low) * (vocab // 2)
+        return tokens, (low.sum(dim=1) > length // 2).long()
+
+    return make
+
+
+def layer_gradients(model: nn.Module) -> dict[str, float]:
+    """Plain torch: the gradient norm of every module over its own parameters, after a backward pass."""
+    out = {}
+    for name, m in model.named_modules():
+        grads = [p.grad.reshape(-1) for p in m.parameters(recurse=False) if p.grad is not None]
+        if grads:
+            out[name] = float(torch.cat(grads).norm())
+    return out
+
+
+def attention_at_start(model: nn.Module, batch: support.Batch) -> tuple[dict[str, float], dict[str, float], float]:
+    """(layer gradient norms, output rms of every Linear, the first layer's mean largest attention probability)
+    after one forward and backward pass on ``batch``."""
+    rms: dict[str, float] = {}
+    peaks: list[float] = []
+    handles = [
+        m.register_forward_hook(lambda m, i, o, n=n: rms.__setitem__(n, float(o.detach().pow(2).mean().sqrt())))
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Linear)
+    ]
+    handles += [
+        m.probs.register_forward_hook(lambda m, i, o: peaks.append(float(o.detach().amax(dim=-1).mean())))
+        for m in model.modules()
+        if isinstance(m, BertAttention)
+    ]
+    try:
+        support.one_backward(model, batch, F.cross_entropy)
+    finally:
+        for h in handles:
+            h.remove()
+    return layer_gradients(model), rms, peaks[0]
+
+
+def test_bert_style_query_and_key_gradients_at_a_small_initialisation_are_not_vanishing():
+    torch.manual_seed(0)
+    model = TinyBert()
+    batches = majority_batches()
+    grads, rms, peak = attention_at_start(copy.deepcopy(model), batches(0))
+    top = max(grads.values())
+    # plain torch: at std-0.02 init the query/key gradients are tiny, by both published tests ...
+    for name in ("layers.0.attention.query", "layers.0.attention.key", "layers.1.attention.key"):
+        assert grads[name] < 1e-4 and grads[name] < 1e-3 * top, (name, grads[name], top)
+        assert rms[name] < 0.3  # ... with quiet outputs: attention logits ~0,
+    assert peak < 2 / 10  # so attention is near-uniform over the 10 positions (a softmax far from saturation)
+    assert grads["layers.0.attention.value"] > 1e-3 * top  # while the value projection beside them learns
+
+    dbg, losses = support.train(
+        model, batches, F.cross_entropy, steps=40, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3)
+    )
+
+    assert sum(losses[-5:]) < sum(losses[:5])
+    assert dbg.hypotheses() == [], dbg.report()
+
+
+def test_query_and_key_gradients_behind_a_saturated_softmax_are_vanishing():
+    # The mechanism behind the 1/sqrt(d) scaling, at its extreme: query/key weights at std 30 (1500x BERT's) make
+    # logits in the tens of thousands and one-hot attention. (At std 3-10 the attention is as peaked, but rows
+    # with near-tied logits keep the query/key gradients above 1e-3 of the largest: plain torch does not call
+    # that vanishing either.)
+    torch.manual_seed(0)
+    model = TinyBert()
+    with torch.no_grad():
+        model.layers[0].attention.query.weight.normal_(std=30.0)
+        model.layers[0].attention.key.weight.normal_(std=30.0)
+    batches = majority_batches()
+    probe = copy.deepcopy(model)
+    opt = torch.optim.AdamW(probe.parameters(), lr=1e-3)
+    for step in range(
+        20
+    ):  # plain torch: the softmax stays saturated, the query/key gradients below 1e-4 of the largest
+        grads, _, peak = attention_at_start(probe, batches(step))
+        assert peak > 0.99
+        assert max(grads["layers.0.attention.query"], grads["layers.0.attention.key"]) < 1e-4 * max(grads.values())
+        opt.step()
+
+    dbg, _ = support.train(
+        model, batches, F.cross_entropy, steps=20, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3)
+    )
+
+    top = dbg.hypotheses()[0]
+    assert top.kind is FailureKind.VANISHING_GRADIENTS
+    assert top.root.layer in {"layers.0.attention.query", "layers.0.attention.key"}
+    assert top.root.step_start == 0
+
+
+def test_an_attention_branch_behind_a_gate_stuck_closed_is_vanishing_however_quiet_its_outputs():
+    torch.manual_seed(0)
+    model = TinyBert(gate_bias=-12.0)
+    batches = majority_batches()
+    grads, rms, _ = attention_at_start(copy.deepcopy(model), batches(0))
+    top = max(grads.values())
+    branch = ["layers.0.attention.query", "layers.0.attention.key", "layers.0.attention.value"]
+    # plain torch: the gate passes sigmoid(-12) = 6e-6 of the branch, so the branch gets ~1e-5 of the gradient it
+    # needs; its outputs are as quiet as at BERT's init, and the embeddings before it learn through the residual
+    assert all(grads[n] < 1e-4 * top and rms[n] < 0.3 for n in branch)
+    assert grads["words"] > 1e-2 * top
+
+    dbg, _ = support.train(
+        model, batches, F.cross_entropy, steps=30, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3)
+    )
+
+    vanishing = [h for h in dbg.hypotheses() if h.kind is FailureKind.VANISHING_GRADIENTS]
+    assert vanishing, dbg.report()
+    assert set(branch) <= {e.layer for e in vanishing[0].chain}
+    assert vanishing[0].root.layer in {*branch, "layers.0.attention_output", "layers.0.gate"}
+
+
+def test_a_gru_whose_update_gate_is_stuck_is_vanishing_though_its_output_is_quiet():
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.rnn, self.head = nn.Linear(8, 32), nn.GRU(32, 32, batch_first=True), nn.Linear(32, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.rnn(self.embed(x))[0][:, -1])
+
+    torch.manual_seed(0)
+    model = Model()
+    with torch.no_grad():
+        model.rnn.bias_hh_l0[32:64].fill_(12.0)  # the update gate stays at 1: the state never moves from 0
+    batches = support.sequence_batches()
+    outputs: list[torch.Tensor] = []
+    handle = model.rnn.register_forward_hook(lambda m, i, o: outputs.append(o[0].detach()))
+    support.one_backward(model, batches(0))
+    handle.remove()
+    grads = layer_gradients(model)
+    # plain torch: the GRU's output is quiet (~0) and the gradient vanishes through it, down to the embedding
+    assert float(outputs[0].pow(2).mean().sqrt()) < 0.3
+    assert grads["embed"] < 1e-3 * grads["head"] and grads["rnn"] < 1e-3 * grads["head"]
+
+    dbg, _ = support.train(model, batches, steps=30)
+
+    top = dbg.hypotheses()[0]
+    assert top.kind is FailureKind.VANISHING_GRADIENTS
+    assert top.root.layer == "rnn"
+    assert "embed" in {e.layer for e in top.chain}
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_hugging_face_tiny_bert_and_gpt2_train_without_a_hypothesis(name: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if name == "bert":
+        config = transformers.BertConfig(
+            vocab_size=40,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=16,
+            num_labels=2,
+        )
+        model = transformers.BertForSequenceClassification(config)
+    else:
+        config = transformers.GPT2Config(
+            vocab_size=40, n_embd=64, n_layer=2, n_head=2, n_positions=16, bos_token_id=0, eos_token_id=0
+        )
+        model = transformers.GPT2LMHeadModel(config)
+    batches = majority_batches()
+
+    def loss_of(tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=tokens, labels=labels if name == "bert" else tokens).loss
+
+    if name == "bert":  # plain torch: the key projections' gradients are tiny at init, as in the tiny BERT above
+        loss_of(*batches(0)).backward()
+        grads = layer_gradients(model)
+        key = grads["bert.encoder.layer.1.attention.self.key"]
+        assert key < 1e-4 and key < 1e-3 * max(grads.values())
+        model.zero_grad()
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-5)  # the Trainer's default
+    with support.NeuralDbg(model) as dbg:
+        for step in range(40):
+            opt.zero_grad()
+            loss_of(*batches(step)).backward()
+            opt.step()
+
+    assert dbg.hypotheses() == [], dbg.report()
+
+
+# --------------------------------------------------------------------------------------------- double normalisation
+
+
+DOUBLE_NORMS = {
+    "batchnorm-batchnorm": lambda: nn.Sequential(
+        nn.Linear(16, 32), nn.BatchNorm1d(32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 1)
+    ),
+    "layernorm-batchnorm": lambda: nn.Sequential(
+        nn.Linear(16, 32), nn.LayerNorm(32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 1)
+    ),
+    "conv-batchnorm-batchnorm": lambda: nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(16, 10),
+    ),
+}
+
+
+def output_moves(model: nn.Module, x: torch.Tensor, layer: str) -> float:
+    """Plain torch: how far the (training-mode) output moves, relative, when ``layer``'s weight is scaled by random
+    positive factors and its bias shifted."""
+    model = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        before = model(x)
+        module = dict(model.named_modules())[layer]
+        module.weight.mul_(torch.exp(0.3 * torch.randn(module.weight.shape, generator=g)))
+        module.bias.add_(0.3 * torch.randn(module.bias.shape, generator=g))
+        return float((model(x) - before).norm() / before.norm())
+
+
+@pytest.mark.parametrize("name", sorted(DOUBLE_NORMS))
+def test_two_normalisations_in_a_row_cancel_the_first_ones_gradient_without_a_fault(name: str):
+    torch.manual_seed(0)
+    model = DOUBLE_NORMS[name]()
+    conv = name.startswith("conv")
+    batches = support.classification_batches((3, 8, 8), 10, batch=16) if conv else support.regression_batches()
+    loss_fn = F.cross_entropy if conv else F.mse_loss
+    probe = copy.deepcopy(model)
+    support.one_backward(probe, batches(0), loss_fn)
+    grads = layer_gradients(probe)
+    # plain torch: the first norm's gradient is ~0 (the second one divides its scale out and adds its shift back),
+    # and changing its parameters changes nothing
+    assert grads["1"] < 1e-4 and grads["1"] < 1e-3 * max(grads.values())
+    assert output_moves(model, batches(0)[0], "1") < 1e-4
+    assert output_moves(model, batches(0)[0], "2") > 1e-2  # the second norm's are not redundant
+
+    dbg, losses = support.train(
+        model, batches, loss_fn, steps=40, optimizer=torch.optim.Adam(model.parameters(), lr=1e-2)
+    )
+
+    assert sum(losses[-5:]) < sum(losses[:5])
+    assert dbg.hypotheses() == [], dbg.report()
+
+
+def test_a_normalised_net_whose_gradients_truly_vanish_is_still_reported():
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [nn.Linear(16, 32), nn.BatchNorm1d(32), nn.BatchNorm1d(32), nn.ReLU()]
+    for _ in range(6):
+        layers += [nn.Linear(32, 32), nn.Sigmoid()]
+    model = nn.Sequential(*layers, nn.Linear(32, 1))
+    batches = support.regression_batches()
+    probe = copy.deepcopy(model)
+    support.one_backward(probe, batches(0))
+    grads = layer_gradients(probe)
+    # plain torch: six sigmoids downstream shrink the gradient to ~1e-5 of the head's at the Linear and the second
+    # BatchNorm (the first BatchNorm's is ~0 anyway, cancelled by the second)
+    for name in ("0", "2", "4"):
+        assert grads[name] < 1e-4 and grads[name] < 1e-3 * max(grads.values()), name
+
+    dbg, _ = support.train(model, batches, optimizer=torch.optim.SGD(model.parameters(), lr=0.01))
+
+    top = dbg.hypotheses()[0]
+    assert top.kind is FailureKind.VANISHING_GRADIENTS
+    assert top.root.step_start == 0
+    assert {"0", "2", "4"} <= {e.layer for e in top.chain if e.kind is FailureKind.VANISHING_GRADIENTS}
+
+
+def test_batchnorm_and_instancenorm_cancel_a_per_channel_affine_and_layernorm_does_not():
+    from neuraldbg.layers import describe
+
+    model = nn.Sequential(
+        nn.Linear(8, 8), nn.BatchNorm1d(8), nn.InstanceNorm1d(8, affine=True), nn.LayerNorm(8), nn.GroupNorm(2, 8)
+    )
+    renormalizing = {name for name, info in describe(model, 0.01).items() if info.renormalizes_channels}
+    assert renormalizing == {"1", "2"}
+    # plain torch: a LayerNorm right after another LayerNorm does see the first one's per-feature affine
+    torch.manual_seed(0)
+    stacked = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.LayerNorm(32), nn.Linear(32, 1))
+    assert output_moves(stacked, support.regression_batches()(0)[0], "1") > 1e-2
+
+
+# --------------------------------------------------------------------------------------------- robustness
+
+
+def test_a_model_with_a_lazy_layer_can_be_watched_before_its_first_forward():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LazyLinear(32), nn.ReLU(), nn.Linear(32, 1))
+
+    dbg, losses = support.train(model, support.regression_batches(), steps=30)  # Adam is built before forward
+
+    assert sum(losses[-5:]) < sum(losses[:5])
+    assert dbg.hypotheses() == [], dbg.report()

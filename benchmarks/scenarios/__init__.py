@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from . import dead, gradients, healthy, nonfinite, optimizer, saturation
+from . import attention, closure, dead, gradients, healthy, nonfinite, normalization, optimizer, saturation, scale
 from .base import KINDS, Batch, GroundTruth, Run, Scenario, StepProbe
 
 SCENARIOS: list[Scenario] = [
@@ -15,6 +15,10 @@ SCENARIOS: list[Scenario] = [
     *gradients.SCENARIOS,
     *nonfinite.SCENARIOS,
     *optimizer.SCENARIOS,
+    *scale.SCENARIOS,
+    *attention.SCENARIOS,
+    *normalization.SCENARIOS,
+    *closure.SCENARIOS,
 ]
 
 _BY_NAME = {s.name: s for s in SCENARIOS}

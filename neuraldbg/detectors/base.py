@@ -71,6 +71,18 @@ class Context:
         self._refresh()
         return self._index.get(key, len(self.order))
 
+    def next_output(self, layer: str) -> str | None:
+        """The layer whose output follows ``layer``'s first output in forward order, skipping the containers that
+        hold ``layer`` (a container's output is its last child's, and comes right after it)."""
+        self._refresh()
+        pos = self._index.get((layer, 0))
+        if pos is None:
+            return None
+        for name, _ in self.order[pos + 1 :]:
+            if not (name == "" or layer.startswith(name + ".")):
+                return name
+        return None
+
     def is_hidden(self, key: SlotKey) -> bool:
         """A layer output that feeds later parametric layers (not the model's final activation)."""
         self._refresh()

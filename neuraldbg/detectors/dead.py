@@ -10,6 +10,12 @@ tools alarm on healthy MNIST models):
 
 A layer is dead when at least ``dead_unit_fraction`` of its units are; its event is dated from when it first
 crossed ``dead_onset_fraction`` on the way (a layer dies over a few steps).
+
+A batch of one sample says little: a healthy unit, positive on about half of its inputs, is silent on it half
+the time, and a narrow layer often looks 70 % dead. So a dead reading stays provisional (it dates the event but
+does not confirm it) until the consecutive observed steps it held over add up to ``dead_min_observations``
+observations per unit (samples, times positions for sequences and maps, which a unit must be silent on all of).
+With the usual batches a single step is enough.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import math
 
 from ..events import EventType
 from ..health import ActivationHealth
+from ..stepdata import SlotKey
 from .base import Detector, Finding, Observation, StepView
 
 
@@ -25,6 +32,9 @@ class DeadUnitsDetector(Detector):
     name = "dead"
     event_type = EventType.ACTIVATION
     every_step = False
+
+    def __init__(self) -> None:
+        self._held: dict[SlotKey, float] = {}  # observations per unit over the current run of dead readings
 
     def observe(self, view: StepView) -> Observation | None:
         data = view.data
@@ -40,6 +50,9 @@ class DeadUnitsDetector(Detector):
                     continue  # non-finite outputs are the non-finite detector's business
                 obs.saw(self.event_type, key[0], call=key[1])
                 fraction = dead / units
+                per_unit = data.numel.get(key, units) / units
+                held = self._held.get(key, 0.0) + per_unit if fraction >= threshold and dead > 0 else 0.0
+                self._held[key] = held
                 if fraction >= onset and dead > 0:
                     metrics = {"dead_fraction": fraction, "dead_units": dead, "units": float(units)}
                     if source == "functional":
@@ -54,7 +67,7 @@ class DeadUnitsDetector(Detector):
                             metrics,
                             max(0.0, min(1.0, s)),
                             call=key[1],
-                            provisional=fraction < threshold,
+                            provisional=fraction < threshold or held < view.ctx.config.dead_min_observations,
                         )
                     )
         return obs

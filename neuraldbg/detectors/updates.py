@@ -5,7 +5,11 @@ optimizer steps and compared after.
 
 * Frozen: a parameter that received a non-zero gradient and was left exactly unchanged (missing from every
   optimizer, or in a group with learning rate 0). Parameters with ``requires_grad=False`` get no gradient and
-  are never reported: freezing a backbone on purpose is not a fault.
+  are never reported: freezing a backbone on purpose is not a fault. Nor is a step its optimizer skipped: a
+  parameter stepped at an earlier observed step and not at this one belongs to an optimizer that steps on other
+  steps (a GAN's generator while the discriminator's optimizer steps); such a step says nothing about it, and
+  is left out of the update ratios too. (Observed every 16th step, alternating optimizers would otherwise always
+  be seen on the same player's turn.)
 * Stalled: the median update/weight ratio ||dW||/||W|| over the model's layers is below ``stalled_ratio``
   (a learning rate far too small for this model). A single layer with small updates is usually a symptom of
   vanishing gradients and is reported there.
@@ -35,6 +39,7 @@ class UpdateDetector(Detector):
 
     def __init__(self) -> None:
         self._first_loss_gradient: float | None = None
+        self._stepped_before: set[str] = set()  # parameters some optimizer stepped at an observed step
 
     def _converged(self, view: StepView) -> bool:
         """The loss's gradient w.r.t. the output fell below 1% of its first value: a fit, not a stall."""
@@ -52,6 +57,7 @@ class UpdateDetector(Detector):
             return None
         obs = Observation()
         frozen_layers: set[str] = set()
+        idle_layers: set[str] = set()  # layers whose optimizer did not step at this step
         for name, (delta, _) in data.update.items():
             grad = data.grad.get(name)
             layer = view.ctx.owners.get(name)
@@ -62,6 +68,9 @@ class UpdateDetector(Detector):
                 lr = data.stepped.get(name)
                 if lr is not None and lr > 0:
                     continue  # stepped with a learning rate, too small to move the weight: see stalled
+                if lr is None and name in self._stepped_before:
+                    idle_layers.add(layer)  # its optimizer steps on other steps
+                    continue
                 frozen_layers.add(layer)
                 metrics = {"grad_norm": grad, "in_optimizer": float(lr is not None), "lr": lr or 0.0}
                 obs.findings.append(
@@ -75,6 +84,7 @@ class UpdateDetector(Detector):
                         param=name,
                     )
                 )
+        self._stepped_before.update(data.stepped)
         moving = [n for n, (d, _) in data.update.items() if d != 0.0 and n in data.grad]
         if frozen_layers and not moving:  # nothing moved at all: the learning rate is 0 everywhere
             obs.findings = [f for f in obs.findings if f.state != UpdateHealth.FROZEN.value]
@@ -93,6 +103,7 @@ class UpdateDetector(Detector):
             u.ratio
             for layer, u in view.layer_updates.items()
             if layer not in frozen_layers
+            and layer not in idle_layers
             and u.weight > 0
             and math.isfinite(u.ratio)
             and not (layer in grads and grads[layer].exact_zero)  # no gradient, no update: not the optimizer's fault
