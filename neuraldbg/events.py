@@ -20,6 +20,7 @@ class FailureKind(str, Enum):
     NON_FINITE = "non_finite"
     FROZEN_PARAMETERS = "frozen_parameters"
     STALLED_UPDATES = "stalled_updates"
+    LOSS_SCALE_COLLAPSE = "loss_scale_collapse"  # a GradScaler skipping most steps, or its scale below 1
     # Run-level findings: the run was not observed well enough, or could not learn, whatever its layers did.
     # A verdict of "healthy" needs evidence; these say what evidence is missing (events of type RUN, layer "").
     NO_TRAINING_OBSERVED = "no_training_observed"  # no training step happened under the debugger
