@@ -85,6 +85,12 @@ class StepClock:
         self.skipped_steps += 1
         return True
 
+    def skipped_in_step(self) -> None:
+        """The optimizer was called but told by the GradScaler to skip the update (a fused optimizer)."""
+        if not self.skipped:
+            self.skipped = True
+            self.skipped_steps += 1
+
     def adopt_skips(self, count: int) -> None:
         """A GradScaler was found at the first optimizer step and says the ``count`` provisional steps before it
         were each an iteration it skipped (not micro-batches to fold): they become skipped steps."""

@@ -163,7 +163,7 @@ class BackwardPath:
 
     def _gradients_final(self, optimizer: Optimizer) -> None:
         data = self._rec.pending.data
-        self.grads.once()
+        self.grads.once(self._fused_scaling(optimizer))
         if data.full:
             names: dict[int, list[str]] = {}
             for p in self.params:
@@ -173,6 +173,19 @@ class BackwardPath:
                 for t in group["params"]:
                     for name in names.get(id(t), ()):
                         data.stepped[name] = max(lr, data.stepped.get(name, 0.0))
+
+    def _fused_scaling(self, optimizer: Optimizer) -> float:
+        """A GradScaler stepping an optimizer that unscales inside its own kernel (``fused=True``) calls its step
+        with the gradients still scaled, the scale in ``optimizer.grad_scale`` and ``optimizer.found_inf`` set when
+        the kernel is to skip the update: that step is a skipped step. Returns the scale still in the gradients
+        (1.0 for every other optimizer). Reads ``found_inf`` (a device read on a GPU, once per such step)."""
+        found = getattr(optimizer, "found_inf", None)
+        if not isinstance(found, Tensor):
+            return 1.0
+        if float(found) > 0:
+            self._rec.clock.skipped_in_step()
+        scale = getattr(optimizer, "grad_scale", None)
+        return float(scale) if isinstance(scale, Tensor) else 1.0
 
     def _owned_by(self, optimizer: Optimizer) -> frozenset[str]:
         """Names of the watched model's parameters that ``optimizer`` owns (cached until its groups change)."""

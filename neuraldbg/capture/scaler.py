@@ -12,6 +12,9 @@ after a skip (``backoff_factor``) or raises it after ``growth_interval`` clean s
   accumulation does not call it between micro-batches. ``update()`` replaces the scaler's per-iteration record
   (``_per_optimizer_states``), so "it ran since the last forward pass began, and no optimizer stepped" is a
   skip, checked at the next forward pass with one identity comparison (no host read);
+* an optimizer that unscales in its own kernel (``fused=True``) is stepped by the scaler even when the update is
+  to be skipped, with the gradients still scaled: the scale is ``optimizer.grad_scale`` and a skip is
+  ``optimizer.found_inf``, both set for the duration of the step (see ``BackwardPath``);
 * a skipped step is a step: it is counted and kept (its forward statistics are evidence like any other), but its
   gradient readings are scaled overflow, not the model's gradients, and are dropped - except a NaN loss
   gradient, which no scale makes (overflow gives inf): a loss that was NaN before scaling is still reported.

@@ -53,13 +53,17 @@ def train(
     poison: dict[int, str] | None = None,
     loss_factor: float = 1.0,
     adam: bool = False,
+    fused: bool = False,
 ) -> Truth:
     """A standard AMP loop; ``poison`` maps steps to "nan_input", "nan_loss" or "overflow" (every gradient
     overflows float16 whatever the scale: the loss is multiplied by 1e30). ``loss_factor`` scales the loss (a
     smaller loss lets the scaler settle on a larger scale; Adam's steps do not shrink with it)."""
     poison = poison or {}
     truth = Truth()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3) if adam else torch.optim.SGD(model.parameters(), lr=0.05)
+    if adam or fused:
+        opt: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=fused or None)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with dbg if dbg is not None else _nothing():
         for step in range(steps):
             truth.scales.append(scaler.get_scale())
@@ -79,7 +83,8 @@ def train(
                 if poison.get(step) == "overflow":
                     loss = loss * 1e30
                 scaler.scale(loss / accumulate).backward()
-            scaler.unscale_(opt)
+            if not fused:  # a fused optimizer unscales in its own kernel
+                scaler.unscale_(opt)
             truth.grad_norms[step] = {
                 name: math.sqrt(sum(float(torch.linalg.vector_norm(p.grad)) ** 2 for p in layer.parameters()))
                 for name, layer in model.named_children()
@@ -128,6 +133,22 @@ def test_a_float16_run_whose_scaler_skips_its_first_steps_is_healthy_and_the_ski
     for step, value in loss_grads.items():
         assert step not in truth.skipped
         assert value == pytest.approx(truth.loss_grads[step], rel=2e-3), step
+
+
+@pytest.mark.parametrize("passed", [True, False], ids=["scaler passed", "scaler found"])
+def test_a_fused_optimizer_that_unscales_in_its_own_kernel_is_read_unscaled_and_its_skips_counted(passed):
+    model = make_model()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24)
+    dbg = NeuralDbg(model, grad_scaler=scaler if passed else None, preset="full")
+    truth = train(model, scaler, dbg, 30, fused=True)
+    assert len(truth.skipped) >= 5  # the kernel left the weights alone on these steps
+    assert dbg.hypotheses() == []
+    assert dbg.meta["grad_scaler"]["first_skipped_steps"] == truth.skipped
+    series = dict(dbg.history.get("grad_norm", "0").points())
+    applied = [s for s in range(30) if s not in truth.skipped]
+    assert sorted(series) == applied  # skipped steps carry no gradient reading
+    for step in applied:  # truth: the scaled gradients after the step, divided by the scale they carried
+        assert series[step] == pytest.approx(truth.grad_norms[step]["0"] / truth.scales[step], rel=1e-4), step
 
 
 def test_gradient_statistics_are_read_unscaled_at_every_step_including_step_0():
