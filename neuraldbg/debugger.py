@@ -144,8 +144,10 @@ class NeuralDbg(Diagnosis):
             self._recorder.detach()
         finally:
             if was_attached and self._gather and not self._gathered:
+                # a rank leaving with an exception still sends its findings, and waits for nobody: the others may
+                # be stuck in a collective it will never join (rank 0 merges what has already arrived)
                 note = f"left its NeuralDbg block with {type(exc).__name__}: {exc}" if exc is not None else ""
-                self._send(self._gather_timeout, note)
+                self._send(self._gather_timeout if exc is None else 0.0, note)
 
     def gather(self, timeout: float | None = None) -> JobRun | None:
         """Send this rank's findings to rank 0 and, on rank 0, merge every rank's into one diagnosis of the job.

@@ -103,7 +103,7 @@ def _receive(store: Any, base: str, world_size: int, own: dict[str, Any], note: 
     deadline = start + timeout
     others = world_size - 1
     pause = 0.005
-    while store.add(f"{base}/count", 0) < others:
+    while store.add(f"{base}/count", 0) < others:  # timeout 0: take what has already arrived
         left = deadline - time.monotonic()
         if left <= 0:
             break
@@ -113,7 +113,11 @@ def _receive(store: Any, base: str, world_size: int, own: dict[str, Any], note: 
     for rank in range(1, world_size):
         key = f"{base}/{rank}"
         if not store.check([key]):
-            out.reasons[rank] = f"sent no summary within {timeout:g} s (it failed, hung, or left its block later)"
+            out.reasons[rank] = (
+                f"sent no summary within {timeout:g} s (it failed, hung, or left its block later)"
+                if timeout > 0
+                else "had sent no summary when rank 0 left its block with an exception"
+            )
             continue
         try:
             message = json.loads(store.get(key).decode())

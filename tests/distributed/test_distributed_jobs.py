@@ -32,6 +32,8 @@ SCENARIOS = [
     ("fully_shard", "healthy"),
     ("fully_shard", "dead"),
     ("none", "late"),
+    ("none", "raises"),
+    ("ddp", "on_demand"),
 ]
 
 
@@ -65,14 +67,27 @@ def run_scenario(rank: int, how: str, case: str, out_dir: str) -> dict:
     model = make_model(dead=case == "dead")
     relu = model[3]
     relu_max = [-math.inf]
-    relu.register_forward_hook(lambda m, i, o: relu_max.__setitem__(0, max(relu_max[0], float(o.max()))))
+    relu.register_forward_hook(lambda m, i, o: relu_max.__setitem__(0, max(relu_max[0], float(o.detach().max()))))
     wrapped = wrap(model, how)
     torch_names = [n for n, _ in wrapped.named_modules()]
     opt = torch.optim.Adam(wrapped.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(100 + rank)
     truth: dict = {"torch_names": torch_names, "non_finite_batches": [], "whole_grad_norms": {}, "held": {}}
     timeout = LATE_TIMEOUT if case == "late" else 60.0
-    with NeuralDbg(wrapped, preset="full", gather_timeout=timeout) as dbg:
+    dbg = NeuralDbg(wrapped, preset="full", gather_timeout=timeout, gather=case != "on_demand")
+    try:
+        train_under(dbg, rank, how, case, model, wrapped, opt, g, truth)
+    except RuntimeError as exc:
+        assert case == "raises" and rank == 1, exc
+    truth["job_before_gather"] = dbg.job is not None
+    if case == "on_demand":
+        dbg.gather(timeout=30)
+    truth["relu_max"] = relu_max[0]
+    return report(dbg, rank, f"{how}-{case}", out_dir, truth)
+
+
+def train_under(dbg, rank, how, case, model, wrapped, opt, g, truth):
+    with dbg:
         for step in range(STEPS):
             x = torch.randn(16, 8, generator=g)
             y = x[:, :1] - x[:, 1:2]
@@ -89,10 +104,13 @@ def run_scenario(rank: int, how: str, case: str, out_dir: str) -> dict:
                 }
                 truth["held"] = {str(i): model[i].weight.to_local().numel() for i in (0, 2, 4)}
             opt.step()
+            if case == "raises" and rank == 1 and step == 10:
+                raise RuntimeError("rank 1's loop broke at step 10")
         if case == "late" and rank == 1:
             time.sleep(LATE_TIMEOUT + 2.0)
-    truth["relu_max"] = relu_max[0]
-    name = f"{how}-{case}"
+
+
+def report(dbg: NeuralDbg, rank: int, name: str, out_dir: str, truth: dict) -> dict:
     dbg.save(os.path.join(out_dir, name, f"run.rank{rank}.json"))
     own = {
         "hypotheses": [
@@ -121,6 +139,7 @@ def run_scenario(rank: int, how: str, case: str, out_dir: str) -> dict:
             "merged": dbg.job.job.to_dict(),
             "seconds": dbg.job.gathered.seconds,
             "mermaid": dbg.job.export_mermaid_causal_graph(),
+            "report": dbg.job.report(),
         }
     return {"truth": truth, "own": own, "job": job}
 
@@ -268,3 +287,17 @@ def test_neuraldbg_explain_names_the_rank_whose_trace_is_missing(jobs, capsys, t
     assert cli.main(["explain", str(lone)]) == 1
     out = capsys.readouterr().out
     assert "NOT VERIFIED" in out and "Rank 1 has no trace" in out
+
+
+def test_a_rank_that_leaves_its_block_with_an_exception_still_sends_its_findings(jobs):
+    job = of(jobs, "none-raises")[2]
+    assert job["merged"]["verified"]  # both ranks reported
+    assert job["merged"]["ranks"]["1"]["steps_observed"] == 11  # steps 0-10, then the exception
+    assert "Rank 1: left its NeuralDbg block with RuntimeError: rank 1's loop broke at step 10" in job["report"]
+
+
+def test_the_job_can_be_gathered_on_demand_instead_of_at_the_end_of_the_block(jobs):
+    r0, r1, job = of(jobs, "ddp-on_demand")
+    assert not r0["truth"]["job_before_gather"]  # gather=False: nothing at the end of the block
+    assert job["merged"]["verified"] and job["hypotheses"] == []
+    assert r1["job"] is None
