@@ -16,8 +16,8 @@ run-level findings (``EventType.RUN`` events, kinds in :data:`~neuraldbg.events.
 
 Under a GradScaler it also counts the steps the scaler skipped and follows its scale (:class:`ScalerCounts`). A
 skipped step is the scaler doing its job (the scaled gradients overflowed float16, the step is dropped and the
-scale lowered), not a failure; a scale that keeps collapsing is (``FailureKind.LOSS_SCALE_COLLAPSE``, a training
-failure of the run as a whole, not a run-level finding about the observation): training that does not train.
+scale lowered), not a failure; a scale that keeps collapsing is: a run that cannot learn whatever its layers do,
+like a degenerate loss (``FailureKind.LOSS_SCALE_COLLAPSE``, a run-level kind).
 """
 
 from __future__ import annotations

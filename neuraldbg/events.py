@@ -20,7 +20,6 @@ class FailureKind(str, Enum):
     NON_FINITE = "non_finite"
     FROZEN_PARAMETERS = "frozen_parameters"
     STALLED_UPDATES = "stalled_updates"
-    LOSS_SCALE_COLLAPSE = "loss_scale_collapse"  # a GradScaler skipping most steps, or its scale below 1
     # Run-level findings: the run was not observed well enough, or could not learn, whatever its layers did.
     # A verdict of "healthy" needs evidence; these say what evidence is missing (events of type RUN, layer "").
     NO_TRAINING_OBSERVED = "no_training_observed"  # no training step happened under the debugger
@@ -28,6 +27,7 @@ class FailureKind(str, Enum):
     EVAL_MODE_TRAINING = "eval_mode_training"  # the model trained in eval mode (dropout off, batch norm frozen)
     DEGENERATE_LOSS = "degenerate_loss"  # the loss gives exactly zero gradient: nothing can be learned
     INCOMPLETE_OBSERVATION = "incomplete_observation"  # the debugger stopped observing, or skipped a part
+    LOSS_SCALE_COLLAPSE = "loss_scale_collapse"  # a GradScaler skipping most steps (or backed off below 1)
 
     def __str__(self) -> str:
         return self.value
@@ -121,5 +121,6 @@ RUN_LEVEL_KINDS = frozenset(
         FailureKind.EVAL_MODE_TRAINING,
         FailureKind.DEGENERATE_LOSS,
         FailureKind.INCOMPLETE_OBSERVATION,
+        FailureKind.LOSS_SCALE_COLLAPSE,
     }
 )
