@@ -345,6 +345,15 @@ def test_the_debugger_leaves_a_scaled_run_bit_identical():
     assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
+def test_a_float16_norm_is_read_in_float32_where_float16_would_overflow():
+    from neuraldbg import stats
+
+    t = torch.full((16,), 30000.0, dtype=torch.float16)  # every element finite, the norm 120000 > 65504
+    assert not torch.isfinite(torch.linalg.vector_norm(t))  # plain torch in float16: inf
+    assert stats.host_norm(t) == pytest.approx(120000.0)
+    assert float(stats.norms([t])[0]) == pytest.approx(120000.0)
+
+
 def test_a_grad_scaler_argument_that_is_not_one_is_refused():
     from neuraldbg import ConfigError
 
