@@ -143,18 +143,16 @@ class ScalerCounts:
             # from where the skipping began: the window's first skip, or the start of a streak reaching into it
             begun = min(skipped_recent[0], self.streak_start) if self.streak else skipped_recent[0]
             spans.append((begun, last))
-            parts.append(f"it skipped {len(skipped_recent)} of the last {len(window)} steps")
+            parts.append(f"{len(skipped_recent)} of the last {len(window)} steps skipped")
         longest = self.collapse
         if self.streak >= SCALE_WINDOW and self.streak_in_training and (longest is None or self.streak > longest[2]):
             longest = (self.streak_start, self.streak_end, self.streak)
         if longest is not None:
             spans.append((longest[0], longest[1]))
-            parts.append(
-                f"it skipped {longest[2]} steps in a row (steps {longest[0]}-{longest[1]}) after training began"
-            )
+            parts.append(f"{longest[2]} steps in a row skipped (steps {longest[0]}-{longest[1]}) after training began")
         if self.below_floor is not None:
             spans.append(self.below_floor)
-            parts.append(f"its scale fell below {SCALE_FLOOR:g}")
+            parts.append(f"the scale backed off below {SCALE_FLOOR:g}")
         if not spans:
             return None
         metrics: dict[str, float] = {
@@ -170,13 +168,7 @@ class ScalerCounts:
         ):
             if value is not None:
                 metrics[key] = value[1]
-        scales = ""
-        if self.first_scale is not None and self.last_scale is not None:
-            scales = (
-                f"; scale {self.first_scale[1]:.4g} at step {self.first_scale[0]}, {self.last_scale[1]:.4g} at step "
-                f"{self.last_scale[0]}"
-            )
-        detail = f"the GradScaler {'; '.join(parts)} ({self.skipped} of {self.steps} steps skipped in all{scales})"
+        detail = "; ".join(parts)
         start = min(s for s, _ in spans)
         end = max(e for _, e in spans)
         return _event(FailureKind.LOSS_SCALE_COLLAPSE, start, end, detail, **metrics)

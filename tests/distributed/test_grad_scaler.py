@@ -196,7 +196,9 @@ def test_a_scale_that_never_recovers_is_a_loss_scale_collapse():
     assert root.metrics["skipped_steps"] == 24
     assert root.metrics["skipped_in_window"] == root.metrics["window_steps"] == 16
     assert root.metrics["loss_scale"] == truth.scales[-1]
-    assert "skipped 16 of the last 16 steps" in root.detail
+    assert "16 of the last 16 steps skipped" in root.detail
+    assert hypothesis.explanation.startswith("Loss-scale collapse: the GradScaler skipped 24 of 24 observed steps")
+    assert "init_scale" in hypothesis.suggestion
 
 
 def test_skips_that_resume_mid_run_for_more_than_16_steps_are_a_loss_scale_collapse():
@@ -210,7 +212,7 @@ def test_skips_that_resume_mid_run_for_more_than_16_steps_are_a_loss_scale_colla
     (hypothesis,) = dbg.hypotheses()
     assert hypothesis.kind is FailureKind.LOSS_SCALE_COLLAPSE
     assert (hypothesis.root.step_start, hypothesis.root.step_end) == (30, 47)
-    assert "18 steps in a row" in hypothesis.root.detail
+    assert "18 steps in a row skipped (steps 30-47)" in hypothesis.root.detail
 
 
 def test_a_scale_backed_off_below_1_is_a_loss_scale_collapse_even_when_steps_succeed_again():
@@ -222,7 +224,7 @@ def test_a_scale_backed_off_below_1_is_a_loss_scale_collapse_even_when_steps_suc
     (hypothesis,) = dbg.hypotheses()
     assert hypothesis.kind is FailureKind.LOSS_SCALE_COLLAPSE
     assert hypothesis.root.metrics["min_scale"] == 0.125
-    assert "fell below 1" in hypothesis.root.detail
+    assert "the scale backed off below 1" in hypothesis.root.detail
 
 
 def test_a_scale_set_below_1_by_the_user_and_never_backed_off_is_not_a_collapse():
