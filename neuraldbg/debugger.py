@@ -155,10 +155,11 @@ class NeuralDbg(Diagnosis):
         Every rank must call it (the n-th call of each rank meets the n-th of the others); rank 0 waits at most
         ``timeout`` seconds (default: ``gather_timeout``) and names the ranks that sent nothing. Returns the
         :class:`~neuraldbg.distributed.job.JobRun` on rank 0 (also kept as ``dbg.job``), None on the other ranks
-        and outside a distributed job. Never raises: a failure to communicate becomes a NeuralDbgWarning.
+        and outside a distributed job. A failure to communicate becomes a NeuralDbgWarning; it raises only
+        ``ConfigError`` for a timeout that is not a positive number of seconds.
         """
-        if timeout is not None and not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
-            raise ConfigError(f"gather(): timeout must be a positive number of seconds, got {timeout!r}")
+        if timeout is not None:
+            _check_distributed_options(None, True, timeout, "gather(timeout=...)")
         return self._send(self._gather_timeout if timeout is None else float(timeout), "")
 
     def _send(self, timeout: float, note: str) -> JobRun | None:
@@ -278,7 +279,9 @@ def watch(model: nn.Module, config: DebugConfig | Mapping[str, Any] | None = Non
     return NeuralDbg(model, config, **options).attach()
 
 
-def _check_distributed_options(grad_scaler: Any, gather: bool, timeout: Any) -> None:
+def _check_distributed_options(
+    grad_scaler: Any, gather: Any, timeout: Any, where: str = "NeuralDbg(gather_timeout=...)"
+) -> None:
     from .capture.scaler import is_grad_scaler
 
     if grad_scaler is not None and not is_grad_scaler(grad_scaler):
@@ -292,7 +295,7 @@ def _check_distributed_options(grad_scaler: Any, gather: bool, timeout: Any) -> 
         or not isinstance(timeout, (int, float))
         or not (math.isfinite(timeout) and timeout > 0)
     ):
-        raise ConfigError(f"NeuralDbg(gather_timeout=...): expected a positive number of seconds, got {timeout!r}")
+        raise ConfigError(f"{where}: expected a positive number of seconds, got {timeout!r}")
 
 
 def _plugin_manager(extra: Iterable[Any]) -> Any:

@@ -356,8 +356,15 @@ def test_a_float16_norm_is_read_in_float32_where_float16_would_overflow():
     assert float(stats.norms([t])[0]) == pytest.approx(120000.0)
 
 
-def test_a_grad_scaler_argument_that_is_not_one_is_refused():
+def test_distributed_and_mixed_precision_options_that_are_wrong_are_refused_naming_the_option():
     from neuraldbg import ConfigError
 
-    with pytest.raises(ConfigError, match=r"expected a torch\.amp\.GradScaler, got float"):
+    with pytest.raises(ConfigError, match=r"grad_scaler=\.\.\.\): expected a torch\.amp\.GradScaler, got float"):
         NeuralDbg(make_model(), grad_scaler=65536.0)
+    with pytest.raises(ConfigError, match=r"gather=\.\.\.\): expected true or false, got 'yes'"):
+        NeuralDbg(make_model(), gather="yes")
+    with pytest.raises(ConfigError, match=r"gather_timeout=\.\.\.\): expected a positive number of seconds, got 0"):
+        NeuralDbg(make_model(), gather_timeout=0)
+    with pytest.raises(ConfigError, match=r"gather\(timeout=\.\.\.\): expected a positive number of seconds, got nan"):
+        NeuralDbg(make_model()).gather(timeout=float("nan"))
+    assert NeuralDbg(make_model()).gather() is None  # not a distributed job: nothing to gather
