@@ -59,6 +59,8 @@ class Analyzer:
                 self._count(record)  # a clean cheap step: nothing for any built-in detector to see
                 if record.loss is not None:
                     self.history.add("loss", "", record.step, record.loss)
+                if record.loss_scale is not None:
+                    self.history.add("loss_scale", "", record.step, record.loss_scale)
                 continue
             view = StepView(record, self.ctx)
             for detector in list(self.detectors if record.full else self._every_step):
@@ -93,6 +95,8 @@ class Analyzer:
         data, add, step = view.data, self.history.add, view.step
         if data.loss is not None:
             add("loss", "", step, data.loss)
+        if data.loss_scale is not None:  # a GradScaler's scale (it halves at each skipped step)
+            add("loss_scale", "", step, data.loss_scale)
         if data.target_grad is not None:
             add("loss_gradient", "", step, data.target_grad)
         if not data.full:

@@ -10,12 +10,19 @@ seen, each backward pass is provisionally a step; when an optimizer then steps, 
 folded into one (they were micro-batches of gradient accumulation). If no optimizer ever steps, a step is one
 backward pass. ``step()`` switches to manual counting.
 
+Mixed precision: a GradScaler skips the optimizer step of an iteration whose scaled gradients overflowed. That
+iteration is a step too (a *skipped* step), not a micro-batch of the next one: ``skip_probe`` (set when a scaler
+is known, see :mod:`neuraldbg.capture.scaler`) says at each forward pass whether ``scaler.update()`` ran since
+the previous one, which every iteration does once and gradient accumulation does not between micro-batches.
+Without an optimizer step in between, that iteration was skipped.
+
 The clock holds no tensors and decides nothing about statistics: :mod:`neuraldbg.capture` tells it what the
 hooks saw, and it answers whether the step in progress is complete.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
 
 #: Provisional (per-backward) steps held before concluding that no optimizer will step.
@@ -42,16 +49,23 @@ class StepClock:
         self.closure_forward = False  # a forward pass ran inside the closure in progress
         self.optimizer_steps = 0  # every owned optimizer step seen (several per step with several optimizers)
         self.backward_passes = 0  # backward passes seen (only where the loss gradient is hooked, see capture)
+        self.skip_probe: Callable[[], bool] | None = None  # did scaler.update() run since the last forward pass?
+        self.skipped = False  # the step in progress was skipped by the GradScaler (commit it as such)
+        self.fold_first = False  # fold the provisional steps into the step in progress before committing it
+        self.skipped_steps = 0  # steps the GradScaler skipped
 
     def forward_begins(self) -> bool:
         """A training forward pass begins: True when the step in progress is complete (commit it first)."""
         if self.in_closure:  # the closure's first forward begins the step the closure serves
             first, self.closure_forward = not self.closure_forward, True
             return first and self.stepped
+        update_ran = self.skip_probe is not None and self.skip_probe()  # asked every time: it tracks changes
         if self.mode is StepMode.OPTIMIZER:
-            return self.stepped
+            return self.stepped or (self.backward and update_ran and self._skip())
         if self.mode is StepMode.MANUAL or not self.backward:
             return False
+        if update_ran and self.mode is StepMode.UNKNOWN:  # an optimizer exists: the scaler skipped its step
+            return self._skip()
         if self.mode is StepMode.UNKNOWN:
             self.provisional += 1
             if self.provisional >= PROVISIONAL_LIMIT:
@@ -61,6 +75,27 @@ class StepClock:
     def backward_begins(self) -> None:
         self.backward = True
         self.backward_passes += 1
+
+    def _skip(self) -> bool:
+        """The step in progress ran its backward pass and the GradScaler skipped its optimizer step."""
+        if self.mode is StepMode.UNKNOWN:  # earlier backward passes were micro-batches of this skipped step
+            self.mode = StepMode.OPTIMIZER
+            self.fold_first = self.provisional > 0
+        self.skipped = True
+        self.skipped_steps += 1
+        return True
+
+    def skipped_in_step(self) -> None:
+        """The optimizer was called but told by the GradScaler to skip the update (a fused optimizer)."""
+        if not self.skipped:
+            self.skipped = True
+            self.skipped_steps += 1
+
+    def adopt_skips(self, count: int) -> None:
+        """A GradScaler was found at the first optimizer step and says the ``count`` provisional steps before it
+        were each an iteration it skipped (not micro-batches to fold): they become skipped steps."""
+        self.skipped_steps += count
+        self.provisional = 0
 
     def optimizer_begins(self, closure: bool) -> bool:
         """An owned optimizer's step begins; True when the provisional steps must be folded into one first.
@@ -99,6 +134,14 @@ class StepClock:
         step happened in it; in manual mode, anything recorded). Forward passes alone are not a training step.
         An unknown mode becomes "backward": no optimizer ever stepped."""
         commit = self.backward or self.stepped or (anything_recorded and self.mode is StepMode.MANUAL)
+        if (
+            self.backward
+            and not self.stepped
+            and self.mode in (StepMode.OPTIMIZER, StepMode.UNKNOWN)
+            and self.skip_probe is not None
+            and self.skip_probe()
+        ):
+            self._skip()  # the last iteration was skipped by the GradScaler
         if self.mode is StepMode.UNKNOWN and (commit or self.provisional):
             self.mode = StepMode.BACKWARD
         return commit
@@ -108,6 +151,8 @@ class StepClock:
         self.step += 1
         self.backward = False
         self.stepped = False
+        self.skipped = False
+        self.fold_first = False
 
     def folded(self, first: int) -> None:
         """Provisional steps from ``first`` on were folded into one step in progress."""

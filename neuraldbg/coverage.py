@@ -13,11 +13,17 @@ run-level findings (``EventType.RUN`` events, kinds in :data:`~neuraldbg.events.
   parameter gradient were exactly zero on every fully observed step (``cross_entropy`` on one output unit);
 * an incomplete observation: the debugger stopped observing (its own failure, a warning), skipped parameters it
   cannot read, or never saw a forward pass of the model.
+
+Under a GradScaler it also counts the steps the scaler skipped and follows its scale (:class:`ScalerCounts`). A
+skipped step is the scaler doing its job (the scaled gradients overflowed float16, the step is dropped and the
+scale lowered), not a failure; a scale that keeps collapsing is: a run that cannot learn whatever its layers do,
+like a degenerate loss (``FailureKind.LOSS_SCALE_COLLAPSE``, a run-level kind).
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -49,6 +55,125 @@ def mode_dependent_layers(named: Iterable[tuple[str, nn.Module]]) -> list[str]:
     return found
 
 
+#: The trailing window the scale-collapse rule looks at: a default GradScaler (initial scale 2**16, backoff 0.5)
+#: that skips every step falls to a scale of 1 within these 16 steps.
+SCALE_WINDOW = 16
+#: A scale the scaler backed off below this shrinks the loss instead of scaling it up: even unscaled, the float16
+#: gradients overflowed (or were NaN, which no scale fixes). Healthy float16 runs keep scales of about 2**8 to 2**24.
+SCALE_FLOOR = 1.0
+#: Skipped steps whose numbers are kept to show (the count is exact).
+_SHOWN_SKIPS = 20
+
+
+@dataclass
+class ScalerCounts:
+    """What a GradScaler did over the observed steps: skips and its scale."""
+
+    steps: int = 0  # observed steps under an active scaler
+    skipped: int = 0
+    first_skipped: list[int] = field(default_factory=list)  # the first step numbers skipped (at most 20)
+    recent: deque[tuple[int, bool]] = field(default_factory=lambda: deque(maxlen=SCALE_WINDOW))
+    applied: int = 0  # steps the optimizer took
+    streak: int = 0  # skipped steps in a row, up to the last observed step
+    streak_start: int = -1
+    streak_end: int = -1
+    streak_in_training: bool = False  # the streak began after the optimizer had taken a step
+    collapse: tuple[int, int, int] | None = None  # (first, last, length) of the longest such streak, ended
+    first_scale: tuple[int, float] | None = None
+    last_scale: tuple[int, float] | None = None
+    min_scale: tuple[int, float] | None = None
+    below_floor: tuple[int, int] | None = None  # (first, last) step with a scale under SCALE_FLOOR
+
+    def observe(self, record: StepData) -> None:
+        step = record.step
+        self.steps += 1
+        self.recent.append((step, record.skipped))
+        if record.skipped:
+            self.skipped += 1
+            if len(self.first_skipped) < _SHOWN_SKIPS:
+                self.first_skipped.append(step)
+            if self.streak == 0:
+                self.streak_start = step
+                self.streak_in_training = self.applied > 0
+            self.streak += 1
+            self.streak_end = step
+        else:
+            self._end_streak()
+            self.applied += 1
+        scale = record.loss_scale
+        if scale is not None and math.isfinite(scale):
+            self.first_scale = self.first_scale or (step, scale)
+            self.last_scale = (step, scale)
+            if self.min_scale is None or scale < self.min_scale[1]:
+                self.min_scale = (step, scale)
+            if scale < SCALE_FLOOR and scale < self.first_scale[1]:  # backed off there (not a scale set so low)
+                self.below_floor = (self.below_floor[0] if self.below_floor else step, step)
+
+    def _end_streak(self) -> None:
+        longer = self.collapse is None or self.streak > self.collapse[2]
+        if self.streak >= SCALE_WINDOW and self.streak_in_training and longer:
+            self.collapse = (self.streak_start, self.streak_end, self.streak)
+        self.streak = 0
+
+    def facts(self) -> dict[str, float | int | list[int]]:
+        """The counts as meta data (``dbg.meta["grad_scaler"]``)."""
+        out: dict[str, float | int | list[int]] = {
+            "steps": self.steps,
+            "skipped_steps": self.skipped,
+            "first_skipped_steps": list(self.first_skipped),
+        }
+        for key, value in (
+            ("first_scale", self.first_scale),
+            ("last_scale", self.last_scale),
+            ("min_scale", self.min_scale),
+        ):
+            if value is not None:
+                out[key] = value[1]
+        return out
+
+    def event(self, last: int) -> SemanticEvent | None:
+        """The scale-collapse finding, or None: most of the last ``SCALE_WINDOW`` steps skipped (or all of a
+        shorter run's, at least 3), a run of ``SCALE_WINDOW`` skips in a row after training had begun, or a scale
+        under ``SCALE_FLOOR``."""
+        window = list(self.recent)
+        skipped_recent = [step for step, skipped in window if skipped]
+        spans: list[tuple[int, int]] = []
+        parts: list[str] = []
+        if len(skipped_recent) >= max(3, (len(window) + 1) // 2):
+            # from where the skipping began: the window's first skip, or the start of a streak reaching into it
+            begun = min(skipped_recent[0], self.streak_start) if self.streak else skipped_recent[0]
+            spans.append((begun, last))
+            parts.append(f"{len(skipped_recent)} of the last {len(window)} steps skipped")
+        longest = self.collapse
+        if self.streak >= SCALE_WINDOW and self.streak_in_training and (longest is None or self.streak > longest[2]):
+            longest = (self.streak_start, self.streak_end, self.streak)
+        if longest is not None:
+            spans.append((longest[0], longest[1]))
+            parts.append(f"{longest[2]} steps in a row skipped (steps {longest[0]}-{longest[1]}) after training began")
+        if self.below_floor is not None:
+            spans.append(self.below_floor)
+            parts.append(f"the scale backed off below {SCALE_FLOOR:g}")
+        if not spans:
+            return None
+        metrics: dict[str, float] = {
+            "skipped_steps": float(self.skipped),
+            "steps": float(self.steps),
+            "window_steps": float(len(window)),
+            "skipped_in_window": float(len(skipped_recent)),
+        }
+        for key, value in (
+            ("first_scale", self.first_scale),
+            ("loss_scale", self.last_scale),
+            ("min_scale", self.min_scale),
+        ):
+            if value is not None:
+                metrics[key] = value[1]
+        detail = "; ".join(parts)
+        start = min(s for s, _ in spans)
+        end = max(e for _, e in spans)
+        return _event(FailureKind.LOSS_SCALE_COLLAPSE, start, end, detail, **metrics)
+
+
 @dataclass
 class Coverage:
     """What was observed of a run; see the module docstring."""
@@ -72,6 +197,7 @@ class Coverage:
     zero_loss_gradient: int = 0  # ... and it was exactly zero
     last_loss: float | None = None
     last_step: int = -1
+    scaler: ScalerCounts | None = None  # under a GradScaler: its skipped steps and scale
 
     def observe(self, record: StepData) -> None:
         """Count one analysed step."""
@@ -79,6 +205,12 @@ class Coverage:
         self.last_step = max(self.last_step, record.step)
         if record.loss is not None:
             self.last_loss = record.loss
+        if record.skipped or record.loss_scale is not None:
+            if self.scaler is None:
+                self.scaler = ScalerCounts()
+            self.scaler.observe(record)
+        if record.skipped:  # the scaler dropped this step's gradients: no evidence about them either way
+            return
         if record.full:
             self.full_steps += 1
             if record.grad:
@@ -151,6 +283,10 @@ class Coverage:
                     mode_dependent_layers=len(self.mode_dependent),
                 )
             )
+        if self.scaler is not None:
+            collapse = self.scaler.event(last)
+            if collapse is not None:
+                out.append(collapse)
         out.extend(self._incomplete(last))
         return out
 

@@ -27,6 +27,7 @@ class FailureKind(str, Enum):
     EVAL_MODE_TRAINING = "eval_mode_training"  # the model trained in eval mode (dropout off, batch norm frozen)
     DEGENERATE_LOSS = "degenerate_loss"  # the loss gives exactly zero gradient: nothing can be learned
     INCOMPLETE_OBSERVATION = "incomplete_observation"  # the debugger stopped observing, or skipped a part
+    LOSS_SCALE_COLLAPSE = "loss_scale_collapse"  # a GradScaler skipping most steps (or backed off below 1)
 
     def __str__(self) -> str:
         return self.value
@@ -120,5 +121,6 @@ RUN_LEVEL_KINDS = frozenset(
         FailureKind.EVAL_MODE_TRAINING,
         FailureKind.DEGENERATE_LOSS,
         FailureKind.INCOMPLETE_OBSERVATION,
+        FailureKind.LOSS_SCALE_COLLAPSE,
     }
 )

@@ -99,13 +99,17 @@ def saturation_bound(module: nn.Module, derivative: float) -> Bound | None:
     return None
 
 
-def role_of(module: nn.Module, derivative: float) -> tuple[Role, Bound | None]:
+def role_of(module: nn.Module, derivative: float, parametric: bool | None = None) -> tuple[Role, Bound | None]:
+    """The module's role; ``parametric``: whether it holds parameters (default: it has parameters of its own;
+    under FSDP1 a module's parameters may live in a flat parameter elsewhere)."""
     if isinstance(module, (nn.ReLU, nn.ReLU6)) or (isinstance(module, nn.LeakyReLU) and module.negative_slope == 0):
         return Role.GATED, None
     bound = saturation_bound(module, derivative)
     if bound is not None:
         return Role.BOUNDED, bound
-    if any(True for _ in module.parameters(recurse=False)):
+    if parametric is None:
+        parametric = any(True for _ in module.parameters(recurse=False))
+    if parametric:
         return Role.PARAMETRIC, None
     return Role.OTHER, None
 
@@ -120,22 +124,26 @@ def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def describe(model: nn.Module, derivative: float) -> dict[str, LayerInfo]:
-    """LayerInfo for the model itself ("") and every watched module, keyed by qualified name."""
-    param_names = {id(p): n for n, p in naming.named_parameters(model)}  # first name wins for shared weights
+    """LayerInfo for the model itself ("") and every watched module, keyed by its user name (see
+    :mod:`neuraldbg.naming`: wrappers such as DDP or FSDP are seen through)."""
+    params = naming.Parameters(model)  # a shared weight is named by its first name
     infos: dict[str, LayerInfo] = {}
-    for name, module in [("", model), *watched_modules(model)]:
-        own = [(n, p) for n, p in module.named_parameters(recurse=False) if id(p) in param_names]
-        qualified = tuple(param_names[id(p)] for _, p in own)
-        role, bound = role_of(module, derivative) if name else (Role.OTHER, None)
+    for name, module in params.modules:
+        own = params.owned_by(module)
+        role, bound = role_of(module, derivative, bool(own)) if name else (Role.OTHER, None)
         unit_weight = None
-        if isinstance(module, _UNIT_LAYERS) and getattr(module, "weight", None) is not None:
-            unit_weight = param_names.get(id(module.weight))
+        if isinstance(module, _UNIT_LAYERS):
+            weight = getattr(module, "weight", None)
+            own_name = f"{name}.weight" if name else "weight"
+            unit_weight = next(
+                (p.name for p in own if p.tensor is weight or (p.piece is not None and p.name == own_name)), None
+            )
         infos[name] = LayerInfo(
             name=name,
-            type_name=type(module).__name__,
+            type_name=naming.class_name(module),
             role=role,
-            params=qualified,
-            numel=sum(p.numel() for _, p in own if not isinstance(p, nn.parameter.UninitializedParameter)),
+            params=tuple(p.name for p in own),
+            numel=sum(p.numel for p in own),
             channel_first=isinstance(module, _CHANNEL_FIRST),
             bound=bound,
             unit_weight=unit_weight,

@@ -13,10 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from . import stats
 from .config import DebugConfig
+from .distributed.shards import Param
 from .layers import LayerInfo, Role
 from .stepdata import Pending, SlotKey, StepData
 
@@ -90,44 +91,61 @@ def file_compiled(pending: Pending, key: SlotKey, spec: LayerSpec, packed: Tenso
 
 
 def all_norms(
-    pending: Pending, refs: Mapping[SlotKey, Tensor], ends: Sequence[tuple[str, Tensor]], grad: Tensor
+    pending: Pending,
+    refs: Mapping[SlotKey, Tensor],
+    ends: Sequence[tuple[str, Tensor]],
+    grad: Tensor,
+    loss_scale: Tensor | None = None,
 ) -> None:
-    """Every layer output's norm, the input's and the output's, and the loss gradient's, batched."""
+    """Every layer output's norm, the input's and the output's, and the loss gradient's, batched. ``loss_scale``:
+    a GradScaler's scale in ``grad``, divided out (on the device)."""
     keys = list(refs)
     values = stats.norms([*(refs[k] for k in keys), *(t for _, t in ends), grad])
     for key, value in zip(keys, values):
         pending.put("act", key, value)
     for (target, _), value in zip(ends, values[len(keys) :]):
         pending.put(target, None, value)
-    pending.put("target_grad", None, values[-1])
+    pending.put("target_grad", None, values[-1] / loss_scale if loss_scale is not None else values[-1])
 
 
 # --- parameter gradients ---------------------------------------------------------------------------------
 
 
-def readable(named: Sequence[tuple[str, nn.Parameter]]) -> tuple[list[tuple[str, nn.Parameter, Tensor]], list[str]]:
-    """Parameters that hold a gradient, with the gradient as a plain tensor (:func:`stats.dense`), and the
-    names of those whose gradient cannot be read (meta tensors, unknown subclasses)."""
-    out: list[tuple[str, nn.Parameter, Tensor]] = []
+def readable(params: Sequence[Param]) -> tuple[list[tuple[str, Param, Tensor]], list[str]]:
+    """Parameters that hold a gradient, with the part of it this process holds as a plain tensor
+    (:meth:`Param.local`), and the names of those whose gradient cannot be read (meta tensors, unknown
+    subclasses). A parameter of which this process holds no element (a shard on another rank) is left out."""
+    out: list[tuple[str, Param, Tensor]] = []
     skipped: list[str] = []
-    for name, p in named:
-        g = p.grad
+    for p in params:
+        g = p.tensor.grad
         if g is None:
             continue
-        plain = g if type(g) is Tensor and g.layout is torch.strided else stats.dense(g)
+        plain = g if p.piece is None and type(g) is Tensor and g.layout is torch.strided else p.local(g)
         if plain is None:
-            skipped.append(name)
-        else:
-            out.append((name, p, plain))
+            skipped.append(p.name)
+        elif plain.numel():
+            out.append((p.name, p, plain))
     return out, skipped
 
 
-def gradients(data: StepData, with_grad: Sequence[tuple[str, nn.Parameter, Tensor]], raw: Sequence[Tensor]) -> None:
+def gradients(
+    data: StepData,
+    with_grad: Sequence[tuple[str, Param, Tensor]],
+    raw: Sequence[Tensor],
+    loss_scale: float = 1.0,
+) -> None:
     """Gradient norms as the optimizer receives them, exact zeros, non-finite elements, and how much smaller they
-    are than the backward pass left them (``raw``: norms at the end of backward, when read) - that is, clipping."""
+    are than the backward pass left them (``raw``: norms at the end of backward, when read) - that is, clipping.
+
+    A sharded parameter's norm is its local part's, scaled to the whole (see :mod:`neuraldbg.distributed.shards`);
+    its element count is the whole's. ``loss_scale``: the GradScaler scale still in ``with_grad`` (read before the
+    scaler unscaled them), divided out (``raw`` comes unscaled)."""
     grads = [g for _, _, g in with_grad]
     values = stats.to_host([*stats.norms(grads), *raw])
     values, raw_values = values[: len(grads)], values[len(grads) :]
+    if loss_scale != 1.0:
+        values = [v / loss_scale for v in values]
     data.grad_clip_factor = clip_factor(values, raw_values)
     data.grad.clear()
     data.grad_exact_zero.clear()
@@ -136,17 +154,17 @@ def gradients(data: StepData, with_grad: Sequence[tuple[str, nn.Parameter, Tenso
     # the largest element of each such gradient tells, read for all of them in one transfer
     unclear = [i for i, v in enumerate(values) if v == 0.0 or not math.isfinite(v)]
     largest = dict(zip(unclear, stats.largest_magnitudes([with_grad[i][2] for i in unclear])))
-    for i, ((name, _, g), value) in enumerate(zip(with_grad, values)):
-        data.grad_numel[name] = g.numel()
+    for i, ((name, p, g), value) in enumerate(zip(with_grad, values)):
+        data.grad_numel[name] = p.numel
         top = largest.get(i)
         if top is not None:
             if top == 0.0:
                 data.grad_exact_zero.add(name)
             elif value == 0.0:
-                value = top  # underflow: the largest element bounds the norm
+                value = top / loss_scale  # underflow: the largest element bounds the norm
             if not math.isfinite(top):
                 data.grad_nonfinite.add(name)
-        data.grad[name] = value
+        data.grad[name] = value * p.factor(g.numel())
 
 
 def functional_dead(

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from . import hooks, measure, naming, stats
 from .capture import BackwardPath, ForwardPath
+from .capture.scaler import ScalerWatch
 from .clock import StepClock, StepMode
 from .config import DebugConfig
 from .coverage import Coverage, mode_dependent_layers
@@ -52,6 +53,7 @@ class Recorder:
         config: DebugConfig,
         sink: Callable[[list[StepData]], bool | None],
         order: list[SlotKey] | None = None,
+        grad_scaler: Any = None,
     ) -> None:
         self.config = config
         self.infos = infos
@@ -65,6 +67,9 @@ class Recorder:
         self.loss: Tensor | None = None
         self._last_head_grad: tuple[int, float] | None = None  # (step, head-layer gradient norm) of a full step
         self._warned: set[str] = set()
+        self.scaler = ScalerWatch(grad_scaler)
+        if self.scaler.active:
+            self.clock.skip_probe = self.scaler.at_forward
         self.forward = ForwardPath(self, model, infos, order if order is not None else [])
         self.backward = BackwardPath(self, model, self.forward)
         self._handle: hooks.HookHandle | None = None
@@ -144,14 +149,24 @@ class Recorder:
         try:
             if self.clock.manual():
                 self.fold()
-            self.backward.grads.once()
+            self.backward.grads.once(self.scale_in_gradients())
             self.commit()
         except Exception as exc:
             self.fail("dbg.step()", exc)
 
     def commit(self) -> None:
         """The step in progress is complete: file its updates and loss, queue it, start the next one."""
-        self.backward.grads.file_updates()
+        if self.clock.fold_first:  # a skipped step whose micro-batches were provisional steps
+            self.fold()
+        if self.clock.skipped:
+            self.backward.grads.snapshot = None  # the scaler skipped the optimizer: nothing was updated
+            self.pending.skip()
+        else:
+            self.backward.grads.file_updates()
+        if self.scaler.active:
+            scale = self.scaler.scale_of_finished_step()
+            if scale is not None:
+                self.pending.put("loss_scale", None, scale)
         if self.loss is not None:
             loss, self.loss = self.loss, None
             self.pending.put("loss", None, loss if loss.dim() == 0 else loss.float().mean())
@@ -165,6 +180,27 @@ class Recorder:
             return  # held until we know whether these are steps or micro-batches
         if finished.data.full or len(self.buffer) >= _BUFFER_LIMIT:
             self.flush()
+
+    def adopt_scaler(self) -> None:
+        """A GradScaler was found at the first optimizer step (see :mod:`neuraldbg.capture.scaler`). Provisional
+        steps held so far are the iterations it skipped when the scale says it backed off once for each of them;
+        otherwise they are micro-batches, folded as usual."""
+        self.clock.skip_probe = self.scaler.at_forward
+        scale = self.scaler.tensor()
+        if scale is not None:  # this step's backward pass was read before the scaler was known
+            for part in (*self.buffer, self.pending) if self.clock.mode is StepMode.UNKNOWN else (self.pending,):
+                part.unscale(scale)
+            raw = self.backward.grads.raw
+            self.backward.grads.raw = [n / scale for n in raw] if raw else raw
+        held = self.clock.provisional
+        if not held or self.clock.mode is not StepMode.UNKNOWN:
+            return
+        first = next((p.data.loss_scale for p in self.buffer if p.data.loss_scale is not None), None)
+        if self.scaler.skips_before(first) != held:
+            return
+        for part in self.buffer:
+            part.skip()
+        self.clock.adopt_skips(held)
 
     def fold(self) -> None:
         """An optimizer (or ``step()``) appeared: earlier backward passes were micro-batches of one step."""
@@ -211,7 +247,7 @@ class Recorder:
             try:
                 self.forward.discard_tentative()
                 if self.clock.finish(bool(self.pending.tensors)):
-                    self.backward.grads.once()
+                    self.backward.grads.once(self.scale_in_gradients())
                     self.commit()
                 self.flush()
             except Exception as exc:
@@ -227,3 +263,8 @@ class Recorder:
             "backward_passes": self.clock.backward_passes,
             "optimizer_steps": self.clock.optimizer_steps,
         }
+
+    def scale_in_gradients(self) -> float:
+        """A GradScaler's scale still in the parameter gradients outside the optimizer step: until an optimizer
+        stepped (inside ``scaler.step``, which unscales first), they are as the scaled backward pass left them."""
+        return self.scaler.value() if self.scaler.active and not self.clock.stepped else 1.0

@@ -107,9 +107,12 @@ def _grouped_norms(tensors: Sequence[Tensor]) -> list[Tensor]:
 
 
 def host_norm(t: Tensor) -> float:
-    """The L2 norm of a tensor as a Python float (a host read: on a GPU, a sync; used on CPU tensors)."""
+    """The L2 norm of a tensor as a Python float (a host read: on a GPU, a sync; used on CPU tensors). A
+    half-precision tensor is reduced in float32: the norm of float16 values overflows at 65504 long before any
+    of them does (a scaled loss gradient, an autocast output)."""
     with torch.no_grad():
-        return float(torch.linalg.vector_norm(t.detach()))
+        dtype = torch.float32 if t.dtype in _LOW_PRECISION else None
+        return float(torch.linalg.vector_norm(t.detach(), dtype=dtype))
 
 
 def unit_dim(t: Tensor, channel_first: bool) -> int:

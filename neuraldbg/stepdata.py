@@ -46,6 +46,12 @@ class StepData:
     update_parts: dict[str, list[float]] = field(default_factory=dict, repr=False)  # readings being assembled
     stepped: dict[str, float] = field(default_factory=dict)  # parameter -> lr of the group that stepped it
     lr_changed: bool = False
+    skipped: bool = False  # a GradScaler skipped this step's optimizer step (its scaled gradients overflowed)
+    loss_scale: float | None = None  # the GradScaler's scale in this step's backward pass
+
+
+#: Readings taken from scaled gradients (or from a step's update), meaningless once the GradScaler skipped the step.
+_SCALED = frozenset({"target_grad", "out_grad", "func_dead", "delta", "weight", "before"})
 
 
 class Pending:
@@ -61,6 +67,38 @@ class Pending:
     def put(self, target: str, key: Any, tensor: Tensor, extra: float = 0) -> None:
         self.targets.append((target, key, extra))
         self.tensors.append(tensor)
+
+    def skip(self) -> None:
+        """The GradScaler skipped this step: drop what was read from its scaled gradients (overflow, not the model's
+        gradients) and its update (there was none). A NaN loss gradient is kept (see :func:`assign`): scaling
+        makes inf, not NaN, so a NaN says the loss itself was NaN."""
+        data = self.data
+        data.skipped = True
+        kept = [
+            (target, t)
+            for target, t in zip(self.targets, self.tensors)
+            if target[0] not in _SCALED or target[0] == "target_grad"
+        ]
+        self.targets = [target for target, _ in kept]
+        self.tensors = [t for _, t in kept]
+        if data.target_grad is not None and not math.isnan(data.target_grad):
+            data.target_grad = None
+        for readings in (data.grad, data.grad_numel, data.out_grad, data.func_dead, data.update, data.update_parts):
+            readings.clear()
+        data.grad_exact_zero.clear()
+        data.grad_nonfinite.clear()
+        data.stepped.clear()
+        data.head_grad = data.head_finite = data.grad_clip_factor = None
+
+    def unscale(self, scale: Tensor) -> None:
+        """Divide a GradScaler's scale out of the loss and output gradients read so far (a scaler found only at
+        the step's optimizer step, after its backward pass was read)."""
+        self.tensors = [
+            t / scale if target[0] in ("target_grad", "out_grad") else t
+            for target, t in zip(self.targets, self.tensors)
+        ]
+        if self.data.target_grad is not None:
+            self.data.target_grad /= float(scale)
 
     def absorb(self, other: Pending) -> None:
         """Take in what ``other`` recorded of the same step (a staged forward pass, a micro-batch): its device
@@ -98,9 +136,13 @@ def assign(data: StepData, target: str, key: Any, extra: float, value: float) ->
     elif target == "output":
         data.output_norm = merge_max(data.output_norm, value)
     elif target == "target_grad":
+        if data.skipped and not math.isnan(value):
+            return  # a skipped step's scaled loss gradient overflowed: not the loss's
         data.target_grad = merge_max(data.target_grad, value)
     elif target == "loss":
         data.loss = value
+    elif target == "loss_scale":
+        data.loss_scale = value
     elif target == "dead":
         data.dead[key] = (value, int(extra))
     elif target == "func_dead":

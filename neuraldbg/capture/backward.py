@@ -10,6 +10,7 @@ from torch.optim import Optimizer
 
 from .. import hooks, measure, stats
 from ..clock import StepMode
+from ..distributed.shards import Param
 from ..stepdata import SlotKey, merge_max
 from .gradients import GradientReader
 
@@ -37,7 +38,7 @@ class BackwardPath:
         self._lr_seen: dict[int, list[Any]] = {}  # optimizer id -> its groups' learning rates at the last step
 
     @property
-    def params(self) -> list[tuple[str, nn.Parameter]]:
+    def params(self) -> list[Param]:
         return self.grads.params
 
     def detach(self) -> None:
@@ -55,14 +56,16 @@ class BackwardPath:
             fwd = self._fwd
             fwd.close()
             fwd.confirm()
+            scale = rec.scaler.tensor()  # a GradScaler's scale in this backward pass: divided out of its gradients
             if fwd.output is not None:  # fully observed step, or a GPU step: every layer output, batched
                 ends = [(target, t) for target, t in (("input", fwd.input), ("output", fwd.output)) if t is not None]
                 ends = [(target, t) for target, t in ends if t.is_floating_point()]
-                measure.all_norms(rec.pending, fwd.layer_refs(), ends, grad)
+                measure.all_norms(rec.pending, fwd.layer_refs(), ends, grad, scale)
                 fwd.release()
             else:  # cheap CPU step, already checked at the end of the forward pass
                 data = rec.pending.data
-                data.target_grad = merge_max(data.target_grad, stats.host_norm(grad))
+                norm = stats.host_norm(grad)
+                data.target_grad = merge_max(data.target_grad, norm / float(scale) if scale is not None else norm)
             rec.clock.backward_begins()
             wanted = rec.clock.mode is not StepMode.OPTIMIZER or (rec.pending.data.full and self._look_for_clipping())
             if wanted and not hooks.at_backward_end(self._on_backward_end):
@@ -73,7 +76,9 @@ class BackwardPath:
     def on_output_gradient(self, key: SlotKey, grad: Tensor) -> None:
         if self._rec.active:
             try:
-                self._rec.pending.put("out_grad", key, stats.norms([grad])[0])
+                norm = stats.norms([grad])[0]
+                scale = self._rec.scaler.tensor()
+                self._rec.pending.put("out_grad", key, norm / scale if scale is not None else norm)
             except Exception as exc:
                 self._rec.fail(f"the gradient hook of layer {key[0]!r}", exc)
 
@@ -90,14 +95,15 @@ class BackwardPath:
         if not rec.active:
             return
         try:
+            scale = rec.scaler.tensor()  # a GradScaler's scale, still in the gradients until scaler.step()
             if not rec.pending.data.full:
-                self.grads.read_head()
+                self.grads.read_head(float(scale) if scale is not None else 1.0)
                 return
-            raw = self.grads.raw_norms()
+            raw = self.grads.raw_norms(scale)
             if rec.clock.mode is not StepMode.OPTIMIZER:
                 # no optimizer (yet): read them now, the next zero_grad() may come before any optimizer step; an
                 # optimizer step that does come reads them again (after clipping), with these as the raw norms
-                self.grads.capture()
+                self.grads.capture(float(scale) if scale is not None else 1.0)
             self.grads.raw = raw
         except Exception as exc:
             rec.fail("the end of the backward pass", exc)
@@ -112,6 +118,8 @@ class BackwardPath:
         try:
             if not self._owned_by(optimizer):
                 return
+            if rec.scaler.scaler is None and rec.scaler.discover():
+                rec.adopt_scaler()
             self._fwd.close()
             self._fwd.compiled.pull()
             closure = _closure(args, kwargs)
@@ -155,15 +163,29 @@ class BackwardPath:
 
     def _gradients_final(self, optimizer: Optimizer) -> None:
         data = self._rec.pending.data
-        self.grads.once()
+        self.grads.once(self._fused_scaling(optimizer))
         if data.full:
-            names = {id(p): n for n, p in self.params}
+            names: dict[int, list[str]] = {}
+            for p in self.params:
+                names.setdefault(id(p.tensor), []).append(p.name)
             for group in optimizer.param_groups:
                 lr = float(group.get("lr", 0.0))
-                for p in group["params"]:
-                    name = names.get(id(p))
-                    if name is not None:
+                for t in group["params"]:
+                    for name in names.get(id(t), ()):
                         data.stepped[name] = max(lr, data.stepped.get(name, 0.0))
+
+    def _fused_scaling(self, optimizer: Optimizer) -> float:
+        """A GradScaler stepping an optimizer that unscales inside its own kernel (``fused=True``) calls its step
+        with the gradients still scaled, the scale in ``optimizer.grad_scale`` and ``optimizer.found_inf`` set when
+        the kernel is to skip the update: that step is a skipped step. Returns the scale still in the gradients
+        (1.0 for every other optimizer). Reads ``found_inf`` (a device read on a GPU, once per such step)."""
+        found = getattr(optimizer, "found_inf", None)
+        if not isinstance(found, Tensor):
+            return 1.0
+        if float(found) > 0:
+            self._rec.clock.skipped_in_step()
+        scale = getattr(optimizer, "grad_scale", None)
+        return float(scale) if isinstance(scale, Tensor) else 1.0
 
     def _owned_by(self, optimizer: Optimizer) -> frozenset[str]:
         """Names of the watched model's parameters that ``optimizer`` owns (cached until its groups change)."""
@@ -176,8 +198,10 @@ class BackwardPath:
         if cached is not None and cached[1] == size and cached[0]() is optimizer:
             owned = cached[2]
         else:
-            ours = {id(p): n for n, p in self.params}
-            owned = frozenset(ours[id(p)] for g in groups for p in g["params"] if id(p) in ours)
+            ours: dict[int, list[str]] = {}
+            for p in self.params:  # a flat FSDP1 parameter holds several of the user's parameters
+                ours.setdefault(id(p.tensor), []).append(p.name)
+            owned = frozenset(name for g in groups for t in g["params"] for name in ours.get(id(t), ()))
             self._owned[id(optimizer)] = (weakref.ref(optimizer), size, owned)
         self._last = (optimizer, size, owned)
         return owned

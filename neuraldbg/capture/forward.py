@@ -157,7 +157,9 @@ class ForwardPath:
         # the loss gradient w.r.t. the output is read from a tensor hook, which also marks the start of the
         # backward pass; on a cheap CPU step under an optimizer, one element of the head layer's gradient read at
         # the optimizer step stands in for it (a Python call from the autograd engine costs ~15 us)
+        # (always under a GradScaler: the backward pass tells a skipped step from a forward-only one, see clock)
         wanted = self._tentative is not None or not (cheap_cpu and self._rec.clock.mode is StepMode.OPTIMIZER)
+        wanted = wanted or self._rec.scaler.active
         if t.requires_grad and wanted:
             hooks.on_gradient(t, self._rec.backward.on_backward_start)
         elif self._tentative is not None:

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import measure, naming, stats
+from ..distributed.shards import Param
 from .order import LayerOrder
 
 if TYPE_CHECKING:
@@ -26,10 +27,8 @@ class GradientReader:
         self._order: LayerOrder = forward.order
         self._infos = rec.infos
         self._track_updates = rec.config.track_updates
-        self.params: list[tuple[str, nn.Parameter]] = [
-            (n, p) for n, p in naming.named_parameters(model) if p.requires_grad
-        ]
-        self._by_name = dict(self.params)
+        self.params: list[Param] = [p for p in naming.parameters(model) if p.requires_grad]
+        self._by_name = {p.name: p for p in self.params}
         self.raw: list[Tensor] | None = None  # gradient norms at the end of backward (fully observed steps)
         self.snapshot: stats.Snapshot | None = None
         self._held: stats.Snapshot | None = None  # taken before a closure step, for the step it will serve
@@ -37,7 +36,7 @@ class GradientReader:
         self.clip_seen = False
         self._probe_mean = 0.0
         self._probe_count = 0
-        self._head: tuple[nn.Parameter, str] | None = None
+        self._head: Param | None = None
 
     def drop(self) -> None:
         self.snapshot = self._held = None
@@ -47,25 +46,33 @@ class GradientReader:
         self.captured = False
         self.raw = None
 
-    def raw_norms(self) -> list[Tensor] | None:
-        """The gradient norms as the backward pass left them (None under autocast, where a GradScaler's scale
-        sits between them and the optimizer)."""
+    def raw_norms(self, loss_scale: Tensor | None = None) -> list[Tensor] | None:
+        """The gradient norms as the backward pass left them, ``loss_scale`` (a GradScaler's scale, still in them)
+        divided out. None under autocast without a known scaler: an unknown scale may sit between them and the
+        optimizer."""
+        if self._fwd.autocast and loss_scale is None and not self._rec.scaler.active:
+            return None
         with_grad, _ = measure.readable(self.params)
         grads = [g for _, _, g in with_grad]
-        return stats.norms(grads) if grads and not self._fwd.autocast else None
+        if not grads:
+            return None
+        norms = stats.norms(grads)
+        return norms if loss_scale is None else [n / loss_scale for n in norms]
 
-    def once(self) -> None:
-        """Read the step's gradients, once per step (several optimizers may step in one iteration)."""
+    def once(self, loss_scale: float = 1.0) -> None:
+        """Read the step's gradients, once per step (several optimizers may step in one iteration). ``loss_scale``:
+        a GradScaler's scale still in them."""
         if not self.captured:
             if self._rec.pending.data.full:
-                self.capture()
+                self.capture(loss_scale)
             else:
-                self.read_head()
+                self.read_head(loss_scale)
             self.captured = True
 
-    def capture(self) -> None:
+    def capture(self, loss_scale: float = 1.0) -> None:
         """A fully observed step's gradient statistics. Read again at the optimizer step when first read at the end
-        of backward before an optimizer was known: what the optimizer receives, after clipping, is what counts."""
+        of backward before an optimizer was known: what the optimizer receives, after clipping, is what counts.
+        ``loss_scale``: a GradScaler's scale still in the gradients (read before the scaler unscaled them)."""
         rec = self._rec
         pending = rec.pending
         with_grad, skipped = measure.readable(self.params)
@@ -80,33 +87,35 @@ class GradientReader:
         if not with_grad:
             return
         raw, self.raw = self.raw or [], None
-        measure.gradients(pending.data, with_grad, raw)
+        measure.gradients(pending.data, with_grad, raw, loss_scale)
         self.clip_seen |= pending.data.grad_clip_factor is not None
         head = self.head()
         if head is not None:
-            pending.data.head_grad = pending.data.grad.get(head[1])
+            pending.data.head_grad = pending.data.grad.get(head.name)
         by_param = {n: g for n, _, g in with_grad}
         fwd = self._fwd
         covered = {key for key in fwd.never_positive if self._order.activated_by_module(key)}
         measure.functional_dead(pending, fwd.never_positive, self._infos, by_param, covered)
         fwd.never_positive.clear()
         if self._track_updates and self.snapshot is None:
-            self.take_snapshot([(n, p) for n, p, _ in with_grad])
+            self.take_snapshot([p for _, p, _ in with_grad])
 
-    def take_snapshot(self, named: list[tuple[str, nn.Parameter]], held: bool = False) -> None:
-        """Copy what measures the update of these parameters (before the optimizer changes them)."""
-        kept = [(n, d) for n, d in ((n, stats.dense(p.detach())) for n, p in named) if d is not None]
+    def take_snapshot(self, params: list[Param], held: bool = False) -> None:
+        """Copy what measures the update of these parameters (before the optimizer changes them): the part this
+        process holds of each."""
+        parts = [(p.name, p.local(p.tensor.detach())) for p in params]
+        kept = [(name, d) for name, d in parts if d is not None and d.numel()]
         snapshot = stats.Snapshot([n for n, _ in kept], [d for _, d in kept])
         if held:
             self._held = snapshot
         else:
             self.snapshot = snapshot
 
-    def hold_snapshot(self, named: list[tuple[str, nn.Parameter]]) -> None:
+    def hold_snapshot(self, params: list[Param]) -> None:
         """Before ``optimizer.step(closure)``: copy the parameters now, for the step the closure serves (the step
         in progress may still have to be committed, with its own snapshot)."""
         if self._held is None:
-            self.take_snapshot(named, held=True)
+            self.take_snapshot(params, held=True)
 
     def adopt_snapshot(self) -> None:
         """The step a held snapshot was taken for is now the step in progress."""
@@ -120,36 +129,45 @@ class GradientReader:
         if snapshot is not None and snapshot.names:
             measure.updates(self._rec.pending, snapshot)
 
-    def head(self) -> tuple[nn.Parameter, str] | None:
+    def head(self) -> Param | None:
         """The parameter whose gradient stands for the loss's reach: the last parametric layer's weight (or its
-        smallest parameter when the weight is huge, like a language-model head)."""
+        smallest parameter when the weight is huge, like a language-model head), among those this process holds
+        a part of."""
         if self._head is None and self._order.keys:
             for layer, _ in reversed(self._order.keys):
-                names = [n for n in self._infos[layer].params if n in self._by_name]
+                names = [n for n in self._infos[layer].params if n in self._by_name and self._holds(n)]
                 if names:
-                    smallest = min(names, key=lambda n: self._by_name[n].numel())
+                    smallest = min(names, key=lambda n: self._by_name[n].numel)
                     weight = self._infos[layer].unit_weight or ""
-                    pick = weight if weight in self._by_name and self._by_name[weight].numel() <= 1 << 20 else smallest
-                    self._head = (self._by_name[pick], pick)
+                    pick = weight if weight in names and self._by_name[weight].numel <= 1 << 20 else smallest
+                    self._head = self._by_name[pick]
                     break
         return self._head
 
-    def read_head(self) -> None:
+    def _holds(self, name: str) -> bool:
+        part = self._by_name[name].local(self._by_name[name].tensor.detach())
+        return part is not None and part.numel() > 0
+
+    def read_head(self, loss_scale: float = 1.0) -> None:
         """A cheap step's only look at the loss: the first element of the head layer's gradient. A non-finite loss
-        (a mean over the batch) makes every element of it non-finite, so one element tells."""
+        (a mean over the batch) makes every element of it non-finite, so one element tells. ``loss_scale``: a
+        GradScaler's scale still in the gradient."""
         head = self._head or self.head()
-        grad = head[0].grad if head is not None else None
-        if grad is None or not grad.is_cpu or not self._fwd.host_reads_are_free or grad.numel() == 0:
+        full = head.tensor.grad if head is not None else None
+        if full is None or not full.is_cpu or not self._fwd.host_reads_are_free:
             return
-        if type(grad) is not Tensor or grad.layout is not torch.strided:
+        grad = full if head is not None and head.piece is None and type(full) is Tensor else None
+        if grad is None and head is not None:
+            grad = head.local(full)
+        if grad is None or grad.numel() == 0 or grad.layout is not torch.strided:
             return
         if grad.numel() <= 64:  # a small head: reading it whole costs less than indexing one element
             first = grad.tolist()
             while isinstance(first, list):
                 first = first[0]
-            value = float(first)
+            value = float(first) / loss_scale
         else:
-            value = float(grad.reshape(-1)[0])
+            value = float(grad.reshape(-1)[0]) / loss_scale
         rec = self._rec
         rec.pending.data.head_finite = math.isfinite(value)
         # an outlier batch shows as a jump of this element against its running mean: observe what follows

@@ -546,6 +546,34 @@ def _incomplete(
     return what, fix
 
 
+def _loss_scale_collapse(
+    root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series | None
+) -> tuple[str, str]:
+    m = root.metrics
+    skipped, steps = m.get("skipped_steps", 0.0), m.get("steps", 0.0)
+    scales = ""
+    if "first_scale" in m and "loss_scale" in m:
+        scales = f"; its scale went from {num(m['first_scale'])} to {num(m['loss_scale'])}"
+    what = (
+        f"Loss-scale collapse: the GradScaler skipped {count(skipped)} of {count(steps)} observed steps "
+        f"({root.detail or 'most of the last steps skipped'}){scales}. A skipped step leaves the weights "
+        "unchanged: the scaled gradients overflowed float16 (or were NaN), so this run hardly trains."
+    )
+    if m.get("min_scale", math.inf) < 1:
+        fix = (
+            "the scale fell below 1, so the gradients overflow (or are NaN) even unscaled: find the layer with "
+            "torch.autograd.detect_anomaly() on one batch, lower the learning rate, or train in bfloat16 (which "
+            "needs no GradScaler)."
+        )
+    else:
+        fix = (
+            "start from a smaller init_scale (the default is 2**16) or give the scaler more steps to find its "
+            "scale; if it keeps skipping, some gradient is inf or NaN at any scale: find it with "
+            "torch.autograd.detect_anomaly() on one batch, or train in bfloat16."
+        )
+    return what, fix
+
+
 _WRITERS = {
     FailureKind.DEAD_NEURONS: _dead,
     FailureKind.SATURATED_ACTIVATIONS: _saturated,
@@ -559,4 +587,5 @@ _WRITERS = {
     FailureKind.EVAL_MODE_TRAINING: _eval_mode,
     FailureKind.DEGENERATE_LOSS: _degenerate_loss,
     FailureKind.INCOMPLETE_OBSERVATION: _incomplete,
+    FailureKind.LOSS_SCALE_COLLAPSE: _loss_scale_collapse,
 }

@@ -208,11 +208,6 @@ def test_fp16_mixed_precision_with_a_grad_scaler_gets_the_full_precision_diagnos
     assert summaries(dbg) == expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs GradScaler-skipped steps from the recorder rewrite: Lightning counts them in global_step, and "
-    "their overflowing scaled gradients are the scaler's normal search for a scale, not a non_finite fault",
-)
 def test_steps_the_grad_scaler_skips_are_counted_and_not_reported_as_non_finite(tmp_path: Any) -> None:
     stepped: list[int] = []
     handle = register_optimizer_step_post_hook(lambda *_: stepped.append(1))
