@@ -141,26 +141,33 @@ CASES = [
 class Runner:
     """One copy of the model with its optimizer and (optionally) its debugger."""
 
-    def __init__(self, case: Case, state: dict[str, torch.Tensor], preset: str | None) -> None:
+    def __init__(
+        self, case: Case, state: dict[str, torch.Tensor], preset: str | None, compiled: str | None = None
+    ) -> None:
         self.model = case.build()
         self.model.load_state_dict(state)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
         self.loss = case.loss
-        self.dbg = NeuralDbg(self.model, preset=preset) if preset else None
+        # compiled: None (eager), "plain" (no debugger), "compiled" (the debugger wraps the compiled module) or
+        # "original" (the debugger wraps the module that torch.compile compiled)
+        self.forward = torch.compile(self.model) if compiled else self.model
+        watched = self.forward if compiled == "compiled" else self.model
+        self.dbg = NeuralDbg(watched, preset=preset) if preset else None
         self.steps = 0
 
-    def run(self, batches: list[tuple[torch.Tensor, torch.Tensor]], start: int, n: int) -> float:
+    def run(self, batches: list[tuple[torch.Tensor, torch.Tensor]], start: int, n: int, attach: bool = True) -> float:
         """Train ``n`` steps. The debugger is attached for its own blocks only: its optimizer hook is global,
-        and the other copies must not pay for it (``attach()`` after ``close()`` continues the same run)."""
+        and the other copies must not pay for it (``attach()`` after ``close()`` continues the same run).
+        ``attach=False``: the caller attaches and closes the debugger around several blocks."""
         t0 = time.perf_counter()
-        if self.dbg is not None:
+        if self.dbg is not None and attach:
             self.dbg.attach()
         for i in range(start, start + n):
             x, y = batches[i % len(batches)]
             self.opt.zero_grad(set_to_none=True)
-            self.loss(self.model(x), y).backward()
+            self.loss(self.forward(x), y).backward()
             self.opt.step()
-        if self.dbg is not None:
+        if self.dbg is not None and attach:
             self.dbg.close()  # inside the timing: the block's last step is committed and flushed here
         self.steps += n
         return (time.perf_counter() - t0) / n
@@ -214,6 +221,48 @@ def first_steps(case: Case, state: dict[str, torch.Tensor], batches: list, plain
     return sum(watched) / sum(reference)
 
 
+def compiled(case: Case, warmup: int, rounds: int) -> dict[str, float]:
+    """Steady-state step time of a torch.compile'd model, plain and watched in both wirings; also the graph
+    breaks and new graphs Dynamo counted while the timed blocks ran (both must stay 0).
+
+    Compiled graphs are keyed by code, not by model, and a debugger attaching after a graph was compiled
+    without its hook has that graph compiled again. So the copies are not alternated block by block as in
+    :func:`measure`: each takes a phase of ``rounds // 2`` blocks (attached once, warm-up steps untimed), and the
+    phases rotate twice; a watched block is compared with the plain blocks' median."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    state = case.build().state_dict()
+    g = torch.Generator().manual_seed(0)
+    batches = [case.batch(g) for _ in range(16)]
+    runners = {
+        "plain": Runner(case, state, None, "plain"),
+        "compiled": Runner(case, state, "default", "compiled"),
+        "original": Runner(case, state, "default", "original"),
+    }
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    breaks = graphs = 0
+    for repeat in range(2):
+        for name, r in runners.items():
+            if r.dbg is not None:
+                r.dbg.attach()
+            r.run(batches, r.steps, warmup if repeat == 0 else 10, attach=False)
+            counters.clear()
+            for _ in range(max(1, rounds // 2)):
+                times[name].append(r.run(batches, r.steps, case.block, attach=False))
+            breaks += sum(counters["graph_break"].values())
+            graphs += counters["stats"]["unique_graphs"]
+            if r.dbg is not None:
+                r.dbg.close()
+    for r in runners.values():
+        r.close()
+    plain = statistics.median(times["plain"])
+    result = {name: statistics.median(ts) / plain for name, ts in times.items() if name != "plain"}
+    result["plain_ms"] = plain * 1e3
+    result["graph_breaks"], result["recompiles"] = breaks, graphs
+    return result
+
+
 def rss_mb() -> float:
     try:
         with open("/proc/self/statm") as fh:
@@ -253,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         "--model", choices=["tiny", "mlp", "cnn", "transformer", "deep"], action="append", help="only these models"
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the memory run")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile table")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -270,6 +320,20 @@ def main(argv: list[str] | None = None) -> int:
             f"| {case.name} | {r['plain_ms']:.2f} ms | {r['default']:.3f}x | {r['economy']:.3f}x | {r['full']:.3f}x |"
             f" {r['first50']:.2f}x |"
         )
+    if not args.no_compile:
+        print()
+        print("| torch.compile'd model | plain step | debugger on the compiled module | on the original module |")
+        print("|---|---|---|---|")
+        added = 0
+        for case in CASES:
+            if case.build.__name__ not in ("mlp", "cnn", "transformer"):
+                continue
+            if args.model and case.build.__name__ not in args.model:
+                continue
+            r = compiled(case, 20 if args.quick else 60, rounds)
+            added += int(r["graph_breaks"] + r["recompiles"])
+            print(f"| {case.name} | {r['plain_ms']:.2f} ms | {r['compiled']:.3f}x | {r['original']:.3f}x |")
+        print(f"graph breaks and new graphs compiled during the timed steps: {added}")
     if args.no_memory:
         return 0
     print()

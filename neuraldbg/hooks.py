@@ -14,6 +14,7 @@ tensor hooks registered on module outputs in the forward pass.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Callable
 from types import TracebackType
@@ -43,6 +44,8 @@ class HookHandle:
     def __init__(self, handles: list[RemovableHandle], quiet: tuple[Any, ...] | None = None) -> None:
         self._handles = handles
         self._quiet = quiet  # the warnings filter installed while attached
+        #: the module hook's key in torch's global table: pass it to the next :func:`attach` of the same debugger
+        self.key: int | None = handles[0].id if handles else None
 
     @property
     def attached(self) -> bool:
@@ -74,12 +77,18 @@ class HookHandle:
         self.remove()
 
 
-def attach(on_module_output: ModuleHook, on_step: OptimizerHook, on_stepped: OptimizerHook) -> HookHandle:
+def attach(
+    on_module_output: ModuleHook, on_step: OptimizerHook, on_stepped: OptimizerHook, *, key: int | None = None
+) -> HookHandle:
     """The global module forward hook (``hook(module, args, kwargs, output)``) and the optimizer step pre- and
-    post-hooks (``hook(optimizer, args, kwargs)``). Every callback must return None: nothing in the run changes."""
+    post-hooks (``hook(optimizer, args, kwargs)``). Every callback must return None: nothing in the run changes.
+
+    ``key``: the :attr:`HookHandle.key` of this debugger's previous attachment. torch.compile guards on the keys
+    of the global hook table; re-attaching the same callable under the same key keeps a compiled model's graphs
+    valid, where a fresh key would recompile it on every ``attach()`` (and fall back to eager after 8)."""
     handles: list[RemovableHandle] = []
     try:
-        handles.append(register_module_forward_hook(on_module_output, with_kwargs=True))
+        handles.append(_module_hook(on_module_output, key))
         handles.append(register_optimizer_step_pre_hook(on_step))
         handles.append(register_optimizer_step_post_hook(on_stepped))
     except BaseException:
@@ -88,6 +97,46 @@ def attach(on_module_output: ModuleHook, on_step: OptimizerHook, on_stepped: Opt
         raise
     warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
     return HookHandle(handles, warnings.filters[0])
+
+
+def _module_hook(hook: ModuleHook, key: int | None) -> RemovableHandle:
+    handle = register_module_forward_hook(hook, with_kwargs=True)
+    table = _module_globals._global_forward_hooks
+    if key is None or key == handle.id or key in table:
+        return handle
+    del table[handle.id]
+    _GLOBAL_WITH_KWARGS.pop(handle.id, None)
+    handle.id = key
+    table[key] = hook
+    _GLOBAL_WITH_KWARGS[key] = True
+    return handle
+
+
+def compiled_entries() -> int | None:
+    """How many compiled graphs torch.compile holds in memory now (None: torch.compile never ran, or its
+    bookkeeping is not readable in this torch version).
+
+    A graph Dynamo compiled while no global module hook existed does not guard on that: a hook registered later
+    is never called inside it (torch 2.13: the OptimizedModule wrapper's call still sees the hook, none of its
+    layers do). :func:`forget_compiled_code` makes such graphs compile again with the hook in place."""
+    convert_frame = sys.modules.get("torch._dynamo.convert_frame")
+    if convert_frame is None:
+        return None
+    try:
+        from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        codes = [ref() for ref in convert_frame.input_codes.seen]
+        return sum(len(_debug_get_cache_entry_list(code)) for code in codes if code is not None)
+    except Exception:  # a private API that moved: assume graphs exist, so a stale one is never trusted
+        return -1
+
+
+def forget_compiled_code() -> None:
+    """Drop torch.compile's in-memory graphs (all of them: they are keyed by code, not by model); the next call
+    of each compiled function compiles again (seconds), this time seeing the debugger's hook."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.reset_code_caches()
 
 
 def on_gradient(tensor: Tensor, fn: Callable[[Tensor], None]) -> None:

@@ -73,15 +73,24 @@ class Recorder:
         self.forward = ForwardPath(self, model, infos, order if order is not None else [])
         self.backward = BackwardPath(self, model, self.forward)
         self._handle: hooks.HookHandle | None = None
+        # one callable and one table key for every attachment: torch.compile guards on both
+        self._on_output = self.forward.on_module_output
+        self._hook_key: int | None = None
+        self._compiled_at_detach: int | None = None  # torch.compile's graph count when the hooks were removed
 
     # --- lifecycle ------------------------------------------------------------------------------------
 
     def attach(self) -> None:
+        compiled = hooks.compiled_entries()
+        if compiled and compiled != self._compiled_at_detach:
+            # graphs compiled while this debugger's hook was absent would never call it: compile them again
+            hooks.forget_compiled_code()
         self.forward.attach()
         self.active = True
         self._handle = hooks.attach(
-            self.forward.on_module_output, self.backward.on_optimizer_step, self.backward.on_optimizer_stepped
+            self._on_output, self.backward.on_optimizer_step, self.backward.on_optimizer_stepped, key=self._hook_key
         )
+        self._hook_key = self._handle.key
 
     @property
     def attached(self) -> bool:
@@ -95,6 +104,7 @@ class Recorder:
             if self._handle is not None:
                 self._handle.remove()
                 self._handle = None
+                self._compiled_at_detach = hooks.compiled_entries()
             self.active = False
             self.forward.detach()
             self.backward.detach()

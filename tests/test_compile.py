@@ -168,3 +168,84 @@ def test_the_compiled_statistics_match_the_eager_ones():
         assert [s for s, _ in points] == [s for s, _ in found[True][metric]]
         for (_, eager), (_, compiled) in zip(points, found[True][metric]):
             assert compiled == pytest.approx(eager, rel=1e-4, abs=1e-7), metric
+
+
+@pytest.mark.parametrize("wrap", ["compiled", "original"])
+def test_attaching_the_same_debugger_again_recompiles_nothing(wrap: str):
+    """attach() after close() continues the run; each attachment used to give the global hook a new key in
+    torch's table, which Dynamo guards on: one recompilation per attach, eager after the limit."""
+    dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    compiled = torch.compile(model)
+    dbg = NeuralDbg(compiled if wrap == "compiled" else model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    graphs = []
+    for _ in range(10):  # more attachments than Dynamo's recompile limit (8)
+        with dbg:
+            for _ in range(3):
+                opt.zero_grad()
+                F.mse_loss(compiled(torch.randn(8, 16, generator=g)), torch.randn(8, 1, generator=g)).backward()
+                opt.step()
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs == [1] * 10 and sum(counters["graph_break"].values()) == 0
+    assert dbg.steps == 30 and not dbg.attached
+
+
+def _train_compiled(compiled: Callable[..., torch.Tensor], model: nn.Module, steps: int) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        opt.zero_grad()
+        F.mse_loss(compiled(torch.randn(8, 16, generator=g)), torch.randn(8, 1, generator=g)).backward()
+        opt.step()
+
+
+def _small() -> nn.Module:
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+
+
+@pytest.mark.filterwarnings("ignore:Using `torch.compile\\(module\\)` when there are global hooks")
+@pytest.mark.parametrize("wrap", ["compiled", "original"])
+def test_a_model_compiled_before_the_debugger_attached_is_still_observed(wrap: str):
+    """Dynamo does not guard on the global hook table being empty: a graph compiled before the debugger attached
+    (here: a twin trained first, as an earlier test of the same process would) never calls its hook."""
+    dynamo.reset()
+    twin = _small()
+    _train_compiled(torch.compile(twin), twin, 3)
+    calls = []  # plain torch: a global hook registered now is not called by the layers of that graph
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: calls.append(type(m).__name__))
+    try:
+        _train_compiled(torch.compile(twin), twin, 1)
+    finally:
+        handle.remove()
+    assert "Linear" not in calls
+    torch.manual_seed(0)
+    model = _small()
+    with torch.no_grad():
+        model[0].bias.fill_(-30.0)
+    compiled = torch.compile(model)
+    with NeuralDbg(compiled if wrap == "compiled" else model) as dbg:
+        _train_compiled(compiled, model, 20)
+    assert dbg.steps == 20
+    top = dbg.hypotheses()[0]
+    assert (top.kind, top.root.layer, top.root.step_start) == (FailureKind.DEAD_NEURONS, "1", 0)
+
+
+def test_steps_run_without_the_debugger_between_two_attachments_do_not_blind_it():
+    dynamo.reset()
+    torch.manual_seed(0)
+    model = _small()
+    compiled = torch.compile(model)
+    dbg = NeuralDbg(compiled)
+    with dbg:
+        _train_compiled(compiled, model, 3)
+    _train_compiled(compiled, model, 3)  # detached: Dynamo compiles a graph without the hook
+    with torch.no_grad():
+        model[0].bias.fill_(-30.0)
+    with dbg:
+        _train_compiled(compiled, model, 12)
+    assert dbg.steps == 15
+    assert [(h.kind, h.root.layer) for h in dbg.hypotheses()][:1] == [(FailureKind.DEAD_NEURONS, "1")]
