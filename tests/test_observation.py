@@ -177,3 +177,20 @@ def test_run_level_findings_survive_a_saved_trace(tmp_path):
 
     loaded = neuraldbg.load(dbg.save(tmp_path / "run.json"))
     assert [(h.kind, h.root.detail) for h in loaded.hypotheses()] == [(h.kind, h.root.detail) for h in dbg.hypotheses()]
+
+
+def test_a_loss_detached_from_the_output_is_no_gradient_and_the_explanation_names_the_detach():
+    model = mlp_with_dropout()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batches = support.regression_batches()
+    with NeuralDbg(model) as dbg:
+        for step in range(10):
+            x, y = batches(step)
+            opt.zero_grad()
+            pred = model(x).detach().requires_grad_()  # a detach on the way from the output to the loss
+            F.mse_loss(pred, y).backward()
+            opt.step()
+    assert all(p.grad is None for p in model.parameters())  # plain torch: backward ran, the model got nothing
+    found = only(dbg, FailureKind.NO_GRADIENT)
+    assert found.root.metrics["steps"] == 10
+    assert ".detach()" in found.explanation and "loss.backward() was never called" in found.explanation

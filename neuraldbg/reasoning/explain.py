@@ -469,10 +469,15 @@ def _no_gradient(
     params, taken = count(m.get("trainable_parameters", 0.0)), count(m.get("steps", 0.0))
     if backward == 0:
         what = (
-            f"No gradient: the optimizer stepped {taken} times, but loss.backward() was never called, so none of "
-            f"the {params} trainable parameters ever received a gradient. The model cannot learn."
+            f"No gradient: the optimizer stepped {taken} times, but no backward pass ever reached the model, so "
+            f"none of the {params} trainable parameters received a gradient: loss.backward() was never called, "
+            "or the loss it was called on does not depend on the model's output (a .detach(), .item() or "
+            "torch.tensor(...) between them). The model cannot learn."
         )
-        fix = "call loss.backward() after computing the loss and before optimizer.step(), every step."
+        fix = (
+            "call loss.backward() after computing the loss and before optimizer.step(), every step, on a loss "
+            "computed from the model's output tensor itself."
+        )
     else:
         what = (
             f"No gradient: {count(backward)} backward passes ran during {taken} optimizer steps, but no gradient "
