@@ -74,6 +74,15 @@ class DebugConfig:
     # and key outputs of rms r give attention logits q.k/sqrt(d) spread by ~r^2, at most r^2 sqrt(d) <= 1 for
     # heads up to 128 wide, so the softmax is near-uniform, far from saturation; BERT's query/key at init: 0.16)
 
+    fit_gradient_drop: float = 0.1  # the fit has converged (small gradients and updates are the fit, not vanishing
+    # gradients or a stall) once the loss's gradient w.r.t. the model's output is at most this fraction of its
+    # first value (derived: a mean squared error's output gradient is proportional to the square root of the loss,
+    # so 0.1 is a loss fallen 100-fold; cross-entropy's is about proportional to the loss near a fit; calibrated:
+    # a 16-block residual net with LayerNorm overfitting one batch under Adam has LayerNorm gradients of 4e-5,
+    # 3e-4 of its largest layer's, once its loss fell from 7.8 to 1e-2 and its output gradient 28-fold)
+    fit_loss_drop: float = 0.01  # ... or once the loss, when reported with ``observe_loss``, is at most this
+    # fraction of its first value (two orders of magnitude)
+
     # --- activations -----------------------------------------------------------------------------------------
     dead_sample_fraction: float = 0.0  # a unit is dead when active on at most this fraction of the samples of
     # a batch: by default on none, over ``persistence`` batches (smdebug uses < 1 %: set 0.01 for that; at 0 a
@@ -139,6 +148,8 @@ _BOUNDS: dict[str, tuple[str, float, float]] = {
     "exploding_norm": ("float", 0, math.inf),
     "exploding_hold": ("float", 0, 1),
     "quiet_output_rms": ("float", 0, math.inf),
+    "fit_gradient_drop": ("float", 0, 1),
+    "fit_loss_drop": ("float", 0, 1),
     "dead_sample_fraction": ("float", 0, 1),
     "dead_onset_fraction": ("float", 0, 1),
     "dead_unit_fraction": ("float", 0, 1),

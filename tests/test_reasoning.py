@@ -217,6 +217,30 @@ def test_a_degenerate_loss_leaves_gradients_that_are_small_but_not_zero_to_their
     assert [h.kind for h in diagnose(events, TOPO, builtin_rules())] == [FailureKind.DEGENERATE_LOSS, V]
 
 
+def frozen(layer: str, param: str, **metrics: float) -> SemanticEvent:
+    return SemanticEvent(U, F, layer, param, 0, 39, None, "frozen", {"grad_norm": 0.5, "in_optimizer": 0.0, **metrics})
+
+
+def test_a_frozen_layer_whose_weight_is_zero_explains_the_zero_gradients_upstream_of_it_and_nothing_else():
+    head_weight, head_bias = frozen("4", "4.weight", zero_weight=1.0), frozen("4", "4.bias")
+    events = [head_bias, head_weight, zero_gradient("2"), zero_gradient("0")]
+    (h,) = diagnose(events, TOPO, builtin_rules())
+    assert h.kind is F and {id(e) for e in h.chain} == {id(e) for e in events}
+    assert {(c.cause.param, c.effect.layer, c.relation) for c in h.couplings if c.cause is head_weight} >= {
+        ("4.weight", "2", "zeroes the gradient of")
+    }
+
+    def kinds(events: list[SemanticEvent]) -> list[FailureKind | None]:
+        return [h.kind for h in diagnose(events, TOPO, builtin_rules())]
+
+    # small gradients that are not zero are not what a zero weight does
+    assert kinds([head_weight, ev(V, "2", 0, 39, state="vanishing", grad_norm=1e-7)]) == [F, V]
+    # a frozen layer whose weight is not zero leaves the zero gradients upstream to their own cause
+    assert kinds([frozen("4", "4.weight"), zero_gradient("2")]) == [F, V]
+    # and a zero weight explains nothing downstream of its layer
+    assert kinds([frozen("2", "2.weight", zero_weight=1.0), zero_gradient("4")]) == [F, V]
+
+
 def test_a_run_level_root_is_chosen_before_the_layer_failures_it_explains():
     # the exactly-zero gradients upstream of a dead layer would be its victims, were the loss not degenerate
     events = [

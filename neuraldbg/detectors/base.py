@@ -155,6 +155,38 @@ class StepView:
         return norm / math.sqrt(n)
 
 
+class FitProgress:
+    """How far the fit has come, for detectors that must not mistake convergence for a fault.
+
+    A fit that has converged has little left to learn: its gradients and updates shrink with the loss, and small
+    ones are then the fit, not vanishing gradients or a stalled learning rate. It has converged at a step when the
+    loss's gradient w.r.t. the model's output (always measured) is at most ``fit_gradient_drop`` of its first
+    value, or the loss (when the loop reports it with ``observe_loss``) is at most ``fit_loss_drop`` of its
+    first value. Judged at each step from that step's readings: a fit that diverges again is no longer
+    converged. The first values are the first finite (and, for the loss, positive) readings: a loss that starts
+    at or below 0 (a log-likelihood, a GAN's) is never compared.
+    """
+
+    def __init__(self) -> None:
+        self._first_gradient: float | None = None
+        self._first_loss: float | None = None
+
+    def converged(self, view: StepView) -> bool:
+        """Whether the fit has converged at ``view``'s step (also records the first readings)."""
+        cfg = view.ctx.config
+        tg, loss = view.data.target_grad, view.data.loss
+        done = False
+        if tg is not None and math.isfinite(tg) and tg >= 0:
+            if self._first_gradient is None and tg > 0:
+                self._first_gradient = tg
+            done = self._first_gradient is not None and tg <= cfg.fit_gradient_drop * self._first_gradient
+        if loss is not None and math.isfinite(loss) and loss >= 0:
+            if self._first_loss is None and loss > 0:
+                self._first_loss = loss
+            done = done or (self._first_loss is not None and loss <= cfg.fit_loss_drop * self._first_loss)
+        return done
+
+
 class Detector:
     """Base class: subclasses set ``name`` and ``event_type`` and implement :meth:`observe`."""
 

@@ -16,7 +16,7 @@ of blips too short to count, while a single spike followed by smaller readings n
 
 **Vanishing** needs both an absolute and a relative test (below ``vanishing_norm`` *and* below
 ``vanishing_ratio`` of the largest layer at the same step), except for an exact zero or a norm below
-``vanishing_floor``, which no healthy layer shows while the loss still has a gradient to give. Two kinds of small
+``vanishing_floor``, which no healthy layer shows while the loss still has a gradient to give. Three kinds of small
 gradient are not vanishing gradients, and are recognised from the structure and the layer's own output:
 
 * *Cancelled by construction.* A normalisation layer whose output goes straight into a BatchNorm or
@@ -44,6 +44,13 @@ gradient are not vanishing gradients, and are recognised from the structure and 
   vanishes through depth, as in a GRU whose update gate is stuck open, whose output is quiet too), and so does a
   layer beside it, in the same parent module (the value projection next to the query and the key; otherwise the
   whole block is cut off, as behind a gate stuck closed, however small its outputs are).
+* *The end of a fit.* A fit that has converged (:class:`~.base.FitProgress`: the loss's gradient w.r.t. the
+  output fell tenfold, or the reported loss a hundredfold) has little left to learn, and its gradients shrink
+  with it, the inner layers' often faster than the head's: a 16-block residual net with LayerNorm overfitting
+  one batch under Adam ends with LayerNorm gradients of 4e-5, 3e-4 of the head's. A layer whose gradient was
+  healthy at its first reading and is small (not exactly zero) on a converged fit is not vanishing. Gradients
+  that vanish from the start are still reported however far the loss falls (a deep sigmoid net whose head
+  alone fits), and so is an exact zero, which a fit does not produce.
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ from collections.abc import Collection
 
 from ..events import EventType, FailureKind
 from ..health import GradientHealth
-from .base import Detector, Finding, LayerGradient, Observation, StepView, strength
+from .base import Detector, Finding, FitProgress, LayerGradient, Observation, StepView, strength
 
 
 class GradientDetector(Detector):
@@ -65,6 +72,8 @@ class GradientDetector(Detector):
     def __init__(self) -> None:
         self._loss_scale: float | None = None  # smallest finite, positive d(loss)/d(output) norm seen so far
         self._exploding: set[str] = set()  # layers whose last reading was exploding
+        self._fit = FitProgress()
+        self._started_healthy: dict[str, bool] = {}  # layer -> its first finite reading was not vanishing
 
     def _scale(self, target_grad: float | None) -> float:
         """The loss's gradient scale: 1 for losses whose gradient w.r.t. the output is at most 1 (mean-reduced
@@ -80,6 +89,7 @@ class GradientDetector(Detector):
         cfg = view.ctx.config
         top = max((g.norm for g in grads.values() if math.isfinite(g.norm)), default=0.0)
         converged = view.data.target_grad is not None and view.data.target_grad < cfg.vanishing_floor * 1e3
+        fitted = self._fit.converged(view)
         floor = cfg.vanishing_floor
         clip = view.data.grad_clip_factor or 1.0
         scale = self._scale(view.data.target_grad)
@@ -91,6 +101,9 @@ class GradientDetector(Detector):
             was_exploding = layer in self._exploding
             self._exploding.discard(layer)  # added back below while it keeps exploding
             metrics = {"grad_norm": g.norm, "max_layer_grad_norm": top}
+            small = g.norm < floor or (g.norm < cfg.vanishing_norm and g.norm < cfg.vanishing_ratio * top)
+            if layer not in self._started_healthy and not g.non_finite and math.isfinite(top):
+                self._started_healthy[layer] = not (g.exact_zero or small)
             if g.non_finite:
                 obs.findings.append(self._finding(layer, GradientHealth.NON_FINITE, metrics, 1.0, True))
             elif g.norm * clip > limit or (was_exploding and g.norm * clip > limit * cfg.exploding_hold):
@@ -111,7 +124,9 @@ class GradientDetector(Detector):
             elif g.exact_zero:
                 metrics["exact_zero"] = 1.0
                 vanishing[layer] = metrics
-            elif g.norm < floor or (g.norm < cfg.vanishing_norm and g.norm < cfg.vanishing_ratio * top):
+            elif small:
+                if fitted and self._started_healthy.get(layer, False):
+                    continue  # healthy at first, it shrank as the fit converged: the fit, not a fault
                 metrics["ratio_to_max"] = g.norm / top if top > 0 else 0.0
                 vanishing[layer] = metrics
         for layer, metrics in vanishing.items():

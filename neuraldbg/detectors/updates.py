@@ -17,19 +17,30 @@ optimizer steps and compared after.
   first sign of a learning rate far too high, steps before the gradients blow up or the units die. Evidence,
   not a failure kind of its own: the reasoning attaches it to the failure it causes.
 
-A model whose loss gradient fell below 1% of its first value has converged: small updates are then the fit,
-not a stall. When no parameter moves at all (a learning-rate schedule that reached 0), that is one global stall,
-not every parameter frozen.
+A model whose fit has converged (see :class:`~neuraldbg.detectors.base.FitProgress`), or whose gradients fell
+a hundredfold from their first values (a stationary point: a noisy regression at its least-squares optimum keeps
+a loss well above 0, but its gradients go to 0), makes small updates because it has little left to learn: that
+is the fit, not a stall. When no parameter moves at all and the
+optimizers hold them with learning rate 0 (a learning-rate schedule that reached 0), that is one global stall,
+not every parameter frozen. Parameters that no optimizer holds stay frozen even then: a backbone frozen on
+purpose (``requires_grad=False``) beside a head left out of the optimizer moves nothing, yet its fault is the
+head's, whatever the learning rate.
+
+A frozen parameter whose weight is all zeros (the layer's unit weight, see
+:attr:`~neuraldbg.layers.LayerInfo.unit_weight`) is marked ``zero_weight``: its layer passes no gradient to
+its input, and, frozen, never will (a zero-initialised head left out of the optimizer zeroes every gradient
+upstream of it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 
 from ..events import EventType
 from ..health import UpdateHealth
-from .base import Detector, Finding, Observation, StepView, strength
+from .base import Detector, Finding, FitProgress, Observation, StepView, strength
 
 
 class UpdateDetector(Detector):
@@ -38,27 +49,31 @@ class UpdateDetector(Detector):
     every_step = False
 
     def __init__(self) -> None:
-        self._first_loss_gradient: float | None = None
+        self._fit = FitProgress()
+        self._first_gradient: float | None = None  # the largest layer gradient norm at the first observed step
         self._stepped_before: set[str] = set()  # parameters some optimizer stepped at an observed step
 
-    def _converged(self, view: StepView) -> bool:
-        """The loss's gradient w.r.t. the output fell below 1% of its first value: a fit, not a stall."""
-        tg = view.data.target_grad
-        if tg is None or not math.isfinite(tg):
+    def _stationary(self, view: StepView) -> bool:
+        """The model's largest layer gradient fell to ``fit_gradient_drop`` squared (1 %) of its first value: the
+        fit reached a stationary point (a noisy regression at its least-squares optimum, whose loss stays well
+        above 0), where small updates follow from small gradients, not from the learning rate."""
+        top = max((g.norm for g in view.layer_gradients.values() if math.isfinite(g.norm)), default=0.0)
+        if top <= 0:
             return False
-        if self._first_loss_gradient is None:
-            self._first_loss_gradient = tg
-        return tg < 0.01 * self._first_loss_gradient
+        if self._first_gradient is None:
+            self._first_gradient = top
+        return top <= view.ctx.config.fit_gradient_drop**2 * self._first_gradient
 
     def observe(self, view: StepView) -> Observation | None:
         data = view.data
-        converged = self._converged(view)
+        fitted, stationary = self._fit.converged(view), self._stationary(view)  # both record first readings
+        converged = fitted or stationary
         if not data.update:
             return None
         obs = Observation()
         frozen_layers: set[str] = set()
         idle_layers: set[str] = set()  # layers whose optimizer did not step at this step
-        for name, (delta, _) in data.update.items():
+        for name, (delta, weight) in data.update.items():
             grad = data.grad.get(name)
             layer = view.ctx.owners.get(name)
             if grad is None or layer is None or not math.isfinite(grad):
@@ -73,6 +88,9 @@ class UpdateDetector(Detector):
                     continue
                 frozen_layers.add(layer)
                 metrics = {"grad_norm": grad, "in_optimizer": float(lr is not None), "lr": lr or 0.0}
+                info = view.ctx.infos.get(layer)
+                if weight == 0.0 and info is not None and name == info.unit_weight:
+                    metrics["zero_weight"] = 1.0  # its layer passes no gradient to its input
                 obs.findings.append(
                     Finding(
                         self.event_type,
@@ -86,9 +104,11 @@ class UpdateDetector(Detector):
                 )
         self._stepped_before.update(data.stepped)
         moving = [n for n, (d, _) in data.update.items() if d != 0.0 and n in data.grad]
-        if frozen_layers and not moving:  # nothing moved at all: the learning rate is 0 everywhere
-            obs.findings = [f for f in obs.findings if f.state != UpdateHealth.FROZEN.value]
-            frozen_layers.clear()
+        at_lr_zero = [f for f in obs.findings if f.metrics["in_optimizer"]]
+        if at_lr_zero and not moving:
+            # nothing moved, and the optimizers hold these parameters with learning rate 0: one global stall (a
+            # schedule that reached 0). Parameters no optimizer holds stay frozen: their fault is their own.
+            obs.findings = [f for f in obs.findings if not f.metrics["in_optimizer"]]
             metrics = {
                 "median_update_ratio": 0.0,
                 "max_update_ratio": 0.0,
@@ -97,6 +117,11 @@ class UpdateDetector(Detector):
             obs.saw(self.event_type, "")
             if not converged:
                 obs.findings.append(self._model_finding(UpdateHealth.STALLED, metrics, 1.0))
+            return obs
+        if not self._stepped_before:
+            # no optimizer has stepped any parameter of the model (an optimizer built over other parameters, such
+            # as a frozen backbone's, or never stepped): no learning rate to judge
+            obs.findings = [dataclasses.replace(f, metrics={**f.metrics, "none_stepped": 1.0}) for f in obs.findings]
             return obs
         grads = view.layer_gradients
         ratios = [

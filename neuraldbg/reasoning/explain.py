@@ -362,16 +362,36 @@ def _frozen(root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, seri
     layers = sorted({e.layer for e in events}, key=topo.position)
     grad = max(e.metrics.get("grad_norm", 0.0) for e in events)
     missing = root.metrics.get("in_optimizer", 0.0) == 0.0
-    reason = "they are not in any optimizer" if missing else "their optimizer group has learning rate 0"
+    if missing and root.metrics.get("none_stepped") == 1.0:
+        reason = (
+            "they are not in any optimizer, and no optimizer steps any parameter of the model (an optimizer built "
+            "over other parameters, such as a frozen backbone's, or an optimizer.step() that is never called)"
+        )
+    else:
+        reason = "they are not in any optimizer" if missing else "their optimizer group has learning rate 0"
+    zero = [e for e in events if e.metrics.get("zero_weight") == 1.0]
+    blocked = ""
+    if zero:
+        blocking = sorted({e.layer for e in zero}, key=topo.position)
+        blocked = (
+            f" {_names([e.param or e.layer for e in zero])} {'is' if len(zero) == 1 else 'are'} all zeros and, "
+            f"frozen, stay{'s' if len(zero) == 1 else ''} so: no gradient passes back through {_names(blocking)} "
+            "to the layers before."
+        )
     what = (
         f"Frozen parameters: {_names(params)} (in {_names(layers)}) receive gradients (norm up to {num(grad)}) but "
-        f"never change {steps(root, topo)}: {reason}."
+        f"never change {steps(root, topo)}: {reason}.{blocked}"
     )
-    fix = (
-        "pass every trainable parameter to the optimizer (e.g. torch.optim.AdamW(model.parameters())) "
-        if missing
-        else "give that parameter group a non-zero learning rate "
-    ) + "- or set requires_grad=False on them if freezing is intended."
+    if not missing:
+        fix = "give that parameter group a non-zero learning rate "
+    elif root.metrics.get("none_stepped") == 1.0:
+        fix = (
+            "build the optimizer over the parameters that train (e.g. torch.optim.AdamW(p for p in "
+            "model.parameters() if p.requires_grad)) and call optimizer.step() after backward() "
+        )
+    else:
+        fix = "pass every trainable parameter to the optimizer (e.g. torch.optim.AdamW(model.parameters())) "
+    fix += "- or set requires_grad=False on them if freezing is intended."
     return what, fix
 
 

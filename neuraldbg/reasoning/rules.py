@@ -1,9 +1,10 @@
 """Causal rules: which event can explain which.
 
 A rule links a *cause* event to an *effect* event with a relation in words. Rules use forward execution order
-and time: a dead or saturated layer explains vanishing gradients *upstream* of it (earlier in forward order)
-that start no earlier than it; an explosion explains the non-finite values that follow it. Users add rules
-through the ``neuraldbg_causal_rules`` plugin hook (see :mod:`neuraldbg.hookspecs`).
+and time: a dead or saturated layer, or a frozen one whose weight is all zeros, explains vanishing gradients
+*upstream* of it (earlier in forward order) that start no earlier than it; an explosion explains the non-finite
+values that follow it. Users add rules through the ``neuraldbg_causal_rules`` plugin hook (see
+:mod:`neuraldbg.hookspecs`).
 
 Not every rule is a cause and an effect. Some say that two events are *one fault* (parameters frozen for the
 same reason; a layer's later state in the same layer): the effect then joins the hypothesis without a causal
@@ -185,6 +186,29 @@ class SameFrozenCause(CausalRule):
         return a.metrics.get("in_optimizer") == b.metrics.get("in_optimizer")
 
 
+@dataclass(frozen=True)
+class FrozenZeroWeightBlocks(CausalRule):
+    """A frozen layer whose weight is all zeros passes no gradient to its input, and never will: the exactly-zero
+    gradients upstream of it (earlier in forward order) are its effect (a zero-initialised head left out of the
+    optimizer)."""
+
+    def explains(self, cause: SemanticEvent, effect: SemanticEvent, topo: Topology) -> bool:
+        if cause.metrics.get("zero_weight") != 1.0:
+            return False
+        zero = effect.metrics.get("exact_zero") == 1.0 or effect.metrics.get("grad_norm") == 0.0
+        return zero and super().explains(cause, effect, topo)
+
+    def applies_to(self, cause: SemanticEvent) -> bool:
+        return cause.kind is self.cause_kind and cause.metrics.get("zero_weight") == 1.0
+
+    def earliest_effect(self, cause: SemanticEvent) -> int | None:
+        return super().earliest_effect(cause)
+
+    def covers(self, a: SemanticEvent, b: SemanticEvent, topo: Topology) -> bool:
+        blocks = a.metrics.get("zero_weight") == 1.0 or b.metrics.get("zero_weight") != 1.0
+        return blocks and super().covers(a, b, topo)
+
+
 #: Order of events within one step: the forward pass runs input -> layers -> loss, the backward pass after it.
 _STEP_ORDER = {EventType.INPUT: 0, EventType.ACTIVATION: 1, EventType.LOSS: 2, EventType.GRADIENT: 3}
 
@@ -269,6 +293,7 @@ def builtin_rules() -> list[CausalRule]:
         rule(base, "no-gradient-stops-updates", "stops", _NG, (_ST,)),
         # layer-level
         rule(base, "dead-zeroes-upstream-gradients", "zeroes the gradient of", _D, (_V,), "upstream"),
+        rule(FrozenZeroWeightBlocks, "frozen-zero-weight-blocks", "zeroes the gradient of", _F, (_V,), "upstream"),
         rule(base, "dead-starves-downstream", "starves", _D, (_D, _S), "downstream"),
         rule(base, "saturation-shrinks-upstream-gradients", "shrinks the gradient of", _S, (_V,), "upstream"),
         rule(base, "saturation-propagates", "saturates", _S, (_S,), "downstream"),
