@@ -81,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import DEFAULT, DEMOS
+    from .errors import did_you_mean
 
     if args.list:
         for name, demo in DEMOS.items():
@@ -93,7 +94,8 @@ def _demo(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in DEMOS]
     if unknown:
         print(
-            f"neuraldbg demo: unknown demo {unknown[0]!r}; expected one of: {', '.join(DEMOS)}",
+            f"neuraldbg demo: unknown demo {unknown[0]!r}{did_you_mean(unknown[0], DEMOS)}; "
+            f"expected one of: {', '.join(DEMOS)}",
             file=sys.stderr,
         )
         return EXIT_USAGE

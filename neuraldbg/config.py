@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class DebugConfig:
 
     def replace(self, **changes: Any) -> DebugConfig:
         """A copy with some fields changed (validated like the constructor)."""
-        _reject_unknown(changes, "DebugConfig.replace()")
+        check_options(changes, "DebugConfig.replace()")
         return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict[str, Any]:
@@ -182,13 +182,19 @@ def _check_field(name: str, value: Any, annotation: Any) -> None:
         raise ConfigError(f"DebugConfig.{name}: expected {expected} {bounds}, got {value!r}")
 
 
-def _reject_unknown(options: Mapping[str, Any], where: str) -> None:
-    known = {f.name for f in dataclasses.fields(DebugConfig)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown option(s) {', '.join(map(repr, unknown))}; expected one of: {', '.join(sorted(known))}"
-        )
+def check_options(options: Mapping[str, Any], where: str, also: Iterable[str] = ()) -> None:
+    """Raise :class:`ConfigError` for any key of ``options`` that is not a :class:`DebugConfig` field, naming
+    ``where`` it was given and the closest valid name. ``also``: the other keywords the entry point takes (a
+    typo of one of them, ``pluggins=``, is suggested as that keyword)."""
+    fields = [f.name for f in dataclasses.fields(DebugConfig)]
+    unknown = [key for key in options if key not in fields]
+    if not unknown:
+        return
+    others = list(also)
+    named = ", ".join(f"{key!r}{did_you_mean(key, [*fields, *others])}" for key in unknown)
+    plural = "s" if len(unknown) > 1 else ""
+    accepted = f"{', '.join(others)} or a DebugConfig field" if others else "a DebugConfig field"
+    raise ConfigError(f"{where}: unknown option{plural} {named}; expected {accepted}: {', '.join(sorted(fields))}")
 
 
 PRESETS: dict[str, DebugConfig] = {
@@ -198,16 +204,29 @@ PRESETS: dict[str, DebugConfig] = {
 }
 
 
+def check_preset(preset: object, where: str) -> None:
+    """Raise :class:`ConfigError` for a name that is not a preset, naming ``where`` and the closest preset."""
+    if preset not in PRESETS:
+        raise ConfigError(
+            f"{where}: unknown preset {preset!r}{did_you_mean(preset, PRESETS)}; expected one of {', '.join(PRESETS)}"
+        )
+
+
 def make_config(
     config: DebugConfig | Mapping[str, Any] | None = None,
     preset: str | None = None,
     where: str = "NeuralDbg()",
+    also: Iterable[str] = (),
     **overrides: Any,
 ) -> DebugConfig:
-    """Build a config from a preset name, an existing config or a mapping, and keyword overrides."""
+    """Build a config from a preset name, an existing config or a mapping, and keyword overrides.
+
+    ``where`` names the entry point in error messages, ``also`` the other keywords it takes (suggested for a
+    misspelt option, see :func:`check_options`). A key of a ``config`` mapping is checked as coming from
+    ``where``'s config."""
+    others = tuple(also)
     if preset is not None:
-        if preset not in PRESETS:
-            raise ConfigError(f"{where}: unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
+        check_preset(preset, where)
         base = PRESETS[preset]
     else:
         base = PRESETS["default"]
@@ -218,6 +237,7 @@ def make_config(
     elif config is not None:
         if not isinstance(config, Mapping):
             raise ConfigError(f"{where}: config must be a DebugConfig or a mapping, got {type(config).__name__}")
+        check_options(config, f"{where}: config")
         overrides = {**dict(config), **overrides}
-    _reject_unknown(overrides, where)
+    check_options(overrides, where, others)
     return dataclasses.replace(base, **overrides) if overrides else base

@@ -45,6 +45,10 @@ if TYPE_CHECKING:
     from .distributed.job import JobRun
 
 
+#: The keywords of ``NeuralDbg()`` besides the DebugConfig fields (a misspelt one is suggested as itself).
+KEYWORDS = ("config", "preset", "plugins", "grad_scaler", "gather", "gather_timeout")
+
+
 class NeuralDbg(Diagnosis):
     """Watch a model's training and explain what went wrong.
 
@@ -80,7 +84,7 @@ class NeuralDbg(Diagnosis):
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ConfigError(f"NeuralDbg(): expected a torch.nn.Module, got {type(model).__name__}")
-        self.config = make_config(config, preset, "NeuralDbg()", **options)
+        self.config = make_config(config, preset, "NeuralDbg()", KEYWORDS, **options)
         _check_distributed_options(grad_scaler, gather, gather_timeout)
         self._gather, self._gather_timeout = gather, float(gather_timeout)
         self._process: ProcessInfo | None = process_info()

@@ -10,7 +10,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean
 from .events import EventType, FailureKind, SemanticEvent
 from .health import ActivationHealth, GradientHealth, UpdateHealth
 from .history import History
@@ -167,4 +167,7 @@ def _selector(selector: FailureKind | EventType | str) -> Any:
     if text in states:
         return lambda e: e.to_state == text
     names = sorted({k.value for k in FailureKind} | {t.value for t in EventType} | states)
-    raise ConfigError(f"trace_causal_chain(): unknown selector {selector!r}; expected one of: {', '.join(names)}")
+    raise ConfigError(
+        f"trace_causal_chain(): unknown selector {selector!r}{did_you_mean(text, names)}; "
+        f"expected one of: {', '.join(names)}"
+    )

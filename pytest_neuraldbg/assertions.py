@@ -21,6 +21,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
+from neuraldbg.errors import did_you_mean
+
 from . import learning, records, verdict
 from .errors import ArgumentError, ArgumentTypeError
 
@@ -47,7 +49,8 @@ def kind_names(kinds: Iterable[Any], helper: str) -> set[str]:
         text = str(value).strip().lower().replace("-", "_").replace(" ", "_")
         if text not in FAILURE_KINDS:
             raise ArgumentError(
-                f"{helper}(ignore=...): unknown failure kind {kind!r}; expected one of {', '.join(FAILURE_KINDS)}"
+                f"{helper}(ignore=...): unknown failure kind {kind!r}{did_you_mean(text, FAILURE_KINDS)}; "
+                f"expected one of {', '.join(FAILURE_KINDS)}"
             )
         out.add(text)
     return out

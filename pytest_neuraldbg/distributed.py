@@ -276,6 +276,7 @@ def smoke_train(
         raise ValueError(f"smoke_train(): wrap must be one of {', '.join(WRAPS)} or a function, got {wrap!r}")
     _check_positive("steps", steps, integer=True)
     _check_positive("gather_timeout", gather_timeout)
+    _check_engine_options(config, preset, options)
     spec = _Smoke(
         model, data, loss_fn, wrap, optimizer, int(steps), int(seed), float(gather_timeout), config, preset, options
     )
@@ -285,6 +286,20 @@ def smoke_train(
         return _job(outcomes, results_dir, world_size)
     finally:
         shutil.rmtree(results_dir, ignore_errors=True)
+
+
+#: ``smoke_train``'s keywords, and those it hands to ``NeuralDbg()`` as they are (not DebugConfig fields).
+_KEYWORDS = ("model", "data", "loss_fn", "world_size", "wrap", "optimizer", "steps", "seed", "timeout")
+_ENGINE_KEYWORDS = ("gather_timeout", "config", "preset", "plugins", "grad_scaler", "gather")
+
+
+def _check_engine_options(config: Any, preset: str | None, options: dict[str, Any]) -> None:
+    """A misspelt engine option or preset fails here, in the calling process, naming ``smoke_train()`` and the
+    closest valid name, rather than in every rank's traceback."""
+    from neuraldbg.config import make_config
+
+    given = {key: value for key, value in options.items() if key not in _ENGINE_KEYWORDS}
+    make_config(config, preset, "smoke_train()", (*_KEYWORDS, *_ENGINE_KEYWORDS), **given)
 
 
 def _smoke_rank(rank: int, world_size: int, spec: _Smoke, results_dir: str) -> dict[str, Any]:

@@ -93,16 +93,32 @@ class NeuralDbgFixture:
         ``name``, the run's name in reports when a test watches several runs (default: 1, 2, ...).
         """
         __tracebackhide__ = True
+        return self._watch(model, config, preset, plugins, name, options, "neuraldbg()", _CALL_KEYWORDS)
+
+    def _watch(
+        self,
+        model: Any,
+        config: Any,
+        preset: str | None,
+        plugins: Iterable[Any],
+        name: str | None,
+        options: dict[str, Any],
+        where: str,
+        keywords: tuple[str, ...],
+    ) -> Any:
+        """Create, record and return the watched debugger; ``where`` and ``keywords`` name the entry point."""
+        __tracebackhide__ = True
         from neuraldbg import ConfigError, DebugConfig
 
         from .watched import WatchedDbg
 
         if config is not None and not isinstance(config, (DebugConfig, Mapping)):
             raise ArgumentTypeError(
-                f"neuraldbg(): config must be a neuraldbg.DebugConfig or a mapping, got {type(config).__name__}"
+                f"{where}: config must be a neuraldbg.DebugConfig or a mapping, got {type(config).__name__}"
             )
         problem: ConfigError | None = None
         try:
+            _check_call_options(config, preset, options, where, keywords)
             if isinstance(config, DebugConfig):
                 dbg = WatchedDbg(model, config, preset=preset, plugins=plugins, **options)
             else:
@@ -167,7 +183,9 @@ class NeuralDbgFixture:
 
         total = self.settings.steps if steps is None else steps
         check_arguments(model, loss_fn, total, overfit)
-        dbg = self(model, config, preset=preset, name=name, **options)
+        plugins = options.pop("plugins", ())
+        where, keywords = "neuraldbg.smoke_train()", _SMOKE_KEYWORDS
+        dbg = self._watch(model, config, preset, plugins, name, options, where, keywords)
         origin: dict[str, Any] = {"seed": seed, "steps": total}
         if overfit:
             origin["overfit"] = True
@@ -276,18 +294,51 @@ def _test_failure(text: str) -> NoReturn:
     pytest.fail(text, pytrace=False)
 
 
+#: The keywords of ``neuraldbg(...)`` and ``neuraldbg.smoke_train(...)`` besides the DebugConfig fields, and the
+#: ones both hand to ``NeuralDbg()`` as they are: a misspelt one is suggested as itself.
+_PASSED_TO_ENGINE = ("grad_scaler", "gather", "gather_timeout")
+_CALL_KEYWORDS = ("model", "config", "preset", "plugins", "name", *_PASSED_TO_ENGINE)
+_SMOKE_KEYWORDS = (
+    "model",
+    "data",
+    "loss_fn",
+    "optimizer",
+    "steps",
+    "seed",
+    "overfit",
+    "name",
+    "config",
+    "preset",
+    "plugins",
+    *_PASSED_TO_ENGINE,
+)
+
+
+def _check_call_options(
+    config: Any, preset: str | None, given: Mapping[str, Any], where: str, keywords: tuple[str, ...]
+) -> None:
+    """A misspelt option or preset of a fixture call: a ConfigError naming the call and the closest valid name
+    (rather than the engine's ``NeuralDbg()``, which the user did not write)."""
+    from neuraldbg.config import check_options, check_preset
+
+    if preset is not None:
+        check_preset(preset, where)
+    if isinstance(config, Mapping):
+        check_options(config, f"{where}: config")
+    check_options({k: v for k, v in given.items() if k not in _PASSED_TO_ENGINE}, where, keywords)
+
+
 def _check_engine_options(engine: Mapping[str, Any], source: str) -> None:
     """Validate DebugConfig fields from a marker; the error names the marker, the test and the expectation."""
     import dataclasses
-    import difflib
 
     from neuraldbg import ConfigError, DebugConfig
+    from neuraldbg.errors import did_you_mean
 
     known = [f.name for f in dataclasses.fields(DebugConfig)]
     for key in engine:
         if key not in known:
-            close = difflib.get_close_matches(key, [*options.PLUGIN_MARKER_KEYS, *known], n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = did_you_mean(key, [*options.PLUGIN_MARKER_KEYS, *known])
             raise OptionError(
                 f"{source}: unknown option {key!r}{hint}; expected {', '.join(options.PLUGIN_MARKER_KEYS)} "
                 f"or a neuraldbg.DebugConfig field: {', '.join(known)}"

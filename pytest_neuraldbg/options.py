@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,12 @@ MARKER_HELP = (
 
 
 class OptionError(ValueError):
-    """A value that does not parse; the message says what was expected."""
+    """A value that does not parse; the message says what was expected. ``suggestion``: `` (did you mean
+    'full'?)`` for a misspelt name, shown right after the value."""
+
+    def __init__(self, message: str, suggestion: str = "") -> None:
+        super().__init__(message)
+        self.suggestion = suggestion
 
 
 def _int_between(low: int, high: int) -> Callable[[Any], int]:
@@ -65,8 +70,16 @@ def parse_gate(value: Any) -> str:
     aliases = {"true": "fail", "1": "fail", "yes": "fail", "on": "fail", "false": "off", "0": "off", "no": "off"}
     text = aliases.get(text, text)
     if text not in GATES:
-        raise OptionError("expected one of fail, warn, off (a bare --neuraldbg-gate means fail)")
+        raise OptionError("expected one of fail, warn, off (a bare --neuraldbg-gate means fail)", _hint(text, GATES))
     return text
+
+
+def _hint(value: Any, choices: Iterable[str]) -> str:
+    """`` (did you mean 'full'?)`` for the closest valid name, or ``""`` (the engine's helper, which imports no
+    torch: only on this error path)."""
+    from neuraldbg.errors import did_you_mean
+
+    return did_you_mean(value, choices)
 
 
 def parse_preset(value: Any) -> str:
@@ -77,7 +90,7 @@ def parse_preset(value: Any) -> str:
     from neuraldbg import PRESETS  # only for an unusual name: importing the engine imports torch
 
     if text not in PRESETS:
-        raise OptionError(f"expected a preset name, one of {', '.join(PRESETS)}")
+        raise OptionError(f"expected a preset name, one of {', '.join(PRESETS)}", _hint(text, PRESETS))
     return text
 
 
@@ -366,12 +379,16 @@ def checked(option: Option, value: Any, source: str) -> Any:
     try:
         return option.parse(value)
     except OptionError as exc:
-        raise OptionError(f"{source}: invalid value {value!r} for {option.name}: {exc}") from None
+        raise OptionError(f"{source}: invalid value {value!r}{exc.suggestion} for {option.name}: {exc}") from None
 
 
 def resolve(config: pytest.Config, env: Mapping[str, str] | None = None) -> Settings:
     """The session's settings from CLI, environment and ini. Raises :class:`pytest.UsageError` on a bad value."""
     env = os.environ if env is None else env
+    try:
+        check_environment(env)
+    except OptionError as exc:
+        raise pytest.UsageError(f"neuraldbg: {exc}") from None
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for option in OPTIONS:
@@ -391,6 +408,15 @@ def resolve(config: pytest.Config, env: Mapping[str, str] | None = None) -> Sett
         values[option.name] = value
         sources[option.name] = source
     return Settings(**values, sources=sources)
+
+
+def check_environment(env: Mapping[str, str]) -> None:
+    """An environment variable in the plugin's namespace (``NEURALDBG_*``) that names no setting is a typo, not
+    a setting of something else: :class:`OptionError` naming it and the closest variable, rather than silence."""
+    known = [option.env for option in OPTIONS]
+    for name in sorted(env):
+        if name.startswith("NEURALDBG_") and name not in known:
+            raise OptionError(f"env {name}: unknown variable{_hint(name, known)}; expected one of {', '.join(known)}")
 
 
 PLUGIN_MARKER_KEYS = (

@@ -54,7 +54,9 @@ def test_bad_input_exits_2_with_a_message_naming_it(tmp_path: Path, capsys: pyte
     assert main(["explain", str(bad)]) == 2
     assert f"{bad}: not valid JSON" in capsys.readouterr().err
     assert main(["demo", "nosuch"]) == 2
-    assert "unknown demo 'nosuch'" in capsys.readouterr().err
+    assert "unknown demo 'nosuch'; expected one of: dead," in capsys.readouterr().err
+    assert main(["demo", "learning_rate"]) == 2
+    assert "unknown demo 'learning_rate' (did you mean 'learning-rate'?); expected one of" in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:
         main(["explain"])
     assert info.value.code == 2

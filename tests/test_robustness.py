@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import neuraldbg
-from neuraldbg import ConfigError, FailureKind, NeuralDbg, NeuralDbgError, NeuralDbgWarning
+from neuraldbg import ConfigError, DebugConfig, FailureKind, NeuralDbg, NeuralDbgError, NeuralDbgWarning
 
 
 def hook_count(model: nn.Module) -> int:
@@ -397,6 +397,61 @@ def test_the_model_is_held_weakly():
     gc.collect()
     assert ref() is None
     assert dbg.steps == 3  # the diagnosis outlives the model
+
+
+ENGINE_TYPOS = {
+    "a misspelt field": ({"persistance": 3}, "NeuralDbg(): unknown option 'persistance' (did you mean 'persistence'?)"),
+    "a shortened field": (
+        {"dead_fraction": 0.5},
+        "NeuralDbg(): unknown option 'dead_fraction' (did you mean 'dead_unit_fraction'?)",
+    ),
+    "a misspelt keyword": ({"pluggins": []}, "NeuralDbg(): unknown option 'pluggins' (did you mean 'plugins'?)"),
+    "a misspelt preset": ({"preset": "Ful"}, "NeuralDbg(): unknown preset 'Ful' (did you mean 'full'?)"),
+    "a key of a config mapping": (
+        {"config": {"persistance": 3}},
+        "NeuralDbg(): config: unknown option 'persistance' (did you mean 'persistence'?)",
+    ),
+    "two at once": (
+        {"persistance": 3, "dead_fraction": 0.5},
+        "NeuralDbg(): unknown options 'persistance' (did you mean 'persistence'?), 'dead_fraction' (did you mean "
+        "'dead_unit_fraction'?); expected",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ENGINE_TYPOS))
+def test_a_misspelt_option_or_preset_names_where_it_was_given_and_the_closest_valid_name(case: str):
+    options, message = ENGINE_TYPOS[case]
+    with pytest.raises(ConfigError) as info:
+        NeuralDbg(support.mlp(), **options)
+    assert str(info.value).startswith(message), str(info.value)
+    assert "; expected " in str(info.value) and "full" in str(info.value)  # what is valid, listed
+
+
+def test_a_misspelt_option_of_a_config_copy_or_a_callback_names_that_entry_point():
+    with pytest.raises(
+        ConfigError, match=r"^DebugConfig\.replace\(\): unknown option 'persistance' \(did you mean 'persistence'\?\)"
+    ):
+        DebugConfig().replace(persistance=3)
+    from neuraldbg.integrations._run import WatchedRun
+
+    with pytest.raises(ConfigError, match=r"^MyCallback\(\): unknown option 'lg' \(did you mean 'log'\?\)"):
+        WatchedRun("MyCallback()", None, None, None, (), {"lg": False})
+
+
+def test_a_name_nothing_resembles_gets_no_suggestion_only_the_valid_names():
+    with pytest.raises(ConfigError) as info:
+        NeuralDbg(support.mlp(), xyz=1)
+    assert "did you mean" not in str(info.value) and "expected config, preset, plugins" in str(info.value)
+
+
+def test_did_you_mean_compares_case_insensitively_and_falls_back_to_the_one_name_a_prefix_starts():
+    from neuraldbg.errors import did_you_mean
+
+    assert did_you_mean("Persistance", ["persistence", "preset"]) == " (did you mean 'persistence'?)"
+    assert did_you_mean("dead", ["dead_neurons", "non_finite"]) == " (did you mean 'dead_neurons'?)"
+    assert did_you_mean("dens", ["dense_steps", "dense_stride"]) == ""  # a prefix of two: ambiguous
+    assert did_you_mean("zz", ["persistence"]) == ""
 
 
 def test_bad_options_name_the_value_and_what_was_expected():

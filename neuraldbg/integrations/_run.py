@@ -72,7 +72,8 @@ class WatchedRun:
                     f"{owner}: got a debugger and engine options ({', '.join([*given, *options])}); "
                     "give the options where the debugger is created"
                 )
-        self._config = make_config(config, preset, owner, **options)  # a bad option fails here, not mid-training
+        # a bad option fails here, not mid-training
+        self._config = make_config(config, preset, owner, ("debugger", "config", "preset", "plugins", "log"), **options)
         self._plugins = plugins
         self.debugger: NeuralDbg | None = debugger
         self._attached_here = False

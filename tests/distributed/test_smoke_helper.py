@@ -100,5 +100,11 @@ def test_what_cannot_reach_a_new_process_is_refused_before_any_process_starts():
         spawn(lambda rank, world_size: rank, world_size=2)
     with pytest.raises(ValueError, match="wrap must be one of ddp, fsdp, fully_shard, none"):
         smoke_train(make_model, shard, nn.functional.mse_loss, wrap="horovod")
+    with pytest.raises(
+        ValueError, match=r"^smoke_train\(\): unknown option 'persistance' \(did you mean 'persistence'"
+    ):
+        smoke_train(make_model, shard, nn.functional.mse_loss, persistance=3)
+    with pytest.raises(ValueError, match=r"^smoke_train\(\): unknown option 'wrapp' \(did you mean 'wrap'\?\)"):
+        smoke_train(make_model, shard, nn.functional.mse_loss, wrapp="none")
     with pytest.raises(ValueError, match="world_size must be a positive integer"):
         spawn(fails_on_rank_0, world_size=0)

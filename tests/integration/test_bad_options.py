@@ -93,3 +93,15 @@ def test_bad_markers_fail_only_their_own_test_and_name_marker_test_and_expectati
         "expected one of fail, warn, off"
     ) in out
     assert "marker @pytest.mark.neuraldbg on test_positional: takes keyword arguments only" in out
+
+
+def test_a_misspelt_environment_variable_or_preset_names_the_closest_valid_name(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    err = usage_error(pytester.runpytest("--neuraldbg-preset=economi"))
+    assert "--neuraldbg-preset: invalid value 'economi' (did you mean 'economy'?) for preset: expected" in err
+    monkeypatch.setenv("NEURALDBG_PERSISTANCE", "5")
+    err = usage_error(pytester.runpytest())
+    assert (
+        "ERROR: neuraldbg: env NEURALDBG_PERSISTANCE: unknown variable (did you mean 'NEURALDBG_PERSISTENCE'?)" in err
+    )

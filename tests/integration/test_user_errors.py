@@ -84,10 +84,11 @@ MESSAGES = {
     "torch.optim.Optimizer or a callable params -> optimizer, got str",
     "test_loss_per_sample": "E       pytest_neuraldbg.errors.ArgumentError: smoke_train(): loss_fn must return a "
     "single number (a tensor of one element), got shape (16, 1); reduce it, e.g. with .mean()",
-    "test_misspelt_engine_option": "E       neuraldbg.errors.ConfigError: NeuralDbg(): unknown option(s) "
-    "'persistance'; expected one of: *",
+    "test_misspelt_engine_option": "E       neuraldbg.errors.ConfigError: neuraldbg(): unknown option 'persistance' "
+    "(did you mean 'persistence'?); expected model, config, preset, plugins, name, grad_scaler, gather, "
+    "gather_timeout or a DebugConfig field: *",
     "test_unknown_ignored_kind": "E       pytest_neuraldbg.errors.ArgumentError: assert_healthy(ignore=...): unknown "
-    "failure kind 'dead'; expected one of vanishing_gradients, *",
+    "failure kind 'dead' (did you mean 'dead_neurons'?); expected one of vanishing_gradients, *",
     "test_max_fraction_too_large": "E       pytest_neuraldbg.errors.ArgumentError: assert_no_dead_neurons("
     "max_fraction=...): expected a number in [[]0, 1), got 2",
     "test_factor_below_one": "E       pytest_neuraldbg.errors.ArgumentError: assert_learns(factor=...): expected a "

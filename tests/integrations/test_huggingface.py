@@ -216,7 +216,10 @@ def test_the_callback_is_a_trainer_callback_that_pickles_by_name() -> None:
 
 
 def test_a_misspelt_engine_option_fails_when_the_callback_is_made() -> None:
-    with pytest.raises(ConfigError, match=r"NeuralDbgTrainerCallback\(\): unknown option\(s\) 'persistance'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"NeuralDbgTrainerCallback\(\): unknown option 'persistance' \(did you mean 'persistence'\?\)",
+    ):
         NeuralDbgTrainerCallback(persistance=5)
 
 

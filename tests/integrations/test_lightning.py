@@ -322,7 +322,9 @@ def test_engine_options_reach_the_debugger_it_creates(tmp_path: Any) -> None:
 
 
 def test_a_misspelt_engine_option_fails_when_the_callback_is_made() -> None:
-    with pytest.raises(ConfigError, match=r"NeuralDbgCallback\(\): unknown option\(s\) 'persistance'"):
+    with pytest.raises(
+        ConfigError, match=r"NeuralDbgCallback\(\): unknown option 'persistance' \(did you mean 'persistence'\?\)"
+    ):
         NeuralDbgCallback(persistance=5)
 
 

@@ -35,8 +35,16 @@ def test_the_message_starts_with_one_verdict_line_and_names_layer_and_step(dead)
 def test_ignore_takes_failure_kinds_or_their_names_and_rejects_unknown_ones(dead) -> None:
     assertions.assert_healthy(dead, ignore=[FailureKind.DEAD_NEURONS])
     assertions.assert_healthy(dead, ignore=["DEAD_NEURONS"])
-    with pytest.raises(ValueError, match=r"assert_healthy\(ignore=...\): unknown failure kind 'dead'; expected one of"):
+    with pytest.raises(
+        ValueError,
+        match=r"assert_healthy\(ignore=...\): unknown failure kind 'dead' \(did you mean 'dead_neurons'\?\); "
+        r"expected one of",
+    ):
         assertions.assert_healthy(dead, ignore=["dead"])
+    with pytest.raises(
+        ValueError, match=r"unknown failure kind 'exploding_gradient' \(did you mean 'exploding_gradients'\?\)"
+    ):
+        assertions.assert_healthy(dead, ignore=["exploding_gradient"])
 
 
 def test_helpers_refuse_what_is_not_a_debugger() -> None:

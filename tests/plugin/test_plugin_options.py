@@ -7,6 +7,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import support
+import torch.nn.functional as F
 
 import neuraldbg
 from pytest_neuraldbg import options
@@ -130,3 +132,72 @@ def test_a_bare_gate_flag_is_rewritten_so_it_never_takes_the_next_argument() -> 
     assert rewritten("--neuraldbg-gate", "off", existing=("off",)) == ["--neuraldbg-gate=fail", "off"]  # a folder
     with pytest.raises(pytest.UsageError, match="write --neuraldbg-gate=warn"):
         rewritten("--neuraldbg-gate", "warn")
+
+
+def test_a_misspelt_preset_or_gate_names_the_closest_value_wherever_it_was_set() -> None:
+    with pytest.raises(pytest.UsageError) as info:
+        options.resolve(FakeConfig({"neuraldbg_preset": "ful"}), env={})
+    assert str(info.value).startswith(
+        "neuraldbg: --neuraldbg-preset: invalid value 'ful' (did you mean 'full'?) for preset: expected a preset name"
+    )
+    with pytest.raises(pytest.UsageError, match=r"env NEURALDBG_GATE: invalid value 'wran' \(did you mean 'warn'\?\)"):
+        options.resolve(FakeConfig(), env={"NEURALDBG_GATE": "wran"})
+    with pytest.raises(OptionError, match=r"on test_x: invalid value 'econmy' \(did you mean 'economy'\?\) for preset"):
+        options.apply_marker(Settings(), {"preset": "econmy"}, "test_x")
+    with pytest.raises(OptionError, match=r"invalid value 'turbo' for preset: expected a preset name, one of default"):
+        options.apply_marker(Settings(), {"preset": "turbo"}, "test_x")  # nothing close: the list alone
+
+
+def test_a_misspelt_neuraldbg_environment_variable_is_a_usage_error_naming_the_closest_variable() -> None:
+    with pytest.raises(pytest.UsageError) as info:
+        options.resolve(FakeConfig(), env={"NEURALDBG_PERSISTANCE": "5", "PATH": "/bin"})
+    assert str(info.value).startswith(
+        "neuraldbg: env NEURALDBG_PERSISTANCE: unknown variable (did you mean 'NEURALDBG_PERSISTENCE'?); "
+        "expected one of NEURALDBG_PRESET, NEURALDBG_PERSISTENCE,"
+    )
+    assert options.resolve(FakeConfig(), env={"NEURALDBG_PERSISTENCE": "5", "OTHER_TOOL": "x"}).persistence == 5
+
+
+FIXTURE_TYPOS = {
+    "call": (
+        lambda fx: fx(support.mlp(), persistance=3),
+        "neuraldbg(): unknown option 'persistance' (did you mean 'persistence'?); expected model, config, preset",
+    ),
+    "call preset": (
+        lambda fx: fx(support.mlp(), preset="ful"),
+        "neuraldbg(): unknown preset 'ful' (did you mean 'full'?); expected one of default, full, economy",
+    ),
+    "call config": (
+        lambda fx: fx(support.mlp(), {"persistance": 3}),
+        "neuraldbg(): config: unknown option 'persistance' (did you mean 'persistence'?); expected a DebugConfig",
+    ),
+    "smoke_train": (
+        lambda fx: fx.smoke_train(support.mlp(), support.regression_batches(), F.mse_loss, dead_fraction=0.5),
+        "neuraldbg.smoke_train(): unknown option 'dead_fraction' (did you mean 'dead_unit_fraction'?); expected "
+        "model, data, loss_fn, optimizer, steps,",
+    ),
+    "smoke_train keyword": (
+        lambda fx: fx.smoke_train(support.mlp(), support.regression_batches(), F.mse_loss, overfitt=True),
+        "neuraldbg.smoke_train(): unknown option 'overfitt' (did you mean 'overfit'?)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FIXTURE_TYPOS))
+def test_a_misspelt_option_of_the_fixture_names_the_call_and_the_closest_valid_name(case: str) -> None:
+    from pytest_neuraldbg.fixture import NeuralDbgFixture
+
+    call, message = FIXTURE_TYPOS[case]
+    fixture = NeuralDbgFixture(Settings())
+    with pytest.raises(neuraldbg.ConfigError) as info:
+        call(fixture)
+    assert str(info.value).startswith(message), str(info.value)
+    assert fixture.runs == []  # nothing was watched
+
+
+def test_the_engines_own_keywords_pass_through_the_fixture_untouched() -> None:
+    from pytest_neuraldbg.fixture import NeuralDbgFixture
+
+    fixture = NeuralDbgFixture(Settings())
+    dbg = fixture(support.mlp(), gather=False, gather_timeout=5.0, persistence=4)
+    assert dbg.config.persistence == 4 and fixture.runs == [dbg]
