@@ -20,11 +20,13 @@ optimizer steps and compared after.
 A model whose fit has converged (see :class:`~neuraldbg.detectors.base.FitProgress`), or whose gradients fell
 a hundredfold from their first values (a stationary point: a noisy regression at its least-squares optimum keeps
 a loss well above 0, but its gradients go to 0), makes small updates because it has little left to learn: that
-is the fit, not a stall. When no parameter moves at all and the
-optimizers hold them with learning rate 0 (a learning-rate schedule that reached 0), that is one global stall,
-not every parameter frozen. Parameters that no optimizer holds stay frozen even then: a backbone frozen on
-purpose (``requires_grad=False``) beside a head left out of the optimizer moves nothing, yet its fault is the
-head's, whatever the learning rate.
+is the fit, not a stall. When no parameter moves at all and the optimizers hold them with learning rate 0 (a
+learning-rate schedule that reached 0), that is one global stall, not every parameter frozen. Parameters that
+no optimizer holds stay frozen even then: a backbone frozen on purpose (``requires_grad=False``) beside a head
+left out of the optimizer moves nothing, yet its fault is the head's, whatever the learning rate. When no
+optimizer steps any parameter of the model and nothing moves (an optimizer built over the frozen backbone
+alone, or ``optimizer.step()`` never called), every parameter with a gradient is frozen, marked
+``none_stepped`` for the explanation.
 
 A frozen parameter whose weight is all zeros (the layer's unit weight, see
 :attr:`~neuraldbg.layers.LayerInfo.unit_weight`) is marked ``zero_weight``: its layer passes no gradient to
@@ -118,9 +120,9 @@ class UpdateDetector(Detector):
             if not converged:
                 obs.findings.append(self._model_finding(UpdateHealth.STALLED, metrics, 1.0))
             return obs
-        if not self._stepped_before:
-            # no optimizer has stepped any parameter of the model (an optimizer built over other parameters, such
-            # as a frozen backbone's, or never stepped): no learning rate to judge
+        if not moving and not self._stepped_before:
+            # nothing moved and no optimizer has stepped any parameter of the model (an optimizer built over other
+            # parameters, such as a frozen backbone's, or never stepped): no learning rate to judge
             obs.findings = [dataclasses.replace(f, metrics={**f.metrics, "none_stepped": 1.0}) for f in obs.findings]
             return obs
         grads = view.layer_gradients
