@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neuraldbg import EventType, FailureKind
+from neuraldbg import EventType, FailureKind, NeuralDbg
 
 
 def layer_gradients(model: nn.Module) -> dict[str, float]:
@@ -245,3 +245,230 @@ def test_a_model_fed_token_ids_is_judged_from_its_first_float_output():
 
     dbg, _ = support.train(model, lambda step: (tokens, labels), F.cross_entropy, steps=6, preset="full")
     assert [e.layer for e in dbg.events if e.to_state == "amplifying"] == ["1"]  # the embedding has no input rms
+
+
+# ------------------------------------------------------------------------------------- states that end
+#
+# A state is closed when its detector looks at the layer again and finds it normal; an event that ended is not
+# reported as still holding ("ongoing"), and a later recurrence is a new state.
+
+
+class Poison(nn.Module):
+    """Passes its input through, or makes it NaN while ``on``: a value gone bad inside the model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.log(-torch.ones_like(x)) if self.on else x
+
+
+def test_a_layer_non_finite_at_one_step_whose_update_the_scaler_skipped_is_an_event_of_that_step():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), Poison(), nn.Linear(32, 1))
+    batches = support.regression_batches()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")  # skips the update whose gradients are non-finite
+    losses = []
+    with NeuralDbg(model) as dbg:
+        for step in range(30):
+            model[2].on = step == 5
+            x, y = batches(step)
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            losses.append(loss.item())
+    # plain torch: NaN at step 5 only, the weights stayed finite
+    assert [s for s, loss in enumerate(losses) if loss != loss] == [5]
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+    found = [e for e in dbg.events if e.kind is FailureKind.NON_FINITE]
+    assert {(e.layer, e.step_start, e.step_end) for e in found} == {("2", 5, 5), ("3", 5, 5)}
+    for event in found:
+        assert math.isnan(event.metrics["output_norm"]) and "ongoing" not in event.metrics
+    assert dbg.hypotheses()[0].root.layer == "2"
+
+
+class TwoHeads(nn.Module):
+    """A main output trained on, and an auxiliary head computed after it that the loss leaves out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.main, self.aux = nn.Linear(16, 32), nn.Linear(32, 1), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(self.body(x))
+        return self.main(h), self.aux(h)
+
+
+def test_a_nan_gradient_from_a_finite_loss_on_a_step_between_full_observations_is_found_at_that_step():
+    torch.manual_seed(0)
+    model = TwoHeads()
+    batches = support.regression_batches()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    grads_finite = []
+    with NeuralDbg(model) as dbg:  # default schedule: steps 16-31 but 16 are cheap
+        for step in range(30):
+            x, y = batches(step)
+            opt.zero_grad()
+            out, _ = model(x)
+            # at step 21 the loss is sqrt(0) = 0: finite, with a NaN gradient
+            loss = F.mse_loss(out, y) if step != 21 else torch.sqrt(((out - y) ** 2).sum() * 0.0)
+            scaler.scale(loss).backward()
+            grads_finite.append(bool(torch.isfinite(model.main.weight.grad).all()) and math.isfinite(loss.item()))
+            scaler.step(opt)
+            scaler.update()
+    assert [s for s, ok in enumerate(grads_finite) if not ok] == [21]  # plain torch
+
+    (event,) = [e for e in dbg.events if e.kind is FailureKind.NON_FINITE]
+    assert (event.event_type, event.step_start, event.step_end) == (EventType.LOSS, 21, 21)
+
+
+# ------------------------------------------------------------------------------------- saturation
+
+
+def saturated_fraction(y: torch.Tensor, derivative: float = 1e-2) -> float:
+    """Plain torch: the fraction of tanh outputs where tanh' = 1 - y^2 is below ``derivative``."""
+    return float((y.abs() >= math.sqrt(1 - derivative)).float().mean())
+
+
+def test_a_saturated_hidden_tanh_is_reported_with_its_fraction_while_it_lasts():
+    torch.manual_seed(0)
+    model = support.mlp(width=32, depth=2, act=nn.Tanh)
+    with torch.no_grad():
+        model[0].weight.mul_(20.0)
+    x, y = support.regression_batches()(0)
+    out = support.capture_outputs(model, x, ["1"])["1"]
+    fraction = saturated_fraction(out)
+    assert 0.5 < fraction < 1.0  # plain torch
+
+    def on_step(step: int, _: torch.optim.Optimizer) -> None:
+        if step == 8:
+            with torch.no_grad():
+                model[0].weight.div_(20.0)
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    dbg, _ = support.train(model, lambda step: (x, y), steps=12, optimizer=optimizer, on_step=on_step, preset="full")
+    (event,) = [e for e in dbg.events if e.kind is FailureKind.SATURATED_ACTIVATIONS]
+    assert (event.layer, event.step_start, event.step_end, event.to_state) == ("1", 0, 7, "saturated")
+    assert event.metrics["saturated_fraction"] == pytest.approx(fraction, abs=1e-6)
+    assert event.metrics["elements"] == out.numel()
+    assert "ongoing" not in event.metrics and "call" not in event.metrics
+    strength = (fraction - 0.5) / 0.5  # 0 at half the layer, 1 at all of it; 8 observations: full support
+    assert event.confidence == pytest.approx(round(0.45 + 0.35 * strength + 0.2, 3), abs=1e-3)
+
+
+def test_a_tanh_with_a_minority_of_saturated_outputs_is_not_reported():
+    torch.manual_seed(0)
+    model = support.mlp(width=32, depth=2, act=nn.Tanh)
+    with torch.no_grad():
+        model[0].weight.mul_(4.0)
+    x, y = support.regression_batches()(0)
+    assert 0.05 < saturated_fraction(support.capture_outputs(model, x, ["1"])["1"]) < 0.5  # plain torch
+
+    dbg, _ = support.train(model, lambda step: (x, y), steps=8, optimizer=torch.optim.SGD(model.parameters(), lr=0.0))
+    assert not any(e.kind is FailureKind.SATURATED_ACTIVATIONS for e in dbg.events), dbg.report()
+
+
+class SharedTanhMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 1)
+        self.act = nn.Tanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(self.act(self.fc2(self.act(self.fc1(x)))))
+
+
+def test_a_shared_tanh_saturated_at_its_second_call_only_is_reported_at_that_call():
+    torch.manual_seed(0)
+    model = SharedTanhMLP()
+    with torch.no_grad():
+        model.fc2.weight.mul_(30.0)
+    x, y = support.regression_batches()(0)
+    seen: list[torch.Tensor] = []
+    handle = model.act.register_forward_hook(lambda m, i, o: seen.append(o.detach()))
+    with torch.no_grad():
+        model(x)
+    handle.remove()
+    assert saturated_fraction(seen[0]) < 0.5 < saturated_fraction(seen[1])  # plain torch
+
+    dbg, _ = support.train(model, lambda step: (x, y), steps=8, optimizer=torch.optim.SGD(model.parameters(), lr=0.0))
+    saturated = [e for e in dbg.events if e.kind is FailureKind.SATURATED_ACTIVATIONS]
+    assert [(e.layer, e.metrics.get("call")) for e in saturated] == [("act", 1.0)]
+
+
+# ------------------------------------------------------------------------------------- more evidence
+
+
+class LogOutput(nn.Module):
+    """The model's own forward code makes the NaN: no submodule's output is non-finite."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(self.fc(x) - 100.0)
+
+
+def test_a_nan_made_by_the_models_own_forward_code_is_blamed_on_the_model_output():
+    torch.manual_seed(0)
+    model = LogOutput()
+    x, y = support.regression_batches()(0)
+    with torch.no_grad():
+        assert bool(torch.isfinite(model.fc(x)).all()) and not bool(torch.isfinite(model(x)).all())  # plain torch
+
+    # one step: after it the NaN gradient has reached the weights (even at learning rate 0: 0 x NaN is NaN)
+    dbg, _ = support.train(model, lambda step: (x, y), steps=1, optimizer=torch.optim.SGD(model.parameters(), lr=0.0))
+    found = [e for e in dbg.events if e.kind is FailureKind.NON_FINITE and e.event_type is EventType.ACTIVATION]
+    assert [e.layer for e in found] == [""], found  # not 'fc', whose output is finite (its gradient is not)
+    assert math.isnan(found[0].metrics["output_norm"])
+
+
+def test_an_anomalous_single_value_output_is_reported():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    with torch.no_grad():
+        model[2].weight.mul_(1e5)
+    x, y = support.regression_batches(batch=1)(0)  # one sample, one output: a single value
+    out = support.capture_outputs(model, x, ["2"])["2"]
+    assert out.numel() == 1 and float(out.abs()) > 1e3  # plain torch
+
+    dbg, _ = support.train(model, lambda step: (x, y), steps=6, optimizer=torch.optim.SGD(model.parameters(), lr=0.0))
+    assert ("2", 0) in {(e.layer, e.step_start) for e in dbg.events if e.to_state == "anomalous"}
+
+
+# ------------------------------------------------------------------------------------- confidence scales
+
+
+def full_support_confidence(strength: float, observations: float) -> float:
+    return round(min(1.0, 0.45 + 0.35 * strength + 0.2 * min(1.0, observations / 6)), 3)
+
+
+def test_the_confidence_of_a_stall_reads_how_far_below_the_stalled_ratio_its_updates_are():
+    torch.manual_seed(0)
+    model = support.mlp()
+    dbg, _ = support.train(model, support.regression_batches(), optimizer=torch.optim.SGD(model.parameters(), lr=3e-6))
+    (stall,) = [e for e in dbg.events if e.kind is FailureKind.STALLED_UPDATES]
+    median = stall.metrics["median_update_ratio"]
+    assert 1e-8 < median < 1e-5  # between the threshold and three decades below it
+    strength = math.log10(1e-5 / median) / 3
+    assert stall.confidence == full_support_confidence(strength, stall.metrics["observations"])
+
+
+def test_the_confidence_of_a_vanishing_gradient_reads_how_far_below_the_threshold_it_is():
+    torch.manual_seed(0)
+    model = support.mlp(width=32, depth=14, act=nn.Sigmoid)
+    dbg, _ = support.train(model, support.regression_batches(), optimizer=torch.optim.SGD(model.parameters(), lr=0.01))
+    vanishing = [
+        e for e in dbg.events if e.kind is FailureKind.VANISHING_GRADIENTS and e.metrics.get("exact_zero") is None
+    ]
+    assert vanishing
+    for event in vanishing:
+        strength = min(1.0, math.log10(1e-4 / event.metrics["grad_norm"]) / 6)
+        assert event.confidence == full_support_confidence(strength, event.metrics["observations"]), event
