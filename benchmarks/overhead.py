@@ -177,11 +177,16 @@ class Runner:
             raise RuntimeError(f"the debugger observed {self.dbg.steps} of {self.steps} steps: figures are void")
 
 
-def measure(case: Case, warmup: int, rounds: int) -> dict[str, float]:
+def _fixture(case: Case) -> tuple[dict[str, torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The initial weights every copy starts from, and the 16 batches they all train on."""
     torch.manual_seed(0)
     state = case.build().state_dict()
     g = torch.Generator().manual_seed(0)
-    batches = [case.batch(g) for _ in range(16)]
+    return state, [case.batch(g) for _ in range(16)]
+
+
+def measure(case: Case, warmup: int, rounds: int) -> dict[str, float]:
+    state, batches = _fixture(case)
     runners = {"plain": Runner(case, state, None), **{p: Runner(case, state, p) for p in PRESETS}}
     for r in runners.values():
         r.run(batches, 0, warmup)
@@ -231,10 +236,7 @@ def compiled(case: Case, warmup: int, rounds: int) -> dict[str, float]:
     phases rotate twice; a watched block is compared with the plain blocks' median."""
     from torch._dynamo.utils import counters
 
-    torch.manual_seed(0)
-    state = case.build().state_dict()
-    g = torch.Generator().manual_seed(0)
-    batches = [case.batch(g) for _ in range(16)]
+    state, batches = _fixture(case)
     runners = {
         "plain": Runner(case, state, None, "plain"),
         "compiled": Runner(case, state, "default", "compiled"),
