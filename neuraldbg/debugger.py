@@ -30,16 +30,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from . import __version__, naming, plugins
-from .analysis import Analyzer
+from .analysis.analyzer import Analyzer
+from .capture.recorder import Recorder
 from .config import DebugConfig, make_config
-from .diagnosis import Diagnosis
-from .distributed import ProcessInfo, process_info
+from .distributed.process import ProcessInfo, process_info
 from .errors import ConfigError, NeuralDbgError, NeuralDbgWarning
 from .events import SemanticEvent
-from .layers import LayerInfo, describe
+from .model import naming
+from .model.layers import LayerInfo, describe
+from .plugins import manager as plugins
+from .queries import Diagnosis
 from .reasoning import CausalRule, Topology
-from .recorder import Recorder
+from .version import __version__
 
 if TYPE_CHECKING:
     from .distributed.job import JobRun
@@ -57,7 +59,7 @@ class NeuralDbg(Diagnosis):
             unwrapped for layer names, and the debugger keeps its step bookkeeping out of the compiled graph.
         config: a :class:`~neuraldbg.DebugConfig` or a mapping of its fields.
         preset: ``"default"``, ``"full"`` (full statistics every step) or ``"economy"``.
-        plugins: extra plugins (see :mod:`neuraldbg.hookspecs`) for this debugger only.
+        plugins: extra plugins (see :mod:`neuraldbg.plugins.hookspecs`) for this debugger only.
         grad_scaler: the ``torch.amp.GradScaler`` of a mixed-precision loop. Statistics are read unscaled, the
             steps it skips are counted (not diagnosed as non-finite) and a collapsing scale is diagnosed. Without
             it the scaler is looked for at the first optimizer steps (see :mod:`neuraldbg.capture.scaler`); pass
@@ -175,7 +177,7 @@ class NeuralDbg(Diagnosis):
         if info is None or info.world_size < 2:
             return None
         try:
-            from .ranks import summarize
+            from .distributed.merge import summarize
 
             summary = summarize(self, rank=info.rank, world_size=info.world_size)
             received = gather.send(summary, timeout=timeout, note=note, info=info)

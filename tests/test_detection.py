@@ -1228,7 +1228,7 @@ def test_a_normalised_net_whose_gradients_truly_vanish_is_still_reported():
 
 
 def test_batchnorm_and_instancenorm_cancel_a_per_channel_affine_and_layernorm_does_not():
-    from neuraldbg.layers import describe
+    from neuraldbg.model.layers import describe
 
     model = nn.Sequential(
         nn.Linear(8, 8), nn.BatchNorm1d(8), nn.InstanceNorm1d(8, affine=True), nn.LayerNorm(8), nn.GroupNorm(2, 8)

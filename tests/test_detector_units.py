@@ -15,11 +15,11 @@ import pytest
 from torch import nn
 
 from neuraldbg import DebugConfig, EventType, FailureKind
+from neuraldbg.analysis.tracker import Tracker
 from neuraldbg.detectors.base import Context, Finding, StepView
 from neuraldbg.detectors.dead import DeadUnitsDetector
-from neuraldbg.layers import describe, owner_of_params
-from neuraldbg.stepdata import SlotKey, StepData
-from neuraldbg.tracker import Tracker
+from neuraldbg.model.layers import describe, owner_of_params
+from neuraldbg.stats.step import SlotKey, StepData
 
 MODEL = nn.Sequential(nn.Linear(4, 10), nn.ReLU(), nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 1))
 RELU: SlotKey = ("1", 0)

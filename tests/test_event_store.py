@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from neuraldbg import DebugConfig, EventType, FailureKind, SemanticEvent
+from neuraldbg.analysis.tracker import EventStore, Tracker, merge
 from neuraldbg.detectors.base import Finding, Observation, TrackKey
-from neuraldbg.tracker import EventStore, Tracker, merge
 
 
 def dead(layer: str, start: int, end: int, confidence: float = 0.7, **metrics: float) -> SemanticEvent:

@@ -141,7 +141,7 @@ def test_a_converged_fit_is_not_a_degenerate_loss():
 
 
 def test_a_debugger_that_stopped_observing_is_never_healthy(monkeypatch: pytest.MonkeyPatch):
-    from neuraldbg import measure
+    from neuraldbg.capture import measure
 
     real = measure.gradients
 

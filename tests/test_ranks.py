@@ -12,8 +12,7 @@ from job_support import POISON_STEP, rank_run, save_rank_trace
 
 import neuraldbg
 from neuraldbg import FailureKind, TraceError
-from neuraldbg.events import EventType, SemanticEvent
-from neuraldbg.ranks import (
+from neuraldbg.distributed.merge import (
     MAX_FINDINGS,
     MAX_NAME,
     MAX_TEXT,
@@ -24,6 +23,7 @@ from neuraldbg.ranks import (
     rank_list,
     summarize,
 )
+from neuraldbg.events import EventType, SemanticEvent
 from neuraldbg.reasoning import CausalHypothesis
 
 

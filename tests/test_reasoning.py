@@ -339,7 +339,7 @@ def test_each_run_level_finding_says_what_was_seen_with_its_numbers_and_how_to_f
 
 
 def test_a_run_only_partly_observed_is_inconclusive_never_healthy_and_its_other_findings_stay():
-    from neuraldbg.export.text import verdict
+    from neuraldbg.export.report import verdict
 
     stopped = run_event(FailureKind.INCOMPLETE_OBSERVATION, 30, 39, "the forward hook of layer '3' failed", step=30.0)
     meta = {"steps_observed": 40, "model": "MLP"}

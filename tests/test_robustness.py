@@ -102,7 +102,7 @@ def test_keyboard_interrupt_propagates_and_hooks_are_removed():
 
 
 def test_a_failure_inside_the_engine_is_a_warning_and_training_goes_on(monkeypatch: pytest.MonkeyPatch):
-    from neuraldbg import stats
+    from neuraldbg.stats import tensors as stats
 
     def broken(*args: object, **kwargs: object) -> torch.Tensor:
         raise RuntimeError("statistics exploded")
@@ -433,7 +433,7 @@ def test_a_misspelt_option_of_a_config_copy_or_a_callback_names_that_entry_point
         ConfigError, match=r"^DebugConfig\.replace\(\): unknown option 'persistance' \(did you mean 'persistence'\?\)"
     ):
         DebugConfig().replace(persistance=3)
-    from neuraldbg.integrations._run import WatchedRun
+    from neuraldbg.integrations.callback import WatchedRun
 
     with pytest.raises(ConfigError, match=r"^MyCallback\(\): unknown option 'lg' \(did you mean 'log'\?\)"):
         WatchedRun("MyCallback()", None, None, None, (), {"lg": False})

@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from neuraldbg import DebugConfig, EventType, FailureKind, NeuralDbg
+from neuraldbg.analysis.tracker import Tracker
+from neuraldbg.capture.measure import clip_factor
 from neuraldbg.detectors.base import Finding, Observation
-from neuraldbg.history import History
-from neuraldbg.measure import clip_factor
-from neuraldbg.tracker import Tracker
+from neuraldbg.stats.history import History
 from pytest_neuraldbg.assertions import assert_no_dead_neurons
 
 # ------------------------------------------------------------------------------------- gradient clipping

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from neuraldbg import DebugConfig, FailureKind, NeuralDbg
-from neuraldbg.schedule import Schedule
+from neuraldbg.capture.schedule import Schedule
 
 
 def full_steps(schedule: Schedule, upto: int) -> list[int]:

@@ -14,7 +14,7 @@ import torch
 
 import neuraldbg
 from neuraldbg import FailureKind, TraceError
-from neuraldbg.export.trace import event_to_dict
+from neuraldbg.export.trace_format import event_to_dict
 
 
 @pytest.fixture(scope="module")

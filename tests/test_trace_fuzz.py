@@ -25,7 +25,7 @@ from job_support import POISON_STEP, rank_run
 import neuraldbg
 from neuraldbg import EventType, FailureKind, TraceError
 from neuraldbg.cli import main
-from neuraldbg.ranks import merge, summarize
+from neuraldbg.distributed.merge import merge, summarize
 
 SELECTORS = ["non_finite", "dead", "gradient", "vanishing_gradients", "frozen_parameters", "input", "run"]
 

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from neuraldbg import DebugConfig, EventType, FailureKind
+from neuraldbg.analysis.tracker import Tracker
 from neuraldbg.detectors.base import Finding, Observation
-from neuraldbg.history import Series
-from neuraldbg.tracker import Tracker
+from neuraldbg.stats.history import Series
 
 DEAD = Finding(EventType.ACTIVATION, FailureKind.DEAD_NEURONS, "3", "dead", {"dead_fraction": 1.0}, 1.0)
 NAN = Finding(EventType.ACTIVATION, FailureKind.NON_FINITE, "3", "non_finite", {}, 1.0, decisive=True)

@@ -2,7 +2,7 @@
 
 A detector turns one step's statistics into :class:`Finding` s ("layer '3' is dead at this step, 100 % of 64
 units"), and says which layers it *observed* at that step, so a state that stops holding closes its event. The
-tracker (:mod:`neuraldbg.tracker`) applies persistence and merges consecutive steps into events; detectors
+tracker (:mod:`neuraldbg.analysis.tracker`) applies persistence and merges consecutive steps into events; detectors
 stay pure functions of one step (plus, where they need it, a little state of their own, such as a baseline).
 """
 
@@ -14,8 +14,8 @@ from functools import cached_property
 
 from ..config import DebugConfig
 from ..events import EventType, FailureKind
-from ..layers import LayerInfo
-from ..stepdata import SlotKey, StepData
+from ..model.layers import LayerInfo
+from ..stats.step import SlotKey, StepData
 
 #: What the tracker follows over time: (detector, event type, layer, param, call).
 TrackKey = tuple[str, EventType, str, "str | None", int]

@@ -24,7 +24,7 @@ import math
 
 from ..events import EventType
 from ..health import ActivationHealth
-from ..stepdata import SlotKey
+from ..stats.step import SlotKey
 from .base import Detector, Finding, Observation, StepView
 
 

@@ -11,7 +11,7 @@ import math
 
 from ..events import EventType, FailureKind
 from ..health import ActivationHealth
-from ..stepdata import StepData
+from ..stats.step import StepData
 from .base import Detector, Finding, Observation, StepView
 
 _STATE = ActivationHealth.NON_FINITE.value

@@ -29,7 +29,7 @@ alone, or ``optimizer.step()`` never called), every parameter with a gradient is
 ``none_stepped`` for the explanation.
 
 A frozen parameter whose weight is all zeros (the layer's unit weight, see
-:attr:`~neuraldbg.layers.LayerInfo.unit_weight`) is marked ``zero_weight``: its layer passes no gradient to
+:attr:`~neuraldbg.model.layers.LayerInfo.unit_weight`) is marked ``zero_weight``: its layer passes no gradient to
 its input, and, frozen, never will (a zero-initialised head left out of the optimizer zeroes every gradient
 upstream of it).
 """

@@ -3,7 +3,7 @@
 :class:`JobRun` answers what a debugger or a loaded trace answers (``hypotheses()``, ``explain_failure()``,
 ``export_mermaid_causal_graph()``, ``to_dict()``, ``history``, ``layers``, ``steps``), so the pytest plugin's
 assertions, gate and reports take it like any other run. Its hypotheses are the job's findings
-(:class:`neuraldbg.ranks.JobFinding`), most likely first, each explanation opening with the ranks that show it
+(:class:`neuraldbg.distributed.merge.JobFinding`), most likely first, each explanation opening with the ranks that show it
 ("dead_neurons at '3' from step 0 on all ranks. Dead neurons in '3' (ReLU) ..."); a finding that rank 0 shows
 keeps rank 0's causal chain, one it does not show is rooted at an event rebuilt from the summary of the first
 rank that does. A rank that sent no summary is a run-level ``incomplete_observation`` hypothesis: a job with a
@@ -21,26 +21,26 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..diagnosis import Diagnosis
 from ..events import EventType, FailureKind, SemanticEvent
+from ..queries import Diagnosis
 from ..reasoning import CausalHypothesis, CausalRule, Coupling, Topology
 from .gather import Gathered
 
 if TYPE_CHECKING:
-    from ..ranks import JobDiagnosis, JobFinding
+    from .merge import JobDiagnosis, JobFinding
 
 
 class JobRun(Diagnosis):
     """One diagnosis for a job, from rank 0's own run and every rank's summary (see the module docstring).
 
-    ``job`` is the merged :class:`~neuraldbg.ranks.JobDiagnosis` (``report()``, ``to_dict()``, ``verified``),
+    ``job`` is the merged :class:`~neuraldbg.distributed.merge.JobDiagnosis` (``report()``, ``to_dict()``, ``verified``),
     ``gathered`` what rank 0 received.
     """
 
     attached = False
 
     def __init__(self, local: Diagnosis, gathered: Gathered) -> None:
-        from ..ranks import merge
+        from .merge import merge
 
         self._local = local
         self.gathered = gathered
@@ -201,6 +201,6 @@ def _event_of(finding: JobFinding) -> SemanticEvent:
 
 
 def _ranks(ranks: Sequence[int]) -> str:
-    from ..ranks import rank_list
+    from .merge import rank_list
 
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_list(ranks)}"

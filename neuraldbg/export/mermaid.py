@@ -26,7 +26,7 @@ from ..reasoning.hypothesis import CausalHypothesis
 from ..reasoning.topology import Topology
 
 if TYPE_CHECKING:
-    from ..ranks import JobDiagnosis
+    from ..distributed.merge import JobDiagnosis
 
 MAX_EDGES = 400
 MAX_CHARS = 45_000
@@ -180,7 +180,7 @@ MAX_JOB_FINDINGS = 24
 
 
 def job_graph(job: JobDiagnosis) -> str:
-    from ..ranks import rank_list
+    from ..distributed.merge import rank_list
 
     """A flowchart of a distributed job: each group of ranks points at the faults it shows; ranks that sent
     nothing are dashed nodes, ranks without a fault one green node."""

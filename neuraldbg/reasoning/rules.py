@@ -4,7 +4,7 @@ A rule links a *cause* event to an *effect* event with a relation in words. Rule
 and time: a dead or saturated layer, or a frozen one whose weight is all zeros, explains vanishing gradients
 *upstream* of it (earlier in forward order) that start no earlier than it; an explosion explains the non-finite
 values that follow it. Users add rules through the ``neuraldbg_causal_rules`` plugin hook (see
-:mod:`neuraldbg.hookspecs`).
+:mod:`neuraldbg.plugins.hookspecs`).
 
 Not every rule is a cause and an effect. Some say that two events are *one fault* (parameters frozen for the
 same reason; a layer's later state in the same layer): the effect then joins the hypothesis without a causal

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from neuraldbg import NeuralDbg, cli, load
-from neuraldbg.ranks import merge_traces
+from neuraldbg.distributed.merge import merge_traces
 from pytest_neuraldbg.distributed import spawn
 
 NAN_STEP = 12

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from neuraldbg import FailureKind
-from neuraldbg.history import History
+from neuraldbg.stats.history import History
 from pytest_neuraldbg import assertions
 from pytest_neuraldbg.fixture import NeuralDbgFixture
 from pytest_neuraldbg.options import Settings

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from neuraldbg.history import History
+from neuraldbg.stats.history import History
 from pytest_neuraldbg import records
 
 

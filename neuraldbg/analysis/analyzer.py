@@ -11,15 +11,15 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .config import DebugConfig
-from .coverage import Coverage
-from .detectors.base import Context, Detector, StepView
-from .detectors.nonfinite import NonFiniteDetector
-from .errors import NeuralDbgWarning
-from .events import SemanticEvent
-from .history import History
-from .layers import LayerInfo, owner_of_params
-from .stepdata import SlotKey, StepData
+from ..capture.coverage import Coverage
+from ..config import DebugConfig
+from ..detectors.base import Context, Detector, StepView
+from ..detectors.nonfinite import NonFiniteDetector
+from ..errors import NeuralDbgWarning
+from ..events import SemanticEvent
+from ..model.layers import LayerInfo, owner_of_params
+from ..stats.history import History
+from ..stats.step import SlotKey, StepData
 from .tracker import Tracker
 
 

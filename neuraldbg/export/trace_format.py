@@ -25,9 +25,9 @@ from typing import Any, NoReturn
 from ..config import DebugConfig
 from ..errors import ConfigError, TraceError
 from ..events import EventType, FailureKind, SemanticEvent
-from ..history import History
 from ..reasoning.hypothesis import CausalHypothesis
 from ..reasoning.topology import Topology
+from ..stats.history import History
 
 FORMAT = "neuraldbg-trace"
 VERSION = 1

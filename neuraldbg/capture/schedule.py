@@ -11,7 +11,7 @@ at the next scheduled step.
 
 from __future__ import annotations
 
-from .config import DebugConfig
+from ..config import DebugConfig
 
 
 class Schedule:

@@ -13,8 +13,8 @@ from typing import Any
 from .errors import ConfigError, did_you_mean
 from .events import EventType, FailureKind, SemanticEvent
 from .health import ActivationHealth, GradientHealth, UpdateHealth
-from .history import History
 from .reasoning import CausalHypothesis, CausalRule, Coupling, Topology, diagnose
+from .stats.history import History
 
 
 class Diagnosis:
@@ -127,20 +127,20 @@ class Diagnosis:
 
     def report(self) -> str:
         """A terminal-friendly report: verdict, then each hypothesis' explanation."""
-        from .export.text import report
+        from .export.report import report
 
         return report(self.hypotheses(), self._meta())
 
     def to_dict(self) -> dict[str, Any]:
         """The versioned JSON trace as a dictionary (see :func:`neuraldbg.load`)."""
-        from .export.trace import to_dict
+        from .export.trace_format import to_dict
 
         events, topo, _ = self._current()
         return to_dict(events, self.hypotheses(), topo, self._meta(), self.history)
 
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write the versioned JSON trace to ``path``; returns the path written."""
-        from .export.trace import write
+        from .export.trace_format import write
 
         return write(path, self.to_dict())
 

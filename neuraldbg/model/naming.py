@@ -11,7 +11,7 @@ the module it wraps get the same name, the name the user gave the module (``'3'`
 ``'_fsdp_wrapped_module.3'``), and the wrapped module is the one watched. A submodule the user named ``module``
 is kept: only the ``module`` child of a data-parallel wrapper is a wrapper's.
 
-Parameters: see :class:`~neuraldbg.distributed.shards.Param`. FSDP1's flat parameters are split back into the
+Parameters: see :class:`~neuraldbg.model.shards.Param`. FSDP1's flat parameters are split back into the
 parameters the user declared (``'0.weight'``), each reading its own elements of the flat parameter's local shard.
 """
 
@@ -22,8 +22,8 @@ from collections.abc import Iterator
 
 from torch import nn
 
-from .distributed import shards
-from .distributed.shards import Param
+from . import shards
+from .shards import Param
 
 #: Attributes under which wrappers hold the module they wrap: FSDP1, torch.compile, activation checkpointing and
 #: the flatten-parameters wrapper of older FSDP versions.

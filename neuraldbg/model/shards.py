@@ -27,7 +27,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from .. import stats
+from ..stats import tensors as stats
 
 _FLAT_FIELDS = ("_param_infos", "_numels", "_shard_param_infos")
 

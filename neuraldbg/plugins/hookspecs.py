@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from .config import DebugConfig
-    from .detectors.base import Detector
-    from .reasoning.rules import CausalRule
+    from ..config import DebugConfig
+    from ..detectors.base import Detector
+    from ..reasoning.rules import CausalRule
 
 hookspec = pluggy.HookspecMarker("neuraldbg")
 hookimpl = pluggy.HookimplMarker("neuraldbg")

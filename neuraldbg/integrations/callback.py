@@ -54,7 +54,7 @@ class WatchedRun:
         plugins: Iterable[Any],
         options: Mapping[str, Any],
     ) -> None:
-        from .. import NeuralDbg  # the package's name, the class the fixture's debuggers derive from
+        from .. import NeuralDbg
         from ..config import make_config
 
         self._owner = owner

@@ -8,12 +8,12 @@ from typing import Any
 
 import pluggy
 
+from ..config import DebugConfig
+from ..detectors import builtin_detectors
+from ..detectors.base import Detector
+from ..reasoning.rules import CausalRule, builtin_rules
 from . import hookspecs
-from .config import DebugConfig
-from .detectors import builtin_detectors
-from .detectors.base import Detector
 from .hookspecs import hookimpl
-from .reasoning.rules import CausalRule, builtin_rules
 
 _registered: list[Any] = []
 

@@ -1,9 +1,9 @@
 """What a fully observed step computes, on device: per-layer output statistics, gradient statistics, updates.
 
-Functions here turn tensors into 0-d device tensors filed into a :class:`~neuraldbg.stepdata.Pending` step
+Functions here turn tensors into 0-d device tensors filed into a :class:`~neuraldbg.stats.step.Pending` step
 (moved to the host in one transfer at the flush), plus the few host readings that need a sync only in rare cases
 (a gradient norm of exactly 0 or inf, to tell underflow from a true zero). :mod:`neuraldbg.capture` decides when
-they run; :mod:`neuraldbg.stats` holds the reductions themselves.
+they run; :mod:`neuraldbg.stats.tensors` holds the reductions themselves.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from . import stats
-from .config import DebugConfig
-from .distributed.shards import Param
-from .layers import LayerInfo, Role
-from .stepdata import Pending, SlotKey, StepData
+from ..config import DebugConfig
+from ..model.layers import LayerInfo, Role
+from ..model.shards import Param
+from ..stats import tensors as stats
+from ..stats.step import SlotKey, StepData
+from .pending import Pending
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ def gradients(
     """Gradient norms as the optimizer receives them, exact zeros, non-finite elements, and how much smaller they
     are than the backward pass left them (``raw``: norms at the end of backward, when read) - that is, clipping.
 
-    A sharded parameter's norm is its local part's, scaled to the whole (see :mod:`neuraldbg.distributed.shards`);
+    A sharded parameter's norm is its local part's, scaled to the whole (see :mod:`neuraldbg.model.shards`);
     its element count is the whole's. ``loss_scale``: the GradScaler scale still in ``with_grad`` (read before the
     scaler unscaled them), divided out (``raw`` comes unscaled)."""
     grads = [g for _, _, g in with_grad]

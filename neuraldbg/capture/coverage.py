@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from .events import EventType, FailureKind, SemanticEvent
-from .stepdata import StepData
+from ..events import EventType, FailureKind, SemanticEvent
+from ..stats.step import StepData
 
 #: Layers whose computation differs between ``train()`` and ``eval()``.
 _MODE_DEPENDENT: tuple[type[nn.Module], ...] = (

@@ -2,21 +2,21 @@
 
 Three parts do the work, each small enough to hold in one's head:
 
-* :mod:`neuraldbg.clock` - what a step is (optimizer steps, closures, accumulation, manual steps);
+* :mod:`neuraldbg.capture.clock` - what a step is (optimizer steps, closures, accumulation, manual steps);
 * :mod:`neuraldbg.capture` - what each hook records (which forwards count, cheap and full steps, compiled graphs);
-* :mod:`neuraldbg.measure` - what a fully observed step computes (per-layer, gradient and update statistics).
+* :mod:`neuraldbg.capture.measure` - what a fully observed step computes (per-layer, gradient and update statistics).
 
-The :class:`Recorder` owns the step in progress (a :class:`~neuraldbg.stepdata.Pending`), commits it when the
-clock says it is complete, and hands batches of host-side :class:`~neuraldbg.stepdata.StepData` records to a sink
+The :class:`Recorder` owns the step in progress (a :class:`~neuraldbg.stats.step.Pending`), commits it when the
+clock says it is complete, and hands batches of host-side :class:`~neuraldbg.stats.step.StepData` records to a sink
 (the analysis) in one device-to-host transfer per flush. It keeps no raw tensors beyond the current step. Its own
 failures become warnings and stop the recording; training goes on untouched, and the verdict says what was not
-observed (see :mod:`neuraldbg.coverage`).
+observed (see :mod:`neuraldbg.capture.coverage`).
 
 Cost. Every step: one Python call per module call (a dictionary lookup for the model's modules), on a CPU the
 norm of the model's output at the end of the forward pass (every layer's output only when it is non-finite) and
 one element of the head layer's gradient at the optimizer step; on a GPU every layer output's norm, batched, read
-at the flush; the learning rates. Fully observed steps (see :mod:`neuraldbg.schedule`) add the statistics of
-:mod:`neuraldbg.measure`.
+at the flush; the learning rates. Fully observed steps (see :mod:`neuraldbg.capture.schedule`) add the statistics of
+:mod:`neuraldbg.capture.measure`.
 """
 
 from __future__ import annotations
@@ -28,16 +28,18 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from . import hooks, measure, naming, stats
-from .capture import BackwardPath, ForwardPath
-from .capture.scaler import ScalerWatch
+from ..config import DebugConfig
+from ..errors import NeuralDbgWarning
+from ..model import naming
+from ..model.layers import LayerInfo
+from ..stats import tensors as stats
+from ..stats.step import SlotKey, StepData
+from . import BackwardPath, ForwardPath, hooks, measure
 from .clock import StepClock, StepMode
-from .config import DebugConfig
 from .coverage import Coverage, mode_dependent_layers
-from .errors import NeuralDbgWarning
-from .layers import LayerInfo
+from .pending import Pending, assign
+from .scaler import ScalerWatch
 from .schedule import Schedule
-from .stepdata import Pending, SlotKey, StepData, assign
 
 #: Committed steps held before a flush even when no fully observed step comes.
 _BUFFER_LIMIT = 64

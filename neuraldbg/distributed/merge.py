@@ -21,10 +21,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .diagnosis import Diagnosis
-from .errors import TraceError
-from .events import EventType, FailureKind
-from .export.trace import show_path
+from ..errors import TraceError
+from ..events import EventType, FailureKind
+from ..export.trace_format import show_path
+from ..queries import Diagnosis
 
 SUMMARY_FORMAT = "neuraldbg-rank-summary"
 SUMMARY_VERSION = 1
@@ -424,7 +424,7 @@ class JobDiagnosis:
 
     def export_mermaid(self) -> str:
         """A Mermaid flowchart: groups of ranks, the faults they show, and the ranks that sent nothing."""
-        from .export.mermaid import job_graph
+        from ..export.mermaid import job_graph
 
         return job_graph(self)
 

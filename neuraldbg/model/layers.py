@@ -125,7 +125,7 @@ def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def describe(model: nn.Module, derivative: float) -> dict[str, LayerInfo]:
     """LayerInfo for the model itself ("") and every watched module, keyed by its user name (see
-    :mod:`neuraldbg.naming`: wrappers such as DDP or FSDP are seen through)."""
+    :mod:`neuraldbg.model.naming`: wrappers such as DDP or FSDP are seen through)."""
     params = naming.Parameters(model)  # a shared weight is named by its first name
     infos: dict[str, LayerInfo] = {}
     for name, module in params.modules:

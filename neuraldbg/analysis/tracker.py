@@ -12,9 +12,9 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .config import DebugConfig
-from .detectors.base import Finding, Observation, TrackKey
-from .events import EventType, FailureKind, SemanticEvent
+from ..config import DebugConfig
+from ..detectors.base import Finding, Observation, TrackKey
+from ..events import EventType, FailureKind, SemanticEvent
 
 
 def normal_state(event_type: EventType) -> str:

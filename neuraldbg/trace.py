@@ -4,7 +4,7 @@ methods (``explain_failure()``, ``hypotheses()``, ``export_mermaid_causal_graph(
 A trace may come from anywhere (a CI artifact, a colleague, a path typed by hand), so reading it never blocks and
 never reads without bound: only regular files are opened (a FIFO, a device, or a symbolic link to one is refused
 before opening, and the file is opened non-blocking and checked again), at most ``max_bytes`` are read, and every
-field is checked before a :class:`Trace` is built (see :func:`neuraldbg.export.trace.parse`).
+field is checked before a :class:`Trace` is built (see :func:`neuraldbg.export.trace_format.parse`).
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import stat
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from . import plugins
 from .config import DebugConfig
-from .diagnosis import Diagnosis
 from .errors import TraceError
 from .events import SemanticEvent
-from .export import trace as trace_format
-from .history import History
+from .export import trace_format
+from .plugins import manager as plugins
+from .queries import Diagnosis
 from .reasoning import CausalRule, Topology
+from .stats.history import History
 
 #: Largest trace read by default: 64 MiB. A trace is small by construction (at most ``max_events`` events, history
 #: series of at most ``history_points`` points each): measured, a 101-module MLP after 600 fully observed steps

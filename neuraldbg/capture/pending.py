@@ -1,54 +1,18 @@
-"""One observed step's statistics, as device tensors while it is collected and host floats once flushed.
+"""One step being collected: host fields, plus 0-d device tensors moved to the host at the next flush.
 
-:class:`StepData` is what the detectors read; :class:`Pending` holds a step being collected (host fields, plus
-0-d device tensors and where each goes), and :func:`assign` files a flushed value into its field.
+:class:`Pending` holds the step in progress (a :class:`~neuraldbg.stats.step.StepData` and the device tensors that
+still have to be filed into it); :func:`assign` files a flushed value into its field.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
 
-from . import stats
-
-SlotKey = tuple[str, int]  # (qualified layer name, call index within one forward pass)
-
-
-@dataclass(slots=True)
-class StepData:
-    """Host-side statistics of one observed step. Dictionaries are empty for what was not measured."""
-
-    step: int
-    full: bool
-    act: dict[SlotKey, float] = field(default_factory=dict)  # L2 norm of each layer's output
-    numel: dict[SlotKey, int] = field(default_factory=dict)
-    input_norm: float | None = None
-    input_numel: int = 0
-    output_norm: float | None = None
-    output_numel: int = 0
-    target_grad: float | None = None  # norm of d(loss)/d(model output): falls as the fit improves
-    head_grad: float | None = None  # gradient norm of the last parametric layer (fully observed steps)
-    head_finite: bool | None = None  # its gradient's first element is finite: on cheap steps, the loss was
-    grad_clip_factor: float | None = None  # total gradient norm after backward / at the optimizer step, when > 1
-    loss: float | None = None
-    dead: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # (dead units, units)
-    func_dead: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # never positive, zero grad
-    saturated: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # (saturated, elements)
-    out_grad: dict[SlotKey, float] = field(default_factory=dict)  # norm of d(loss)/d(layer output)
-    grad: dict[str, float] = field(default_factory=dict)  # parameter -> gradient norm
-    grad_numel: dict[str, int] = field(default_factory=dict)
-    grad_exact_zero: set[str] = field(default_factory=set)
-    grad_nonfinite: set[str] = field(default_factory=set)  # has inf/NaN elements (not a norm overflow)
-    update: dict[str, tuple[float, float]] = field(default_factory=dict)  # parameter -> (||dW||, ||W||)
-    update_parts: dict[str, list[float]] = field(default_factory=dict, repr=False)  # readings being assembled
-    stepped: dict[str, float] = field(default_factory=dict)  # parameter -> lr of the group that stepped it
-    lr_changed: bool = False
-    skipped: bool = False  # a GradScaler skipped this step's optimizer step (its scaled gradients overflowed)
-    loss_scale: float | None = None  # the GradScaler's scale in this step's backward pass
-
+from ..stats import tensors as stats
+from ..stats.step import StepData
 
 #: Readings taken from scaled gradients (or from a step's update), meaningless once the GradScaler skipped the step.
 _SCALED = frozenset({"target_grad", "out_grad", "func_dead", "delta", "weight", "before"})
