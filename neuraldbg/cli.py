@@ -152,7 +152,7 @@ def _explain(args: argparse.Namespace) -> int:
 def _trace_paths(given: Sequence[str]) -> tuple[list[str], bool]:
     """The trace files named (directories expanded to their *.json files), and whether they form a job."""
     from .errors import TraceError
-    from .export.trace_format import show_path
+    from .text import printable as show_path
 
     paths: list[str] = []
     job = len(given) > 1

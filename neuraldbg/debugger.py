@@ -37,9 +37,10 @@ from .distributed.process import ProcessInfo, process_info
 from .errors import ConfigError, NeuralDbgError, NeuralDbgWarning
 from .events import SemanticEvent
 from .model import naming
-from .model.layers import LayerInfo, describe
-from .plugins import manager as plugins
-from .queries import Diagnosis
+from .model.info import LayerInfo
+from .model.layers import describe
+from .plugins import manager
+from .queries import Queries
 from .reasoning import CausalRule, Topology
 from .version import __version__
 
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 KEYWORDS = ("config", "preset", "plugins", "grad_scaler", "gather", "gather_timeout")
 
 
-class NeuralDbg(Diagnosis):
+class NeuralDbg(Queries):
     """Watch a model's training and explain what went wrong.
 
     Args:
@@ -100,9 +101,12 @@ class NeuralDbg(Diagnosis):
         self._compiled = root is not model
         self._infos: dict[str, LayerInfo] = describe(root, self.config.saturation_derivative)
         pm = _plugin_manager(plugins)
-        self._rules: list[CausalRule] = _rules(pm)
+        self._rules: list[CausalRule] = manager.rules(pm)
         order: list[tuple[str, int]] = []  # one list: the recorder appends, the detectors read
-        self._analyzer = Analyzer(self.config, self._infos, order, _detectors(pm, self.config))
+        detectors = manager.detectors(pm, self.config)
+        kinds = manager.kinds_of(pm)
+        self._kinds = [k.name for k in kinds]
+        self._analyzer = Analyzer(self.config, self._infos, order, detectors, kinds)
         self._recorder = Recorder(root, self._infos, self.config, self._analyzer.consume, order, grad_scaler)
         self._analyzer.watch_coverage(self._recorder.coverage, self._recorder.run_facts)
         self.history = self._analyzer.history
@@ -242,6 +246,10 @@ class NeuralDbg(Diagnosis):
         )
         return self._analyzer.events(final=not self.attached), topo, self._rules
 
+    def checked_kinds(self) -> list[str]:
+        """The names of the failure kinds this debugger checks: the built-in ones and its plugins'."""
+        return list(self._kinds)
+
     def _meta(self) -> dict[str, Any]:
         extra: dict[str, Any] = {}
         info = self._process
@@ -306,14 +314,6 @@ def _check_distributed_options(
 
 def _plugin_manager(extra: Iterable[Any]) -> Any:
     try:
-        return plugins.manager(extra)
-    except Exception as exc:  # a broken third-party plugin must not stop training
+        return manager.manager(extra)
+    except Exception as exc:  # a broken third-party plugin is reported before training starts
         raise NeuralDbgError(f"NeuralDbg: loading plugins failed: {exc!r}") from exc
-
-
-def _detectors(pm: Any, config: DebugConfig) -> list[Any]:
-    return plugins.detectors(pm, config)
-
-
-def _rules(pm: Any) -> list[CausalRule]:
-    return plugins.rules(pm)

@@ -1,23 +1,36 @@
-"""The query API shared by a live debugger and a trace loaded from disk.
+"""The query API shared by a live debugger, a trace loaded from disk and a distributed job.
 
-Both hold semantic events and what the reasoning needs about the model (forward order, layer types); this
-class answers every question from those: hypotheses, explanations, root causes, couplings, chains, graphs.
+Each holds semantic events and what the reasoning needs about the model (forward order, layer types); this class
+answers every question from those: hypotheses, explanations, root causes, couplings, chains, graphs.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from .config import DebugConfig
 from .errors import ConfigError, did_you_mean
 from .events import EventType, FailureKind, SemanticEvent
-from .health import ActivationHealth, GradientHealth, UpdateHealth
+from .health import ActivationHealth, GradientHealth, HealthState, UpdateHealth
 from .reasoning import CausalHypothesis, CausalRule, Coupling, Topology, diagnose
 from .stats.history import History
 
 
-class Diagnosis:
+@dataclass(frozen=True)
+class HeldAbove:
+    """A stretch of recorded steps over which a layer's series stayed above a limit, and its peak."""
+
+    layer: str
+    start: int
+    end: int
+    points: int
+    peak: float
+
+
+class Queries:
     """Queries over a run's events. Subclasses provide ``_current()``; everything else is shared."""
 
     history: History
@@ -48,6 +61,14 @@ class Diagnosis:
     def meta(self) -> dict[str, Any]:
         """About the run: model class, steps observed, last step, step mode, torch / Python / NeuralDBG versions."""
         return {k: v for k, v in self._meta().items() if k not in ("config", "layers")}
+
+    def checked_kinds(self) -> list[str]:
+        """The names of the failure kinds this run was checked for: the built-in ones and the plugins' (for a saved
+        run, also any other kind it reported)."""
+        from .kinds import BUILTIN
+
+        names = [room.name for room in BUILTIN]
+        return [*names, *dict.fromkeys(e.kind.value for e in self.events if e.kind is not None and e.kind not in names)]
 
     @property
     def layers(self) -> list[str]:
@@ -119,6 +140,20 @@ class Diagnosis:
             return [e for e in h.chain if id(e) in keep]
         return []
 
+    def held_above(self, metric: str, limit: float) -> list[HeldAbove]:
+        """Layers whose recorded ``metric`` (``"dead_fraction"``) stayed above ``limit`` for at least ``persistence``
+        consecutive recorded points (the rule that makes a state an event), each at its longest such stretch. An
+        assertion helper's own limit (``max_fraction``) is judged with the engine's persistence this way."""
+        config = self._meta().get("config") or {}
+        persistence = int(config.get("persistence", DebugConfig().persistence))
+        found = []
+        for layer in self.history.layers(metric):
+            series = self.history.get(metric, layer)
+            best = _longest_above(series.points() if series is not None else [], limit)
+            if best is not None and best.points >= persistence:
+                found.append(HeldAbove(layer, best.start, best.end, best.points, best.peak))
+        return found
+
     def export_mermaid_causal_graph(self) -> str:
         """A Mermaid flowchart of the causal chains (renders on GitHub and in mermaid.live)."""
         from .export.mermaid import causal_graph
@@ -145,12 +180,25 @@ class Diagnosis:
         return write(path, self.to_dict())
 
 
+def _longest_above(points: list[tuple[int, float]], limit: float) -> HeldAbove | None:
+    best: HeldAbove | None = None
+    run: list[tuple[int, float]] = []
+    for step, value in [*points, (0, -1.0)]:  # a sentinel closes the last run
+        if value > limit:
+            run.append((step, value))
+            continue
+        if run and (best is None or len(run) > best.points):
+            best = HeldAbove("", run[0][0], run[-1][0], len(run), max(v for _, v in run))
+        run = []
+    return best
+
+
 def _selector(selector: FailureKind | EventType | str) -> Any:
     if isinstance(selector, FailureKind):
         return lambda e: e.kind is selector
     if isinstance(selector, EventType):
         return lambda e: e.event_type is selector
-    if isinstance(selector, (GradientHealth, ActivationHealth, UpdateHealth)):
+    if isinstance(selector, HealthState):
         return lambda e: e.to_state == selector.value
     if not isinstance(selector, str):
         raise ConfigError(

@@ -18,10 +18,12 @@ from .config import DebugConfig
 from .errors import TraceError
 from .events import SemanticEvent
 from .export import trace_format
-from .plugins import manager as plugins
-from .queries import Diagnosis
+from .kinds import registry
+from .plugins import manager
+from .queries import Queries
 from .reasoning import CausalRule, Topology
 from .stats.history import History
+from .text import printable
 
 #: Largest trace read by default: 64 MiB. A trace is small by construction (at most ``max_events`` events, history
 #: series of at most ``history_points`` points each): measured, a 101-module MLP after 600 fully observed steps
@@ -31,7 +33,7 @@ from .stats.history import History
 MAX_TRACE_BYTES = 64 * 1024 * 1024
 
 
-class Trace(Diagnosis):
+class Trace(Queries):
     """A finished run read from a JSON trace file."""
 
     def __init__(self, doc: dict[str, Any], source: str, plugins_: Iterable[Any] = ()) -> None:
@@ -49,7 +51,9 @@ class Trace(Diagnosis):
             last_step=int(doc["meta"].get("last_step", -1)),
         )
         self.history = History.from_json(doc["history"], self.config.history_points)
-        self._rules: list[CausalRule] = plugins.rules(plugins.manager(plugins_))
+        reported = {e.kind for e in self._events if e.kind is not None}
+        registered = [registry.room(k) for k in reported if registry.is_known(k)]  # a plugin of this process
+        self._rules: list[CausalRule] = manager.rules(manager.manager(plugins_), registered)
 
     def _current(self) -> tuple[list[SemanticEvent], Topology, Sequence[CausalRule]]:
         return self._events, self._topo, self._rules
@@ -85,7 +89,7 @@ def _refuse_unless_regular(shown: str, mode: int, via_link: bool) -> None:
 
 def read_text(source: str, max_bytes: int = MAX_TRACE_BYTES) -> str:
     """The text of a trace file, read without blocking and without reading more than ``max_bytes``."""
-    shown = trace_format.show_path(source)
+    shown = printable(source)
     via_link = os.path.islink(source)
     info = _os_call(shown, via_link, os.stat, source)  # follows symbolic links: what open() would reach
     _refuse_unless_regular(shown, info.st_mode, via_link)

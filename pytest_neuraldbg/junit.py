@@ -33,10 +33,15 @@ def _junit_xml() -> Any:
     return importlib.import_module("junit_xml")  # untyped package: used through Any
 
 
-def checks() -> list[tuple[str, tuple[str, ...], str]]:
-    """Each case of a run: its name, the failure kinds it fails on, and how its verdict line names them."""
-    layer = [(kind, (kind,), verdict.CHECKS[kind]) for kind in verdict.LAYER_KINDS]
-    return [*layer, (OBSERVED, verdict.RUN_KINDS, "run-level failure")]
+def checks(record: Mapping[str, Any]) -> list[tuple[str, tuple[str, ...], str]]:
+    """Each case of a run: its name, the failure kinds it fails on, and how its verdict line names them. One case
+    per layer-level kind the run was checked for (the built-in ones and its plugins'), one case ``observed`` for the
+    run-level kinds."""
+    names = list(record.get("kinds") or verdict.kinds())
+    names += [h["kind"] for h in record["hypotheses"] if h["kind"] not in names]
+    layer = [(kind, (kind,), verdict.title(kind)) for kind in names if not verdict.run_level(kind)]
+    run = tuple(kind for kind in names if verdict.run_level(kind))
+    return [*layer, (OBSERVED, run, "run-level failure")]
 
 
 def _judge(case: Any, outcome: str, first_line: str, text: str, expected_by_test: bool) -> None:
@@ -91,7 +96,7 @@ def report(
     cases = [
         _case(r, records.run_label(r, per_test[r["nodeid"]]), check, outcome_of(str(r["nodeid"])))
         for r in recs
-        for check in checks()
+        for check in checks(r)
     ]
     cases += [_baseline_case(nodeid, baselines[nodeid], outcome_of(nodeid)) for nodeid in sorted(baselines)]
     unhealthy = sum(r["verdict"] == records.UNHEALTHY for r in recs)

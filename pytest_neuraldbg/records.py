@@ -118,7 +118,7 @@ def summarise(dbg: Any, *, nodeid: str, run: str, include_trace: bool = False) -
     Each hypothesis says whether an assertion helper of the test failed on it (``asserted``): when the test
     passed anyway, it caught that failure on purpose (``pytest.raises``), so the gate does not fail it again.
     """
-    record: dict[str, Any] = {"nodeid": nodeid, "run": run, "steps": 0, "hypotheses": [], "mermaid": ""}
+    record: dict[str, Any] = {"nodeid": nodeid, "run": run, "steps": 0, "hypotheses": [], "mermaid": "", "kinds": []}
     try:
         hypotheses = list(dbg.hypotheses())
         asserted = set(getattr(dbg, "asserted", ()))  # failures an assertion helper raised on (see watched.py)
@@ -128,6 +128,7 @@ def summarise(dbg: Any, *, nodeid: str, run: str, include_trace: bool = False) -
         record.update(
             verdict=UNHEALTHY if hypotheses else HEALTHY,
             steps=int(dbg.steps),
+            kinds=list(dbg.checked_kinds()),
             hypotheses=found,
             mermaid=dbg.export_mermaid_causal_graph(),
             grad_chart=grad_chart_series(dbg, hypotheses) if hypotheses else [],

@@ -10,26 +10,29 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from neuraldbg.events import RUN_LEVEL_KINDS, FailureKind  # the engine's vocabulary; imports no torch
+from neuraldbg.events import FailureKind
+from neuraldbg.kinds import registry  # the engine's kinds, each in its room; imports no torch
+from neuraldbg.text import one_line
 
 MAX_HEADLINE = 300
 
-#: How a headline names a failure kind, where its value with spaces would read badly.
-_NAMES = {"non_finite": "non-finite values", "eval_mode_training": "training in eval mode"}
 
-#: Every failure kind of the engine (:class:`~neuraldbg.FailureKind`, in its order) and how a headline names it.
-CHECKS: dict[str, str] = {kind.value: _NAMES.get(kind.value, kind.value.replace("_", " ")) for kind in FailureKind}
-#: The kinds about the run as a whole (nothing trained, no gradient, eval mode, a loss that cannot teach, the
-#: debugger stopped observing): the run cannot be called healthy, whatever its layers did.
-RUN_KINDS: tuple[str, ...] = tuple(kind.value for kind in FailureKind if kind in RUN_LEVEL_KINDS)
-#: The kinds about one layer's health: each has its own check (and its own case in the health JUnit file).
-LAYER_KINDS: tuple[str, ...] = tuple(kind for kind in CHECKS if kind not in RUN_KINDS)
+def kinds(also: Iterable[str] = ()) -> list[str]:
+    """Every failure kind this process knows (the built-in ones and the plugins' registered so far, in the engine's
+    order), then any other kind named in ``also`` (a kind a run reported whose plugin is not loaded here)."""
+    known = [k.value for k in FailureKind if registry.is_known(k)]
+    return [*known, *dict.fromkeys(a for a in also if a not in known)]
 
 
-def short(text: str, limit: int) -> str:
-    """``text`` on one line, at most ``limit`` characters."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+def title(kind: str) -> str:
+    """How a verdict names a kind ("dead neurons", "non-finite values"), as its room says."""
+    return registry.room(kind).title
+
+
+def run_level(kind: str) -> bool:
+    """About the run as a whole (nothing trained, no gradient, eval mode, a loss that cannot teach, the debugger
+    stopped observing): such a run cannot be called healthy, whatever its layers did."""
+    return registry.room(kind).run_level
 
 
 def headline(hypotheses: Sequence[dict[str, Any]], lead: str = "NeuralDBG: training is unhealthy") -> str:
@@ -37,10 +40,10 @@ def headline(hypotheses: Sequence[dict[str, Any]], lead: str = "NeuralDBG: train
     if not hypotheses:
         return "NeuralDBG: training looks healthy"
     if len(hypotheses) == 1:
-        return short(f"{lead} - {hypotheses[0]['summary']}", MAX_HEADLINE)
+        return one_line(f"{lead} - {hypotheses[0]['summary']}", MAX_HEADLINE)
     listed = "; ".join(h["summary"] for h in hypotheses[:3])
     more = f"; +{len(hypotheses) - 3} more" if len(hypotheses) > 3 else ""
-    return short(f"{lead} - {len(hypotheses)} failure hypotheses: {listed}{more}", MAX_HEADLINE)
+    return one_line(f"{lead} - {len(hypotheses)} failure hypotheses: {listed}{more}", MAX_HEADLINE)
 
 
 def involves(hypothesis: dict[str, Any], kinds: Sequence[str]) -> bool:
@@ -57,7 +60,7 @@ def kind_headline(found: Sequence[dict[str, Any]], kinds: Sequence[str], what: s
     places = ", ".join(dict.fromkeys(e["where"] for e in events))
     start = min(e["step_start"] for e in events)
     more = f" (+{len(found) - 1} more hypotheses)" if len(found) > 1 else ""
-    return short(f"NeuralDBG: {what} in {places} from step {start}, caused by {first['summary']}{more}", MAX_HEADLINE)
+    return one_line(f"NeuralDBG: {what} in {places} from step {start}, caused by {first['summary']}{more}", MAX_HEADLINE)
 
 
 def chain_lines(hypothesis: dict[str, Any]) -> list[str]:

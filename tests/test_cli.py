@@ -125,7 +125,7 @@ def test_explain_on_a_directory_merges_the_ranks_and_exits_1_on_failures(
     out = capsys.readouterr().out
     assert out.startswith("NeuralDBG job: UNHEALTHY - 2 failures (dead_neurons, non_finite) on a job of 2 ranks.")
     assert "dead_neurons at '3' from step 0 on all ranks" in out
-    assert f"non_finite: input batch at step {POISON_STEP} on rank 1 only - a data shard problem" in out
+    assert f"non_finite: the input batch at step {POISON_STEP} on rank 1 only - a data shard problem" in out
     files = [str(tmp_path / "run.rank0.json"), str(tmp_path / "run.rank1.json")]
     assert main(["explain", *files, "--json"]) == 1
     payload = json.loads(capsys.readouterr().out)
@@ -144,7 +144,7 @@ def test_the_merged_graph_shows_which_ranks_show_each_fault_and_renders(
         '  n0["ranks 0, 1"]',
         "  n1[\"dead_neurons<br>'3'\"]",
         '  n2["rank 1"]',
-        '  n3["non_finite<br>input batch<br>a data shard problem"]',
+        '  n3["non_finite<br>the input batch<br>a data shard problem"]',
         '  n4["rank 2<br>has no trace (it failed, or its trace was not saved)<br>findings unknown"]',
         '  n0 -->|"from step 0"| n1',
         f'  n2 -->|"at step {POISON_STEP}"| n3',

@@ -17,8 +17,9 @@ from torch import nn
 from neuraldbg import DebugConfig, EventType, FailureKind
 from neuraldbg.analysis.tracker import Tracker
 from neuraldbg.detectors.base import Context, Finding, StepView
-from neuraldbg.detectors.dead import DeadUnitsDetector
-from neuraldbg.model.layers import describe, owner_of_params
+from neuraldbg.kinds.dead_neurons import DeadUnitsDetector
+from neuraldbg.model.info import owner_of_params
+from neuraldbg.model.layers import describe
 from neuraldbg.stats.step import SlotKey, StepData
 
 MODEL = nn.Sequential(nn.Linear(4, 10), nn.ReLU(), nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 1))
@@ -118,7 +119,7 @@ def test_a_dead_layer_that_comes_back_to_life_is_an_event_that_ended():
     for step, dead in enumerate([10, 10, 10, 0, 0]):
         obs = detector.observe(StepView(relu_step(step, dead), ctx))
         assert obs is not None
-        tracker.update(detector.name, step, obs)
+        tracker.update(step, [(detector.track_name, obs)])
     (event,) = tracker.events(final=True)
     assert (event.layer, event.step_start, event.step_end, event.to_state) == ("1", 0, 2, "dead")
     assert "ongoing" not in event.metrics
@@ -159,13 +160,17 @@ def update_step(
 
 
 def observe_updates(steps: list[StepData]) -> list[list[Finding]]:
-    from neuraldbg.detectors.updates import UpdateDetector
+    """What the detectors of what the optimizer did (frozen parameters, stalls, surges) find at each step."""
+    from neuraldbg.kinds.exploding_gradients import UpdateSurgeDetector
+    from neuraldbg.kinds.frozen_parameters import FrozenDetector
+    from neuraldbg.kinds.stalled_updates import StalledDetector
 
-    detector, ctx = UpdateDetector(), update_context()
+    detectors, ctx = [FrozenDetector(), StalledDetector(), UpdateSurgeDetector()], update_context()
     out = []
     for data in steps:
-        obs = detector.observe(StepView(data, ctx))
-        out.append(obs.findings if obs is not None else [])
+        view = StepView(data, ctx)
+        found = [d.observe(view) for d in detectors]
+        out.append([f for obs in found if obs is not None for f in obs.findings])
     return out
 
 
@@ -310,13 +315,17 @@ def grad_step(
 
 
 def observe_gradients(steps: list[StepData]) -> list[dict[str, Finding]]:
-    from neuraldbg.detectors.gradients import GradientDetector
+    """What the detectors of a layer's gradient (non-finite, exploding, vanishing) find at each step."""
+    from neuraldbg.kinds.exploding_gradients import ExplodingDetector
+    from neuraldbg.kinds.non_finite import NonFiniteGradientDetector
+    from neuraldbg.kinds.vanishing_gradients import VanishingDetector
 
-    detector, ctx = GradientDetector(), grad_context()
+    detectors, ctx = [NonFiniteGradientDetector(), ExplodingDetector(), VanishingDetector()], grad_context()
     out = []
     for data in steps:
-        obs = detector.observe(StepView(data, ctx))
-        out.append({f.layer: f for f in obs.findings} if obs is not None else {})
+        view = StepView(data, ctx)
+        found = [d.observe(view) for d in detectors]
+        out.append({f.layer: f for obs in found if obs is not None for f in obs.findings})
     return out
 
 

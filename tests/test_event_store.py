@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from neuraldbg import DebugConfig, EventType, FailureKind, SemanticEvent
-from neuraldbg.analysis.tracker import EventStore, Tracker, merge
+from neuraldbg.analysis.store import EventStore, merge
+from neuraldbg.analysis.tracker import Tracker
 from neuraldbg.detectors.base import Finding, Observation, TrackKey
 
 
@@ -112,7 +113,7 @@ def observe(tracker: Tracker, step: int, finding: Finding | None, detector: str 
     obs.saw(EventType.ACTIVATION, "3")
     if finding is not None:
         obs.findings.append(finding)
-    tracker.update(detector, step, obs)
+    tracker.update(step, [(detector, obs)])
 
 
 def test_a_state_that_ended_asks_for_dense_observation_again_when_it_comes_back():

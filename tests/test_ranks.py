@@ -55,7 +55,7 @@ def test_a_nan_batch_on_one_rank_is_a_data_shard_problem_on_that_rank_only(trace
     nan = [f for f in job.findings if f.kind is FailureKind.NON_FINITE]
     assert len(nan) == 1 and nan[0].event_type is EventType.INPUT
     assert nan[0].ranks == (1,) and nan[0].data_shard
-    assert nan[0].line() == f"non_finite: input batch at step {POISON_STEP} on rank 1 only - a data shard problem"
+    assert nan[0].line() == f"non_finite: the input batch at step {POISON_STEP} on rank 1 only - a data shard problem"
     assert "Only the input batches of rank 1 held non-finite values" in nan[0].note()
     assert nan[0].explained_by == 1 and f"input batch at step {POISON_STEP}" in nan[0].explanation
 
@@ -66,7 +66,7 @@ def test_the_job_report_says_unhealthy_and_lists_each_fault_with_its_ranks(trace
     report = job.report()
     assert report.startswith("NeuralDBG job: UNHEALTHY - 2 failures (dead_neurons, non_finite) on a job of 2 ranks.")
     assert "1. dead_neurons at '3' from step 0 on all ranks (confidence 1.00)" in report
-    assert f"2. non_finite: input batch at step {POISON_STEP} on rank 1 only - a data shard problem" in report
+    assert f"2. non_finite: the input batch at step {POISON_STEP} on rank 1 only - a data shard problem" in report
     assert "On rank 0: Dead neurons in '3' (ReLU)" in report
     assert "sent no summary" not in report
 

@@ -486,7 +486,7 @@ def test_updates_surging_after_an_explosion_present_from_the_first_step_are_its_
 
 
 def test_a_state_measured_until_step_32_of_a_40_step_run_says_so_plainly():
-    from neuraldbg.reasoning.explain import steps
+    from neuraldbg.kinds.base import held as steps
 
     topo = Topology(order=["0"], types={}, roles={}, last_step=39)
     measured = ev(D, "0", 0, 32, A, "dead", ongoing=1.0)

@@ -20,10 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neuraldbg import DebugConfig, EventType, FailureKind, NeuralDbg
+from neuraldbg import DebugConfig, EventType, FailureKind, NeuralDbg, SemanticEvent
 from neuraldbg.analysis.tracker import Tracker
 from neuraldbg.capture.measure import clip_factor
 from neuraldbg.detectors.base import Finding, Observation
+from neuraldbg.queries import Queries
+from neuraldbg.reasoning import CausalRule, Topology
 from neuraldbg.stats.history import History
 from pytest_neuraldbg.assertions import assert_no_dead_neurons
 
@@ -132,7 +134,7 @@ def observe(tracker: Tracker, states: list[Finding | None]) -> None:
         obs.saw(EventType.ACTIVATION, "3")
         if finding is not None:
             obs.findings.append(finding)
-        tracker.update("dead", i * GAP, obs)
+        tracker.update(i * GAP, [("dead", obs)])
 
 
 @pytest.mark.parametrize("held", [2, 3])
@@ -193,8 +195,8 @@ def test_a_layer_dead_for_two_observed_steps_of_a_real_run_is_not_reported_and_f
     assert (event.layer, event.step_start, event.step_end) == ("3", 4, 6)
 
 
-class RecordedRun:
-    """What assert_no_dead_neurons reads of a run: no hypotheses, a dead-fraction history, a config."""
+class RecordedRun(Queries):
+    """A run with no events, a dead-fraction history and a config: the engine judges ``max_fraction`` over it."""
 
     def __init__(self, fractions: list[float], config: dict[str, object]) -> None:
         self.history = History(64)
@@ -202,8 +204,11 @@ class RecordedRun:
             self.history.add("dead_fraction", "act", step, value)
         self.config = config
 
-    def hypotheses(self) -> list[object]:
-        return []
+    def _current(self) -> tuple[list[SemanticEvent], Topology, list[CausalRule]]:
+        return [], Topology(order=["act"], types={"act": "ReLU"}, roles={"act": "gated"}), []
+
+    def _meta(self) -> dict[str, object]:
+        return {"config": self.config}
 
 
 @pytest.mark.parametrize("config", [{"persistence": 3}, {}], ids=["recorded", "not recorded: the default"])

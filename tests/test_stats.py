@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from neuraldbg import NeuralDbg
-from neuraldbg.stats.step import StepData
 from neuraldbg.stats import tensors as stats
+from neuraldbg.stats.step import StepData
 
 
 def test_norms_match_vector_norm_for_every_dtype_and_mixed_lists():

@@ -91,9 +91,21 @@ def test_a_bad_field_deep_inside_is_reported_with_its_json_path(nan_run, tmp_pat
     ):
         neuraldbg.load(write(tmp_path, json.dumps(doc)))
     doc = nan_run.to_dict()
-    doc["events"][0]["kind"] = "melted_gradients"
-    with pytest.raises(TraceError, match=r"events\[0\]\.kind: unknown value 'melted_gradients'"):
+    doc["events"][0]["kind"] = "Melted Gradients!"
+    with pytest.raises(TraceError, match=r"events\[0\]\.kind: not a failure kind's name: 'Melted Gradients!'"):
         neuraldbg.load(write(tmp_path, json.dumps(doc)))
+
+
+def test_a_kind_whose_plugin_is_not_installed_loads_and_is_reported_by_its_name(nan_run, tmp_path: Path):
+    doc = nan_run.to_dict()
+    for event in doc["events"]:
+        if event["kind"] == "non_finite":
+            event["kind"] = "melted_gradients"  # written by a plugin this process does not have
+    trace = neuraldbg.load(write(tmp_path, json.dumps(doc)))
+    kinds = [h.kind.value for h in trace.hypotheses()]
+    assert "melted_gradients" in kinds and "non_finite" not in kinds
+    assert "Melted gradients in '" in trace.report()  # generic words: the kind's own are the plugin's
+    assert "melted_gradients" in trace.export_mermaid_causal_graph()
 
 
 def test_missing_and_binary_files_are_trace_errors(tmp_path: Path):
@@ -167,7 +179,6 @@ TARGETED = [
     (("events", 0, "confidence"), 1.5, r"events\[0\]\.confidence: expected a number from 0 to 1, got number 1\.5"),
     (("events", 0, "confidence"), "nan", r"events\[0\]\.confidence: expected a number from 0 to 1"),
     (("events", 0, "layer"), ["0"], r"events\[0\]\.layer: expected a string, got array of 1"),
-    (("events", 0, "metrics", "units"), "inf", r"events\[0\]\.metrics\.units: expected a finite number from 0"),
     (("events", 0, "metrics", "call"), -1, r"events\[0\]\.metrics\.call: expected a finite number from 0"),
     (("events", 0, "metrics", "odd key!"), "lots", r'events\[0\]\.metrics\["odd key!"\]: expected a finite number'),
     (("events", 0, "detail"), 3, r"events\[0\]\.detail: expected a string, got integer 3"),
@@ -181,7 +192,7 @@ TARGETED = [
     (("model", "layers", 1), {"name": "x"}, r"model\.layers\[1\]\.type: missing"),
     (("events", 0, "step_end"), 0, r"events\[0\]\.step_end: step_end 0 is before step_start 9"),
     (("events", 0, "event_type"), "vibes", r"events\[0\]\.event_type: unknown value 'vibes'; expected one of"),
-    (("hypotheses", 0, "kind"), "bad_luck", r"hypotheses\[0\]\.kind: unknown value 'bad_luck'"),
+    (("hypotheses", 0, "kind"), "bad luck", r"hypotheses\[0\]\.kind: not a failure kind's name: 'bad luck'"),
     (("hypotheses", 0, "chain", 0), -1, r"hypotheses\[0\]\.chain\[0\]: expected the index of an event"),
 ]
 
@@ -194,6 +205,16 @@ def test_every_field_a_trace_reads_is_checked_and_named_by_its_json_path(
     doc["meta"]["world_size"] = 2
     set_in(doc, where, value)
     assert re.search(message, one_line_error(write(tmp_path, json.dumps(doc)))), message
+
+
+def test_a_count_its_kind_reads_must_be_a_finite_count(nan_run, tmp_path: Path):
+    doc = json.loads(json.dumps(nan_run.to_dict()))
+    doc["events"][0].update(kind="dead_neurons", to_state="dead")
+    doc["events"][0]["metrics"]["units"] = "inf"  # the dead units room reads int(units)
+    message = r"events\[0\]\.metrics\.units: expected a finite number from 0"
+    assert re.search(message, one_line_error(write(tmp_path, json.dumps(doc))))
+    doc["events"][0].update(kind="non_finite", to_state="non_finite")  # no room of that kind counts units
+    neuraldbg.load(write(tmp_path, json.dumps(doc)))
 
 
 def test_history_points_must_be_step_value_pairs_with_integer_steps(nan_run, tmp_path: Path):

@@ -23,7 +23,7 @@ def feed(tracker: Tracker, states: list[Finding | None], start: int = 0) -> None
         obs.saw(EventType.ACTIVATION, "3")
         if finding is not None:
             obs.findings.append(finding)
-        tracker.update("d", step, obs)
+        tracker.update(step, [("d", obs)])
 
 
 def test_a_state_present_from_the_first_step_is_an_event_with_no_from_state():
@@ -72,10 +72,10 @@ def test_the_store_keeps_the_earliest_and_the_strongest_events_when_full():
         finding = Finding(EventType.ACTIVATION, FailureKind.DEAD_NEURONS, f"layer{i}", "dead", {}, strength)
         obs = Observation(findings=[finding])
         obs.saw(EventType.ACTIVATION, f"layer{i}")
-        tracker.update("d", i * 10, obs)
+        tracker.update(i * 10, [("d", obs)])
         closing = Observation()
         closing.saw(EventType.ACTIVATION, f"layer{i}")
-        tracker.update("d", i * 10 + 1, closing)
+        tracker.update(i * 10 + 1, [("d", closing)])
     events = tracker.events()
     assert len(events) <= 20
     layers = {e.layer for e in events}
@@ -139,11 +139,11 @@ def test_only_a_new_kind_of_state_asks_for_dense_observation():
         for layer in layers:
             obs.saw(EventType.ACTIVATION, layer)
             obs.findings.append(Finding(EventType.ACTIVATION, FailureKind.DEAD_NEURONS, layer, "dead", {}, 1.0))
-        tracker.update("d", step, obs)
+        tracker.update(step, [("d", obs)])
     assert tracker.started == 1  # layers dying one after another while one already is: no new dense window
     obs = Observation()
     obs.saw(EventType.ACTIVATION, "3")
     obs.findings.append(NAN)
-    tracker.update("d", 3, obs)
+    tracker.update(3, [("d", obs)])
     assert tracker.started == 2  # a new kind of state does ask for it
     assert tracker.has_open("d") and not tracker.has_open("other")

@@ -1,4 +1,4 @@
-"""The host side of a run: detectors over each observed step, the tracker, and the history.
+"""The host side of a run: detectors over each observed step, the tracker, the history, and the run-level findings.
 
 :class:`Analyzer` is the recorder's sink. It is pure Python over host floats; a failing detector (a user's
 plugin, say) is switched off with a warning, never allowed to break the training loop.
@@ -11,61 +11,68 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..capture.coverage import Coverage
+from ..capture.coverage import Coverage, RunFacts
 from ..config import DebugConfig
-from ..detectors.base import Context, Detector, StepView
-from ..detectors.nonfinite import NonFiniteDetector
+from ..detectors.base import Context, Detector, Observation, StepView
 from ..errors import NeuralDbgWarning
 from ..events import SemanticEvent
-from ..model.layers import LayerInfo, owner_of_params
+from ..kinds.base import Kind
+from ..model.info import LayerInfo, owner_of_params
 from ..stats.history import History
 from ..stats.step import SlotKey, StepData
 from .tracker import Tracker
 
 
 class Analyzer:
+    """Runs the detectors over each committed step, and the run-level checks of ``kinds`` over what was observed."""
+
     def __init__(
         self,
         config: DebugConfig,
         infos: dict[str, LayerInfo],
         order: list[SlotKey],
         detectors: Sequence[Detector],
+        kinds: Sequence[Kind] = (),
     ) -> None:
         self.ctx = Context(config, infos, order, owner_of_params(infos))
         self.detectors = list(detectors)
         self._every_step = [d for d in self.detectors if d.every_step]
-        self._plugin_every_step = any(not isinstance(d, NonFiniteDetector) for d in self._every_step)
-        self.tracker = Tracker(config)
+        self._run_kinds = [k for k in kinds if k.run_level]
+        self.tracker = Tracker(config, kinds)
         self.history = History(config.history_points)
         self.steps_observed = 0
         self.full_steps = 0
         self.last_step = -1
         self.coverage = Coverage()
-        self._facts: Callable[[], dict[str, Any]] = dict
+        self._facts: Callable[[], RunFacts] = lambda: RunFacts(0, 0, 0)
         self._events_key: tuple[Any, ...] | None = None
         self._events: list[SemanticEvent] = []
 
-    def watch_coverage(self, coverage: Coverage, facts: Callable[[], dict[str, Any]]) -> None:
-        """Count each analysed step into ``coverage``; ``facts()`` gives the recorder's counts for its events."""
+    def watch_coverage(self, coverage: Coverage, facts: Callable[[], RunFacts]) -> None:
+        """Count each analysed step into ``coverage``; ``facts()`` gives the recorder's counts for its findings."""
         self.coverage = coverage
         self._facts = facts
+
+    def _quiet(self, detector: Detector, record: StepData) -> bool:
+        """A cheap step that holds nothing ``detector`` would report, while no state it found is open."""
+        return detector.quiet_on(record) and not self.tracker.has_open(detector.track_name)
 
     def consume(self, records: Sequence[StepData]) -> bool:
         """Analyse committed steps; True when a new abnormal state began (worth observing densely)."""
         started = self.tracker.started
-        quiet = not self.tracker.has_open(NonFiniteDetector.name)
         for record in records:
-            if quiet and not record.full and not self._plugin_every_step and NonFiniteDetector.clean(record):
-                self._count(record)  # a clean cheap step: nothing for any built-in detector to see
+            if not record.full and all(self._quiet(d, record) for d in self._every_step):
+                self._count(record)  # a quiet cheap step: nothing for any detector to see
                 if record.loss is not None:
                     self.history.add("loss", "", record.step, record.loss)
                 if record.loss_scale is not None:
                     self.history.add("loss_scale", "", record.step, record.loss_scale)
                 continue
             view = StepView(record, self.ctx)
+            seen: list[tuple[str, Observation]] = []
             for detector in list(self.detectors if record.full else self._every_step):
-                if quiet and not record.full and isinstance(detector, NonFiniteDetector) and detector.clean(record):
-                    continue  # a clean cheap step changes nothing the tracker knows
+                if not record.full and self._quiet(detector, record):
+                    continue  # a quiet cheap step changes nothing the tracker knows
                 try:
                     obs = detector.observe(view)
                 except Exception as exc:
@@ -79,8 +86,8 @@ class Analyzer:
                     )
                     continue
                 if obs is not None:
-                    self.tracker.update(detector.name, record.step, obs)
-                    quiet = not self.tracker.has_open(NonFiniteDetector.name)
+                    seen.append((detector.track_name, obs))
+            self.tracker.update(record.step, seen)
             self._record_history(view)
             self._count(record)
         return self.tracker.started > started
@@ -122,10 +129,15 @@ class Analyzer:
             if key[1] == 0:
                 add("output_grad_norm", key[0], step, norm)
 
+    def run_findings(self) -> list[SemanticEvent]:
+        """The run-level findings over what was observed so far."""
+        facts = self._facts()
+        return [e for k in self._run_kinds if (e := k.run_finding(self.coverage, facts)) is not None]
+
     def events(self, final: bool = False) -> list[SemanticEvent]:
         """The tracker's events and the run-level findings, by onset; the same list until something changes."""
         base = self.tracker.events(final)
-        run = self.coverage.events(**self._facts())
+        run = self.run_findings()
         key = (base, *((e.kind, e.step_start, e.step_end, e.detail, *e.metrics.values()) for e in run))
         if self._events_key is None or key[0] is not self._events_key[0] or key[1:] != self._events_key[1:]:
             self._events_key = key

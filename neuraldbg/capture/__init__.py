@@ -21,10 +21,3 @@ torch.compile. Inside a compiled graph the hooks do tensor work only: each layer
 slot of a dictionary whose keys are fixed when the debugger attaches, so Dynamo traces them without a graph break
 and without recompiling; the slots are read at the optimizer step, outside the graph.
 """
-
-from __future__ import annotations
-
-from .backward import BackwardPath
-from .forward import ForwardPath
-
-__all__ = ["BackwardPath", "ForwardPath"]

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from ..model import naming
-from ..model.layers import LayerInfo, Role
+from ..model.info import LayerInfo, Role
 from ..stats import tensors as stats
 from ..stats.step import SlotKey
 from . import hooks, measure

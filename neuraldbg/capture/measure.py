@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..config import DebugConfig
-from ..model.layers import LayerInfo, Role
+from ..model.info import LayerInfo, Role
 from ..model.shards import Param
 from ..stats import tensors as stats
 from ..stats.step import SlotKey, StepData

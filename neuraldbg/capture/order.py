@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..model.layers import LayerInfo, Role
+from ..model.info import LayerInfo, Role
 from ..stats.step import SlotKey
 
 

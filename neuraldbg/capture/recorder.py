@@ -31,12 +31,15 @@ from torch import Tensor, nn
 from ..config import DebugConfig
 from ..errors import NeuralDbgWarning
 from ..model import naming
-from ..model.layers import LayerInfo
+from ..model.info import LayerInfo
+from ..model.layers import mode_dependent_layers
 from ..stats import tensors as stats
 from ..stats.step import SlotKey, StepData
-from . import BackwardPath, ForwardPath, hooks, measure
+from . import hooks, measure
+from .backward import BackwardPath
 from .clock import StepClock, StepMode
-from .coverage import Coverage, mode_dependent_layers
+from .coverage import Coverage, RunFacts
+from .forward import ForwardPath
 from .pending import Pending, assign
 from .scaler import ScalerWatch
 from .schedule import Schedule
@@ -268,13 +271,9 @@ class Recorder:
         self.backward.grads.drop()
         self.loss = None
 
-    def run_facts(self) -> dict[str, Any]:
+    def run_facts(self) -> RunFacts:
         """Counts the run-level findings need: trainable parameters, backward passes, optimizer steps."""
-        return {
-            "trainable": len(self.backward.params),
-            "backward_passes": self.clock.backward_passes,
-            "optimizer_steps": self.clock.optimizer_steps,
-        }
+        return RunFacts(len(self.backward.params), self.clock.backward_passes, self.clock.optimizer_steps)
 
     def scale_in_gradients(self) -> float:
         """A GradScaler's scale still in the parameter gradients outside the optimizer step: until an optimizer

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import TraceError
-from ..events import EventType, FailureKind
-from ..export.trace_format import show_path
-from ..queries import Diagnosis
+from ..events import EventType, FailureKind, place
+from ..kinds import registry
+from ..queries import Queries
+from ..text import cut, printable, rank_list, ranks_text
 
 SUMMARY_FORMAT = "neuraldbg-rank-summary"
 SUMMARY_VERSION = 1
@@ -38,12 +39,8 @@ NO_SUMMARY = "sent no summary (timed out or failed)"
 # --- one rank ---------------------------------------------------------------------------------------------
 
 
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def summarize(
-    diagnosis: Diagnosis, *, rank: int | None = None, world_size: int | None = None, source: str = ""
+    diagnosis: Queries, *, rank: int | None = None, world_size: int | None = None, source: str = ""
 ) -> dict[str, Any]:
     """A bounded, JSON-safe summary of one rank's diagnosis (a live debugger or a loaded trace).
 
@@ -57,13 +54,13 @@ def summarize(
     findings = [
         {
             "kind": h.kind.value,
-            "layer": _cut(h.root.layer, MAX_NAME),
-            "param": _cut(h.root.param, MAX_NAME) if h.root.param is not None else None,
+            "layer": cut(h.root.layer, MAX_NAME),
+            "param": cut(h.root.param, MAX_NAME) if h.root.param is not None else None,
             "event_type": h.root.event_type.value,
             "step": h.root.step_start,
             "confidence": h.confidence,
-            "summary": _cut(h.summary(), MAX_NAME),
-            "explanation": _cut(h.explanation, MAX_TEXT),
+            "summary": cut(h.summary(), MAX_NAME),
+            "explanation": cut(h.explanation, MAX_TEXT),
         }
         for h in hypotheses[:MAX_FINDINGS]
     ]
@@ -73,13 +70,13 @@ def summarize(
         "version": SUMMARY_VERSION,
         "rank": rank,
         "world_size": world_size,
-        "backend": _cut(backend, MAX_NAME) if isinstance(backend, str) else None,
-        "model": _cut(str(meta.get("model", "")), MAX_NAME),
+        "backend": cut(backend, MAX_NAME) if isinstance(backend, str) else None,
+        "model": cut(str(meta.get("model", "")), MAX_NAME),
         "steps_observed": _int_or_none(meta.get("steps_observed")) or 0,
         "last_step": _int_or_none(meta.get("last_step")),
         "findings": findings,
         "findings_left_out": len(hypotheses) - len(findings),
-        "source": _cut(source, MAX_NAME),
+        "source": cut(source, MAX_NAME),
     }
 
 
@@ -136,7 +133,7 @@ def _check(raw: Any, rank: int) -> _Summary:
     for i, item in enumerate(found):
         at = f"findings[{i}]."
         try:
-            kind = FailureKind(need(item, "kind", str, at))
+            kind = FailureKind.declare(need(item, "kind", str, at))  # a plugin's kind is named, not refused
             event_type = EventType(need(item, "event_type", str, at))
         except ValueError as exc:
             raise _Malformed(f"{at}: {exc}") from None
@@ -150,13 +147,13 @@ def _check(raw: Any, rank: int) -> _Summary:
         findings.append(
             _Finding(
                 kind,
-                _cut(need(item, "layer", str, at), MAX_NAME),
-                _cut(param, MAX_NAME) if param is not None else None,
+                cut(need(item, "layer", str, at), MAX_NAME),
+                cut(param, MAX_NAME) if param is not None else None,
                 event_type,
                 step,
                 float(confidence),
-                _cut(need(item, "summary", str, at), MAX_NAME),
-                _cut(need(item, "explanation", str, at), MAX_TEXT),
+                cut(need(item, "summary", str, at), MAX_NAME),
+                cut(need(item, "explanation", str, at), MAX_TEXT),
             )
         )
     left_out = need(raw, "findings_left_out", int, "")
@@ -169,33 +166,12 @@ def _check(raw: Any, rank: int) -> _Summary:
         steps,
         findings,
         left_out,
-        _cut(source, MAX_NAME) if isinstance(source, str) else "",
-        _cut(model, MAX_NAME) if isinstance(model, str) else "",
+        cut(source, MAX_NAME) if isinstance(source, str) else "",
+        cut(model, MAX_NAME) if isinstance(model, str) else "",
     )
 
 
 # --- the job ----------------------------------------------------------------------------------------------
-
-
-def rank_list(ranks: Sequence[int]) -> str:
-    """'0', '0, 2', '0-3, 5': sorted ranks with runs of three or more as ranges."""
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        if j - i >= 2:
-            parts.append(f"{ordered[i]}-{ordered[j]}")
-        else:
-            parts.extend(str(r) for r in ordered[i : j + 1])
-        i = j + 1
-    return ", ".join(parts)
-
-
-def _ranks_text(ranks: Sequence[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_list(ranks)}"
 
 
 @dataclass(frozen=True)
@@ -226,24 +202,19 @@ class JobFinding:
         return len(self.onsets) == self.world_size
 
     @property
+    def from_data(self) -> bool:
+        """A finding its kind puts on the data (non-finite values in the input batch), not on the model."""
+        return registry.room(self.kind).from_data(self.event_type)
+
+    @property
     def data_shard(self) -> bool:
-        """Non-finite values in the input batches of some ranks but not others: their data shards differ."""
+        """A data problem on some ranks but not others: their data shards differ."""
         reported = self.world_size - len(self.missing)
-        return (
-            self.kind is FailureKind.NON_FINITE
-            and self.event_type is EventType.INPUT
-            and 0 < len(self.onsets) < reported
-        )
+        return self.from_data and 0 < len(self.onsets) < reported
 
     def where(self) -> str:
-        """What failed: "input batch", "'3'", "'0.weight'", "the loss", "the model"."""
-        if self.param:
-            return f"'{self.param}'"
-        if self.layer:
-            return f"'{self.layer}'"
-        return {EventType.INPUT: "input batch", EventType.LOSS: "the loss", EventType.RUN: "the run"}.get(
-            self.event_type, "the model"
-        )
+        """What failed: "'3'", "'0.weight'", "the input batch", "the loss", "the model"."""
+        return place(self.layer, self.param or None, self.event_type)
 
     def on_ranks(self) -> str:
         """ "on all ranks", "on rank 1 only", "on ranks 0, 2", "on every rank that reported (0, 1)"."""
@@ -279,24 +250,24 @@ class JobFinding:
     def note(self) -> str:
         """What the spread over ranks says about the cause ("" when it says nothing more)."""
         ranks = self.ranks
+        title = registry.room(self.kind).title
         if self.data_shard:
             first = min(self.onsets.values())
             others = "the other ranks that reported" if self.missing else "the other ranks"
             return (
-                f"Only the input batches of {_ranks_text(ranks)} held non-finite values; {others} read clean "
-                f"batches. The data, not the model, is at fault: look at the samples {_ranks_text(ranks)} read "
+                f"Only the input batches of {ranks_text(ranks)} held {title}; {others} read clean "
+                f"batches. The data, not the model, is at fault: look at the samples {ranks_text(ranks)} read "
                 f"around step {first} (its shard of the dataset)."
             )
-        if self.kind is FailureKind.NON_FINITE and self.event_type is EventType.INPUT and len(ranks) > 1:
+        if self.from_data and len(ranks) > 1:
             return (
-                "Every rank that reported read non-finite values: the dataset or its preprocessing is at "
-                "fault, not one shard."
+                f"Every rank that reported read {title}: the dataset or its preprocessing is at fault, not one shard."
             )
         reported = self.world_size - len(self.missing)
         if 0 < len(ranks) < reported:
             among = f"the {reported} ranks that reported" if self.missing else f"{reported}"
             return (
-                f"Only {_ranks_text(ranks)} of {among} {'shows' if len(ranks) == 1 else 'show'} it. Under data "
+                f"Only {ranks_text(ranks)} of {among} {'shows' if len(ranks) == 1 else 'show'} it. Under data "
                 "parallelism every rank holds the same weights, so what differs between the ranks (their data "
                 "shards, rank-specific code or devices) is the likely cause."
             )
@@ -363,8 +334,8 @@ class JobDiagnosis:
             )
         elif self.missing:
             text = (
-                f"NeuralDBG job: NOT VERIFIED - {_ranks_text(sorted(self.missing))} of {n} sent no summary; "
-                f"no failure on {_ranks_text(sorted(self.reported)) if self.reported else 'any rank'}."
+                f"NeuralDBG job: NOT VERIFIED - {ranks_text(sorted(self.missing))} of {n} sent no summary; "
+                f"no failure on {ranks_text(sorted(self.reported)) if self.reported else 'any rank'}."
             )
         else:
             text = f"NeuralDBG job: healthy - no training failure on any of the {ranks}."
@@ -424,7 +395,7 @@ class JobDiagnosis:
 
     def export_mermaid(self) -> str:
         """A Mermaid flowchart: groups of ranks, the faults they show, and the ranks that sent nothing."""
-        from ..export.mermaid import job_graph
+        from .graph import job_graph
 
         return job_graph(self)
 
@@ -452,12 +423,12 @@ def merge(
     for rank in range(world_size):
         raw = summaries.get(rank)
         if raw is None:
-            missing[rank] = _cut(str(reasons.get(rank) or NO_SUMMARY), MAX_NAME)
+            missing[rank] = cut(str(reasons.get(rank) or NO_SUMMARY), MAX_NAME)
             continue
         try:
             checked[rank] = _check(raw, rank)
         except _Malformed as exc:
-            missing[rank] = f"sent a malformed summary ({_cut(str(exc), MAX_NAME)})"
+            missing[rank] = f"sent a malformed summary ({cut(str(exc), MAX_NAME)})"
     groups: dict[tuple[FailureKind, str, EventType], dict[int, _Finding]] = {}
     for rank, summary in checked.items():
         for finding in summary.findings:
@@ -519,12 +490,12 @@ def merge_traces(traces: Sequence[Any]) -> JobDiagnosis:
             rank = rank_from_name(trace.source)
         if rank is None:
             raise TraceError(
-                f"{show_path(trace.source)}: cannot tell which rank wrote this trace: it has no meta.rank and "
+                f"{printable(trace.source)}: cannot tell which rank wrote this trace: it has no meta.rank and "
                 "its file name states no single rank (name it like run.rank0.json)"
             )
         if rank in by_rank:
             raise TraceError(
-                f"{show_path(trace.source)}: claims rank {rank}, like {show_path(by_rank[rank].source)}: "
+                f"{printable(trace.source)}: claims rank {rank}, like {printable(by_rank[rank].source)}: "
                 "one trace per rank is expected"
             )
         by_rank[rank] = trace
@@ -534,13 +505,13 @@ def merge_traces(traces: Sequence[Any]) -> JobDiagnosis:
     if len(sizes) > 1:
         (a, sa), (b, sb) = sorted(sizes.items())[:2]
         raise TraceError(
-            f"{show_path(sb)}: says the job has {b} ranks, but {show_path(sa)} says {a}: these traces are not one job"
+            f"{printable(sb)}: says the job has {b} ranks, but {printable(sa)} says {a}: these traces are not one job"
         )
     world_size = next(iter(sizes)) if sizes else max(by_rank) + 1
     beyond = [r for r in by_rank if r >= world_size]
     if beyond:
         raise TraceError(
-            f"{show_path(by_rank[beyond[0]].source)}: rank {beyond[0]} is not below the job's size {world_size}"
+            f"{printable(by_rank[beyond[0]].source)}: rank {beyond[0]} is not below the job's size {world_size}"
         )
     summaries = {
         r: summarize(t, rank=r, world_size=world_size, source=str(t.source)) for r, t in sorted(by_rank.items())
@@ -559,6 +530,5 @@ __all__ = [
     "merge",
     "merge_traces",
     "rank_from_name",
-    "rank_list",
     "summarize",
 ]

@@ -6,11 +6,8 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from ..events import FailureKind
+from ..kinds import registry
 from ..reasoning.hypothesis import CausalHypothesis
-
-#: Findings about what was observed rather than about the training: alone, they make a run inconclusive.
-OBSERVATION_KINDS = frozenset({FailureKind.NO_TRAINING_OBSERVED, FailureKind.INCOMPLETE_OBSERVATION})
 
 
 def verdict(hypotheses: Sequence[CausalHypothesis], meta: dict[str, Any]) -> str:
@@ -19,7 +16,7 @@ def verdict(hypotheses: Sequence[CausalHypothesis], meta: dict[str, Any]) -> str
     if not hypotheses:
         return f"NeuralDBG: healthy - no training failure in {steps} observed steps of {model}."
     kinds = ", ".join(dict.fromkeys(h.kind.value for h in hypotheses))
-    if all(h.kind in OBSERVATION_KINDS for h in hypotheses):
+    if all(registry.room(h.kind).inconclusive for h in hypotheses):  # about what was observed, not the training
         return (
             f"NeuralDBG: INCONCLUSIVE - {kinds} in {steps} observed steps of {model}: the run was not fully "
             "observed, so it cannot be called healthy."

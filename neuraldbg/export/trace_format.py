@@ -25,18 +25,15 @@ from typing import Any, NoReturn
 from ..config import DebugConfig
 from ..errors import ConfigError, TraceError
 from ..events import EventType, FailureKind, SemanticEvent
+from ..health import state_of
+from ..kinds import registry
 from ..reasoning.hypothesis import CausalHypothesis
 from ..reasoning.topology import Topology
 from ..stats.history import History
+from ..text import json_number, printable
 
 FORMAT = "neuraldbg-trace"
 VERSION = 1
-
-
-def encode_float(x: float) -> float | str:
-    if math.isfinite(x):
-        return x
-    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
 
 
 def event_to_dict(e: SemanticEvent) -> dict[str, Any]:
@@ -47,9 +44,9 @@ def event_to_dict(e: SemanticEvent) -> dict[str, Any]:
         "param": e.param,
         "step_start": e.step_start,
         "step_end": e.step_end,
-        "from_state": e.from_state,
-        "to_state": e.to_state,
-        "metrics": {k: encode_float(v) for k, v in e.metrics.items()},
+        "from_state": None if e.from_state is None else str(e.from_state),
+        "to_state": str(e.to_state),
+        "metrics": {k: json_number(v) for k, v in e.metrics.items()},
         "confidence": e.confidence,
         **({"detail": e.detail} if e.detail else {}),
     }
@@ -87,7 +84,7 @@ def to_dict(
             for h in hypotheses
         ],
         "history": {
-            metric: {layer: [[s, encode_float(v)] for s, v in points] for layer, points in layers.items()}
+            metric: {layer: [[s, json_number(v)] for s, v in points] for layer, points in layers.items()}
             for metric, layers in history.to_json().items()
         },
     }
@@ -123,8 +120,8 @@ MAX_STEP = 2**53 - 1
 #: quadratic time, and refuses more than 4300 digits with a message about its internals).
 MAX_DIGITS = 24
 
-#: Metrics read as counts or positions (``int(units)``, the call index): finite and >= 0.
-_COUNT_METRICS = frozenset({"units", "dead_units", "elements", "call"})
+#: Metrics read as counts or positions whatever the kind: the call index (each kind adds its own counts).
+_COUNT_METRICS = frozenset({"call"})
 
 #: What ``meta`` may say, and how it is checked (other keys pass through untouched).
 _META_INTS = {"steps_observed": 0, "full_steps": 0, "last_step": -1, "events_dropped": 0}
@@ -180,11 +177,6 @@ def _non_finite(value: Any) -> str | None:
     return None
 
 
-def show_path(source: str) -> str:
-    """A file name as it can be printed on one line (``repr`` when it holds control characters)."""
-    return source if isinstance(source, str) and source.isprintable() else repr(source)
-
-
 def _key(key: str) -> str:
     if _IDENT.fullmatch(key):
         return f".{key}"
@@ -210,7 +202,7 @@ class _Reader:
     """Checks a parsed trace, raising TraceError with the file name and the JSON path of the problem."""
 
     def __init__(self, source: str) -> None:
-        self.source = show_path(source)
+        self.source = printable(source)
 
     def fail(self, where: str, problem: str) -> NoReturn:
         raise TraceError(f"{self.source}: {where.lstrip('.') or 'top level'}: {problem}")
@@ -274,6 +266,15 @@ class _Reader:
         except ValueError:
             allowed = ", ".join(m.value for m in enum)
             self.fail(where, f"unknown value {_short(value)}; expected one of: {allowed}")
+
+    def kind(self, value: Any, where: str) -> FailureKind:
+        """A failure kind's name: a built-in one, a registered plugin's, or one this process does not know (a trace
+        written with a plugin that is not installed), reported by its name."""
+        name = self.text(value, where)
+        try:
+            return FailureKind.declare(name)
+        except ValueError:
+            self.fail(where, f"not a failure kind's name: {_short(value)}; expected lower-case letters, digits and _")
 
     def index(self, value: Any, where: str, size: int) -> int:
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < size:
@@ -344,19 +345,24 @@ class _Reader:
         if end < start:
             self.fail(f"{where}.step_end", f"step_end {end} is before step_start {start}")
         kind_raw = self.field(ev, "kind", where)
+        kind = None if kind_raw is None else self.kind(kind_raw, f"{where}.kind")
+        counts = _COUNT_METRICS | (registry.room(kind).count_metrics if kind is not None else frozenset())
         metrics: dict[str, float] = {}
         for name, value in self.obj(self.field(ev, "metrics", where), f"{where}.metrics").items():
-            check = self.count if name in _COUNT_METRICS else self.number
+            check = self.count if name in counts else self.number
             metrics[name] = check(value, f"{where}.metrics{_key(name)}")
+        event_type = self.enum(EventType, self.field(ev, "event_type", where), f"{where}.event_type")
+        from_state = self.text_or_null(self.field(ev, "from_state", where), f"{where}.from_state")
+        to_state = self.text(self.field(ev, "to_state", where), f"{where}.to_state")
         return SemanticEvent(
-            event_type=self.enum(EventType, self.field(ev, "event_type", where), f"{where}.event_type"),
-            kind=None if kind_raw is None else self.enum(FailureKind, kind_raw, f"{where}.kind"),
+            event_type=event_type,
+            kind=kind,
             layer=self.text(self.field(ev, "layer", where), f"{where}.layer"),
             param=self.text_or_null(self.field(ev, "param", where), f"{where}.param"),
             step_start=start,
             step_end=end,
-            from_state=self.text_or_null(self.field(ev, "from_state", where), f"{where}.from_state"),
-            to_state=self.text(self.field(ev, "to_state", where), f"{where}.to_state"),
+            from_state=None if from_state is None else state_of(event_type, from_state),
+            to_state=kind if kind is not None and to_state == kind.value else state_of(event_type, to_state),
             metrics=metrics,
             confidence=self.fraction(self.field(ev, "confidence", where), f"{where}.confidence"),
             detail=self.text_or_null(ev.get("detail"), f"{where}.detail") or "",
@@ -364,7 +370,7 @@ class _Reader:
 
     def hypothesis(self, raw: Any, where: str, events: int) -> None:
         hyp = self.obj(raw, where)
-        self.enum(FailureKind, self.field(hyp, "kind", where), f"{where}.kind")
+        self.kind(self.field(hyp, "kind", where), f"{where}.kind")
         self.fraction(self.field(hyp, "confidence", where), f"{where}.confidence")
         self.index(self.field(hyp, "root", where), f"{where}.root", events)
         for j, idx in enumerate(self.seq(self.field(hyp, "chain", where), f"{where}.chain")):

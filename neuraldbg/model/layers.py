@@ -10,20 +10,12 @@ parameters.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from enum import Enum
+from collections.abc import Iterable
 
 from torch import nn
 
 from . import naming
-
-
-class Role(str, Enum):
-    GATED = "gated"  # ReLU family: a hard zero region where the gradient is 0 (units can die)
-    BOUNDED = "bounded"  # tanh, sigmoid, ...: saturating outputs whose derivative goes to 0
-    PARAMETRIC = "parametric"  # owns parameters (Linear, Conv, norms, embeddings, RNNs, attention)
-    OTHER = "other"  # dropout, pooling, flatten, GELU, ...
-
+from .info import Bound, LayerInfo, Role
 
 #: Layers whose weight's first dimension indexes the output units along ``unit_dim``.
 _UNIT_LAYERS: tuple[type[nn.Module], ...] = (
@@ -54,28 +46,6 @@ _CHANNEL_FIRST: tuple[type[nn.Module], ...] = (
     nn.modules.batchnorm._NormBase,
     nn.GroupNorm,
 )
-
-
-@dataclass(frozen=True)
-class Bound:
-    """Saturation test for a bounded activation: ``|y - center| >= radius`` means saturated."""
-
-    center: float
-    radius: float
-
-
-@dataclass(frozen=True)
-class LayerInfo:
-    name: str  # qualified module name, "" for the model itself
-    type_name: str
-    role: Role
-    params: tuple[str, ...]  # qualified names of the parameters the module owns directly
-    numel: int  # number of parameter elements owned directly
-    channel_first: bool  # units along dim 1 (conv, batch norm) rather than the last dim
-    bound: Bound | None = None  # for Role.BOUNDED
-    unit_weight: str | None = None  # qualified name of the weight whose rows are the output units
-    normalizes: bool = False  # a normalisation layer: rescaling its input is its job
-    renormalizes_channels: bool = False  # BatchNorm, InstanceNorm: cancels a per-channel affine right before it
 
 
 def saturation_bound(module: nn.Module, derivative: float) -> Bound | None:
@@ -153,10 +123,24 @@ def describe(model: nn.Module, derivative: float) -> dict[str, LayerInfo]:
     return infos
 
 
-def owner_of_params(infos: dict[str, LayerInfo]) -> dict[str, str]:
-    """Qualified parameter name -> the layer that owns it."""
-    owners: dict[str, str] = {}
-    for name, info in infos.items():
-        for p in info.params:
-            owners.setdefault(p, name)
-    return owners
+#: Layers whose computation differs between ``train()`` and ``eval()``.
+_MODE_DEPENDENT: tuple[type[nn.Module], ...] = (
+    nn.modules.dropout._DropoutNd,
+    nn.modules.batchnorm._BatchNorm,
+    nn.modules.instancenorm._InstanceNorm,
+)
+
+
+def mode_dependent_layers(named: Iterable[tuple[str, nn.Module]]) -> list[str]:
+    """'name' (Type) of every module whose forward depends on ``module.training``: dropout, batch norm with
+    running statistics, recurrent layers and attention with a dropout probability."""
+    found = []
+    for name, module in named:
+        depends = isinstance(module, _MODE_DEPENDENT) and (
+            not isinstance(module, nn.modules.batchnorm._NormBase) or module.track_running_stats
+        )
+        if isinstance(module, (nn.RNNBase, nn.MultiheadAttention)) and float(getattr(module, "dropout", 0.0)) > 0:
+            depends = True
+        if depends and name:
+            found.append(f"'{name}' ({type(module).__name__})")
+    return found

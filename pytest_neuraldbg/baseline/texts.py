@@ -6,6 +6,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from neuraldbg.text import one_line
+
 from .. import verdict
 from .compare import CHANGED, IMPROVED, REGRESSED, Row, RunComparison, worst_per_group
 
@@ -88,7 +90,7 @@ def regression_text(
     first = f"NeuralDBG baseline regression: {phrases[0]}"
     if len(phrases) > 1:
         first += f"; +{len(phrases) - 1} more"
-    lines = [verdict.short(first, verdict.MAX_HEADLINE), "", f"Baseline: {path}"]
+    lines = [one_line(first, verdict.MAX_HEADLINE), "", f"Baseline: {path}"]
     lines += [f"  {p}" for p in problems]
     for c in comparisons:
         if not c.rows:

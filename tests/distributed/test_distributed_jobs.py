@@ -212,7 +212,7 @@ def test_a_nan_in_rank_1s_shard_is_rooted_at_its_input_batch_on_rank_1_only(jobs
     assert r1["truth"]["non_finite_batches"] == [NAN_STEP] and r0["truth"]["non_finite_batches"] == []
     first = job["hypotheses"][0]
     assert (first["kind"], first["event_type"], first["step"]) == ("non_finite", "input", NAN_STEP)
-    assert first["explanation"].startswith(f"non_finite: input batch at step {NAN_STEP} on rank 1 only")
+    assert first["explanation"].startswith(f"non_finite: the input batch at step {NAN_STEP} on rank 1 only")
     assert "a data shard problem" in first["explanation"]
     # rank 0's gradients turned non-finite through DDP's all-reduce: an effect in its chain, not a second fault
     assert len(job["hypotheses"]) == 1

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from integration_support import SILENT_TESTS, junit_cases, render_mermaid
 
-from neuraldbg import FailureKind
+from neuraldbg.kinds import BUILTIN
 
 #: One case per layer-level failure kind of the engine, and "observed" for the run-level kinds.
-CHECKS = {kind.value for kind in FailureKind if not kind.run_level} | {"observed"}
+CHECKS = {room.name for room in BUILTIN if not room.run_level} | {"observed"}
 
 
 @pytest.fixture
