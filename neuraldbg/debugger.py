@@ -32,7 +32,7 @@ from torch import nn
 
 from .analysis.analyzer import Analyzer
 from .capture.recorder import Recorder
-from .config import DebugConfig, make_config
+from .config import ENGINE_KEYWORDS, DebugConfig, make_config
 from .distributed.process import ProcessInfo, process_info
 from .errors import ConfigError, NeuralDbgError, NeuralDbgWarning
 from .events import SemanticEvent
@@ -46,10 +46,6 @@ from .version import __version__
 
 if TYPE_CHECKING:
     from .distributed.job import JobRun
-
-
-#: The keywords of ``NeuralDbg()`` besides the DebugConfig fields (a misspelt one is suggested as itself).
-KEYWORDS = ("config", "preset", "plugins", "grad_scaler", "gather", "gather_timeout")
 
 
 class NeuralDbg(Queries):
@@ -87,7 +83,7 @@ class NeuralDbg(Queries):
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ConfigError(f"NeuralDbg(): expected a torch.nn.Module, got {type(model).__name__}")
-        self.config = make_config(config, preset, "NeuralDbg()", KEYWORDS, **options)
+        self.config = make_config(config, preset, "NeuralDbg()", ENGINE_KEYWORDS, **options)
         _check_distributed_options(grad_scaler, gather, gather_timeout)
         self._gather, self._gather_timeout = gather, float(gather_timeout)
         self._process: ProcessInfo | None = process_info()

@@ -58,7 +58,9 @@ STATES_OF: dict[str, type[HealthState]] = {
 
 def normal_state(event_type: str) -> HealthState:
     """The state of a signal when nothing is wrong with it."""
-    return GradientHealth.HEALTHY if event_type == "gradient" else STATES_OF.get(event_type, ActivationHealth).NORMAL
+    if event_type == "gradient":
+        return GradientHealth.HEALTHY
+    return UpdateHealth.NORMAL if event_type == "update" else ActivationHealth.NORMAL
 
 
 def state_of(event_type: str, value: str) -> HealthState | str:

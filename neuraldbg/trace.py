@@ -103,7 +103,7 @@ def read_text(source: str, max_bytes: int = MAX_TRACE_BYTES) -> str:
     fd = _os_call(shown, via_link, os.open, source, flags)
     with os.fdopen(fd, "rb") as fh:
         _refuse_unless_regular(shown, os.fstat(fh.fileno()).st_mode, via_link)
-        data = _os_call(shown, via_link, fh.read, max_bytes + 1)  # a file of unknown size (/proc) stops here too
+        data: bytes = _os_call(shown, via_link, fh.read, max_bytes + 1)  # a file of unknown size (/proc) stops here
     if len(data) > max_bytes:
         raise TraceError(f"{shown}: holds more than the {max_bytes} bytes a trace may have")
     try:

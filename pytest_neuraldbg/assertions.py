@@ -28,12 +28,13 @@ from neuraldbg.text import pct
 
 from . import learning, records, verdict
 from .errors import ArgumentError, ArgumentTypeError
+from .records import EventRecord, HypothesisRecord
 
 #: A loss that fell at least this much without reaching the factor, with no fault found, is learning slowly.
 SLOW_BUT_FALLING = 1.05
 
 
-def _hypotheses(ndbg: Any, helper: str) -> list[dict[str, Any]]:
+def _hypotheses(ndbg: Any, helper: str) -> list[HypothesisRecord]:
     __tracebackhide__ = True
     if not callable(getattr(ndbg, "hypotheses", None)):
         raise ArgumentTypeError(
@@ -60,14 +61,14 @@ def kind_names(kinds: Iterable[Any], helper: str, also: Iterable[str] = ()) -> s
     return out
 
 
-def _note_asserted(ndbg: Any, hypotheses: Sequence[dict[str, Any]]) -> None:
+def _note_asserted(ndbg: Any, hypotheses: Sequence[HypothesisRecord]) -> None:
     """Tell a debugger of the fixture which failures a helper is raising on (see :mod:`~pytest_neuraldbg.gate`)."""
     note = getattr(ndbg, "note_asserted", None)
     if callable(note):
         note([records.key(h) for h in hypotheses])
 
 
-def _fail(ndbg: Any, first_line: str, hypotheses: Sequence[dict[str, Any]]) -> NoReturn:
+def _fail(ndbg: Any, first_line: str, hypotheses: Sequence[HypothesisRecord]) -> NoReturn:
     __tracebackhide__ = True
     _note_asserted(ndbg, hypotheses)
     raise AssertionError(verdict.failure_text(first_line, hypotheses))
@@ -157,18 +158,20 @@ def assert_no_dead_neurons(ndbg: Any, *, max_fraction: float | None = None) -> N
         _fail(ndbg, verdict.kind_headline(found, kinds, what), found)
 
 
-def _over(h: dict[str, Any], kinds: Sequence[str], fraction: str, limit: float) -> bool:
+def _over(h: HypothesisRecord, kinds: Sequence[str], fraction: str, limit: float) -> bool:
     values = [e["metrics"].get(fraction, 1.0) for e in h["chain"] if e["kind"] in kinds]
     return any(isinstance(v, (int, float)) and v > limit for v in values)
 
 
-def _held_above(ndbg: Any, kinds: Sequence[str], check: Check, limit: float, reported: set[str]) -> list[dict[str, Any]]:
+def _held_above(
+    ndbg: Any, kinds: Sequence[str], check: Check, limit: float, reported: set[str]
+) -> list[HypothesisRecord]:
     """Layers whose ``check.fraction`` series stayed above ``limit`` as long as the engine's persistence asks (it
     judges that), as the hypotheses the helper fails on."""
     held = getattr(ndbg, "held_above", None)
     if not callable(held) or not kinds or not check.fraction:
         return []
-    out: list[dict[str, Any]] = []
+    out: list[HypothesisRecord] = []
     name = kinds[0]
     for run in held(check.fraction, limit):
         if run.layer in reported:
@@ -177,17 +180,34 @@ def _held_above(ndbg: Any, kinds: Sequence[str], check: Check, limit: float, rep
         above = f"above max_fraction {limit:g}"
         text = f"{where}: up to {pct(run.peak)} {verdict.title(name)} ({above}), steps {run.start}-{run.end}"
         words = check.fraction_words.format(where=where)
+        event: EventRecord = {
+            "event_type": "activation",
+            "kind": name,
+            "layer": run.layer,
+            "param": None,
+            "step_start": run.start,
+            "step_end": run.end,
+            "from_state": None,
+            "to_state": name,
+            "metrics": {check.fraction: run.peak},
+            "text": text,
+            "where": where,
+            "cause": None,
+            "relation": None,
+        }
         out.append(
             {
                 "kind": name,
+                "confidence": 1.0,
                 "summary": f"{name} at {where} from step {run.start} ({above})",
                 "explanation": (
                     f"Up to {pct(run.peak)} {words} over steps {run.start}-{run.end}, more than the "
                     f"{pct(limit)} allowed by max_fraction."
                 ),
+                "suggestion": "",
                 "layer": run.layer,
                 "step": run.start,
-                "chain": [{"kind": name, "text": text, "where": where, "step_start": run.start, "metrics": {}}],
+                "chain": [event],
             }
         )
     return out
@@ -251,7 +271,7 @@ def _fail_to_learn(
     ndbg: Any,
     first_line: str,
     points: list[tuple[int, float]],
-    found: list[dict[str, Any]],
+    found: list[HypothesisRecord],
     drop: learning.LossDrop | None = None,
 ) -> NoReturn:
     __tracebackhide__ = True

@@ -24,6 +24,7 @@ from typing import Any
 
 from . import records, verdict
 from .outcomes import BaselineResult, Outcomes
+from .records import RunRecord
 
 OBSERVED = "observed"  # the case of the run-level kinds
 BASELINE = "baseline"  # the case of a test's baseline
@@ -54,7 +55,7 @@ def _judge(case: Any, outcome: str, first_line: str, text: str, expected_by_test
         case.add_failure_info(message=first_line, output=text, failure_type="TrainingHealth")
 
 
-def _case(record: dict[str, Any], label: str, check: tuple[str, tuple[str, ...], str], outcome: str) -> Any:
+def _case(record: RunRecord, label: str, check: tuple[str, tuple[str, ...], str], outcome: str) -> Any:
     name, kinds, what = check
     case = _junit_xml().TestCase(
         name, classname=label, file=str(record["nodeid"]).split("::", 1)[0], status=outcome or None
@@ -81,7 +82,7 @@ def _baseline_case(nodeid: str, result: BaselineResult, outcome: str) -> Any:
 
 
 def report(
-    recs: Sequence[dict[str, Any]],
+    recs: Sequence[RunRecord],
     *,
     outcomes: Outcomes | None = None,
     baselines: Mapping[str, BaselineResult] | None = None,

@@ -14,6 +14,8 @@ from neuraldbg.events import FailureKind
 from neuraldbg.kinds import registry  # the engine's kinds, each in its room; imports no torch
 from neuraldbg.text import one_line
 
+from .records import HypothesisRecord
+
 MAX_HEADLINE = 300
 
 
@@ -35,8 +37,8 @@ def run_level(kind: str) -> bool:
     return registry.room(kind).run_level
 
 
-def headline(hypotheses: Sequence[dict[str, Any]], lead: str = "NeuralDBG: training is unhealthy") -> str:
-    """``NeuralDBG: training is unhealthy - dead_neurons at '3' from step 0 (confidence 1.00)``."""
+def headline(hypotheses: Sequence[HypothesisRecord], lead: str = "NeuralDBG: training is unhealthy") -> str:
+    """``NeuralDBG: training is unhealthy - <kind> at '3' from step 0 (confidence 1.00)``."""
     if not hypotheses:
         return "NeuralDBG: training looks healthy"
     if len(hypotheses) == 1:
@@ -46,12 +48,12 @@ def headline(hypotheses: Sequence[dict[str, Any]], lead: str = "NeuralDBG: train
     return one_line(f"{lead} - {len(hypotheses)} failure hypotheses: {listed}{more}", MAX_HEADLINE)
 
 
-def involves(hypothesis: dict[str, Any], kinds: Sequence[str]) -> bool:
+def involves(hypothesis: HypothesisRecord, kinds: Sequence[str]) -> bool:
     """Whether a hypothesis has one of ``kinds`` as its root cause or among the events it explains."""
     return hypothesis["kind"] in kinds or any(e["kind"] in kinds for e in hypothesis["chain"])
 
 
-def kind_headline(found: Sequence[dict[str, Any]], kinds: Sequence[str], what: str) -> str:
+def kind_headline(found: Sequence[HypothesisRecord], kinds: Sequence[str], what: str) -> str:
     """The verdict line of a check: ``NeuralDBG: vanishing gradients in '0', '2' from step 0, caused by ...``."""
     first = found[0]
     if first["kind"] in kinds:
@@ -60,10 +62,12 @@ def kind_headline(found: Sequence[dict[str, Any]], kinds: Sequence[str], what: s
     places = ", ".join(dict.fromkeys(e["where"] for e in events))
     start = min(e["step_start"] for e in events)
     more = f" (+{len(found) - 1} more hypotheses)" if len(found) > 1 else ""
-    return one_line(f"NeuralDBG: {what} in {places} from step {start}, caused by {first['summary']}{more}", MAX_HEADLINE)
+    return one_line(
+        f"NeuralDBG: {what} in {places} from step {start}, caused by {first['summary']}{more}", MAX_HEADLINE
+    )
 
 
-def chain_lines(hypothesis: dict[str, Any]) -> list[str]:
+def chain_lines(hypothesis: HypothesisRecord) -> list[str]:
     """The causal chain, root first: one line per event with its layer, states and steps."""
     lines = ["Causal chain (root first):"]
     for i, event in enumerate(hypothesis["chain"]):
@@ -74,20 +78,20 @@ def chain_lines(hypothesis: dict[str, Any]) -> list[str]:
     return lines
 
 
-def describe(hypothesis: dict[str, Any], number: int | None = None) -> str:
+def describe(hypothesis: HypothesisRecord, number: int | None = None) -> str:
     """Explanation and chain of one hypothesis, after a numbered summary line when ``number`` is given."""
     title = [] if number is None else [f"{number}. {hypothesis['summary']}"]
     return "\n".join([*title, hypothesis["explanation"], *chain_lines(hypothesis)])
 
 
-def failure_text(first_line: str, hypotheses: Sequence[dict[str, Any]], footer: Iterable[str] = ()) -> str:
+def failure_text(first_line: str, hypotheses: Sequence[HypothesisRecord], footer: Iterable[str] = ()) -> str:
     """The full failure message: the verdict line, then every hypothesis in detail (numbered when several)."""
     numbered = len(hypotheses) > 1
     parts = [first_line, *(describe(h, i if numbered else None) for i, h in enumerate(hypotheses, 1))]
     return "\n\n".join([*parts, *footer])
 
 
-def explanation(hypotheses: Sequence[dict[str, Any]]) -> str:
+def explanation(hypotheses: Sequence[HypothesisRecord]) -> str:
     """The explanations of a run, one per line (``""`` when healthy)."""
     return "\n".join(h["explanation"] for h in hypotheses)
 
@@ -96,7 +100,7 @@ class Explanations(list[str]):
     """``explain_failure()`` of a watched run: a list of strings whose repr is a readable verdict.
 
     pytest shows the repr of the value in ``assert not ndbg.explain_failure()``; this one reads
-    ``<unhealthy training: dead_neurons at '3' from step 0 (confidence 1.00)>`` instead of a cut-off list.
+    ``<unhealthy training: <kind> at '3' from step 0 (confidence 1.00)>`` instead of a cut-off list.
     """
 
     def __init__(self, explanations: Iterable[str] = (), summaries: Sequence[str] = ()) -> None:

@@ -1,9 +1,9 @@
 """The capture path: what each hook records.
 
-Hooks (registered by :mod:`neuraldbg.capture.hooks`): one global module forward hook, called for every module call in the
-process (the watched model's modules are recognised by identity, so nothing is stored on the modules and a model
-can be pickled, saved or deep-copied mid-run), the global optimizer step pre- and post-hooks, a tensor hook on the
-model's output (the loss gradient; it also marks the start of the backward pass) and an end-of-backward callback.
+Hooks (registered by :mod:`neuraldbg.capture.hooks`): one global module forward hook, called for every module call in
+the process (the watched model's modules are recognised by identity, so nothing is stored on the modules and a model can
+be pickled, saved or deep-copied mid-run), the global optimizer step pre- and post-hooks, a tensor hook on the model's
+output (the loss gradient; it also marks the start of the backward pass) and an end-of-backward callback.
 
 Which forwards count. Records come only from the thread that attached the debugger and from forwards with
 gradients enabled: a ``no_grad`` / ``inference_mode`` forward, or another thread serving predictions, never enters

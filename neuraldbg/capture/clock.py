@@ -52,7 +52,6 @@ class StepClock:
         self.skip_probe: Callable[[], bool] | None = None  # did scaler.update() run since the last forward pass?
         self.skipped = False  # the step in progress was skipped by the GradScaler (commit it as such)
         self.fold_first = False  # fold the provisional steps into the step in progress before committing it
-        self.skipped_steps = 0  # steps the GradScaler skipped
 
     def forward_begins(self) -> bool:
         """A training forward pass begins: True when the step in progress is complete (commit it first)."""
@@ -82,19 +81,15 @@ class StepClock:
             self.mode = StepMode.OPTIMIZER
             self.fold_first = self.provisional > 0
         self.skipped = True
-        self.skipped_steps += 1
         return True
 
     def skipped_in_step(self) -> None:
         """The optimizer was called but told by the GradScaler to skip the update (a fused optimizer)."""
-        if not self.skipped:
-            self.skipped = True
-            self.skipped_steps += 1
+        self.skipped = True
 
-    def adopt_skips(self, count: int) -> None:
-        """A GradScaler was found at the first optimizer step and says the ``count`` provisional steps before it
-        were each an iteration it skipped (not micro-batches to fold): they become skipped steps."""
-        self.skipped_steps += count
+    def adopt_skips(self) -> None:
+        """A GradScaler was found at the first optimizer step and says the provisional steps before it were each an
+        iteration it skipped (not micro-batches to fold): they stay steps of their own (the recorder marks them)."""
         self.provisional = 0
 
     def optimizer_begins(self, closure: bool) -> bool:

@@ -141,7 +141,7 @@ def forget_compiled_code() -> None:
 
 def on_gradient(tensor: Tensor, fn: Callable[[Tensor], None]) -> None:
     """Call ``fn(grad)`` when the gradient w.r.t. ``tensor`` is computed. ``fn`` must return None."""
-    tensor.register_hook(fn)
+    tensor.register_hook(fn)  # type: ignore[no-untyped-call]  # untyped in torch
 
 
 def at_backward_end(fn: Callable[[], None]) -> bool:

@@ -215,7 +215,7 @@ class Recorder:
             return
         for part in self.buffer:
             part.skip()
-        self.clock.adopt_skips(held)
+        self.clock.adopt_skips()
 
     def fold(self) -> None:
         """An optimizer (or ``step()``) appeared: earlier backward passes were micro-batches of one step."""

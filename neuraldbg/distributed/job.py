@@ -3,11 +3,11 @@
 :class:`JobRun` answers what a debugger or a loaded trace answers (``hypotheses()``, ``explain_failure()``,
 ``export_mermaid_causal_graph()``, ``to_dict()``, ``history``, ``layers``, ``steps``), so the pytest plugin's
 assertions, gate and reports take it like any other run. Its hypotheses are the job's findings
-(:class:`neuraldbg.distributed.merge.JobFinding`), most likely first, each explanation opening with the ranks that show it
-("dead_neurons at '3' from step 0 on all ranks. Dead neurons in '3' (ReLU) ..."); a finding that rank 0 shows
-keeps rank 0's causal chain, one it does not show is rooted at an event rebuilt from the summary of the first
-rank that does. A rank that sent no summary is a run-level ``incomplete_observation`` hypothesis: a job with a
-missing rank is never verified healthy. Events, layers and history are rank 0's.
+(:class:`neuraldbg.distributed.merge.JobFinding`), most likely first, each explanation opening with the ranks that show
+it ("<kind> at '3' from step 0 on all ranks. <its explanation on rank 0> ..."); a finding that rank 0 shows keeps rank
+0's causal chain, one it does not show is rooted at an event rebuilt from the summary of the first rank that does. A
+rank that sent no summary is a run-level ``incomplete_observation`` hypothesis: a job with a missing rank is never
+verified healthy. Events, layers and history are rank 0's.
 
 One causal link crosses ranks: gradients are averaged over the ranks (DDP's all-reduce, FSDP's reduce-scatter),
 so non-finite values in the input batches of some ranks reach every rank's gradients, and then weights, in the
@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 class JobRun(Queries):
     """One diagnosis for a job, from rank 0's own run and every rank's summary (see the module docstring).
 
-    ``job`` is the merged :class:`~neuraldbg.distributed.merge.JobDiagnosis` (``report()``, ``to_dict()``, ``verified``),
-    ``gathered`` what rank 0 received.
+    ``job`` is the merged :class:`~neuraldbg.distributed.merge.JobDiagnosis` (``report()``, ``to_dict()``,
+    ``verified``), ``gathered`` what rank 0 received.
     """
 
     attached = False

@@ -4,7 +4,7 @@ Each rank reduces its diagnosis to a summary with :func:`summarize`: plain JSON-
 size (at most :data:`MAX_FINDINGS` findings, texts cut to :data:`MAX_TEXT` characters), cheap to send with
 ``torch.distributed.gather_object``. :func:`merge` takes the summaries by rank and says which ranks show each
 fault: the same kind at the same root layer on the same signal is one fault, whatever its onset on each rank
-("dead_neurons at '3' from step 0 on all ranks"; "non_finite: input batch at step 12 on rank 1 only - a data
+("<kind> at '3' from step 0 on all ranks"; "non_finite: input batch at step 12 on rank 1 only - a data
 shard problem"). A rank without a summary (it failed, or the gather timed out) is named, and a job with a
 missing rank is never verified healthy.
 
@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import TraceError
+from ..errors import ConfigError, TraceError
 from ..events import EventType, FailureKind, place
 from ..kinds import registry
 from ..queries import Queries
@@ -410,13 +410,14 @@ def merge(
     ``summaries`` maps each rank that answered to its summary; a rank of ``range(world_size)`` that is absent or
     maps to ``None`` is missing, with ``reasons[rank]`` (default: :data:`NO_SUMMARY`) saying why. A summary that
     is malformed counts as missing too, with what is wrong with it: a rank's bad data never stops the merge.
-    Raises ``ValueError`` only for a bad ``world_size`` or a rank outside ``range(world_size)``.
+    Raises :class:`~neuraldbg.ConfigError` (a ``ValueError``) only for a bad ``world_size`` or a rank outside
+    ``range(world_size)``.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"merge(): world_size must be an integer >= 1, got {world_size!r}")
+        raise ConfigError(f"merge(): world_size must be an integer >= 1, got {world_size!r}")
     outside = [r for r in summaries if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < world_size]
     if outside:
-        raise ValueError(f"merge(): rank {outside[0]!r} is outside range({world_size})")
+        raise ConfigError(f"merge(): rank {outside[0]!r} is outside range({world_size})")
     reasons = reasons or {}
     checked: dict[int, _Summary] = {}
     missing: dict[int, str] = {}

@@ -88,7 +88,7 @@ class Kind:
     built-in faults, explained in generic words with their numbers.
     """
 
-    #: The kind's stable name (``"dead_neurons"``); its :class:`~neuraldbg.events.FailureKind` is declared from it.
+    #: The kind's stable name (``"zero_output"``); its :class:`~neuraldbg.events.FailureKind` is declared from it.
     name: str = ""
     #: How a verdict names it ("dead neurons"); default: the name with spaces.
     title: str = ""

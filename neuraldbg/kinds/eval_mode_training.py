@@ -47,7 +47,10 @@ class EvalModeTraining(Kind):
             f"the mode{which} behaved as at inference: dropout was off and batch-norm statistics were frozen while "
             "the optimizer stepped."
         )
-        fix = "call model.train() before the training loop, and again after every validation pass that calls model.eval()."
+        fix = (
+            "call model.train() before the training loop, and again after every validation pass that calls "
+            "model.eval()."
+        )
         return what, fix
 
     def describe(self, event: SemanticEvent) -> str:

@@ -93,7 +93,7 @@ def room_of(event: SemanticEvent) -> Kind | None:
 
 
 def kind_of(state: HealthState) -> FailureKind | None:
-    """The kind a health state is (``ActivationHealth.DEAD`` -> dead_neurons); None for evidence and normal states."""
+    """The kind a health state is (``GradientHealth.VANISHING`` -> its kind); None for evidence and normal states."""
     return _state_kind.get(_key(state))
 
 
@@ -103,8 +103,10 @@ def resolve(rule: CausalRule) -> CausalRule:
     named ``None`` with their ``effect_states``."""
     kinds: list[FailureKind | None] = []
     for effect in rule.effect_kinds:
-        target = effect
-        if isinstance(effect, HealthState):
+        target: FailureKind | None
+        if not isinstance(effect, HealthState):
+            target = effect
+        else:
             target = kind_of(effect)
             if target is None:
                 raise ConfigError(

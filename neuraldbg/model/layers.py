@@ -84,15 +84,6 @@ def role_of(module: nn.Module, derivative: float, parametric: bool | None = None
     return Role.OTHER, None
 
 
-def watched_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Modules whose outputs are watched: every submodule (not the root, whose output is watched apart).
-
-    Containers matter: a non-finite value produced by a functional op inside a block (``torch.log`` in a
-    custom head) first shows in that block's output, after its children's outputs were still finite.
-    """
-    return [(name, module) for name, module in naming.named_modules(model) if name]
-
-
 def describe(model: nn.Module, derivative: float) -> dict[str, LayerInfo]:
     """LayerInfo for the model itself ("") and every watched module, keyed by its user name (see
     :mod:`neuraldbg.model.naming`: wrappers such as DDP or FSDP are seen through)."""

@@ -37,13 +37,6 @@ def wraps(parent: nn.Module, attr: str) -> bool:
     return attr in _WRAPPED_AS or (attr == "module" and isinstance(parent, _DATA_PARALLEL))
 
 
-def user_name(name: str) -> str:
-    """The name a user knows a module or parameter by, from a qualified name alone: wrapper attributes whose
-    names no user module takes are dropped (``'_fsdp_wrapped_module.3'`` -> ``'3'``). A leading ``module.`` is
-    a data-parallel wrapper's only when its parent is one: :func:`named_modules` knows, a name alone does not."""
-    return ".".join(part for part in name.split(".") if part not in _WRAPPED_AS)
-
-
 def _walk(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], list[tuple[str, nn.Module]]]:
     """(watched, every): each module under its user name. In ``watched`` a wrapped module replaces its wrapper
     (same name, same position); ``every`` also lists the wrappers. Shared modules appear once, under their first

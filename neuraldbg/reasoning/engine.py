@@ -159,8 +159,8 @@ class _Pool:
         by_time_last = lambda i: (events_[i].step_start, -position[i])
         self._lanes_by_rank: dict[float, list[tuple[RootLane, Lane]]] = {}
         for spec, members in sorted(by_lane.items(), key=lambda item: (item[0].rank, item[0].order)):
-            lane = self._lane(members, by_time_last if spec.last_first else by_time)
-            self._lanes_by_rank.setdefault(spec.rank, []).append((spec, lane))
+            ordered = self._lane(members, by_time_last if spec.last_first else by_time)
+            self._lanes_by_rank.setdefault(spec.rank, []).append((spec, ordered))
         self._kinds = {k: self._lane(m, by_time) for k, m in by_kind.items()}
         self._states: dict[FailureKind | None, list[tuple[HealthState | str, Lane]]] = {}
         for (k, state), ln in self._kinds.items():
@@ -327,6 +327,8 @@ class _Closure:
         states = rule.effect_states if trusted else ()
         earliest = rule.earliest_effect(probe) if trusted else None
         for effect_kind in rule.effect_kinds:
+            if isinstance(effect_kind, HealthState):
+                continue  # a state the registry did not resolve to a kind: no event is of it
             if trusted and rule.direction in ("upstream", "downstream"):
                 tree = pool.tree(effect_kind, states)
                 here = topo.event_position(probe)
