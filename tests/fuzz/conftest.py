@@ -3,7 +3,7 @@
 * ``fast`` (the default here, what CI runs): 50 examples per property, derandomized, so every run of the suite
   draws the same models;
 * ``long``: ``pytest tests/fuzz --hypothesis-profile=long``, 500 examples per property, also derandomized (its
-  figures are the README's).
+  figures are those of docs/benchmark.md).
 
 The profiles are registered when this directory's tests are collected, so name ``tests/fuzz`` on the command
 line when choosing one.

@@ -103,7 +103,7 @@ BLOCKS = {
     "docs/development.md": {"shell": 2},
     "docs/distributed.md": {"quoted file": 2, "shell": 1, "script": 1},
     "docs/engine.md": {},
-    "docs/extending.md": {"script": 1},
+    "docs/extending.md": {"quoted file": 1, "toml": 1},
     "docs/huggingface.md": {"quoted file": 1},
     "docs/lightning.md": {"quoted file": 1},
     "docs/limitations.md": {},
@@ -115,6 +115,7 @@ BLOCKS = {
 QUOTED = [
     ("docs/distributed.md", "tests/distributed/test_readme_distributed_example.py"),
     ("docs/distributed.md", "tests/distributed/torchrun_train.py"),
+    ("docs/extending.md", "examples/zero_output_kind.py"),
     ("docs/huggingface.md", "tests/integrations/test_readme_huggingface_example.py"),
     ("docs/lightning.md", "tests/integrations/test_readme_lightning_example.py"),
     ("docs/real-scripts.md", "tests/test_readme_real_scripts.py"),
@@ -263,6 +264,17 @@ def test_each_other_python_block_runs_as_a_script(block: Block, pytester: pytest
 
 
 # --------------------------------------------------------------------------------------------- the demo
+
+
+@pytest.mark.parametrize("block", [b for page in PAGES for b in parse(page) if b.kind == "toml"], ids=lambda b: b.id)
+def test_each_toml_block_parses_and_names_the_entry_point_group_plugins_are_loaded_from(block: Block) -> None:
+    import tomllib
+
+    from neuraldbg.plugins import manager
+
+    points = tomllib.loads(block.text)["project"]["entry-points"]
+    assert list(points) == ["neuraldbg"]  # the group manager._entry_point_plugins loads
+    assert 'load_setuptools_entrypoints("neuraldbg")' in Path(manager.__file__).read_text(encoding="utf-8")
 
 
 def test_the_output_quoted_for_the_demo_is_what_the_demo_prints() -> None:
