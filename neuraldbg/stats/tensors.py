@@ -41,8 +41,8 @@ def dense(t: Tensor) -> Tensor | None:
 
     Sparse tensors give their coalesced values (duplicates summed first), quantized ones their dequantized
     values, a ``DTensor`` (FSDP2, tensor parallelism) its local shard (the norm of a shard, not of the whole: see
-    docs/distributed.md on sharded parameters). Meta tensors hold no values and unknown tensor subclasses may not support
-    the reductions: both give None, and the caller skips them with a warning.
+    docs/distributed.md on sharded parameters). Meta tensors hold no values and unknown tensor subclasses may not
+    support the reductions: both give None, and the caller skips them with a warning.
     """
     if type(t) in _PLAIN and t.layout is torch.strided and not t.is_quantized:
         return None if t.is_meta else t
