@@ -1,0 +1,8 @@
+"""A benchmark of real training programs, written as users write them, with a plain-torch ground truth.
+
+    python -m benchmarks.real                     # every case under NeuralDBG, scored against the ground truth
+    python -m benchmarks.real --ground-truth      # recompute the ground truth with plain torch, check it
+    python -m benchmarks.real --help
+
+See ``benchmarks/real/README.md`` for the method and ``FINDINGS.md`` for what it measured.
+"""
