@@ -89,7 +89,8 @@ class Program:
     metric: the name of the task metric the training function returns under ``"metric"``.
     higher_is_better: its direction. floor: the smallest deficit that counts as harm even when the healthy
         twin's seeds agree closely (absolute, or relative to the twin's mean when ``relative_floor``).
-    chance: the metric of a model that learned nothing (to check that the healthy twin learns).
+    chance: the metric of a model that learned nothing (to check that the healthy twin learns); None where
+        there is no such number (the training loss must then fall).
     """
 
     family: str
@@ -99,7 +100,7 @@ class Program:
     metric: str
     higher_is_better: bool
     floor: float
-    chance: float
+    chance: float | None
     variants: tuple[Variant, ...]
     relative_floor: bool = False
     functional_relu: tuple[str, ...] = ()  # modules whose output goes through F.relu (for the probe)
@@ -156,11 +157,15 @@ class Session:
         return found
 
     @contextlib.contextmanager
-    def watch(self, *models: nn.Module, via: str | None = None) -> Iterator[list[Any]]:
+    def watch(
+        self, *models: nn.Module, via: str | None = None, probe_also: tuple[nn.Module, ...] = ()
+    ) -> Iterator[list[Any]]:
         """Wrap the training loop: ``with session.watch(model) as callbacks:``.
 
         via: ``"lightning"`` or ``"huggingface"`` when a framework trains the model; in neuraldbg mode the block
         then yields NeuralDBG's callback for the trainer instead of a with-block of its own (``[]`` otherwise).
+        probe_also: modules the evidence probe should see besides ``models`` (layers a model holds in a plain
+        list, which ``named_parameters()`` does not reach); NeuralDBG is given ``models`` only, as a user would.
         """
         if self.mode == "plain":
             yield []
@@ -168,7 +173,7 @@ class Session:
         if self.mode == "probe":
             from .probe import Probe
 
-            self.probe = Probe(models, self.relu_inputs)
+            self.probe = Probe((*models, *probe_also), self.relu_inputs)
             try:
                 yield []
             finally:

@@ -222,5 +222,7 @@ def learns(entry: dict[str, Any]) -> bool:
     """Whether a healthy program's metric clearly beats chance (a benchmark of programs that learn nothing
     would measure nothing)."""
     ev = entry["evidence"]
+    if ev["chance"] is None:
+        return ev["loss_final"] < 0.8 * ev["loss_first"]
     gap = (ev["twin_mean"] - ev["chance"]) if ev["higher_is_better"] else (ev["chance"] - ev["twin_mean"])
     return gap > 3 * ev["margin"]

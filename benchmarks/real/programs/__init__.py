@@ -6,7 +6,21 @@ import importlib
 
 from ..core import Case, Program
 
-MODULES = ("classification",)
+MODULES = (
+    "classification",
+    "language_model",
+    "translation",
+    "generative",
+    "image_to_image",
+    "graph",
+    "reinforcement",
+    "forward_forward",
+    "siamese",
+    "time_series",
+    "hf_text",
+    "hf_vision",
+    "frameworks",
+)
 
 
 def programs() -> list[Program]:

@@ -109,7 +109,6 @@ MLP = Program(
     variants=(
         healthy("Flatten-Linear-ReLU-Dropout-Linear-ReLU-Linear, Adam 1e-3, batch 64, 3 epochs"),
         Variant("lr_100x", "learning_rate", "Adam lr 0.1", {"lr": 0.1}, K.LR_FAR_TOO_HIGH),
-        Variant("lr_1e-6", "learning_rate", "Adam lr 1e-6", {"lr": 1e-6}, K.LR_TOO_LOW),
         Variant("batch_8", "batch_size", "batch size 8 instead of 64", {"batch_size": 8}, K.CAPACITY),
         Variant(
             "no_batching", "batch_size", "the whole set as one batch (3 steps)", {"batch_size": 2048}, K.LR_TOO_LOW
@@ -159,7 +158,6 @@ MLP = Program(
             K.DEAD_BIAS,
             ("2", "1"),
         ),
-        Variant("zero_init", "weight_init", "every Linear initialised to zeros", {"zero_init": True}, K.ZERO_INIT),
         Variant("clip_1e-4", "gradient_clipping", "clip_grad_norm_ to 1e-4 (Adam)", {"clip": 1e-4}, K.TINY_CLIPPING),
     ),
 )
