@@ -225,4 +225,4 @@ def learns(entry: dict[str, Any]) -> bool:
     if ev["chance"] is None:
         return ev["loss_final"] < 0.8 * ev["loss_first"]
     gap = (ev["twin_mean"] - ev["chance"]) if ev["higher_is_better"] else (ev["chance"] - ev["twin_mean"])
-    return gap > 3 * ev["margin"]
+    return gap > ev["margin"]

@@ -51,7 +51,7 @@ def trainer_train(hp: SimpleNamespace, session: Session) -> dict[str, float]:
         args = TrainingArguments(
             output_dir=out,
             per_device_train_batch_size=32,
-            num_train_epochs=3,
+            num_train_epochs=5,
             learning_rate=hp.lr,
             weight_decay=hp.weight_decay,
             max_grad_norm=hp.max_grad_norm,
@@ -86,7 +86,7 @@ HF_TRAINER = Program(
     floor=0.03,
     chance=0.25,
     variants=(
-        healthy("tiny BERT under transformers.Trainer, lr 1e-3, 3 epochs, batch 32"),
+        healthy("tiny BERT under transformers.Trainer, lr 1e-3, 5 epochs, batch 32"),
         Variant("lr_5", "learning_rate", "learning_rate=5 in TrainingArguments", {"lr": 5.0}, K.LR_FAR_TOO_HIGH),
         Variant(
             "max_grad_norm_1e-4",

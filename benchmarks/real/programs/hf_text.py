@@ -88,7 +88,7 @@ BERT = Program(
     family="hf_text",
     name="tiny_bert",
     train=bert_train,
-    defaults=dict(lr=1e-3, epochs=3, zero_grad=True, labels="true"),
+    defaults=dict(lr=1e-3, epochs=5, zero_grad=True, labels="true"),
     metric="held-out accuracy",
     higher_is_better=True,
     floor=0.03,
