@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import score
+from . import details, score
 from .core import HEALTHY, Case
 from .programs import cases
 from .runner import neuraldbg_task, plain_task, run_all
@@ -143,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ground-truth", action="store_true", help="recompute the ground truth with plain torch")
     parser.add_argument("--write", action="store_true", help="with --ground-truth: store it")
     parser.add_argument("--list", action="store_true", help="list the cases")
+    parser.add_argument("--details", metavar="RUN.json", help="the evidence behind each wrong answer of a run")
     args = parser.parse_args(argv)
+    if args.details:
+        print(details.details(load_truth(), args.details))
+        return 0
     if args.list:
         for c in cases():
             print(f"{c.family:<22} {c.id:<40} {c.variant.operator:<20} {c.variant.description}")

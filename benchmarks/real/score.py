@@ -22,6 +22,7 @@ def judge(entry: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         return verdict
     verdict["detected"] = bool(hyps)
     verdict["right_kind"] = top is not None and top["kind"] in entry["kinds"]
+    verdict["names_fault"] = top is not None and top["kind"] in entry["hand_kinds"]
     verdict["any_kind"] = any(h["kind"] in entry["kinds"] for h in hyps)
     if entry["root"] is not None:
         verdict["right_root"] = top is not None and top["layer"] in entry["root"]
@@ -47,6 +48,7 @@ def score(truth: dict[str, dict[str, Any]], results: list[dict[str, Any]]) -> di
         "false_alarm_ids": [v["id"] for v in quiet if v["false_alarm"]],
         "recall": _count(harmful, "detected"),
         "right_kind": _count(harmful, "right_kind"),
+        "names_fault": _count(harmful, "names_fault"),
         "any_kind": _count(harmful, "any_kind"),
         "right_root": _count(rooted, "right_root"),
         "operators": {
@@ -108,6 +110,7 @@ def table(scored: dict[str, Any], wall: float, cpu: float, jobs: int) -> str:
         ("false alarms, all quiet cases", _pct(*s["false_alarms"])),
         ("recall on harmful faults (any hypothesis)", _pct(*s["recall"])),
         ("right kind (top hypothesis in the acceptable set)", _pct(*s["right_kind"])),
+        ("top kind names the fault itself (not a measured symptom)", _pct(*s["names_fault"])),
         ("an acceptable kind anywhere in the hypotheses", _pct(*s["any_kind"])),
         ("right root layer (where the fault has one)", _pct(*s["right_root"])),
     ]

@@ -30,8 +30,11 @@ from typing import Any
 from .core import HEALTHY, Case, Session
 
 SEEDS = (0, 1, 2)
-EXPLODING_NORM = 1e3  # a layer gradient norm this large, and 100x the twin's, is an explosion
+EXPLODING_NORM = 1e3  # a layer gradient norm this large, and EXPLODING_FACTOR x the twin's, is an explosion
+EXPLODING_FACTOR = 10.0
+VANISHING_FACTOR = 1e-3  # a layer's late gradient this far below the twin's has vanished
 DEAD_FRACTION = 0.7  # units never positive: a dead layer (the twin's below 0.5)
+SATURATED_FRACTION = 0.5  # outputs of a hidden bounded activation on its flat parts
 
 
 def _window(values: list[float]) -> int:
@@ -98,7 +101,18 @@ def newly_frozen(run: dict[str, Any], twin: dict[str, Any]) -> list[str]:
 
 
 def evidence_kinds(run: dict[str, Any], twin: dict[str, Any]) -> dict[str, list[str]]:
-    """The kinds whose symptom plain torch measured in this run and not in its twin, with the layers showing it."""
+    """The kinds whose symptom plain torch measured in this run and not in its twin, with the layers showing it.
+
+    * non_finite: a NaN or infinity in the loss, a gradient or a parameter;
+    * exploding_gradients: a layer's largest gradient norm above 1e3 and ten times the twin's largest;
+    * vanishing_gradients: a layer's gradient over the last quarter of the run exactly zero, or below 1e-3 of the
+      twin's there (all layers exactly zero: also degenerate_loss and no_gradient);
+    * dead_neurons: a ReLU layer with at least 70 % of its units never positive, over the run or over its last
+      quarter (the twin's below 50 %);
+    * saturated_activations: a hidden tanh/sigmoid with more than half its outputs where its derivative is below
+      1 % of its maximum over the last quarter (the twin's at most a quarter);
+    * frozen_parameters: parameters that got a gradient yet never changed, while they train in the twin.
+    """
     found: dict[str, list[str]] = {}
     probe, twin_probe = run.get("probe", {}), twin.get("probe", {})
     if _nonfinite(run):
@@ -109,24 +123,40 @@ def evidence_kinds(run: dict[str, Any], twin: dict[str, Any]) -> dict[str, list[
         for layer, g in grads.items()
         if math.isfinite(g["max"])
         and g["max"] > EXPLODING_NORM
-        and g["max"] > 100 * twin_grads.get(layer, {}).get("max", 0.0)
+        and g["max"] > EXPLODING_FACTOR * twin_grads.get(layer, {}).get("max", 0.0)
     ]
     if exploding:
         found["exploding_gradients"] = exploding
-    zero = [layer for layer, g in grads.items() if g["max"] == 0.0 and twin_grads.get(layer, {}).get("max", 0.0) > 0]
+    zero, small = [], []
+    for layer, g in grads.items():
+        twin_tail = twin_grads.get(layer, {}).get("tail", 0.0)
+        if twin_tail > 0 and g["tail"] == 0.0:
+            zero.append(layer)
+        elif twin_tail > 0 and g["tail"] < VANISHING_FACTOR * twin_tail:
+            small.append(layer)
     if zero and len(zero) == len(grads):
         found["degenerate_loss"] = []
         found["no_gradient"] = []
-    elif zero:
-        found["vanishing_gradients"] = zero
-    twin_dead = twin_probe.get("never_positive", {})
-    dead = [
-        layer
-        for layer, fraction in probe.get("never_positive", {}).items()
-        if fraction >= DEAD_FRACTION and twin_dead.get(layer, 0.0) < 0.5
-    ]
+    if zero or small:
+        found["vanishing_gradients"] = zero + small
+    dead = []
+    for layer in probe.get("never_positive", {}):
+        worst = max(probe["never_positive"][layer], probe.get("dead_at_end", {}).get(layer, 0.0))
+        twin_worst = max(
+            twin_probe.get("never_positive", {}).get(layer, 0.0), twin_probe.get("dead_at_end", {}).get(layer, 0.0)
+        )
+        if worst >= DEAD_FRACTION and twin_worst < 0.5:
+            dead.append(layer)
     if dead:
         found["dead_neurons"] = dead
+    twin_saturated = twin_probe.get("saturated", {})
+    saturated = [
+        layer
+        for layer, fraction in probe.get("saturated", {}).items()
+        if fraction > SATURATED_FRACTION and twin_saturated.get(layer, 0.0) <= SATURATED_FRACTION / 2
+    ]
+    if saturated:
+        found["saturated_activations"] = saturated
     # frozen as NeuralDBG means it: a gradient arrived and the parameter did not move (else it is a zero gradient)
     grads_of = probe.get("param_grad_max", {})
     frozen = [name for name in newly_frozen(run, twin) if grads_of.get(name, 0.0) > 0]
@@ -215,6 +245,8 @@ def _compact(probe: dict[str, Any]) -> dict[str, Any]:
         "frozen": probe["frozen"],
         "frozen_grad_max": {name: float(f"{probe['param_grad_max'].get(name, 0.0):.4g}") for name in probe["frozen"]},
         "never_positive": {k: round(v, 4) for k, v in probe["never_positive"].items() if v > 0.01},
+        "dead_at_end": {k: round(v, 4) for k, v in probe["dead_at_end"].items() if v > 0.01},
+        "saturated": {k: round(v, 4) for k, v in probe["saturated"].items() if v > 0.01},
     }
 
 

@@ -66,6 +66,8 @@ def train(hp: SimpleNamespace, session: Session) -> dict[str, float]:
     edges, features, labels = data.block_graph()
     nodes = len(labels)
     adj = adjacency(edges, nodes, hp.normalise, hp.sparse)
+    if hp.sparse_features:  # bag-of-words node features are usually stored sparse as well
+        features = features.to_sparse()
     idx_train, idx_test = torch.arange(0, 80), torch.arange(160, nodes)  # 80-159: validation
     if hp.train_split == "empty":  # a split selected by a condition no node meets (e.g. a mask from the wrong column)
         idx_train = idx_train[labels[idx_train] < 0]
@@ -98,7 +100,14 @@ PROGRAM = Program(
     name="gcn",
     train=train,
     defaults=dict(
-        lr=0.01, weight_decay=5e-4, epochs=100, sparse=True, normalise=True, train_split="first80", masked_loss=False
+        lr=0.01,
+        weight_decay=5e-4,
+        epochs=100,
+        sparse=True,
+        normalise=True,
+        train_split="first80",
+        masked_loss=False,
+        sparse_features=False,
     ),
     metric="held-out node accuracy",
     higher_is_better=True,
@@ -122,6 +131,9 @@ PROGRAM = Program(
             K.EMPTY_MASK,
         ),
         Variant("dense_adjacency", "equivalent", "the same adjacency as a dense tensor", {"sparse": False}),
+        Variant(
+            "sparse_features", "equivalent", "the node features as a sparse COO tensor too", {"sparse_features": True}
+        ),
         Variant(
             "unnormalised_adjacency",
             "data_normalisation",
