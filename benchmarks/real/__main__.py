@@ -119,16 +119,20 @@ def benchmark(chosen: list[Case], jobs: int, observe_loss: bool, json_path: str 
         print(f"  {result['id']:<40} {result['seconds']:6.1f} s  {top}", file=sys.stderr, flush=True)
         results.append(result)
     wall = time.perf_counter() - start
+    scored = report(truth, results, wall, jobs)
+    if json_path:
+        run = {"observe_loss": observe_loss, "wall": wall, "jobs": jobs, "score": scored, "results": results}
+        Path(json_path).write_text(json.dumps(run, indent=1) + "\n")
+    return 0
+
+
+def report(truth: dict[str, dict[str, Any]], results: list[dict[str, Any]], wall: float, jobs: int) -> dict[str, Any]:
     scored = score.score(truth, results)
     print(score.table(scored, wall, sum(r["seconds"] for r in results), jobs))
     print()
     for line in score.wrong_lines(truth, results, scored) + score.same_run_lines(truth, results):
         print(line)
-    if json_path:
-        Path(json_path).write_text(
-            json.dumps({"observe_loss": observe_loss, "score": scored, "results": results}, indent=1) + "\n"
-        )
-    return 0
+    return scored
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,9 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="with --ground-truth: store it")
     parser.add_argument("--list", action="store_true", help="list the cases")
     parser.add_argument("--details", metavar="RUN.json", help="the evidence behind each wrong answer of a run")
+    parser.add_argument("--score", metavar="RUN.json", help="score a run saved with --json again (same table)")
     args = parser.parse_args(argv)
     if args.details:
         print(details.details(load_truth(), args.details))
+        return 0
+    if args.score:
+        run = json.loads(Path(args.score).read_text())
+        report(load_truth(), run["results"], run.get("wall", math.nan), run.get("jobs", 0))
         return 0
     if args.list:
         for c in cases():

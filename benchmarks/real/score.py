@@ -11,6 +11,16 @@ def _pct(part: int, total: int) -> str:
     return f"{part}/{total} ({100 * part / total:.0f}%)" if total else "0/0 (-)"
 
 
+def harmful_on_first_seed(entry: dict[str, Any]) -> bool:
+    """Whether the run NeuralDBG watches (the first seed) is harmed on its own, not only the average over seeds:
+    its own metric is past the margin, or a reason other than the metric holds (NaN, frozen parameters)."""
+    ev = entry["evidence"]
+    first = ev["metric"][0]
+    deficit = (ev["twin_mean"] - first) if ev["higher_is_better"] else (first - ev["twin_mean"])
+    other = [r for r in entry["reasons"] if "worse by" not in r]
+    return bool(other) or not math.isfinite(first) or deficit > ev["margin"]
+
+
 def judge(entry: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     """What one case's answer was worth: a false alarm, a detection, the right kind, the right root."""
     hyps = result["hypotheses"]
@@ -21,6 +31,7 @@ def judge(entry: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         verdict["run_level"] = bool(hyps) and all(h["layer"] == "" for h in hyps)
         return verdict
     verdict["detected"] = bool(hyps)
+    verdict["first_seed"] = harmful_on_first_seed(entry)
     verdict["right_kind"] = top is not None and top["kind"] in entry["kinds"]
     verdict["names_fault"] = top is not None and top["kind"] in entry["hand_kinds"]
     verdict["any_kind"] = any(h["kind"] in entry["kinds"] for h in hyps)
@@ -47,6 +58,7 @@ def score(truth: dict[str, dict[str, Any]], results: list[dict[str, Any]]) -> di
         "false_alarms": _count(quiet, "false_alarm"),
         "false_alarm_ids": [v["id"] for v in quiet if v["false_alarm"]],
         "recall": _count(harmful, "detected"),
+        "recall_first_seed": _count([v for v in harmful if v["first_seed"]], "detected"),
         "right_kind": _count(harmful, "right_kind"),
         "names_fault": _count(harmful, "names_fault"),
         "any_kind": _count(harmful, "any_kind"),
@@ -80,7 +92,8 @@ def wrong_lines(truth: dict[str, dict[str, Any]], results: list[dict[str, Any]],
         if entry["root"]:
             expected += f" at {' or '.join(repr(x) for x in entry['root'])}"
         if not v["detected"]:
-            lines.append(f"MISS         {r['id']}: expected {expected}, got {_got(None)}")
+            note = "" if v["first_seed"] else " (harmful over seeds; the watched seed-0 run is within the twin's noise)"
+            lines.append(f"MISS         {r['id']}: expected {expected}, got {_got(None)}{note}")
         elif not v["right_kind"]:
             lines.append(f"WRONG KIND   {r['id']}: expected {expected}, got {_got(v['top'])}")
         elif v.get("right_root") is False:
@@ -109,6 +122,7 @@ def table(scored: dict[str, Any], wall: float, cpu: float, jobs: int) -> str:
         ("false alarms, harmless mutants", _pct(*s["harmless"])),
         ("false alarms, all quiet cases", _pct(*s["false_alarms"])),
         ("recall on harmful faults (any hypothesis)", _pct(*s["recall"])),
+        ("recall where the watched run (seed 0) is itself harmed", _pct(*s["recall_first_seed"])),
         ("right kind (top hypothesis in the acceptable set)", _pct(*s["right_kind"])),
         ("top kind names the fault itself (not a measured symptom)", _pct(*s["names_fault"])),
         ("an acceptable kind anywhere in the hypotheses", _pct(*s["any_kind"])),
