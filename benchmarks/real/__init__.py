@@ -4,5 +4,6 @@
     python -m benchmarks.real --ground-truth      # recompute the ground truth with plain torch, check it
     python -m benchmarks.real --help
 
-See ``benchmarks/real/README.md`` for the method and ``FINDINGS.md`` for what it measured.
+``FINDINGS.md`` beside this file has the method, the commands and what it measured; ``truth.py`` how the
+ground truth is decided; ``programs/`` one module per family.
 """
