@@ -20,7 +20,6 @@ RELU_ON_LOGITS = frozenset({"dead_neurons", "loss_not_decreasing"})
 LEFT_OUT = frozenset({"frozen_parameters"})
 DEAD_BIAS = frozenset({"dead_neurons"})
 EVAL_MODE = frozenset({"eval_mode_training"})
-ZERO_INIT = frozenset({"vanishing_gradients", "dead_neurons", "loss_not_decreasing", "loss_at_chance"})
 BIG_INIT = frozenset({"exploding_gradients", "saturated_activations", "unstable_loss", "loss_not_decreasing"})
 SATURATING = frozenset({"saturated_activations", "vanishing_gradients", "loss_not_decreasing"})
 CAPACITY = frozenset({"loss_not_decreasing"})  # a change that only makes the model or its training weaker

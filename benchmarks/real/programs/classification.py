@@ -45,11 +45,6 @@ def mlp_train(hp: SimpleNamespace, session: Session) -> dict[str, float]:
     if hp.first_bias is not None:
         with torch.no_grad():
             model[1].bias.fill_(hp.first_bias)
-    if hp.zero_init:
-        for module in model:
-            if isinstance(module, nn.Linear):
-                nn.init.zeros_(module.weight)
-                nn.init.zeros_(module.bias)
     optimizer = torch.optim.Adam(model.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
     batches = loader(x_train, y_train, hp.batch_size)
 
@@ -93,7 +88,6 @@ MLP_DEFAULTS = dict(
     dropout=0.2,
     relu_on_logits=False,
     first_bias=None,
-    zero_init=False,
     clip=None,
 )
 
