@@ -5,6 +5,10 @@ python -m benchmarks.real [--family F] [--case ID] [--jobs N] [--json PATH] [--n
 python -m benchmarks.real --ground-truth [--write] [--family F] [--case ID] [--jobs N]
     recompute the ground truth with plain torch; check it agrees with the stored one (exit 1 if not),
     or store it (--write)
+python -m benchmarks.real --score RUN.json
+    the table and the wrong answers of a run saved with --json, scored again against the stored ground truth
+python -m benchmarks.real --details RUN.json
+    the plain-torch evidence and NeuralDBG's words for every wrong answer of such a run (Markdown)
 python -m benchmarks.real --list
 """
 

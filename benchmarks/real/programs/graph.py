@@ -121,14 +121,14 @@ PROGRAM = Program(
             "masking",
             "the training index selects no node: nll_loss over an empty tensor (NaN)",
             {"train_split": "empty"},
-            K.EMPTY_MASK,
+            K.EMPTY_MASK_NAN,
         ),
         Variant(
             "empty_mask_masked_mean",
             "masking",
             "masked-mean loss over an all-zero mask: exactly zero gradient",
             {"train_split": "empty", "masked_loss": True},
-            K.EMPTY_MASK,
+            K.EMPTY_MASK_ZERO,
         ),
         Variant("dense_adjacency", "equivalent", "the same adjacency as a dense tensor", {"sparse": False}),
         Variant(
