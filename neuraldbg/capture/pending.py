@@ -1,12 +1,14 @@
-"""One step being collected: host fields, plus 0-d device tensors moved to the host at the next flush.
+"""One step being collected: host fields, plus device tensors moved to the host at the next flush.
 
 :class:`Pending` holds the step in progress (a :class:`~neuraldbg.stats.step.StepData` and the device tensors that
-still have to be filed into it); :func:`assign` files a flushed value into its field.
+still have to be filed into it: 0-d tensors of one reading each, and 1-d tensors of many readings, one per element);
+:func:`assign` files a flushed value into its field.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import Tensor
@@ -18,19 +20,51 @@ from ..stats.step import StepData
 _SCALED = frozenset({"target_grad", "out_grad", "func_dead", "delta", "weight", "before"})
 
 
+Entry = tuple[str, Any, float]  # (target, key, extra): where a reading is filed (see :func:`assign`)
+
+
 class Pending:
     """One step being collected: host fields, plus device tensors to move in the next flush."""
 
-    __slots__ = ("data", "targets", "tensors")
+    __slots__ = ("data", "targets", "tensors", "vectors", "vtargets")
 
     def __init__(self, step: int, full: bool) -> None:
         self.data = StepData(step, full)
         self.tensors: list[Tensor] = []
-        self.targets: list[tuple[str, Any, float]] = []
+        self.targets: list[Entry] = []
+        self.vectors: list[Tensor] = []  # 1-d tensors of readings, filed after the 0-d ones, in order
+        self.vtargets: list[Sequence[Entry]] = []  # ... each with the entry of each of its elements
 
     def put(self, target: str, key: Any, tensor: Tensor, extra: float = 0) -> None:
         self.targets.append((target, key, extra))
         self.tensors.append(tensor)
+
+    def put_vector(self, entries: Sequence[Entry], values: Tensor | Sequence[Tensor]) -> None:
+        """File ``values[i]`` as ``entries[i]``: a 1-d tensor (one transfer with the rest at the flush) or, for
+        readings on several devices, 0-d tensors (see :func:`~neuraldbg.stats.tensors.norm_readings`)."""
+        if isinstance(values, Tensor):
+            if entries:
+                self.vtargets.append(entries)
+                self.vectors.append(values)
+        else:
+            self.targets.extend(entries)
+            self.tensors.extend(values)
+
+    @property
+    def recorded(self) -> bool:
+        """Whether any device reading was filed."""
+        return bool(self.tensors or self.vectors)
+
+    def file(self, scalars: Sequence[float], vectors: Sequence[float]) -> None:
+        """File the host values of :attr:`tensors`, then of the elements of :attr:`vectors`, in order."""
+        data = self.data
+        for (target, key, extra), value in zip(self.targets, scalars):
+            _ASSIGN[target](data, key, extra, value)
+        i = 0
+        for entries in self.vtargets:
+            for (target, key, extra), value in zip(entries, vectors[i : i + len(entries)]):
+                _ASSIGN[target](data, key, extra, value)
+            i += len(entries)
 
     def skip(self) -> None:
         """The GradScaler skipped this step: drop what was read from its scaled gradients (overflow, not the model's
@@ -45,6 +79,11 @@ class Pending:
         ]
         self.targets = [target for target, _ in kept]
         self.tensors = [t for _, t in kept]
+        # the readings of a vector are kept or dropped together (and divided together by unscale): a vector
+        # mixes only targets these two treat alike, the first stands for all
+        vkept = [(entries, v) for entries, v in zip(self.vtargets, self.vectors) if entries[0][0] not in _SCALED]
+        self.vtargets = [entries for entries, _ in vkept]
+        self.vectors = [v for _, v in vkept]
         if data.target_grad is not None and not math.isnan(data.target_grad):
             data.target_grad = None
         for readings in (data.grad, data.grad_numel, data.out_grad, data.func_dead, data.update, data.update_parts):
@@ -61,6 +100,10 @@ class Pending:
             t / scale if target[0] in ("target_grad", "out_grad") else t
             for target, t in zip(self.targets, self.tensors)
         ]
+        self.vectors = [
+            v / scale if entries[0][0] in ("target_grad", "out_grad") else v
+            for entries, v in zip(self.vtargets, self.vectors)
+        ]
         if self.data.target_grad is not None:
             self.data.target_grad /= float(scale)
 
@@ -69,6 +112,8 @@ class Pending:
         tensors, and its host readings, keeping the worst of two readings."""
         self.tensors.extend(other.tensors)
         self.targets.extend(other.targets)
+        self.vectors.extend(other.vectors)
+        self.vtargets.extend(other.vtargets)
         src, dst = other.data, self.data
         dst.numel.update(src.numel)
         dst.input_numel = src.input_numel or dst.input_numel
@@ -93,47 +138,109 @@ def merge_max(old: float | None, new: float) -> float:
 
 
 def assign(data: StepData, target: str, key: Any, extra: float, value: float) -> None:
-    if target == "act":
-        data.act[key] = merge_max(data.act.get(key), value)
-    elif target == "input":
-        data.input_norm = merge_max(data.input_norm, value)
-    elif target == "output":
-        data.output_norm = merge_max(data.output_norm, value)
-    elif target == "target_grad":
-        if data.skipped and not math.isnan(value):
-            return  # a skipped step's scaled loss gradient overflowed: not the loss's
-        data.target_grad = merge_max(data.target_grad, value)
-    elif target == "loss":
-        data.loss = value
-    elif target == "loss_scale":
-        data.loss_scale = value
-    elif target == "dead":
-        data.dead[key] = (value, int(extra))
-    elif target == "func_dead":
-        data.func_dead[key] = (value, int(extra))
-    elif target == "saturated":
-        data.saturated[key] = (value, int(extra))
-    elif target == "numel":  # a compiled step's output size
-        data.numel[key] = int(value)
-    elif target == "output_numel":
-        data.output_numel = int(value)
-    elif target == "input_numel":
-        data.input_numel = int(value)
-    elif target == "units":  # a compiled step's unit count, filed right after its dead or saturated count
-        counts = data.dead if key in data.dead else data.saturated
-        if key in counts:
-            counts[key] = (counts[key][0], int(value))
-    elif target == "out_grad":
-        data.out_grad[key] = merge_max(data.out_grad.get(key), value)
-    elif target in ("delta", "weight", "before"):  # one snapshot reading: delta, weight, then (sampled) before
-        parts = data.update_parts.setdefault(key, [])
+    """File one flushed reading into its field (``extra``: what the reading is counted over, or a sample's scale)."""
+    _ASSIGN[target](data, key, extra, value)
+
+
+def _act(data: StepData, key: Any, extra: float, value: float) -> None:
+    old = data.act.get(key)
+    data.act[key] = value if old is None else merge_max(old, value)
+
+
+def _input(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.input_norm = merge_max(data.input_norm, value)
+
+
+def _output(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.output_norm = merge_max(data.output_norm, value)
+
+
+def _target_grad(data: StepData, key: Any, extra: float, value: float) -> None:
+    if data.skipped and not math.isnan(value):
+        return  # a skipped step's scaled loss gradient overflowed: not the loss's
+    data.target_grad = merge_max(data.target_grad, value)
+
+
+def _loss(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.loss = value
+
+
+def _loss_scale(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.loss_scale = value
+
+
+def _dead(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.dead[key] = (value, int(extra))
+
+
+def _func_dead(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.func_dead[key] = (value, int(extra))
+
+
+def _saturated(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.saturated[key] = (value, int(extra))
+
+
+def _numel(data: StepData, key: Any, extra: float, value: float) -> None:  # a compiled step's output size
+    data.numel[key] = int(value)
+
+
+def _output_numel(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.output_numel = int(value)
+
+
+def _input_numel(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.input_numel = int(value)
+
+
+def _units(data: StepData, key: Any, extra: float, value: float) -> None:
+    # a compiled step's unit count, filed right after its dead or saturated count
+    counts = data.dead if key in data.dead else data.saturated
+    if key in counts:
+        counts[key] = (counts[key][0], int(value))
+
+
+def _out_grad(data: StepData, key: Any, extra: float, value: float) -> None:
+    old = data.out_grad.get(key)
+    data.out_grad[key] = value if old is None else merge_max(old, value)
+
+
+def _delta(data: StepData, key: Any, extra: float, value: float) -> None:
+    # one snapshot reading: delta, weight, then (for a sampled parameter) before; ``extra`` is the sample's scale:
+    # 1 when the parameter was copied whole (then no "before" follows)
+    data.update_parts[key] = [value, extra]
+
+
+def _weight(data: StepData, key: Any, extra: float, value: float) -> None:
+    parts = data.update_parts[key]
+    if parts[1] == 1.0:
+        data.update[key] = (stats.update_norm(parts[0], 1.0, value, value), value)
+        del data.update_parts[key]
+    else:
         parts.append(value)
-        if target == "delta":
-            parts.append(extra)  # the sample's scale: 1 when the parameter was copied whole (no "before" follows)
-        if target == "before" or (target == "weight" and parts[1] == 1.0):
-            delta, scale, after = parts[:3]
-            before = parts[3] if len(parts) > 3 else after
-            data.update[key] = (stats.update_norm(delta, scale, after, before), after)
-            del data.update_parts[key]
-    else:  # pragma: no cover - a programming error, not a user error
-        raise KeyError(target)
+
+
+def _before(data: StepData, key: Any, extra: float, value: float) -> None:
+    delta, scale, after = data.update_parts.pop(key)
+    data.update[key] = (stats.update_norm(delta, scale, after, value), after)
+
+
+_ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
+    "act": _act,
+    "input": _input,
+    "output": _output,
+    "target_grad": _target_grad,
+    "loss": _loss,
+    "loss_scale": _loss_scale,
+    "dead": _dead,
+    "func_dead": _func_dead,
+    "saturated": _saturated,
+    "numel": _numel,
+    "output_numel": _output_numel,
+    "input_numel": _input_numel,
+    "units": _units,
+    "out_grad": _out_grad,
+    "delta": _delta,
+    "weight": _weight,
+    "before": _before,
+}

@@ -40,7 +40,7 @@ from .backward import BackwardPath
 from .clock import StepClock, StepMode
 from .coverage import Coverage, RunFacts
 from .forward import ForwardPath
-from .pending import Pending, assign
+from .pending import Pending
 from .scaler import ScalerWatch
 from .schedule import Schedule
 
@@ -237,12 +237,15 @@ class Recorder:
         if not self.buffer:
             return
         buffer, self.buffer = self.buffer, []
-        values = stats.to_host(t for p in buffer for t in p.tensors)
-        i = 0
+        scalars = [t for p in buffer for t in p.tensors]
+        vectors = [v for p in buffer for v in p.vectors]
+        values = stats.to_host_parts(scalars, vectors)
+        i, j = 0, len(scalars)
         for part in buffer:
-            for (target, key, extra), value in zip(part.targets, values[i : i + len(part.tensors)]):
-                assign(part.data, target, key, extra, value)
+            n = sum(len(entries) for entries in part.vtargets)
+            part.file(values[i : i + len(part.tensors)], values[j : j + n])
             i += len(part.tensors)
+            j += n
         records = [p.data for p in buffer]
         suspicious = False
         for record in records:
@@ -261,7 +264,8 @@ class Recorder:
         if self.active:
             try:
                 self.forward.discard_tentative()
-                if self.clock.finish(bool(self.pending.tensors)):
+                self.forward.close()  # a forward still open: what waited for its end is measured now
+                if self.clock.finish(self.pending.recorded):
                     self.backward.grads.once(self.scale_in_gradients())
                     self.commit()
                 self.flush()
