@@ -51,6 +51,17 @@ def _no_neuraldbg_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
+@pytest.fixture(autouse=True)
+def _inner_runs_without_hypothesis(request: pytest.FixtureRequest) -> None:
+    """Inner runs do without Hypothesis' pytest plugin, which every pytest process of this environment loads (it
+    is installed for tests/fuzz): no inner project uses it, and importing it took 1.2 s of CPU in each subprocess
+    run and each of its xdist workers, over half of a bare pytest start. Set once ``pytester`` is set up (it
+    clears PYTEST_ADDOPTS, so the shell's never reaches an inner run), and only for tests that use it."""
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester")
+        request.getfixturevalue("monkeypatch").setenv("PYTEST_ADDOPTS", "-p no:hypothesispytest")
+
+
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
     """A pytester directory holding ``models.py``."""
