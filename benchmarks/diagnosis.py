@@ -1,6 +1,6 @@
 """The public diagnosis benchmark: how often NeuralDBG is right, and how often it cries wolf.
 
-    python -m benchmarks.diagnosis              # every scenario, the README tables
+    python -m benchmarks.diagnosis              # every scenario, the tables of docs/benchmark.md
     python -m benchmarks.diagnosis --fast       # the subset the test suite runs
     python -m benchmarks.diagnosis NAME ...     # chosen scenarios, with their full explanations
 

@@ -23,7 +23,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from neuraldbg import NeuralDbg, ranks  # noqa: E402
+from neuraldbg import NeuralDbg  # noqa: E402
+from neuraldbg.distributed import merge as ranks  # noqa: E402
 from pytest_neuraldbg.distributed import spawn  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """Step-time and memory overhead of NeuralDBG, measured side by side in one process.
 
-    python -m benchmarks.overhead            # the README figures (about 2 minutes on 2 CPU cores)
+    python -m benchmarks.overhead            # the figures of docs/cost.md (about 2 minutes on 2 CPU cores)
     python -m benchmarks.overhead --quick    # a smoke run
 
 For each model, identical copies (same initial weights, same batches) are trained in alternating blocks of

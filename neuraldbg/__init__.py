@@ -19,7 +19,7 @@ import importlib
 import warnings
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from .version import __version__
 
 #: Public name -> the submodule that defines it.
 _EXPORTS: dict[str, str] = {
@@ -37,14 +37,14 @@ _EXPORTS: dict[str, str] = {
     "ActivationHealth": "health",
     "GradientHealth": "health",
     "UpdateHealth": "health",
-    "hookimpl": "hookspecs",
-    "register_plugin": "plugins",
-    "unregister_plugin": "plugins",
+    "hookimpl": "plugins.hookspecs",
+    "register_plugin": "plugins.manager",
+    "unregister_plugin": "plugins.manager",
     "CausalHypothesis": "reasoning",
     "CausalRule": "reasoning",
     "Coupling": "reasoning",
-    "Trace": "tracefile",
-    "load": "tracefile",
+    "Trace": "trace",
+    "load": "trace",
 }
 
 __all__ = [
@@ -95,7 +95,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from .errors import ConfigError, NeuralDbgError, NeuralDbgWarning, TraceError
     from .events import EventType, FailureKind, SemanticEvent
     from .health import ActivationHealth, GradientHealth, UpdateHealth
-    from .hookspecs import hookimpl
-    from .plugins import register_plugin, unregister_plugin
+    from .plugins.hookspecs import hookimpl
+    from .plugins.manager import register_plugin, unregister_plugin
     from .reasoning import CausalHypothesis, CausalRule, Coupling
-    from .tracefile import Trace, load
+    from .trace import Trace, load

@@ -21,7 +21,7 @@ EXIT_HEALTHY, EXIT_FAILURES, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
 
 def _parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .version import __version__
 
     parser = argparse.ArgumentParser(
         prog="neuraldbg", description="Explain why a PyTorch training run fails: root cause, chain and fix."
@@ -152,7 +152,7 @@ def _explain(args: argparse.Namespace) -> int:
 def _trace_paths(given: Sequence[str]) -> tuple[list[str], bool]:
     """The trace files named (directories expanded to their *.json files), and whether they form a job."""
     from .errors import TraceError
-    from .export.trace import show_path
+    from .text import printable as show_path
 
     paths: list[str] = []
     job = len(given) > 1
@@ -173,8 +173,8 @@ def _trace_paths(given: Sequence[str]) -> tuple[list[str], bool]:
 
 
 def _explain_traces(args: argparse.Namespace) -> int:
-    from .ranks import merge_traces
-    from .tracefile import MAX_TRACE_BYTES, load
+    from .distributed.merge import merge_traces
+    from .trace import MAX_TRACE_BYTES, load
 
     paths, job = _trace_paths(args.traces)
     traces = [load(path, max_bytes=args.max_bytes or MAX_TRACE_BYTES) for path in paths]

@@ -120,7 +120,7 @@ class DebugConfig:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            _check_field(f.name, getattr(self, f.name), f.type)
+            _check_field(f.name, getattr(self, f.name))
 
     def replace(self, **changes: Any) -> DebugConfig:
         """A copy with some fields changed (validated like the constructor)."""
@@ -165,7 +165,7 @@ _BOUNDS: dict[str, tuple[str, float, float]] = {
 }
 
 
-def _check_field(name: str, value: Any, annotation: Any) -> None:
+def _check_field(name: str, value: Any) -> None:
     if name in ("output_gradients", "track_updates"):
         if not isinstance(value, bool):
             raise ConfigError(f"DebugConfig.{name}: expected true or false, got {value!r}")
@@ -195,6 +195,12 @@ def check_options(options: Mapping[str, Any], where: str, also: Iterable[str] = 
     plural = "s" if len(unknown) > 1 else ""
     accepted = f"{', '.join(others)} or a DebugConfig field" if others else "a DebugConfig field"
     raise ConfigError(f"{where}: unknown option{plural} {named}; expected {accepted}: {', '.join(sorted(fields))}")
+
+
+#: The keywords of ``NeuralDbg()`` that its run takes as they are (not DebugConfig fields), and all of its keywords
+#: besides the DebugConfig fields: every entry point that builds a debugger checks its options against them.
+RUN_KEYWORDS = ("grad_scaler", "gather", "gather_timeout")
+ENGINE_KEYWORDS = ("config", "preset", "plugins", *RUN_KEYWORDS)
 
 
 PRESETS: dict[str, DebugConfig] = {

@@ -30,26 +30,25 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from . import __version__, naming, plugins
-from .analysis import Analyzer
-from .config import DebugConfig, make_config
-from .diagnosis import Diagnosis
-from .distributed import ProcessInfo, process_info
+from .analysis.analyzer import Analyzer
+from .capture.recorder import Recorder
+from .config import ENGINE_KEYWORDS, DebugConfig, make_config
+from .distributed.process import ProcessInfo, process_info
 from .errors import ConfigError, NeuralDbgError, NeuralDbgWarning
 from .events import SemanticEvent
-from .layers import LayerInfo, describe
+from .model import naming
+from .model.info import LayerInfo
+from .model.layers import describe
+from .plugins import manager
+from .queries import Queries
 from .reasoning import CausalRule, Topology
-from .recorder import Recorder
+from .version import __version__
 
 if TYPE_CHECKING:
     from .distributed.job import JobRun
 
 
-#: The keywords of ``NeuralDbg()`` besides the DebugConfig fields (a misspelt one is suggested as itself).
-KEYWORDS = ("config", "preset", "plugins", "grad_scaler", "gather", "gather_timeout")
-
-
-class NeuralDbg(Diagnosis):
+class NeuralDbg(Queries):
     """Watch a model's training and explain what went wrong.
 
     Args:
@@ -57,7 +56,7 @@ class NeuralDbg(Diagnosis):
             unwrapped for layer names, and the debugger keeps its step bookkeeping out of the compiled graph.
         config: a :class:`~neuraldbg.DebugConfig` or a mapping of its fields.
         preset: ``"default"``, ``"full"`` (full statistics every step) or ``"economy"``.
-        plugins: extra plugins (see :mod:`neuraldbg.hookspecs`) for this debugger only.
+        plugins: extra plugins (see :mod:`neuraldbg.plugins.hookspecs`) for this debugger only.
         grad_scaler: the ``torch.amp.GradScaler`` of a mixed-precision loop. Statistics are read unscaled, the
             steps it skips are counted (not diagnosed as non-finite) and a collapsing scale is diagnosed. Without
             it the scaler is looked for at the first optimizer steps (see :mod:`neuraldbg.capture.scaler`); pass
@@ -84,7 +83,7 @@ class NeuralDbg(Diagnosis):
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ConfigError(f"NeuralDbg(): expected a torch.nn.Module, got {type(model).__name__}")
-        self.config = make_config(config, preset, "NeuralDbg()", KEYWORDS, **options)
+        self.config = make_config(config, preset, "NeuralDbg()", ENGINE_KEYWORDS, **options)
         _check_distributed_options(grad_scaler, gather, gather_timeout)
         self._gather, self._gather_timeout = gather, float(gather_timeout)
         self._process: ProcessInfo | None = process_info()
@@ -98,9 +97,12 @@ class NeuralDbg(Diagnosis):
         self._compiled = root is not model
         self._infos: dict[str, LayerInfo] = describe(root, self.config.saturation_derivative)
         pm = _plugin_manager(plugins)
-        self._rules: list[CausalRule] = _rules(pm)
+        self._rules: list[CausalRule] = manager.rules(pm)
         order: list[tuple[str, int]] = []  # one list: the recorder appends, the detectors read
-        self._analyzer = Analyzer(self.config, self._infos, order, _detectors(pm, self.config))
+        detectors = manager.detectors(pm, self.config)
+        kinds = manager.kinds_of(pm)
+        self._kinds = [k.name for k in kinds]
+        self._analyzer = Analyzer(self.config, self._infos, order, detectors, kinds)
         self._recorder = Recorder(root, self._infos, self.config, self._analyzer.consume, order, grad_scaler)
         self._analyzer.watch_coverage(self._recorder.coverage, self._recorder.run_facts)
         self.history = self._analyzer.history
@@ -175,7 +177,7 @@ class NeuralDbg(Diagnosis):
         if info is None or info.world_size < 2:
             return None
         try:
-            from .ranks import summarize
+            from .distributed.merge import summarize
 
             summary = summarize(self, rank=info.rank, world_size=info.world_size)
             received = gather.send(summary, timeout=timeout, note=note, info=info)
@@ -239,6 +241,10 @@ class NeuralDbg(Diagnosis):
             last_step=self._analyzer.last_step,
         )
         return self._analyzer.events(final=not self.attached), topo, self._rules
+
+    def checked_kinds(self) -> list[str]:
+        """The names of the failure kinds this debugger checks: the built-in ones and its plugins'."""
+        return list(self._kinds)
 
     def _meta(self) -> dict[str, Any]:
         extra: dict[str, Any] = {}
@@ -304,14 +310,6 @@ def _check_distributed_options(
 
 def _plugin_manager(extra: Iterable[Any]) -> Any:
     try:
-        return plugins.manager(extra)
-    except Exception as exc:  # a broken third-party plugin must not stop training
+        return manager.manager(extra)
+    except Exception as exc:  # a broken third-party plugin is reported before training starts
         raise NeuralDbgError(f"NeuralDbg: loading plugins failed: {exc!r}") from exc
-
-
-def _detectors(pm: Any, config: DebugConfig) -> list[Any]:
-    return plugins.detectors(pm, config)
-
-
-def _rules(pm: Any) -> list[CausalRule]:
-    return plugins.rules(pm)

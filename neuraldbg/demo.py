@@ -55,7 +55,7 @@ def _train(
                     group["lr"] = lr_jump[1]
             optimizer.zero_grad()
             loss = F.mse_loss(model(inputs), targets)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch
             optimizer.step()
     return dbg
 

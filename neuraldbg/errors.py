@@ -29,7 +29,7 @@ class NeuralDbgWarning(UserWarning):
 def did_you_mean(value: object, choices: Iterable[str]) -> str:
     """`` (did you mean 'persistence'?)`` for the valid name closest to a misspelt ``value``, or ``""`` when none
     is close: difflib's similarity ratio of at least 0.6, else the one name that starts with ``value`` (``'dead'``
-    for ``'dead_neurons'``), compared case-insensitively. Every message about an unknown name appends it, so a
+    for ``'dead_units'``), compared case-insensitively. Every message about an unknown name appends it, so a
     typo names its fix wherever it was made."""
     text = str(value).lower()
     by_lower: dict[str, str] = {}

@@ -2,40 +2,130 @@
 
 A :class:`SemanticEvent` is a state that held for a range of observed steps in one layer ("``'3'`` had 100 % of
 its units inactive from step 0 to 49"). Events are what the detectors emit and what the reasoning consumes.
+
+A :class:`FailureKind` is only a name. Everything else about a kind (the detectors that find it, where it stands
+among root causes, the causal rules in which it is the cause, its words) lives in its room under
+:mod:`neuraldbg.kinds`, which the rest of the engine asks through the registry. Plugins add kinds of their own.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import ClassVar
+
+from .health import HealthState
+
+#: What a kind's name may be: a Python identifier in lower case, at most 64 characters.
+_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
-class FailureKind(str, Enum):
-    """The public, stable names of the training failures NeuralDBG diagnoses."""
+class _Names(type):
+    """Iterating over :class:`FailureKind` lists every declared kind, built-in kinds first, in declaration order."""
 
-    VANISHING_GRADIENTS = "vanishing_gradients"
-    EXPLODING_GRADIENTS = "exploding_gradients"
-    DEAD_NEURONS = "dead_neurons"
-    SATURATED_ACTIVATIONS = "saturated_activations"
-    NON_FINITE = "non_finite"
-    FROZEN_PARAMETERS = "frozen_parameters"
-    STALLED_UPDATES = "stalled_updates"
-    # Run-level findings: the run was not observed well enough, or could not learn, whatever its layers did.
-    # A verdict of "healthy" needs evidence; these say what evidence is missing (events of type RUN, layer "").
-    NO_TRAINING_OBSERVED = "no_training_observed"  # no training step happened under the debugger
-    NO_GRADIENT = "no_gradient"  # steps were taken, but no gradient ever reached a trainable parameter
-    EVAL_MODE_TRAINING = "eval_mode_training"  # the model trained in eval mode (dropout off, batch norm frozen)
-    DEGENERATE_LOSS = "degenerate_loss"  # the loss gives exactly zero gradient: nothing can be learned
-    INCOMPLETE_OBSERVATION = "incomplete_observation"  # the debugger stopped observing, or skipped a part
-    LOSS_SCALE_COLLAPSE = "loss_scale_collapse"  # a GradScaler skipping most steps (or backed off below 1)
+    def __iter__(cls) -> Iterator[FailureKind]:
+        return iter(list(FailureKind._declared.values()))
+
+    def __len__(cls) -> int:
+        return len(FailureKind._declared)
+
+    def __contains__(cls, value: object) -> bool:
+        return isinstance(value, str) and value in FailureKind._declared
+
+
+class FailureKind(str, metaclass=_Names):
+    """The stable name of a kind of training failure, as it appears in events, traces and reports.
+
+    The built-in kinds are class attributes (``FailureKind.DEAD_NEURONS``); a plugin declares its own with
+    :meth:`declare` (done for it when it registers a :class:`~neuraldbg.kinds.Kind`). Names are interned:
+    ``FailureKind("dead_neurons") is FailureKind.DEAD_NEURONS``, so kinds compare with ``is``; a kind is also
+    the plain string of its name (``==``, JSON). ``FailureKind("unknown")`` raises ``ValueError``, as an enum
+    would; :meth:`declare` creates a kind that does not exist yet (a trace from a plugin that is not installed).
+    """
+
+    _declared: ClassVar[dict[str, FailureKind]] = {}
+
+    # the built-in kinds: the names users and traces know (everything else about each is in neuraldbg/kinds/)
+    VANISHING_GRADIENTS: ClassVar[FailureKind]
+    EXPLODING_GRADIENTS: ClassVar[FailureKind]
+    DEAD_NEURONS: ClassVar[FailureKind]
+    SATURATED_ACTIVATIONS: ClassVar[FailureKind]
+    NON_FINITE: ClassVar[FailureKind]
+    FROZEN_PARAMETERS: ClassVar[FailureKind]
+    STALLED_UPDATES: ClassVar[FailureKind]
+    NO_TRAINING_OBSERVED: ClassVar[FailureKind]
+    NO_GRADIENT: ClassVar[FailureKind]
+    EVAL_MODE_TRAINING: ClassVar[FailureKind]
+    DEGENERATE_LOSS: ClassVar[FailureKind]
+    INCOMPLETE_OBSERVATION: ClassVar[FailureKind]
+    LOSS_SCALE_COLLAPSE: ClassVar[FailureKind]
+
+    def __new__(cls, value: str) -> FailureKind:
+        found = cls._declared.get(value) if isinstance(value, str) else None
+        if found is None:
+            raise ValueError(f"{value!r} is not a declared FailureKind")
+        return found
+
+    @classmethod
+    def declare(cls, name: str) -> FailureKind:
+        """The kind called ``name``, declared now if it is new. ``name``: lower case letters, digits and ``_``,
+        starting with a letter, at most 64 characters (``ValueError`` otherwise)."""
+        found = cls._declared.get(name)
+        if found is not None:
+            return found
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ValueError(
+                f"a failure kind's name must be lower-case letters, digits and '_', starting with a letter, at most "
+                f"64 characters; got {name!r}"
+            )
+        kind = str.__new__(cls, name)
+        cls._declared[name] = kind
+        return kind
+
+    @property
+    def value(self) -> str:
+        """The name as a plain string (``"dead_neurons"``)."""
+        return str.__str__(self)
+
+    @property
+    def name(self) -> str:
+        """The attribute name of a built-in kind (``"DEAD_NEURONS"``)."""
+        return self.value.upper()
 
     def __str__(self) -> str:
         return self.value
 
-    @property
-    def run_level(self) -> bool:
-        """Whether this kind is about the run as a whole (what was observed) rather than a layer's health."""
-        return self in RUN_LEVEL_KINDS
+    def __repr__(self) -> str:
+        return f"<FailureKind.{self.name}>"
+
+    def __reduce__(self) -> tuple[type[FailureKind], tuple[str]]:
+        return FailureKind.declare, (self.value,)  # type: ignore[return-value]
+
+    def __copy__(self) -> FailureKind:
+        return self
+
+    def __deepcopy__(self, memo: object) -> FailureKind:
+        return self
+
+
+for _name in (
+    "vanishing_gradients",
+    "exploding_gradients",
+    "dead_neurons",
+    "saturated_activations",
+    "non_finite",
+    "frozen_parameters",
+    "stalled_updates",
+    "no_training_observed",
+    "no_gradient",
+    "eval_mode_training",
+    "degenerate_loss",
+    "incomplete_observation",
+    "loss_scale_collapse",
+):
+    setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 
 
 class EventType(str, Enum):
@@ -46,10 +136,30 @@ class EventType(str, Enum):
     UPDATE = "update"  # what the optimizer did to a layer's parameters (to_state: an UpdateHealth value)
     INPUT = "input"  # the batch fed to the model (layer "")
     LOSS = "loss"  # the loss, when observed with ``observe_loss`` (layer "")
-    RUN = "run"  # the run as a whole: what was observed of it (layer ""; kind: a run-level FailureKind)
+    RUN = "run"  # the run as a whole: what was observed of it (layer ""; kind: a run-level kind)
 
     def __str__(self) -> str:
         return self.value
+
+
+#: How a finding about the model as a whole (layer ``""``) names its place, by the signal it was seen on.
+_MODEL_PLACES = {
+    EventType.INPUT: "the input batch",
+    EventType.LOSS: "the loss",
+    EventType.UPDATE: "the model's updates",
+    EventType.RUN: "the run",
+}
+
+
+def place(layer: str, param: str | None, event_type: EventType) -> str:
+    """Where something held, in words: the quoted parameter or layer name; for the model as a whole (layer
+    ``""``) what was observed there: "the input batch", "the loss", "the model's updates", "the run" or "the
+    model". The one definition events, reports and a job's findings share."""
+    if param is not None:
+        return f"'{param}'"
+    if layer:
+        return f"'{layer}'"
+    return _MODEL_PLACES.get(event_type, "the model")
 
 
 @dataclass(frozen=True)
@@ -58,10 +168,13 @@ class SemanticEvent:
 
     ``layer`` is the module's qualified name exactly as in ``model.named_modules()`` (``""`` is the model as a
     whole: its input, its loss, or a global property such as the learning rate). ``param`` is the qualified
-    parameter name (``model.named_parameters()``) when the event concerns one parameter. ``from_state`` is
-    ``None`` when the state was present from the layer's first observed step. ``metrics`` carries the numbers
-    that show the state (all floats); ``confidence`` is in [0, 1]; ``detail`` holds words the numbers cannot carry
-    (e.g. which hook of the debugger failed, and with what), empty for most events.
+    parameter name (``model.named_parameters()``) when the event concerns one parameter. ``to_state`` is a member
+    of a :class:`~neuraldbg.health.HealthState` enum (for a run-level finding, its kind; read from a trace of a
+    plugin that is not installed, the plain name). ``from_state`` is ``None`` when the state was present from the
+    layer's first observed step. ``metrics`` carries the numbers that show the state (all floats); ``confidence``
+    is in [0, 1]; ``detail`` holds words the numbers cannot carry (e.g. which hook of the debugger failed, and
+    with what), empty for most events. ``kind`` is None for evidence that only explains other failures (outputs
+    blowing up, updates as large as the weights).
     """
 
     event_type: EventType
@@ -70,8 +183,8 @@ class SemanticEvent:
     param: str | None
     step_start: int
     step_end: int
-    from_state: str | None
-    to_state: str
+    from_state: HealthState | str | None
+    to_state: HealthState | str
     metrics: dict[str, float] = field(default_factory=dict)
     confidence: float = 1.0
     detail: str = ""  # words the numbers cannot carry (run-level events: what stopped the observation)
@@ -83,44 +196,26 @@ class SemanticEvent:
 
     @property
     def where(self) -> str:
-        """Where it held, in words: the quoted parameter or layer name; for the model as a whole (layer ``""``)
-        what was observed there: "the input batch", "the loss", "the model's updates", "the run" or "the model"."""
-        if self.param is not None:
-            return f"'{self.param}'"
-        if self.layer:
-            return f"'{self.layer}'"
-        if self.event_type is EventType.INPUT:
-            return "the input batch"
-        if self.event_type is EventType.LOSS:
-            return "the loss"
-        if self.event_type is EventType.UPDATE:
-            return "the model's updates"
-        if self.event_type is EventType.RUN:
-            losses = (FailureKind.DEGENERATE_LOSS, FailureKind.NO_GRADIENT)
-            return "the loss" if self.kind in losses else "the run"
-        return "the model"
-
-    def step_range(self) -> str:
-        """ "step 3" or "steps 0-32"."""
-        if self.step_start == self.step_end:
-            return f"step {self.step_start}"
-        return f"steps {self.step_start}-{self.step_end}"
+        """Where it held, in words (see :func:`place`)."""
+        return place(self.layer, self.param, self.event_type)
 
     def __str__(self) -> str:
-        """In plain words: ``'3': 100% of 64 units dead (never positive), steps 0-49``."""
-        from .reasoning.words import event_text  # the words live with the explanations that use them
+        """In plain words, as its kind's room writes it: ``'3': 100% of 64 units dead (never positive), steps
+        0-49``."""
+        return _describe(self)
 
-        return event_text(self)
+
+def _plain(e: SemanticEvent) -> str:
+    span = f"step {e.step_start}" if e.step_start == e.step_end else f"steps {e.step_start}-{e.step_end}"
+    return f"{e.where}: {str(e.to_state).replace('_', ' ')}, {span}"
 
 
-#: The failure kinds about the run as a whole (see :attr:`FailureKind.run_level`).
-RUN_LEVEL_KINDS = frozenset(
-    {
-        FailureKind.NO_TRAINING_OBSERVED,
-        FailureKind.NO_GRADIENT,
-        FailureKind.EVAL_MODE_TRAINING,
-        FailureKind.DEGENERATE_LOSS,
-        FailureKind.INCOMPLETE_OBSERVATION,
-        FailureKind.LOSS_SCALE_COLLAPSE,
-    }
-)
+#: How ``str(event)`` words an event. The kinds registry (:mod:`neuraldbg.kinds`), which knows every kind's words,
+#: installs its writer when it is imported; this module sits below it and cannot import it.
+_describe: Callable[[SemanticEvent], str] = _plain
+
+
+def describe_events_with(writer: Callable[[SemanticEvent], str]) -> None:
+    """Make ``str(event)`` use ``writer`` (called once, by the kinds registry)."""
+    global _describe
+    _describe = writer

@@ -22,16 +22,19 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
 from neuraldbg.errors import did_you_mean
+from neuraldbg.kinds import registry
+from neuraldbg.kinds.base import Check
+from neuraldbg.text import pct
 
 from . import learning, records, verdict
 from .errors import ArgumentError, ArgumentTypeError
+from .records import EventRecord, HypothesisRecord
 
-FAILURE_KINDS = tuple(verdict.CHECKS)  # every FailureKind of the engine, layer-level and run-level
 #: A loss that fell at least this much without reaching the factor, with no fault found, is learning slowly.
 SLOW_BUT_FALLING = 1.05
 
 
-def _hypotheses(ndbg: Any, helper: str) -> list[dict[str, Any]]:
+def _hypotheses(ndbg: Any, helper: str) -> list[HypothesisRecord]:
     __tracebackhide__ = True
     if not callable(getattr(ndbg, "hypotheses", None)):
         raise ArgumentTypeError(
@@ -40,30 +43,32 @@ def _hypotheses(ndbg: Any, helper: str) -> list[dict[str, Any]]:
     return [records.hypothesis_dict(h) for h in ndbg.hypotheses()]
 
 
-def kind_names(kinds: Iterable[Any], helper: str) -> set[str]:
-    """Failure kind values from :class:`~neuraldbg.FailureKind` members or their names/values as strings."""
+def kind_names(kinds: Iterable[Any], helper: str, also: Iterable[str] = ()) -> set[str]:
+    """Failure kind names from :class:`~neuraldbg.FailureKind` members or their names as strings, each a kind this
+    process knows or one in ``also`` (the kinds the run reported)."""
     __tracebackhide__ = True
+    known = verdict.kinds(also)
     out: set[str] = set()
     for kind in [kinds] if isinstance(kinds, str) else kinds:
         value = getattr(kind, "value", kind)
         text = str(value).strip().lower().replace("-", "_").replace(" ", "_")
-        if text not in FAILURE_KINDS:
+        if text not in known:
             raise ArgumentError(
-                f"{helper}(ignore=...): unknown failure kind {kind!r}{did_you_mean(text, FAILURE_KINDS)}; "
-                f"expected one of {', '.join(FAILURE_KINDS)}"
+                f"{helper}(ignore=...): unknown failure kind {kind!r}{did_you_mean(text, known)}; "
+                f"expected one of {', '.join(known)}"
             )
         out.add(text)
     return out
 
 
-def _note_asserted(ndbg: Any, hypotheses: Sequence[dict[str, Any]]) -> None:
+def _note_asserted(ndbg: Any, hypotheses: Sequence[HypothesisRecord]) -> None:
     """Tell a debugger of the fixture which failures a helper is raising on (see :mod:`~pytest_neuraldbg.gate`)."""
     note = getattr(ndbg, "note_asserted", None)
     if callable(note):
         note([records.key(h) for h in hypotheses])
 
 
-def _fail(ndbg: Any, first_line: str, hypotheses: Sequence[dict[str, Any]]) -> NoReturn:
+def _fail(ndbg: Any, first_line: str, hypotheses: Sequence[HypothesisRecord]) -> NoReturn:
     __tracebackhide__ = True
     _note_asserted(ndbg, hypotheses)
     raise AssertionError(verdict.failure_text(first_line, hypotheses))
@@ -78,14 +83,25 @@ def assert_healthy(ndbg: Any, *, ignore: Iterable[Any] = ()) -> None:
     accept frozen layers of a fine-tuned model.
     """
     __tracebackhide__ = True
-    skip = kind_names(ignore, "assert_healthy")
-    found = [h for h in _hypotheses(ndbg, "assert_healthy") if h["kind"] not in skip]
+    hypotheses = _hypotheses(ndbg, "assert_healthy")
+    skip = kind_names(ignore, "assert_healthy", (h["kind"] for h in hypotheses))
+    found = [h for h in hypotheses if h["kind"] not in skip]
     if found:
         _fail(ndbg, verdict.headline(found), found)
 
 
-def _assert_none_of(ndbg: Any, kinds: tuple[str, ...], what: str, helper: str) -> None:
+def _checked_by(helper: str) -> tuple[tuple[str, ...], str, Check]:
+    """The kinds whose rooms name ``helper`` as their check, the words of its verdict line, and the check that says
+    which history series its ``max_fraction`` applies to."""
+    rooms = [room for room in registry.rooms() if room.check.helper == helper]
+    what = next((room.check.what for room in rooms if room.check.what), helper)
+    fraction = next((room.check for room in rooms if room.check.fraction), Check())
+    return tuple(room.name for room in rooms), what, fraction
+
+
+def _assert_none_of(ndbg: Any, helper: str) -> None:
     __tracebackhide__ = True
+    kinds, what, _ = _checked_by(helper)
     found = [h for h in _hypotheses(ndbg, helper) if verdict.involves(h, kinds)]
     if found:
         _fail(ndbg, verdict.kind_headline(found, kinds, what), found)
@@ -94,108 +110,107 @@ def _assert_none_of(ndbg: Any, kinds: tuple[str, ...], what: str, helper: str) -
 def assert_no_vanishing_gradients(ndbg: Any) -> None:
     """Fail when gradients vanish anywhere, as a root cause or as the effect of another failure."""
     __tracebackhide__ = True
-    _assert_none_of(ndbg, ("vanishing_gradients",), "vanishing gradients", "assert_no_vanishing_gradients")
+    _assert_none_of(ndbg, "assert_no_vanishing_gradients")
 
 
 def assert_no_exploding_gradients(ndbg: Any) -> None:
     """Fail when gradients explode anywhere."""
     __tracebackhide__ = True
-    _assert_none_of(ndbg, ("exploding_gradients",), "exploding gradients", "assert_no_exploding_gradients")
+    _assert_none_of(ndbg, "assert_no_exploding_gradients")
 
 
 def assert_no_saturation(ndbg: Any) -> None:
     """Fail when activations saturate (tanh/sigmoid outputs stuck at their bounds)."""
     __tracebackhide__ = True
-    _assert_none_of(ndbg, ("saturated_activations",), "saturated activations", "assert_no_saturation")
+    _assert_none_of(ndbg, "assert_no_saturation")
 
 
 def assert_finite(ndbg: Any) -> None:
     """Fail when a NaN or infinity appeared in inputs, outputs, gradients or the loss."""
     __tracebackhide__ = True
-    _assert_none_of(ndbg, ("non_finite",), "non-finite values", "assert_finite")
+    _assert_none_of(ndbg, "assert_finite")
 
 
 def assert_parameters_update(ndbg: Any) -> None:
     """Fail when parameters are frozen (never updated) or their updates stall (negligible steps)."""
     __tracebackhide__ = True
-    kinds = ("frozen_parameters", "stalled_updates")
-    _assert_none_of(ndbg, kinds, "parameters do not update", "assert_parameters_update")
+    _assert_none_of(ndbg, "assert_parameters_update")
 
 
 def assert_no_dead_neurons(ndbg: Any, *, max_fraction: float | None = None) -> None:
     """Fail when a layer's units die (inactive on every sample).
 
-    By default a layer fails when the debugger reports it dead (``dead_unit_fraction`` of its units, half by
-    default, for ``persistence`` observed steps). With ``max_fraction`` a layer fails when its fraction of
-    dead units stays above ``max_fraction`` for ``persistence`` consecutive observed steps, e.g.
-    ``max_fraction=0.1`` to allow at most 10 % dead units.
+    By default a layer fails when the debugger reports it dead (``dead_unit_fraction`` of its units, 70 % by
+    default, for ``persistence`` observed steps). With ``max_fraction`` a layer fails when its fraction of dead
+    units stays above ``max_fraction`` for ``persistence`` consecutive observed steps (the engine's persistence),
+    e.g. ``max_fraction=0.1`` to allow at most 10 % dead units.
     """
     __tracebackhide__ = True
     helper = "assert_no_dead_neurons"
     if max_fraction is not None and not (isinstance(max_fraction, (int, float)) and 0 <= max_fraction < 1):
         raise ArgumentError(f"{helper}(max_fraction=...): expected a number in [0, 1), got {max_fraction!r}")
-    found = [h for h in _hypotheses(ndbg, helper) if verdict.involves(h, ("dead_neurons",))]
+    kinds, what, check = _checked_by(helper)
+    found = [h for h in _hypotheses(ndbg, helper) if verdict.involves(h, kinds)]
     if max_fraction is not None:
-        found = [h for h in found if _dead_over(h, max_fraction)]
-        found += _dead_from_history(ndbg, max_fraction, {h["layer"] for h in found})
+        found = [h for h in found if _over(h, kinds, check.fraction, max_fraction)]
+        found += _held_above(ndbg, kinds, check, max_fraction, {h["layer"] for h in found})
     if found:
-        _fail(ndbg, verdict.kind_headline(found, ("dead_neurons",), "dead neurons"), found)
+        _fail(ndbg, verdict.kind_headline(found, kinds, what), found)
 
 
-def _dead_over(h: dict[str, Any], max_fraction: float) -> bool:
-    fractions = [e["metrics"].get("dead_fraction", 1.0) for e in h["chain"] if e["kind"] == "dead_neurons"]
-    return any(isinstance(f, (int, float)) and f > max_fraction for f in fractions)
+def _over(h: HypothesisRecord, kinds: Sequence[str], fraction: str, limit: float) -> bool:
+    values = [e["metrics"].get(fraction, 1.0) for e in h["chain"] if e["kind"] in kinds]
+    return any(isinstance(v, (int, float)) and v > limit for v in values)
 
 
-def _persistence(ndbg: Any) -> int:
-    config = getattr(ndbg, "config", None)
-    value = config.get("persistence") if isinstance(config, dict) else getattr(config, "persistence", None)
-    return int(value) if isinstance(value, int) and value >= 1 else 3
-
-
-def _dead_from_history(ndbg: Any, max_fraction: float, reported: set[str]) -> list[dict[str, Any]]:
-    """Layers whose dead fraction exceeds ``max_fraction`` for ``persistence`` consecutive recorded steps."""
-    history = getattr(ndbg, "history", None)
-    if history is None:
+def _held_above(
+    ndbg: Any, kinds: Sequence[str], check: Check, limit: float, reported: set[str]
+) -> list[HypothesisRecord]:
+    """Layers whose ``check.fraction`` series stayed above ``limit`` as long as the engine's persistence asks (it
+    judges that), as the hypotheses the helper fails on."""
+    held = getattr(ndbg, "held_above", None)
+    if not callable(held) or not kinds or not check.fraction:
         return []
-    need = _persistence(ndbg)
-    out: list[dict[str, Any]] = []
-    for layer in history.layers("dead_fraction"):
-        if layer in reported:
+    out: list[HypothesisRecord] = []
+    name = kinds[0]
+    for run in held(check.fraction, limit):
+        if run.layer in reported:
             continue
-        span = _longest_run_above(history.get("dead_fraction", layer).points(), max_fraction)
-        if span is None or span[2] < need:
-            continue
-        start, end, _, peak = span
-        where = f"'{layer}'" if layer else "the model"
-        text = f"activation -> dead at {where}, steps {start}-{end}"
+        where = f"'{run.layer}'" if run.layer else "the model"
+        above = f"above max_fraction {limit:g}"
+        text = f"{where}: up to {pct(run.peak)} {verdict.title(name)} ({above}), steps {run.start}-{run.end}"
+        words = check.fraction_words.format(where=where)
+        event: EventRecord = {
+            "event_type": "activation",
+            "kind": name,
+            "layer": run.layer,
+            "param": None,
+            "step_start": run.start,
+            "step_end": run.end,
+            "from_state": None,
+            "to_state": name,
+            "metrics": {check.fraction: run.peak},
+            "text": text,
+            "where": where,
+            "cause": None,
+            "relation": None,
+        }
         out.append(
             {
-                "kind": "dead_neurons",
-                "summary": f"dead_neurons at {where} from step {start} (above max_fraction {max_fraction:g})",
+                "kind": name,
+                "confidence": 1.0,
+                "summary": f"{name} at {where} from step {run.start} ({above})",
                 "explanation": (
-                    f"Up to {peak:.0%} of the units of {where} were inactive on every sample over steps "
-                    f"{start}-{end}, more than the {max_fraction:.0%} allowed by max_fraction."
+                    f"Up to {pct(run.peak)} {words} over steps {run.start}-{run.end}, more than the "
+                    f"{pct(limit)} allowed by max_fraction."
                 ),
-                "layer": layer,
-                "step": start,
-                "chain": [{"kind": "dead_neurons", "text": text, "where": where, "step_start": start, "metrics": {}}],
+                "suggestion": "",
+                "layer": run.layer,
+                "step": run.start,
+                "chain": [event],
             }
         )
     return out
-
-
-def _longest_run_above(points: list[tuple[int, float]], limit: float) -> tuple[int, int, int, float] | None:
-    best: tuple[int, int, int, float] | None = None
-    run: list[tuple[int, float]] = []
-    for step, value in [*points, (0, -1.0)]:  # a sentinel closes the last run
-        if value > limit:
-            run.append((step, value))
-            continue
-        if run and (best is None or len(run) > best[2]):
-            best = (run[0][0], run[-1][0], len(run), max(v for _, v in run))
-        run = []
-    return best
 
 
 def assert_learns(ndbg: Any, *, factor: float = learning.DEFAULT_FACTOR) -> None:
@@ -256,7 +271,7 @@ def _fail_to_learn(
     ndbg: Any,
     first_line: str,
     points: list[tuple[int, float]],
-    found: list[dict[str, Any]],
+    found: list[HypothesisRecord],
     drop: learning.LossDrop | None = None,
 ) -> NoReturn:
     __tracebackhide__ = True

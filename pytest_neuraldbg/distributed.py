@@ -48,6 +48,8 @@ from datetime import timedelta
 from itertools import islice
 from typing import Any
 
+from .errors import PluginError
+
 #: Seconds a terminated rank gets to exit before it is killed.
 _GRACE = 5.0
 
@@ -77,7 +79,7 @@ class RankOutcome:
         return f"rank {self.rank} finished"
 
 
-class DistributedRunError(RuntimeError):
+class DistributedRunError(PluginError, RuntimeError):
     """Some ranks of a :func:`spawn` run failed or timed out; ``outcomes`` says how each rank ended."""
 
     def __init__(self, message: str, outcomes: list[RankOutcome]) -> None:
@@ -290,16 +292,15 @@ def smoke_train(
 
 #: ``smoke_train``'s keywords, and those it hands to ``NeuralDbg()`` as they are (not DebugConfig fields).
 _KEYWORDS = ("model", "data", "loss_fn", "world_size", "wrap", "optimizer", "steps", "seed", "timeout")
-_ENGINE_KEYWORDS = ("gather_timeout", "config", "preset", "plugins", "grad_scaler", "gather")
 
 
 def _check_engine_options(config: Any, preset: str | None, options: dict[str, Any]) -> None:
     """A misspelt engine option or preset fails here, in the calling process, naming ``smoke_train()`` and the
     closest valid name, rather than in every rank's traceback."""
-    from neuraldbg.config import make_config
+    from neuraldbg.config import ENGINE_KEYWORDS, make_config
 
-    given = {key: value for key, value in options.items() if key not in _ENGINE_KEYWORDS}
-    make_config(config, preset, "smoke_train()", (*_KEYWORDS, *_ENGINE_KEYWORDS), **given)
+    given = {key: value for key, value in options.items() if key not in ENGINE_KEYWORDS}
+    make_config(config, preset, "smoke_train()", (*_KEYWORDS, *ENGINE_KEYWORDS), **given)
 
 
 def _smoke_rank(rank: int, world_size: int, spec: _Smoke, results_dir: str) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""Mistakes in how a test calls the plugin, reported as one message at the test's own line.
+"""The plugin's errors, under one root (:class:`PluginError`, itself a :class:`neuraldbg.NeuralDbgError`).
+
+Mistakes in how a test calls the plugin are reported as one message at the test's own line.
 
 The plugin's functions on the way from a test to such an error hide their frames (``__tracebackhide__``), so
 pytest shows the test's line and the message, not the plugin's internals. Their frames stay visible when the
@@ -10,8 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from neuraldbg.errors import NeuralDbgError
 
-class UsageProblem(Exception):
+
+class PluginError(NeuralDbgError):
+    """Root of every error the pytest plugin raises: bad options, baselines, usage, distributed runs, the gate."""
+
+
+class UsageProblem(PluginError):
     """Base of the plugin's errors about its arguments (also a ``ValueError`` or ``TypeError``, see below)."""
 
 

@@ -27,6 +27,8 @@ from typing import Any, NoReturn
 
 import pytest
 
+from neuraldbg.config import RUN_KEYWORDS
+
 from . import assertions, baseline, options
 from .errors import ArgumentError, ArgumentTypeError, hide_usage_problems
 from .options import OptionError, Settings
@@ -296,7 +298,7 @@ def _test_failure(text: str) -> NoReturn:
 
 #: The keywords of ``neuraldbg(...)`` and ``neuraldbg.smoke_train(...)`` besides the DebugConfig fields, and the
 #: ones both hand to ``NeuralDbg()`` as they are: a misspelt one is suggested as itself.
-_PASSED_TO_ENGINE = ("grad_scaler", "gather", "gather_timeout")
+_PASSED_TO_ENGINE = RUN_KEYWORDS
 _CALL_KEYWORDS = ("model", "config", "preset", "plugins", "name", *_PASSED_TO_ENGINE)
 _SMOKE_KEYWORDS = (
     "model",

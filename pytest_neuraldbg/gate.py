@@ -17,31 +17,34 @@ this way (nothing tells the plugin it raised); use a helper there, or the marker
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 
 from . import records, reporting, verdict
+from .errors import PluginError
+from .records import HypothesisRecord, RunRecord
 from .state import FIXTURE_KEY, SessionState
 
 
-class GateFailure(AssertionError):
+class GateFailure(PluginError, AssertionError):
     """A test failed by the gate; its report shows this text alone (see :func:`show`)."""
 
 
 def gate_text(
-    recs: Sequence[dict[str, Any]], source: str = "--neuraldbg-gate", explained: str = "", several: bool = False
+    recs: Sequence[RunRecord], source: str = "--neuraldbg-gate", explained: str = "", several: bool = False
 ) -> str:
     """The failure text of a test failed by the gate: verdict line first, then the explanations.
 
     ``explained``: the text of the test's other failure; explanations it already gives are not repeated.
     ``several``: the test watched several runs, so each failure is named with its run.
     """
-    bad = [
-        {**h, "summary": f"run {rec['run']}: {h['summary']}"} if several else h
-        for rec in recs
-        for h in rec["hypotheses"]
-    ]
+    bad: list[HypothesisRecord] = []
+    for rec in recs:
+        for h in rec["hypotheses"]:
+            if several:
+                h = h.copy()
+                h["summary"] = f"run {rec['run']}: {h['summary']}"
+            bad.append(h)
     first = verdict.headline(bad, "NeuralDBG gate: training is unhealthy")
     hint = (
         f"Failed by the NeuralDBG gate (gate=fail from {source}). For a test that trains a broken model on "
@@ -58,7 +61,7 @@ def combined(first: str, second: str) -> str:
     return "\n".join([head1, head2]) + (f"\n{rest1}" if rest1 else "") + (f"\n{rest2}" if rest2 else "")
 
 
-def unexpected(recs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def unexpected(recs: Sequence[RunRecord]) -> list[RunRecord]:
     """The unhealthy runs, each with only the failures no assertion helper of the (passing) test raised on."""
     out = []
     for rec in recs:
@@ -66,7 +69,9 @@ def unexpected(recs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         left = [h for h in rec["hypotheses"] if not h.get("asserted")]
         if left:
-            out.append({**rec, "hypotheses": left})
+            kept = rec.copy()
+            kept["hypotheses"] = left
+            out.append(kept)
     return out
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from . import records, verdict
 from .outcomes import BaselineResult, Outcomes
+from .records import RunRecord
 
 OBSERVED = "observed"  # the case of the run-level kinds
 BASELINE = "baseline"  # the case of a test's baseline
@@ -33,10 +34,15 @@ def _junit_xml() -> Any:
     return importlib.import_module("junit_xml")  # untyped package: used through Any
 
 
-def checks() -> list[tuple[str, tuple[str, ...], str]]:
-    """Each case of a run: its name, the failure kinds it fails on, and how its verdict line names them."""
-    layer = [(kind, (kind,), verdict.CHECKS[kind]) for kind in verdict.LAYER_KINDS]
-    return [*layer, (OBSERVED, verdict.RUN_KINDS, "run-level failure")]
+def checks(record: Mapping[str, Any]) -> list[tuple[str, tuple[str, ...], str]]:
+    """Each case of a run: its name, the failure kinds it fails on, and how its verdict line names them. One case
+    per layer-level kind the run was checked for (the built-in ones and its plugins'), one case ``observed`` for the
+    run-level kinds."""
+    names = list(record.get("kinds") or verdict.kinds())
+    names += [h["kind"] for h in record["hypotheses"] if h["kind"] not in names]
+    layer = [(kind, (kind,), verdict.title(kind)) for kind in names if not verdict.run_level(kind)]
+    run = tuple(kind for kind in names if verdict.run_level(kind))
+    return [*layer, (OBSERVED, run, "run-level failure")]
 
 
 def _judge(case: Any, outcome: str, first_line: str, text: str, expected_by_test: bool) -> None:
@@ -49,7 +55,7 @@ def _judge(case: Any, outcome: str, first_line: str, text: str, expected_by_test
         case.add_failure_info(message=first_line, output=text, failure_type="TrainingHealth")
 
 
-def _case(record: dict[str, Any], label: str, check: tuple[str, tuple[str, ...], str], outcome: str) -> Any:
+def _case(record: RunRecord, label: str, check: tuple[str, tuple[str, ...], str], outcome: str) -> Any:
     name, kinds, what = check
     case = _junit_xml().TestCase(
         name, classname=label, file=str(record["nodeid"]).split("::", 1)[0], status=outcome or None
@@ -76,7 +82,7 @@ def _baseline_case(nodeid: str, result: BaselineResult, outcome: str) -> Any:
 
 
 def report(
-    recs: Sequence[dict[str, Any]],
+    recs: Sequence[RunRecord],
     *,
     outcomes: Outcomes | None = None,
     baselines: Mapping[str, BaselineResult] | None = None,
@@ -91,7 +97,7 @@ def report(
     cases = [
         _case(r, records.run_label(r, per_test[r["nodeid"]]), check, outcome_of(str(r["nodeid"])))
         for r in recs
-        for check in checks()
+        for check in checks(r)
     ]
     cases += [_baseline_case(nodeid, baselines[nodeid], outcome_of(nodeid)) for nodeid in sorted(baselines)]
     unhealthy = sum(r["verdict"] == records.UNHEALTHY for r in recs)

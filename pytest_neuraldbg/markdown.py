@@ -19,6 +19,7 @@ from typing import Any
 
 from . import records
 from .outcomes import BAD, BASELINE_ORDER, BaselineResult, Outcomes
+from .records import ChartSeries, RunRecord
 
 COMMENT_LIMIT = 65_536  # characters in a GitHub issue or PR comment
 MAX_CHART_POINTS = 40
@@ -67,7 +68,7 @@ def _fmt(x: float) -> str:
     return "0" if text in ("-0", "") else text
 
 
-def xychart(series: Sequence[dict[str, Any]], *, max_points: int = MAX_CHART_POINTS) -> tuple[str, str]:
+def xychart(series: Sequence[ChartSeries], *, max_points: int = MAX_CHART_POINTS) -> tuple[str, str]:
     """A Mermaid ``xychart-beta`` of log10 gradient norms, and the legend to print under it.
 
     ``series`` items have ``label`` and ``points`` (``[[step, norm], ...]``). Steps are the union over the
@@ -126,7 +127,7 @@ def _details(summary: str, body: str) -> str:
     return f"<details><summary>{summary}</summary>\n\n{body}\n\n</details>"
 
 
-def section(record: dict[str, Any], label: str, *, graphs: bool = True) -> str:
+def section(record: RunRecord, label: str, *, graphs: bool = True) -> str:
     """The part of the summary about one unhealthy (or failed-to-analyse) run."""
     parts = [f"### {ICONS.get(record['verdict'], '')} {code(label)}"]
     if record["verdict"] == records.ERROR:
@@ -145,7 +146,7 @@ def section(record: dict[str, Any], label: str, *, graphs: bool = True) -> str:
     return "\n\n".join(parts)
 
 
-def _labels(recs: Sequence[dict[str, Any]]) -> list[str]:
+def _labels(recs: Sequence[RunRecord]) -> list[str]:
     per_test: dict[str, int] = {}
     for r in recs:
         per_test[r["nodeid"]] = per_test.get(r["nodeid"], 0) + 1
@@ -160,7 +161,7 @@ def _outcome_cell(outcome: str) -> str:
     return f"**{outcome}**" if outcome in BAD else (outcome or "-")
 
 
-def _training_cell(record: dict[str, Any] | None, outcome: str) -> str:
+def _training_cell(record: RunRecord | None, outcome: str) -> str:
     if record is None:
         return "- (no run watched)"
     text = f"{ICONS.get(record['verdict'], '')} {record['verdict']}"
@@ -181,7 +182,7 @@ def _baseline_cell(result: BaselineResult | None) -> str:
     return cell(f"{icon}{result.status}{first}{more}")
 
 
-def _hypotheses_cell(record: dict[str, Any] | None, outcome: str) -> str:
+def _hypotheses_cell(record: RunRecord | None, outcome: str) -> str:
     if record is None:
         return "-"
     if record["verdict"] == records.ERROR:
@@ -195,7 +196,7 @@ def _hypotheses_cell(record: dict[str, Any] | None, outcome: str) -> str:
 
 
 def _headline(
-    rows: Sequence[tuple[str, dict[str, Any] | None]],
+    rows: Sequence[tuple[str, RunRecord | None]],
     outcomes: Outcomes | None,
     baselines: Mapping[str, BaselineResult],
     gate: str,
@@ -242,7 +243,7 @@ def _baseline_section(nodeid: str, result: BaselineResult, limit: int = 5) -> st
 
 
 def summary(
-    recs: Sequence[dict[str, Any]],
+    recs: Sequence[RunRecord],
     *,
     gate: str = "off",
     outcomes: Outcomes | None = None,
@@ -254,11 +255,11 @@ def summary(
     unhealthy run and each failed baseline in detail. Tests that failed come first, then unhealthy runs."""
     baselines = dict(baselines or {})
     outcome_of = outcomes.of if outcomes is not None else (lambda _: "")
-    rows: list[tuple[str, dict[str, Any] | None]] = [(str(r["nodeid"]), r) for r in recs]
+    rows: list[tuple[str, RunRecord | None]] = [(str(r["nodeid"]), r) for r in recs]
     watched = {nodeid for nodeid, _ in rows}
     rows += [(nodeid, None) for nodeid in sorted(baselines) if nodeid not in watched]
 
-    def rank(row: tuple[str, dict[str, Any] | None]) -> int:
+    def rank(row: tuple[str, RunRecord | None]) -> int:
         nodeid, rec = row
         if outcome_of(nodeid) in BAD:
             return 0

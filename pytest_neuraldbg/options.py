@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from .errors import PluginError
+
 GATES = ("fail", "warn", "off")
 KNOWN_PRESETS = ("default", "full", "economy")  # the engine's PRESETS; others are looked up there
 DEFAULT_STEPS = 50
@@ -40,7 +42,7 @@ MARKER_HELP = (
 )
 
 
-class OptionError(ValueError):
+class OptionError(PluginError, ValueError):
     """A value that does not parse; the message says what was expected. ``suggestion``: `` (did you mean
     'full'?)`` for a misspelt name, shown right after the value."""
 
@@ -164,7 +166,6 @@ class Option:
     help: str
     metavar: str
     parse: Callable[[Any], Any]
-    default: Any = None
     bare_value: str | None = None  # the value of the flag given without one (``--neuraldbg-gate``)
     is_path: bool = False
     is_flag: bool = False  # a flag that takes no value (``--neuraldbg-update-baselines``)
@@ -206,7 +207,6 @@ OPTIONS: tuple[Option, ...] = (
         "failures the test itself asserted on and expected; warn reports without failing (default off)",
         "fail|warn|off",
         parse_gate,
-        default="off",
         bare_value="fail",
     ),
     Option(
@@ -230,7 +230,6 @@ OPTIONS: tuple[Option, ...] = (
         f"default number of training steps of neuraldbg.smoke_train() (default {DEFAULT_STEPS})",
         "N",
         _int_between(1, 10_000_000),
-        default=DEFAULT_STEPS,
     ),
     Option(
         "update_baselines",
@@ -238,7 +237,6 @@ OPTIONS: tuple[Option, ...] = (
         "or neuraldbg.assert_matches_baseline) instead of comparing; ini and env values: true or false",
         "",
         parse_bool,
-        default=False,
         is_flag=True,
     ),
     Option(
@@ -247,7 +245,6 @@ OPTIONS: tuple[Option, ...] = (
         "no test uses any more) instead of only listing them; ini and env values: true or false",
         "",
         parse_bool,
-        default=False,
         is_flag=True,
     ),
     Option(
@@ -256,7 +253,6 @@ OPTIONS: tuple[Option, ...] = (
         f"baseline's, either way (default {DEFAULT_GRAD_TOLERANCE:g})",
         "FACTOR",
         parse_factor,
-        default=DEFAULT_GRAD_TOLERANCE,
     ),
     Option(
         "fraction_tolerance",
@@ -264,7 +260,6 @@ OPTIONS: tuple[Option, ...] = (
         f"absolute (default {DEFAULT_FRACTION_TOLERANCE:g})",
         "DELTA",
         parse_fraction,
-        default=DEFAULT_FRACTION_TOLERANCE,
     ),
     Option(
         "loss_tolerance",
@@ -272,7 +267,6 @@ OPTIONS: tuple[Option, ...] = (
         f"(default {DEFAULT_LOSS_TOLERANCE:g})",
         "RATIO",
         parse_relative,
-        default=DEFAULT_LOSS_TOLERANCE,
     ),
 )
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
@@ -283,7 +277,6 @@ MARKER_ONLY: dict[str, Option] = {
         "compare every run the fixture watched in this test with the test's training-health baseline",
         "BOOL",
         parse_bool,
-        default=False,
     ),
 }
 

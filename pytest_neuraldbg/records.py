@@ -8,27 +8,82 @@ files). The debugger is used through its public query API only; this module impo
 from __future__ import annotations
 
 import json
-import math
-from typing import Any
+from typing import Any, TypedDict, cast
+
+from neuraldbg.text import json_number
 
 HEALTHY = "healthy"
 UNHEALTHY = "unhealthy"
 ERROR = "error"
 
 
-def number(x: float) -> float | str:
-    """JSON-safe float."""
-    x = float(x)
-    if math.isfinite(x):
-        return x
-    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+class EventRecord(TypedDict):
+    """A :class:`~neuraldbg.SemanticEvent` as plain data, with its text and the link to its cause."""
+
+    event_type: str
+    kind: str | None
+    layer: str
+    param: str | None
+    step_start: int
+    step_end: int
+    from_state: str | None
+    to_state: str
+    metrics: dict[str, float | str]  # non-finite numbers as "inf", "-inf", "nan"
+    text: str
+    where: str
+    cause: str | None  # where the event that caused it held (None for the root and for joined events)
+    relation: str | None
+
+
+class _Hypothesis(TypedDict):
+    kind: str
+    confidence: float
+    summary: str
+    explanation: str
+    suggestion: str
+    layer: str
+    step: int
+    chain: list[EventRecord]
+
+
+class HypothesisRecord(_Hypothesis, total=False):
+    """A :class:`~neuraldbg.CausalHypothesis` as plain data; ``asserted``: an assertion helper of the test failed on
+    it (set once the test's run is summarised)."""
+
+    asserted: bool
+
+
+class ChartSeries(TypedDict):
+    """One line of the gradient chart: a layer, its label, its ``[step, norm]`` points."""
+
+    layer: str
+    label: str
+    points: list[list[float | str]]
+
+
+class _Run(TypedDict):
+    nodeid: str
+    run: str
+    steps: int
+    hypotheses: list[HypothesisRecord]
+    mermaid: str
+    kinds: list[str]  # the failure kinds the run was checked for
+
+
+class RunRecord(_Run, total=False):
+    """One watched run of a test, as it crosses from an xdist worker to the controller."""
+
+    verdict: str  # HEALTHY, UNHEALTHY or ERROR
+    grad_chart: list[ChartSeries]
+    trace: dict[str, Any]  # the JSON trace, when the report folder keeps traces
+    error: str  # why the run could not be summarised (verdict ERROR)
 
 
 def where(event: Any) -> str:
     return str(event.where)
 
 
-def event_dict(event: Any, coupling: Any = None) -> dict[str, Any]:
+def event_dict(event: Any, coupling: Any = None) -> EventRecord:
     """A :class:`~neuraldbg.SemanticEvent` as plain data, plus ``text`` and the link to its cause."""
     return {
         "event_type": str(event.event_type.value),
@@ -37,9 +92,9 @@ def event_dict(event: Any, coupling: Any = None) -> dict[str, Any]:
         "param": event.param,
         "step_start": event.step_start,
         "step_end": event.step_end,
-        "from_state": event.from_state,
-        "to_state": event.to_state,
-        "metrics": {k: number(v) for k, v in event.metrics.items()},
+        "from_state": None if event.from_state is None else str(event.from_state),
+        "to_state": str(event.to_state),
+        "metrics": {k: json_number(v) for k, v in event.metrics.items()},
         "text": str(event),
         "where": where(event),
         "cause": where(coupling.cause) if coupling is not None else None,
@@ -47,7 +102,7 @@ def event_dict(event: Any, coupling: Any = None) -> dict[str, Any]:
     }
 
 
-def hypothesis_dict(h: Any) -> dict[str, Any]:
+def hypothesis_dict(h: Any) -> HypothesisRecord:
     """A :class:`~neuraldbg.CausalHypothesis` as plain data (its chain in causal order, root first)."""
     cause_of = {id(c.effect): c for c in h.couplings}
     return {
@@ -62,12 +117,12 @@ def hypothesis_dict(h: Any) -> dict[str, Any]:
     }
 
 
-def key(hypothesis: dict[str, Any]) -> tuple[str, str, int]:
+def key(hypothesis: HypothesisRecord) -> tuple[str, str, int]:
     """What identifies a hypothesis within its run: kind, root layer, onset step."""
     return (str(hypothesis["kind"]), str(hypothesis["layer"]), int(hypothesis["step"]))
 
 
-def grad_chart_series(dbg: Any, hypotheses: list[Any]) -> list[dict[str, Any]]:
+def grad_chart_series(dbg: Any, hypotheses: list[Any]) -> list[ChartSeries]:
     """Gradient norm series of the first layer, the root's layer and the last layer (those with parameters).
 
     A root without parameters (a dead ReLU) is charted through the nearest parametric layer before it.
@@ -88,14 +143,14 @@ def grad_chart_series(dbg: Any, hypotheses: list[Any]) -> list[dict[str, Any]]:
         label = f"root '{root}'" if charted == root else f"'{charted}' (feeds root '{root}')"
         picks.append((charted, label, f" ({role})"))
     picks.append((parametric[-1], f"last layer '{parametric[-1]}'", " (also the last layer)"))
-    out: list[dict[str, Any]] = []
+    out: list[ChartSeries] = []
     for layer, label, merged in picks:
         same = [s for s in out if s["layer"] == layer]
         if same:  # the root is the first or the last layer: one line, both roles in its label
             same[0]["label"] += merged
             continue
         points = history.get("grad_norm", layer).points()
-        out.append({"layer": layer, "label": label, "points": [[int(s), number(v)] for s, v in points]})
+        out.append({"layer": layer, "label": label, "points": [[int(s), json_number(v)] for s, v in points]})
     return out
 
 
@@ -112,35 +167,36 @@ def _nearest_parametric(root: str, order: list[str], parametric: list[str]) -> s
     return before[-1] if before else (after[0] if after else None)
 
 
-def summarise(dbg: Any, *, nodeid: str, run: str, include_trace: bool = False) -> dict[str, Any]:
+def summarise(dbg: Any, *, nodeid: str, run: str, include_trace: bool = False) -> RunRecord:
     """The record of one watched run. Never raises: a failure of the engine becomes an ``error`` record.
 
     Each hypothesis says whether an assertion helper of the test failed on it (``asserted``): when the test
     passed anyway, it caught that failure on purpose (``pytest.raises``), so the gate does not fail it again.
     """
-    record: dict[str, Any] = {"nodeid": nodeid, "run": run, "steps": 0, "hypotheses": [], "mermaid": ""}
+    record: RunRecord = {"nodeid": nodeid, "run": run, "steps": 0, "hypotheses": [], "mermaid": "", "kinds": []}
     try:
         hypotheses = list(dbg.hypotheses())
         asserted = set(getattr(dbg, "asserted", ()))  # failures an assertion helper raised on (see watched.py)
         found = [hypothesis_dict(h) for h in hypotheses]
         for h in found:
             h["asserted"] = key(h) in asserted
-        record.update(
-            verdict=UNHEALTHY if hypotheses else HEALTHY,
-            steps=int(dbg.steps),
-            hypotheses=found,
-            mermaid=dbg.export_mermaid_causal_graph(),
-            grad_chart=grad_chart_series(dbg, hypotheses) if hypotheses else [],
-        )
+        record["verdict"] = UNHEALTHY if hypotheses else HEALTHY
+        record["steps"] = int(dbg.steps)
+        record["kinds"] = list(dbg.checked_kinds())
+        record["hypotheses"] = found
+        record["mermaid"] = dbg.export_mermaid_causal_graph()
+        record["grad_chart"] = grad_chart_series(dbg, hypotheses) if hypotheses else []
         if include_trace:
             record["trace"] = dbg.to_dict()
         # plain builtins only: xdist's serialiser refuses str subclasses such as torch's TorchVersion
-        return dict(json.loads(json.dumps(record, allow_nan=False)))
+        return cast(RunRecord, json.loads(json.dumps(record, allow_nan=False)))
     except Exception as exc:  # reports must never break the test run they describe
-        return {**record, "verdict": ERROR, "error": f"NeuralDBG could not summarise this run: {exc!r}"}
+        record["verdict"] = ERROR
+        record["error"] = f"NeuralDBG could not summarise this run: {exc!r}"
+        return record
 
 
-def run_label(record: dict[str, Any], runs_in_test: int = 1) -> str:
+def run_label(record: RunRecord, runs_in_test: int = 1) -> str:
     """``tests/test_x.py::test_y`` or, for a test with several runs, ``tests/test_x.py::test_y [run 2]``."""
     nodeid = str(record["nodeid"])
     return nodeid if runs_in_test <= 1 else f"{nodeid} [run {record['run']}]"

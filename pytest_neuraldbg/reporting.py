@@ -8,9 +8,7 @@ in ``pytest_sessionfinish``.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,8 @@ from typing import Any
 import pytest
 
 from . import baseline, outcomes, records, verdict
+from .names import MAX_NAME, digest, portable_name
+from .records import RunRecord
 from .state import FIXTURE_KEY, RECORDS_KEY, SESSION_KEY, SessionState
 
 SECTION = "NeuralDBG training health"
@@ -29,7 +29,7 @@ STALE_OUTPUT = "neuraldbg_stale"  # key of config.workeroutput: stale baselines 
 # --- per test ---------------------------------------------------------------------------------------------
 
 
-def record_item(item: pytest.Item, state: SessionState) -> list[dict[str, Any]]:
+def record_item(item: pytest.Item, state: SessionState) -> list[RunRecord]:
     """The records of the runs the test watched; their verdicts are added to ``item.user_properties``.
 
     Computed once after the test body (for the gate, or else for the call report) and kept on the item.
@@ -47,14 +47,14 @@ def record_item(item: pytest.Item, state: SessionState) -> list[dict[str, Any]]:
     return recs
 
 
-def report_records(item: pytest.Item, state: SessionState) -> list[dict[str, Any]]:
+def report_records(item: pytest.Item, state: SessionState) -> list[RunRecord]:
     """The records for the test's call report; the item forgets them, so that a rerun records afresh."""
     recs = record_item(item, state)
     del item.stash[RECORDS_KEY]
     return recs
 
 
-def user_properties(record: dict[str, Any], several: bool = False) -> list[tuple[str, str]]:
+def user_properties(record: RunRecord, several: bool = False) -> list[tuple[str, str]]:
     """``neuraldbg.verdict``, ``.explanation``, ``.chain`` (JSON) and ``.mermaid`` for pytest's ``--junitxml``.
 
     A test that watched several runs gets one group per run, each led by ``neuraldbg.run``.
@@ -69,7 +69,7 @@ def user_properties(record: dict[str, Any], several: bool = False) -> list[tuple
     return [("neuraldbg.run", str(record["run"])), *props] if several else props
 
 
-def section_text(recs: Sequence[dict[str, Any]]) -> str:
+def section_text(recs: Sequence[RunRecord]) -> str:
     """The explanation of every unhealthy run of a test, for its report section."""
     parts = []
     for rec in recs:
@@ -81,7 +81,7 @@ def section_text(recs: Sequence[dict[str, Any]]) -> str:
     return "\n\n".join(parts)
 
 
-def annotate(report: pytest.TestReport, recs: list[dict[str, Any]]) -> None:
+def annotate(report: pytest.TestReport, recs: list[RunRecord]) -> None:
     """Attach the records to the call report and explain its unhealthy runs, unless its failure already does.
 
     A failed test gets the explanation in its failure itself (a section of the traceback), so the terminal and
@@ -106,7 +106,7 @@ def annotate(report: pytest.TestReport, recs: list[dict[str, Any]]) -> None:
         report.sections.append((SECTION, text))
 
 
-def _carries_explanations(report: pytest.TestReport, unhealthy: list[dict[str, Any]]) -> bool:
+def _carries_explanations(report: pytest.TestReport, unhealthy: list[RunRecord]) -> bool:
     """Whether the failure text already explains every unhealthy run (an assertion helper's message)."""
     text = str(report.longrepr)
     return bool(unhealthy) and all(h["explanation"] in text for r in unhealthy for h in r["hypotheses"])
@@ -214,30 +214,14 @@ class Collector:
 
 # --- end of session ----------------------------------------------------------------------------------------
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-_RESERVED = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(1, 10)), *(f"lpt{i}" for i in range(1, 10))}
-MAX_NAME = 120
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha1(text.encode("utf-8"), usedforsecurity=False).hexdigest()[:8]
-
 
 def safe_name(nodeid: str, max_len: int = MAX_NAME) -> str:
-    """A portable file name for a test node id: ``tests/test_x.py::test_y[a/b]`` -> ``tests_test_x.py_test_y_a_b``.
-
-    Only letters, digits, ``.``, ``_`` and ``-`` remain; Windows device names get a leading ``_``; names longer
-    than ``max_len`` are cut and end with a hash of the node id, so they stay distinct.
-    """
-    name = _UNSAFE.sub("_", nodeid).strip("._-") or "test"
-    if name.split(".", 1)[0].lower() in _RESERVED:
-        name = "_" + name
-    if len(name) > max_len:
-        name = name[: max_len - 9].rstrip("._-") + "-" + _digest(nodeid)
-    return name
+    """A portable file name for a test node id: ``tests/test_x.py::test_y[a/b]`` -> ``tests_test_x.py_test_y_a_b``
+    (see :func:`~pytest_neuraldbg.names.portable_name`; names that read alike are told apart by :func:`file_names`)."""
+    return portable_name(nodeid, max_len=max_len)
 
 
-def file_names(recs: Sequence[dict[str, Any]]) -> list[str]:
+def file_names(recs: Sequence[RunRecord]) -> list[str]:
     """A distinct file stem per record: the test's safe name, plus the run name when a test has several."""
     per_test: dict[str, int] = {}
     for r in recs:
@@ -249,13 +233,13 @@ def file_names(recs: Sequence[dict[str, Any]]) -> list[str]:
         if per_test[r["nodeid"]] > 1:
             stem = f"{stem}-run-{safe_name(str(r['run']), 40)}"
         if stem.lower() in taken:  # two ids that sanitise alike (case-insensitive file systems too)
-            stem = f"{stem}-{_digest(r['nodeid'] + '::' + str(r['run']))}"
+            stem = f"{stem}-{digest(r['nodeid'] + '::' + str(r['run']))}"
         taken.add(stem.lower())
         out.append(stem)
     return out
 
 
-def sorted_records(state: SessionState) -> list[dict[str, Any]]:
+def sorted_records(state: SessionState) -> list[RunRecord]:
     """Records in a stable order (xdist delivers them in completion order)."""
     return sorted(state.records, key=lambda r: (str(r["nodeid"]), str(r["run"])))
 
@@ -346,7 +330,7 @@ def baseline_summary(reporter: Any, state: SessionState) -> None:
         )
 
 
-def _runs_summary(reporter: Any, state: SessionState, recs: list[dict[str, Any]]) -> None:
+def _runs_summary(reporter: Any, state: SessionState, recs: list[RunRecord]) -> None:
     unhealthy = [r for r in recs if r["verdict"] == records.UNHEALTHY]
     errors = [r for r in recs if r["verdict"] == records.ERROR]
     counts = f"{len(recs)} watched runs: {len(unhealthy)} unhealthy"

@@ -133,7 +133,7 @@ class _Seeded:
         self._generators = [(g, g.get_state()) for g in self.generators]
         for generator in self.generators:
             generator.manual_seed(self.seed)
-        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []  # type: ignore[no-untyped-call]
         self._torch = torch.random.fork_rng(devices=devices)
         self._torch.__enter__()
         self._random = random.getstate()
@@ -231,7 +231,7 @@ def train(
                     opt.zero_grad(set_to_none=True)
                     loss = _checked_loss(loss_fn(_forward(model, _to(inputs, device)), _to(targets, device)))
                     dbg.observe_loss(loss)
-                    loss.backward()
+                    loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch
                     opt.step()
         finally:
             model.train(was_training)

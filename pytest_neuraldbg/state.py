@@ -10,6 +10,7 @@ import pytest
 
 from .options import Settings
 from .outcomes import Outcomes
+from .records import RunRecord
 
 if TYPE_CHECKING:
     from .fixture import NeuralDbgFixture
@@ -20,7 +21,7 @@ class SessionState:
     """The session's settings and, on the controller, the record of every watched run and baseline."""
 
     settings: Settings
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[RunRecord] = field(default_factory=list)
     written: list[Path] = field(default_factory=list)
     baseline_notes: list[dict[str, Any]] = field(default_factory=list)  # from every test that has a baseline
     deselected: list[tuple[Path, str]] = field(default_factory=list)  # (module, test id) of deselected tests
@@ -31,4 +32,4 @@ class SessionState:
 
 SESSION_KEY = pytest.StashKey[SessionState]()
 FIXTURE_KEY: pytest.StashKey[NeuralDbgFixture] = pytest.StashKey()
-RECORDS_KEY = pytest.StashKey[list[dict[str, Any]]]()  # a test's run records, computed once after its body
+RECORDS_KEY = pytest.StashKey[list[RunRecord]]()  # a test's run records, computed once after its body

@@ -10,45 +10,50 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from neuraldbg.events import RUN_LEVEL_KINDS, FailureKind  # the engine's vocabulary; imports no torch
+from neuraldbg.events import FailureKind
+from neuraldbg.kinds import registry  # the engine's kinds, each in its room; imports no torch
+from neuraldbg.text import one_line
+
+from .records import HypothesisRecord
 
 MAX_HEADLINE = 300
 
-#: How a headline names a failure kind, where its value with spaces would read badly.
-_NAMES = {"non_finite": "non-finite values", "eval_mode_training": "training in eval mode"}
 
-#: Every failure kind of the engine (:class:`~neuraldbg.FailureKind`, in its order) and how a headline names it.
-CHECKS: dict[str, str] = {kind.value: _NAMES.get(kind.value, kind.value.replace("_", " ")) for kind in FailureKind}
-#: The kinds about the run as a whole (nothing trained, no gradient, eval mode, a loss that cannot teach, the
-#: debugger stopped observing): the run cannot be called healthy, whatever its layers did.
-RUN_KINDS: tuple[str, ...] = tuple(kind.value for kind in FailureKind if kind in RUN_LEVEL_KINDS)
-#: The kinds about one layer's health: each has its own check (and its own case in the health JUnit file).
-LAYER_KINDS: tuple[str, ...] = tuple(kind for kind in CHECKS if kind not in RUN_KINDS)
+def kinds(also: Iterable[str] = ()) -> list[str]:
+    """Every failure kind this process knows (the built-in ones and the plugins' registered so far, in the engine's
+    order), then any other kind named in ``also`` (a kind a run reported whose plugin is not loaded here)."""
+    known = [k.value for k in FailureKind if registry.is_known(k)]
+    return [*known, *dict.fromkeys(a for a in also if a not in known)]
 
 
-def short(text: str, limit: int) -> str:
-    """``text`` on one line, at most ``limit`` characters."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+def title(kind: str) -> str:
+    """How a verdict names a kind ("dead neurons", "non-finite values"), as its room says."""
+    return registry.room(kind).title
 
 
-def headline(hypotheses: Sequence[dict[str, Any]], lead: str = "NeuralDBG: training is unhealthy") -> str:
-    """``NeuralDBG: training is unhealthy - dead_neurons at '3' from step 0 (confidence 1.00)``."""
+def run_level(kind: str) -> bool:
+    """About the run as a whole (nothing trained, no gradient, eval mode, a loss that cannot teach, the debugger
+    stopped observing): such a run cannot be called healthy, whatever its layers did."""
+    return registry.room(kind).run_level
+
+
+def headline(hypotheses: Sequence[HypothesisRecord], lead: str = "NeuralDBG: training is unhealthy") -> str:
+    """``NeuralDBG: training is unhealthy - <kind> at '3' from step 0 (confidence 1.00)``."""
     if not hypotheses:
         return "NeuralDBG: training looks healthy"
     if len(hypotheses) == 1:
-        return short(f"{lead} - {hypotheses[0]['summary']}", MAX_HEADLINE)
+        return one_line(f"{lead} - {hypotheses[0]['summary']}", MAX_HEADLINE)
     listed = "; ".join(h["summary"] for h in hypotheses[:3])
     more = f"; +{len(hypotheses) - 3} more" if len(hypotheses) > 3 else ""
-    return short(f"{lead} - {len(hypotheses)} failure hypotheses: {listed}{more}", MAX_HEADLINE)
+    return one_line(f"{lead} - {len(hypotheses)} failure hypotheses: {listed}{more}", MAX_HEADLINE)
 
 
-def involves(hypothesis: dict[str, Any], kinds: Sequence[str]) -> bool:
+def involves(hypothesis: HypothesisRecord, kinds: Sequence[str]) -> bool:
     """Whether a hypothesis has one of ``kinds`` as its root cause or among the events it explains."""
     return hypothesis["kind"] in kinds or any(e["kind"] in kinds for e in hypothesis["chain"])
 
 
-def kind_headline(found: Sequence[dict[str, Any]], kinds: Sequence[str], what: str) -> str:
+def kind_headline(found: Sequence[HypothesisRecord], kinds: Sequence[str], what: str) -> str:
     """The verdict line of a check: ``NeuralDBG: vanishing gradients in '0', '2' from step 0, caused by ...``."""
     first = found[0]
     if first["kind"] in kinds:
@@ -57,10 +62,12 @@ def kind_headline(found: Sequence[dict[str, Any]], kinds: Sequence[str], what: s
     places = ", ".join(dict.fromkeys(e["where"] for e in events))
     start = min(e["step_start"] for e in events)
     more = f" (+{len(found) - 1} more hypotheses)" if len(found) > 1 else ""
-    return short(f"NeuralDBG: {what} in {places} from step {start}, caused by {first['summary']}{more}", MAX_HEADLINE)
+    return one_line(
+        f"NeuralDBG: {what} in {places} from step {start}, caused by {first['summary']}{more}", MAX_HEADLINE
+    )
 
 
-def chain_lines(hypothesis: dict[str, Any]) -> list[str]:
+def chain_lines(hypothesis: HypothesisRecord) -> list[str]:
     """The causal chain, root first: one line per event with its layer, states and steps."""
     lines = ["Causal chain (root first):"]
     for i, event in enumerate(hypothesis["chain"]):
@@ -71,20 +78,20 @@ def chain_lines(hypothesis: dict[str, Any]) -> list[str]:
     return lines
 
 
-def describe(hypothesis: dict[str, Any], number: int | None = None) -> str:
+def describe(hypothesis: HypothesisRecord, number: int | None = None) -> str:
     """Explanation and chain of one hypothesis, after a numbered summary line when ``number`` is given."""
     title = [] if number is None else [f"{number}. {hypothesis['summary']}"]
     return "\n".join([*title, hypothesis["explanation"], *chain_lines(hypothesis)])
 
 
-def failure_text(first_line: str, hypotheses: Sequence[dict[str, Any]], footer: Iterable[str] = ()) -> str:
+def failure_text(first_line: str, hypotheses: Sequence[HypothesisRecord], footer: Iterable[str] = ()) -> str:
     """The full failure message: the verdict line, then every hypothesis in detail (numbered when several)."""
     numbered = len(hypotheses) > 1
     parts = [first_line, *(describe(h, i if numbered else None) for i, h in enumerate(hypotheses, 1))]
     return "\n\n".join([*parts, *footer])
 
 
-def explanation(hypotheses: Sequence[dict[str, Any]]) -> str:
+def explanation(hypotheses: Sequence[HypothesisRecord]) -> str:
     """The explanations of a run, one per line (``""`` when healthy)."""
     return "\n".join(h["explanation"] for h in hypotheses)
 
@@ -93,7 +100,7 @@ class Explanations(list[str]):
     """``explain_failure()`` of a watched run: a list of strings whose repr is a readable verdict.
 
     pytest shows the repr of the value in ``assert not ndbg.explain_failure()``; this one reads
-    ``<unhealthy training: dead_neurons at '3' from step 0 (confidence 1.00)>`` instead of a cut-off list.
+    ``<unhealthy training: <kind> at '3' from step 0 (confidence 1.00)>`` instead of a cut-off list.
     """
 
     def __init__(self, explanations: Iterable[str] = (), summaries: Sequence[str] = ()) -> None:

@@ -2,7 +2,7 @@
 
 It behaves exactly like the engine's debugger; only the reprs change, so that pytest's assertion rewriting
 prints a verdict: ``assert not ndbg.explain_failure()`` fails with
-``assert not <unhealthy training: dead_neurons at '3' from step 0 (confidence 1.00)>``.
+``assert not <unhealthy training: <kind> at '3' from step 0 (confidence 1.00)>``.
 Imported lazily by the fixture (it imports the engine, hence torch).
 """
 

@@ -3,7 +3,7 @@ attention block whose gradients truly vanish.
 
 BERT initialises every weight with std 0.02; at that scale the attention logits are ~0, attention is uniform, and
 the query/key projections get gradients ~1e-4 of the classifier's (second order in the small init: see
-``neuraldbg/detectors/gradients.py``). That is the healthy start of every BERT fine-tune, and it resolves as the
+``neuraldbg/kinds/vanishing_gradients.py``). That is the healthy start of every BERT fine-tune, and it resolves as the
 weights grow. The faulty twin gates its attention branch with a sigmoid whose bias starts at -12: the gate
 passes 6e-6 of the branch, every parameter of the branch gets ~1e-6 of the gradient it would get, and the gate
 cannot open, because its own gradient passes through the same closed sigmoid.

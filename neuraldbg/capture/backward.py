@@ -8,15 +8,17 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from .. import hooks, measure, stats
-from ..clock import StepMode
-from ..distributed.shards import Param
-from ..stepdata import SlotKey, merge_max
+from ..model.shards import Param
+from ..stats import tensors as stats
+from ..stats.step import SlotKey
+from . import hooks, measure
+from .clock import StepMode
 from .gradients import GradientReader
+from .pending import merge_max
 
 if TYPE_CHECKING:
-    from ..recorder import Recorder
     from .forward import ForwardPath
+    from .recorder import Recorder
 
 
 def _closure(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

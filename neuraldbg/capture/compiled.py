@@ -2,7 +2,7 @@
 
 A hook traced by Dynamo must not graph-break (no ``.item()``, no host reads, no unsupported Python) and must not
 make Dynamo recompile from step to step (no growing lists, no flags that change between steps). So a compiled
-forward only packs each layer's statistics into one tensor (:func:`~neuraldbg.measure.compiled_layer_output`)
+forward only packs each layer's statistics into one tensor (:func:`~neuraldbg.capture.measure.compiled_layer_output`)
 stored in a dictionary whose keys are fixed when the debugger attaches, and every hook also rewrites one "tick"
 slot. Outside the graph, at the optimizer step, :meth:`CompiledSlots.pull` sees the tick changed, commits the
 previous step if it is complete, and files the slots into the step in progress: the model's input and output on
@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from .. import measure, stats
+from ..stats import tensors as stats
+from . import measure
 from .order import LayerOrder
 
 if TYPE_CHECKING:
-    from ..recorder import Recorder
+    from .recorder import Recorder
 
 _TICK = "\x00tick"  # rewritten by every compiled hook: changes whenever a compiled forward ran
 _INPUT = "\x00input"

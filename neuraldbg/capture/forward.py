@@ -11,15 +11,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from .. import hooks, measure, naming, stats
-from ..clock import StepMode
-from ..layers import LayerInfo, Role
-from ..stepdata import Pending, SlotKey, merge_max
+from ..model import naming
+from ..model.info import LayerInfo, Role
+from ..stats import tensors as stats
+from ..stats.step import SlotKey
+from . import hooks, measure
+from .clock import StepMode
 from .compiled import CompiledSlots
 from .order import LayerOrder
+from .pending import Pending, merge_max
 
 if TYPE_CHECKING:
-    from ..recorder import Recorder
+    from .recorder import Recorder
 
 
 class ForwardPath:

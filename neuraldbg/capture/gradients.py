@@ -8,13 +8,15 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from .. import measure, naming, stats
-from ..distributed.shards import Param
+from ..model import naming
+from ..model.shards import Param
+from ..stats import tensors as stats
+from . import measure
 from .order import LayerOrder
 
 if TYPE_CHECKING:
-    from ..recorder import Recorder
     from .forward import ForwardPath
+    from .recorder import Recorder
 
 
 class GradientReader:

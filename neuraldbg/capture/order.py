@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..layers import LayerInfo, Role
-from ..stepdata import SlotKey
+from ..model.info import LayerInfo, Role
+from ..stats.step import SlotKey
 
 
 class LayerOrder:

@@ -72,7 +72,6 @@ class ScalerWatch:
         self._states: object = None  # the scaler's per-iteration record when last looked at
         self._current: Tensor | None = None  # the scale of the step in progress
         self._upcoming: Tensor | None = None  # the scale read when the latest forward pass began
-        self.discovered = False
         self.searches = 0
         if scaler is not None:
             self.use(scaler)
@@ -141,7 +140,6 @@ class ScalerWatch:
                     self.use(candidate)
                     scale = self.tensor()
                     self._current = scale.detach().clone() if scale is not None else None  # in this step's grads
-                    self.discovered = True
                     return True
             frame = frame.f_back
         return False

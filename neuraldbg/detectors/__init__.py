@@ -1,42 +1,11 @@
-"""Detectors: one failure signal per module, over the tiny base class in :mod:`.base`."""
+"""Detectors: the small contract each one implements, and the per-step view they read (:mod:`.base`).
+
+The detectors themselves live in the rooms of the kinds they find (:mod:`neuraldbg.kinds`); a plugin writes its
+own over the same base class.
+"""
 
 from __future__ import annotations
 
-from .base import Context, Detector, Finding, Observation, StepView
-from .dead import DeadUnitsDetector
-from .gain import GainDetector
-from .gradients import GradientDetector
-from .magnitude import MagnitudeDetector
-from .nonfinite import NonFiniteDetector
-from .saturation import SaturationDetector
-from .updates import UpdateDetector
+from .base import Context, Detector, Finding, Observation, StepView, strength
 
-
-def builtin_detectors() -> list[Detector]:
-    """Fresh instances of every built-in detector."""
-    return [
-        NonFiniteDetector(),
-        GradientDetector(),
-        DeadUnitsDetector(),
-        SaturationDetector(),
-        MagnitudeDetector(),
-        GainDetector(),
-        UpdateDetector(),
-    ]
-
-
-__all__ = [
-    "Context",
-    "DeadUnitsDetector",
-    "Detector",
-    "Finding",
-    "GainDetector",
-    "GradientDetector",
-    "MagnitudeDetector",
-    "NonFiniteDetector",
-    "Observation",
-    "SaturationDetector",
-    "StepView",
-    "UpdateDetector",
-    "builtin_detectors",
-]
+__all__ = ["Context", "Detector", "Finding", "Observation", "StepView", "strength"]

@@ -2,22 +2,29 @@
 
 A detector turns one step's statistics into :class:`Finding` s ("layer '3' is dead at this step, 100 % of 64
 units"), and says which layers it *observed* at that step, so a state that stops holding closes its event. The
-tracker (:mod:`neuraldbg.tracker`) applies persistence and merges consecutive steps into events; detectors
+tracker (:mod:`neuraldbg.analysis.tracker`) applies persistence and merges consecutive steps into events; detectors
 stay pure functions of one step (plus, where they need it, a little state of their own, such as a baseline).
+
+Each detector belongs to the room of the kind it finds (:mod:`neuraldbg.kinds`); what several detectors share
+(per-layer gradients and updates, what the optimizer did this step, how far the fit has come) is computed once per
+step here. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..config import DebugConfig
 from ..events import EventType, FailureKind
-from ..layers import LayerInfo
-from ..stepdata import SlotKey, StepData
+from ..health import HealthState
+from ..model.info import LayerInfo
+from ..stats.step import SlotKey, StepData
 
-#: What the tracker follows over time: (detector, event type, layer, param, call).
+#: What the tracker follows over time: (track, event type, layer, param, call). Detectors of one track classify one
+#: signal (a layer's gradient is healthy, vanishing, exploding or non-finite): one state at a time per key.
 TrackKey = tuple[str, EventType, str, "str | None", int]
 
 
@@ -28,7 +35,7 @@ class Finding:
     event_type: EventType
     kind: FailureKind | None
     layer: str
-    state: str
+    state: HealthState
     metrics: dict[str, float]
     strength: float  # 0 at the threshold, 1 far beyond it
     param: str | None = None
@@ -57,6 +64,7 @@ class Context:
     infos: dict[str, LayerInfo]
     order: list[SlotKey]  # forward execution order of layer outputs (grows as layers are first seen)
     owners: dict[str, str]  # parameter -> owning layer
+    stepped_before: set[str] = field(default_factory=set)  # parameters some optimizer stepped at an observed step
 
     _index: dict[SlotKey, int] = field(default_factory=dict, repr=False)
     _last_parametric: int = -1
@@ -147,12 +155,103 @@ class StepView:
             acc[1] += weight * weight
         return {layer: LayerUpdate(math.sqrt(d), math.sqrt(w)) for layer, (d, w) in sums.items()}
 
+    @cached_property
+    def updates(self) -> UpdateCensus | None:
+        """What the optimizer did to the weights at this step (None when the update was not measured)."""
+        return UpdateCensus.take(self) if self.data.update else None
+
     def rms(self, key: SlotKey) -> float:
         norm = self.data.act.get(key)
         n = self.data.numel.get(key, 0)
         if norm is None or n == 0:
             return math.nan
         return norm / math.sqrt(n)
+
+
+@dataclass
+class UpdateCensus:
+    """What the optimizer did to the weights at one fully observed step, read once for every detector.
+
+    A parameter that received a non-zero gradient and was left exactly unchanged is *held still*: frozen, unless
+    its optimizer steps on other steps (a parameter stepped at an earlier observed step and not at this one: a GAN's
+    generator while the discriminator's optimizer steps), whose layer is *idle* at this step and says nothing.
+    A parameter stepped with a learning rate, too small to move it, is not held still: that is a stall. The update
+    ratios ||dW||/||W|| are taken over the layers that are neither held still nor idle nor without a gradient (no
+    gradient, no update: not the optimizer's fault).
+    """
+
+    seen: list[tuple[str, str]]  # (layer, parameter) whose update was read, with a finite gradient
+    held: list[tuple[str, str, dict[str, float]]]  # (layer, parameter, metrics): gradient, unchanged, no lr
+    moving: bool  # some parameter with a gradient changed
+    stepped_ever: bool  # some optimizer stepped a parameter of the model at this or an earlier observed step
+    ratios: list[float]
+    lr: float | None  # the largest learning rate a parameter was stepped with at this step (None: none positive)
+    lr_any: float  # the largest learning rate of this step, 0 included
+
+    @property
+    def at_lr_zero(self) -> bool:
+        """Nothing moved, and the optimizers hold the still parameters with learning rate 0: one global stall
+        (a schedule that reached 0), not every parameter frozen."""
+        return not self.moving and any(m["in_optimizer"] for _, _, m in self.held)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.ratios)
+
+    @classmethod
+    def take(cls, view: StepView) -> UpdateCensus:
+        data, ctx = view.data, view.ctx
+        seen: list[tuple[str, str]] = []
+        held: list[tuple[str, str, dict[str, float]]] = []
+        still_layers: set[str] = set()
+        idle_layers: set[str] = set()
+        for name, (delta, weight) in data.update.items():
+            grad = data.grad.get(name)
+            layer = ctx.owners.get(name)
+            if grad is None or layer is None or not math.isfinite(grad):
+                continue
+            seen.append((layer, name))
+            if delta == 0.0 and grad > 0.0:
+                lr = data.stepped.get(name)
+                if lr is not None and lr > 0:
+                    continue  # stepped with a learning rate, too small to move the weight: a stall
+                if lr is None and name in ctx.stepped_before:
+                    idle_layers.add(layer)  # its optimizer steps on other steps
+                    continue
+                still_layers.add(layer)
+                metrics = {"grad_norm": grad, "in_optimizer": float(lr is not None), "lr": lr or 0.0}
+                info = ctx.infos.get(layer)
+                if weight == 0.0 and info is not None and name == info.unit_weight:
+                    metrics["zero_weight"] = 1.0  # its layer passes no gradient to its input
+                held.append((layer, name, metrics))
+        ctx.stepped_before.update(data.stepped)
+        grads = view.layer_gradients
+        ratios = [
+            u.ratio
+            for layer, u in view.layer_updates.items()
+            if layer not in still_layers
+            and layer not in idle_layers
+            and u.weight > 0
+            and math.isfinite(u.ratio)
+            and not (layer in grads and grads[layer].exact_zero)
+        ]
+        lrs = [lr for lr in data.stepped.values() if lr > 0]
+        return cls(
+            seen=seen,
+            held=held,
+            moving=any(d != 0.0 and n in data.grad for n, (d, _) in data.update.items()),
+            stepped_ever=bool(ctx.stepped_before),
+            ratios=ratios,
+            lr=max(lrs) if lrs else None,
+            lr_any=max(data.stepped.values(), default=0.0),
+        )
+
+    def ratio_metrics(self) -> dict[str, float]:
+        """The median and largest update ratio, and the learning rate, as an event's metrics."""
+        metrics = {"median_update_ratio": self.median, "max_update_ratio": max(self.ratios)}
+        if self.lr is not None:
+            metrics["lr"] = self.lr
+        return metrics
 
 
 class FitProgress:
@@ -192,13 +291,25 @@ class Detector:
 
     name: str = "detector"
     event_type: EventType = EventType.ACTIVATION
+    #: The signal whose state it classifies (default: its own name). Detectors of one track share one state per
+    #: layer: a finding of one and none of the others is a change of that layer's state, not the end of a state.
+    track: str = ""
     #: Whether it reads cheap (not fully observed) steps. False skips it on them: they carry no gradient,
     #: per-unit or update statistics. Plugins keep the default and see every step.
     every_step: bool = True
 
+    @property
+    def track_name(self) -> str:
+        return self.track or self.name
+
     def observe(self, view: StepView) -> Observation | None:
         """Findings at one step, or None when this step carries nothing this detector reads."""
         raise NotImplementedError
+
+    def quiet_on(self, data: StepData) -> bool:
+        """Whether a cheap step holds nothing this detector would report, checked without building a view (then,
+        while no state it found is open, the step skips it). Plugins keep the default: they see every step."""
+        return False
 
 
 def strength(value: float, threshold: float, decades: float = 3.0, above: bool = False) -> float:

@@ -1,37 +1,10 @@
-"""Training that outgrows one process: which rank this is, sharded parameters, and one diagnosis for the job.
+"""Training that outgrows one process: which rank this is, and one diagnosis for the job.
 
-* :func:`process_info` - rank, world size and backend when ``torch.distributed`` is initialised;
-* :mod:`.shards` - parameters as the user declared them and the part of each a rank holds (DDP, FSDP1, FSDP2);
+* :mod:`.process` - rank, world size and backend when ``torch.distributed`` is initialised;
 * :mod:`.gather` - each rank's bounded summary sent to rank 0 at the end of a ``NeuralDbg`` block, with a
-  timeout, and merged there into one diagnosis (:class:`.job.JobRun`).
+  timeout;
+* :mod:`.merge` - the summaries merged into one diagnosis that says which ranks show each failure;
+* :mod:`.job` - that diagnosis with the query API of one run (:class:`.job.JobRun`).
+
+Sharded parameters (DDP, FSDP1, FSDP2) are read through :mod:`neuraldbg.model.shards`.
 """
-
-from __future__ import annotations
-
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class ProcessInfo:
-    """Where this process stands in a distributed job."""
-
-    rank: int
-    world_size: int
-    backend: str
-
-
-def process_info() -> ProcessInfo | None:
-    """Rank, world size and backend of the default process group; None when ``torch.distributed`` is not
-    initialised (or not built in)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    try:
-        backend = str(dist.get_backend())
-    except Exception:  # a backend torch cannot name (a third-party one)
-        backend = "unknown"
-    return ProcessInfo(int(dist.get_rank()), int(dist.get_world_size()), backend)
-
-
-__all__ = ["ProcessInfo", "process_info"]

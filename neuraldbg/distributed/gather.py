@@ -1,8 +1,9 @@
 """One diagnosis for the job: each rank's bounded summary sent to rank 0, merged there, with a timeout.
 
 At the end of a ``NeuralDbg`` block (or on ``dbg.gather()``) every rank reduces its diagnosis to a summary
-(:func:`neuraldbg.ranks.summarize`: plain JSON data, at most a few dozen findings, no tensors) and rank 0 merges
-the summaries (:func:`neuraldbg.ranks.merge`) into one diagnosis that says which ranks show each failure.
+(:func:`neuraldbg.distributed.merge.summarize`: plain JSON data, at most a few dozen findings, no tensors) and rank 0
+merges the summaries (:func:`neuraldbg.distributed.merge.merge`) into one diagnosis that says which ranks show each
+failure.
 
 Transport: the key-value store of the default process group, the ``torch.distributed`` Store every process group
 is built on (a TCPStore under ``torchrun`` or ``env://``, a FileStore under ``file://``). Each rank ``set`` s its
@@ -30,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import ProcessInfo, process_info
+from .process import ProcessInfo, process_info
 
 #: Bytes of one rank's summary, at most (a summary is bounded far below this; anything larger is refused).
 MAX_BYTES = 4 << 20

@@ -3,11 +3,11 @@
 :class:`JobRun` answers what a debugger or a loaded trace answers (``hypotheses()``, ``explain_failure()``,
 ``export_mermaid_causal_graph()``, ``to_dict()``, ``history``, ``layers``, ``steps``), so the pytest plugin's
 assertions, gate and reports take it like any other run. Its hypotheses are the job's findings
-(:class:`neuraldbg.ranks.JobFinding`), most likely first, each explanation opening with the ranks that show it
-("dead_neurons at '3' from step 0 on all ranks. Dead neurons in '3' (ReLU) ..."); a finding that rank 0 shows
-keeps rank 0's causal chain, one it does not show is rooted at an event rebuilt from the summary of the first
-rank that does. A rank that sent no summary is a run-level ``incomplete_observation`` hypothesis: a job with a
-missing rank is never verified healthy. Events, layers and history are rank 0's.
+(:class:`neuraldbg.distributed.merge.JobFinding`), most likely first, each explanation opening with the ranks that show
+it ("<kind> at '3' from step 0 on all ranks. <its explanation on rank 0> ..."); a finding that rank 0 shows keeps rank
+0's causal chain, one it does not show is rooted at an event rebuilt from the summary of the first rank that does. A
+rank that sent no summary is a run-level ``incomplete_observation`` hypothesis: a job with a missing rank is never
+verified healthy. Events, layers and history are rank 0's.
 
 One causal link crosses ranks: gradients are averaged over the ranks (DDP's all-reduce, FSDP's reduce-scatter),
 so non-finite values in the input batches of some ranks reach every rank's gradients, and then weights, in the
@@ -21,26 +21,31 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..diagnosis import Diagnosis
-from ..events import EventType, FailureKind, SemanticEvent
-from ..reasoning import CausalHypothesis, CausalRule, Coupling, Topology
+from ..events import SemanticEvent
+from ..kinds import registry
+from ..kinds.base import run_event
+from ..queries import Queries
+from ..reasoning.hypothesis import CausalHypothesis, Coupling
+from ..reasoning.rules import CausalRule
+from ..reasoning.topology import Topology
+from ..text import ranks_text
 from .gather import Gathered
 
 if TYPE_CHECKING:
-    from ..ranks import JobDiagnosis, JobFinding
+    from .merge import JobDiagnosis, JobFinding
 
 
-class JobRun(Diagnosis):
+class JobRun(Queries):
     """One diagnosis for a job, from rank 0's own run and every rank's summary (see the module docstring).
 
-    ``job`` is the merged :class:`~neuraldbg.ranks.JobDiagnosis` (``report()``, ``to_dict()``, ``verified``),
-    ``gathered`` what rank 0 received.
+    ``job`` is the merged :class:`~neuraldbg.distributed.merge.JobDiagnosis` (``report()``, ``to_dict()``,
+    ``verified``), ``gathered`` what rank 0 received.
     """
 
     attached = False
 
-    def __init__(self, local: Diagnosis, gathered: Gathered) -> None:
-        from ..ranks import merge
+    def __init__(self, local: Queries, gathered: Gathered) -> None:
+        from .merge import merge
 
         self._local = local
         self.gathered = gathered
@@ -93,23 +98,22 @@ class JobRun(Diagnosis):
     # --- building ----------------------------------------------------------------------------------------------
 
     def _fold_shard_effects(self, job: JobDiagnosis) -> JobDiagnosis:
-        """Non-finite findings caused by another rank's non-finite batch, through the averaged gradients."""
+        """Findings caused by another rank's bad batch (of the same kind: non-finite values), through the averaged
+        gradients."""
         shards = [f for f in job.findings if f.data_shard]
         if not shards:
             return job
         cause = min(shards, key=lambda f: min(f.onsets.values()))
         onset = min(cause.onsets.values())
         effects = [
-            f
-            for f in job.findings
-            if f is not cause and f.kind is FailureKind.NON_FINITE and min(f.onsets.values()) >= onset
+            f for f in job.findings if f is not cause and f.kind is cause.kind and min(f.onsets.values()) >= onset
         ]
         if not effects:
             return job
         reached = "; ".join(f"{e.kind.value} at {e.where()} {e.onset()} {e.on_ranks()}" for e in effects)
         text = (
-            f"{cause.explanation} Gradients are averaged over the ranks, so these non-finite values reached the "
-            f"other ranks in the same step: {reached}."
+            f"{cause.explanation} Gradients are averaged over the ranks, so these {registry.room(cause.kind).title} "
+            f"reached the other ranks in the same step: {reached}."
         )
         merged = dataclasses.replace(cause, explanation=text)
         self._effects[id(merged)] = effects
@@ -154,32 +158,22 @@ class JobRun(Diagnosis):
         return out
 
     def _missing(self) -> CausalHypothesis:
+        """The ranks that sent nothing: a part of the job that was not observed (the kind that says so)."""
         missing = self.job.missing
         ranks = sorted(missing)
         detail = "; ".join(f"rank {r} {why}" for r, why in sorted(missing.items()))
-        root = SemanticEvent(
-            event_type=EventType.RUN,
-            kind=FailureKind.INCOMPLETE_OBSERVATION,
-            layer="",
-            param=None,
-            step_start=0,
-            step_end=0,
-            from_state=None,
-            to_state=FailureKind.INCOMPLETE_OBSERVATION.value,
-            metrics={"missing_ranks": float(len(ranks)), "world_size": float(self.job.world_size)},
-            confidence=1.0,
-            detail=detail,
-        )
+        kind = registry.unobserved().kind
+        root = run_event(kind, 0, 0, detail, missing_ranks=len(ranks), world_size=self.job.world_size)
         self._extra.append(root)
         fix = (
-            f"look at the output of {_ranks(ranks)} (did it fail, hang, or leave its block much later than rank 0?); "
-            "raise gather_timeout if it was only slow."
+            f"look at the output of {ranks_text(ranks)} (did it fail, hang, or leave its block much later than "
+            "rank 0?); raise gather_timeout if it was only slow."
         )
         text = (
             f"The job is not verified: {detail}. Its findings are unknown, so the job cannot be called healthy. "
             f"Fix: {fix}"
         )
-        return CausalHypothesis(FailureKind.INCOMPLETE_OBSERVATION, 1.0, root, [root], text, fix)
+        return CausalHypothesis(kind, 1.0, root, [root], text, fix)
 
 
 def _event_of(finding: JobFinding) -> SemanticEvent:
@@ -193,14 +187,8 @@ def _event_of(finding: JobFinding) -> SemanticEvent:
         step_start=step,
         step_end=step,
         from_state=None,
-        to_state=finding.kind.value,
+        to_state=finding.kind,
         metrics={"ranks": float(len(finding.onsets))},
         confidence=finding.confidence,
-        detail=f"on {_ranks(finding.ranks)}",
+        detail=f"on {ranks_text(finding.ranks)}",
     )
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    from ..ranks import rank_list
-
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_list(ranks)}"

@@ -17,21 +17,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from ..events import EventType, FailureKind, SemanticEvent
-from ..reasoning import words
-from ..reasoning.explain import num, pct
+from ..events import SemanticEvent
+from ..kinds import registry
 from ..reasoning.hypothesis import CausalHypothesis
 from ..reasoning.topology import Topology
-
-if TYPE_CHECKING:
-    from ..ranks import JobDiagnosis
+from ..text import span
 
 MAX_EDGES = 400
 MAX_CHARS = 45_000
 
-_CLASSES = (
+CLASSES = (
     "  classDef root fill:#ffd6d6,stroke:#c0392b,stroke-width:3px,color:#000",
     "  classDef critical fill:#ffe0b3,stroke:#d35400,color:#000",
     "  classDef effect fill:#fff5cc,stroke:#b7950b,color:#000",
@@ -52,67 +48,30 @@ def escape(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\n", "<br>")
 
 
-def _label(*lines: str) -> str:
+def label(*lines: str) -> str:
+    """A quoted node label of escaped lines (the one way every graph of NeuralDBG writes a label)."""
     return '["' + "<br>".join(escape(line) for line in lines if line) + '"]'
 
 
-def _steps(e: SemanticEvent) -> str:
-    return f"step {e.step_start}" if e.step_start == e.step_end else f"steps {e.step_start}-{e.step_end}"
-
-
-def state_text(e: SemanticEvent) -> str:
-    """A few words with the key number: 'dead: 100% of 64 units'."""
-    m = e.metrics
-    if e.kind is FailureKind.DEAD_NEURONS:
-        return f"dead: {pct(m.get('dead_fraction', 0.0))} of {int(m.get('units', 0))} units"
-    if e.kind is FailureKind.SATURATED_ACTIVATIONS:
-        return f"saturated: {pct(m.get('saturated_fraction', 0.0))} of outputs"
-    if e.kind is FailureKind.VANISHING_GRADIENTS:
-        return "zero gradient" if m.get("exact_zero") else f"vanishing gradient: {num(m.get('grad_norm', 0.0))}"
-    if e.kind is FailureKind.EXPLODING_GRADIENTS:
-        return f"exploding gradient: {num(m.get('grad_norm', 0.0))}"
-    if e.kind is FailureKind.NON_FINITE:
-        return {
-            EventType.INPUT: "non-finite input batch",
-            EventType.LOSS: "non-finite loss",
-            EventType.GRADIENT: "non-finite gradient",
-        }.get(e.event_type, "non-finite output")
-    if e.kind is FailureKind.FROZEN_PARAMETERS:
-        return "frozen: never updated"
-    if e.kind is FailureKind.STALLED_UPDATES:
-        return f"stalled: update ratio {num(m.get('median_update_ratio', 0.0))}"
-    if e.to_state == "anomalous":
-        return f"outputs blow up: rms {num(m.get('output_rms', 0.0))}"
-    return words.state(e)  # run-level findings, update surges, amplifying layers: the explanations' words
-
-
 def _where(e: SemanticEvent, topo: Topology) -> str:
-    if e.param:
-        return f"'{e.param}'"
-    if not e.layer:
-        return {
-            EventType.INPUT: "input",
-            EventType.LOSS: "loss",
-            EventType.RUN: "the run",
-            EventType.UPDATE: "the model's updates",
-        }.get(e.event_type, "model")
-    return topo.describe(e.layer)
+    """The layer with its type (``'3' (ReLU)``); for the model as a whole, what was observed there."""
+    return topo.describe(e.layer) if e.layer and e.param is None else registry.place(e)
 
 
-def _node_class(e: SemanticEvent, is_root: bool) -> str:
+def node_class(e: SemanticEvent, is_root: bool) -> str:
+    """How a node is drawn: the root, an acute failure (values blowing up), another failure, or evidence."""
     if is_root:
         return "root"
-    if e.kind is None:
+    room = registry.room_of(e)
+    if e.kind is None or room is None:
         return "evidence"
-    if e.kind in (FailureKind.NON_FINITE, FailureKind.EXPLODING_GRADIENTS):
-        return "critical"
-    return "effect"
+    return "critical" if room.acute else "effect"
 
 
 def causal_graph(hypotheses: Sequence[CausalHypothesis], topo: Topology) -> str:
     """The flowchart source. Summarises (fewer nodes, then fewer hypotheses) until under the size limits."""
     if not hypotheses:
-        return "\n".join(["flowchart TD", *_CLASSES, '  n0["No training failure detected"]', "  class n0 healthy"])
+        return "\n".join(["flowchart TD", *CLASSES, '  n0["No training failure detected"]', "  class n0 healthy"])
     for per_chain, max_hyp in ((40, 12), (12, 12), (6, 6), (3, 3), (1, 1)):
         text, edges = _render(hypotheses, topo, per_chain, max_hyp)
         if edges <= MAX_EDGES and len(text) <= MAX_CHARS:
@@ -121,13 +80,13 @@ def causal_graph(hypotheses: Sequence[CausalHypothesis], topo: Topology) -> str:
 
 
 def _render(hypotheses: Sequence[CausalHypothesis], topo: Topology, per_chain: int, max_hyp: int) -> tuple[str, int]:
-    lines = ["flowchart TD", *_CLASSES]
+    lines = ["flowchart TD", *CLASSES]
     counter = 0
     edge_count = 0
     classes: dict[str, list[str]] = {}
     for rank, h in enumerate(hypotheses[:max_hyp], start=1):
         title = f"{rank}. {h.kind.value} (confidence {h.confidence:.2f})"
-        lines.append(f"  subgraph h{rank}{_label(title)}")
+        lines.append(f"  subgraph h{rank}{label(title)}")
         lines.append("    direction TB")
         node_of: dict[int, str] = {}
         groups = _groups(h, per_chain)
@@ -138,14 +97,16 @@ def _render(hypotheses: Sequence[CausalHypothesis], topo: Topology, per_chain: i
             for e in members:
                 node_of[id(e)] = node
             if len(members) == 1:
-                label = _label(_where(first, topo), state_text(first), _steps(first))
+                text = label(_where(first, topo), registry.label(first), span(first.step_start, first.step_end))
             else:
                 names = [m.param or m.layer for m in sorted(members, key=topo.event_position)]
-                span = f"'{names[0]}' … '{names[-1]}'"
+                names_span = f"'{names[0]}' … '{names[-1]}'"
                 start = min(m.step_start for m in members)
-                label = _label(f"{len(members)} layers: {span}", state_text(first).split(":")[0], f"from step {start}")
-            lines.append(f"    {node}{label}")
-            classes.setdefault(_node_class(first, first is h.root), []).append(node)
+                text = label(
+                    f"{len(members)} layers: {names_span}", registry.label(first).split(":")[0], f"from step {start}"
+                )
+            lines.append(f"    {node}{text}")
+            classes.setdefault(node_class(first, first is h.root), []).append(node)
         lines.append("  end")
         seen: set[tuple[str, str]] = set()
         for c in h.couplings:
@@ -157,7 +118,7 @@ def _render(hypotheses: Sequence[CausalHypothesis], topo: Topology, per_chain: i
             edge_count += 1
     hidden = len(hypotheses) - max_hyp
     if hidden > 0:
-        lines.append(f"  n{counter}{_label(f'… {hidden} more hypotheses (see the text report)')}")
+        lines.append(f"  n{counter}{label(f'… {hidden} more hypotheses (see the text report)')}")
         classes.setdefault("evidence", []).append(f"n{counter}")
     for name, nodes in classes.items():
         lines.append(f"  class {','.join(nodes)} {name}")
@@ -173,59 +134,3 @@ def _groups(h: CausalHypothesis, per_chain: int) -> list[list[SemanticEvent]]:
     for e in effects:
         buckets.setdefault((e.event_type.value, e.to_state), []).append(e)
     return [[h.root], *buckets.values()]
-
-
-#: Faults drawn in a job graph; the rest are counted in one node.
-MAX_JOB_FINDINGS = 24
-
-
-def job_graph(job: JobDiagnosis) -> str:
-    from ..ranks import rank_list
-
-    """A flowchart of a distributed job: each group of ranks points at the faults it shows; ranks that sent
-    nothing are dashed nodes, ranks without a fault one green node."""
-    lines = [
-        "flowchart LR",
-        *_CLASSES,
-        "  classDef missing fill:#ffffff,stroke:#7f8c8d,stroke-dasharray:5 5,color:#000",
-    ]
-    classes: dict[str, list[str]] = {}
-    group_node: dict[tuple[int, ...], str] = {}
-    counter = 0
-
-    def node(label: str, css: str) -> str:
-        nonlocal counter
-        name = f"n{counter}"
-        counter += 1
-        lines.append(f"  {name}{label}")
-        classes.setdefault(css, []).append(name)
-        return name
-
-    def ranks_label(ranks: tuple[int, ...]) -> str:
-        if len(ranks) == job.world_size and job.world_size > 1:
-            return "both ranks" if job.world_size == 2 else f"all {job.world_size} ranks"
-        return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_list(ranks)}"
-
-    edges: list[str] = []
-    for f in job.findings[:MAX_JOB_FINDINGS]:
-        if f.ranks not in group_node:
-            group_node[f.ranks] = node(_label(ranks_label(f.ranks)), "evidence")
-        css = "critical" if f.kind in (FailureKind.NON_FINITE, FailureKind.EXPLODING_GRADIENTS) else "root"
-        shard = "a data shard problem" if f.data_shard else ""
-        target = node(_label(f.kind.value, f.where(), shard), css)
-        edges.append(f'  {group_node[f.ranks]} -->|"{escape(f.onset())}"| {target}')
-    hidden = len(job.findings) - MAX_JOB_FINDINGS
-    if hidden > 0:
-        node(_label(f"… {hidden} more faults (see the text report)"), "evidence")
-    faulty = {r for f in job.findings for r in f.ranks}
-    clean = tuple(sorted(r for r in job.reported if r not in faulty))
-    if clean:
-        node(_label(ranks_label(clean), "no failure"), "healthy")
-    for rank, why in sorted(job.missing.items())[:MAX_JOB_FINDINGS]:
-        node(_label(f"rank {rank}", why, "findings unknown"), "missing")
-    if len(job.missing) > MAX_JOB_FINDINGS:
-        node(_label(f"… {len(job.missing) - MAX_JOB_FINDINGS} more ranks sent nothing"), "missing")
-    lines.extend(edges)
-    for name, nodes in classes.items():
-        lines.append(f"  class {','.join(nodes)} {name}")
-    return "\n".join(lines)

@@ -11,6 +11,6 @@ absent.
 
 from __future__ import annotations
 
-from ._run import MissingExtraError
+from .callback import MissingExtraError
 
 __all__ = ["MissingExtraError"]

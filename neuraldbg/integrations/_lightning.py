@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import NeuralDbgWarning
-from ._run import WatchedRun, require, verdict_metrics, verdict_text
+from .callback import WatchedRun, require, verdict_metrics, verdict_text
 
 
 class LightningAdapter:

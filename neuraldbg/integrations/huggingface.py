@@ -21,7 +21,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NeuralDbgWarning
-from ._run import WatchedRun, require, verdict_metrics, verdict_text
+from .callback import WatchedRun, require, verdict_metrics, verdict_text
 
 __all__ = ["NeuralDbgTrainerCallback"]
 

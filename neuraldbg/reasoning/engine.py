@@ -1,6 +1,7 @@
 """From events to ranked causal hypotheses: one per underlying fault, root first.
 
-Roots are chosen by what can cause what, then by time and forward order:
+Roots are chosen by what can cause what, then by time and forward order. Each kind's room says where its events
+stand (:meth:`~neuraldbg.kinds.Kind.lane`); the built-in kinds stand in this order:
 
 1. run-level findings (no training step observed, no gradient at all, a loss with no gradient, training in
    eval mode, observation that stopped): what they explain would otherwise read as layer failures;
@@ -14,14 +15,15 @@ Roots are chosen by what can cause what, then by time and forward order:
 6. vanishing gradients nothing else explains (rooted at the most downstream vanishing layer: the gradient
    vanishes from there back to the input);
 7. stalled updates (after vanishing gradients, which stall updates by themselves under SGD), then any other
-   kind, then updates as large as the weights that caused nothing else (a learning rate far too high).
+   kind (a plugin's, unless its room says otherwise), then updates as large as the weights that caused nothing
+   else (a learning rate far too high).
 
 From each root the causal rules collect the events it explains, transitively; claimed events leave the pool and
 the next root is chosen among what is left. One learning rate is one fault: updates as large as the weights
 that came before a failure set it off, every other such surge at the same learning rate joins it, and the
-surges explain the other failures they set off. Hypotheses are ranked by tier (nothing can be learned: no
-training observed, no gradient, a degenerate loss; then faults; last, an incomplete observation, a caveat),
-then confidence, onset and forward order.
+surges explain the other failures they set off. Hypotheses are ranked by their kind's tier (nothing can be learned:
+no training observed, no gradient, a degenerate loss; then faults; last, an incomplete observation, a caveat), then
+confidence, onset and forward order.
 
 Cost: events are sorted once into lanes (:mod:`.index`); each root is the head of a lane; a rule tries a cause
 only when no cause it tried before covers it (``CausalRule.covers``), scans candidates from the earliest step an
@@ -38,7 +40,10 @@ import dataclasses
 import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from ..events import RUN_LEVEL_KINDS, EventType, FailureKind, SemanticEvent
+from ..events import FailureKind, SemanticEvent
+from ..health import HealthState, is_state
+from ..kinds import registry
+from ..kinds.base import RootLane
 from .explain import explain
 from .hypothesis import CausalHypothesis, Coupling
 from .index import Claims, Lane, RangeMax
@@ -46,44 +51,6 @@ from .rules import ONSET_TOLERANCE, SETS_OFF, SURGE_LOOKBACK, CausalRule, is_upd
 from .topology import Topology
 
 Series = Callable[[str, str], list[tuple[int, float]]]
-
-#: Run-level roots, in the order they are chosen: the first ones make everything after them moot.
-_RUN_ORDER = (
-    FailureKind.NO_TRAINING_OBSERVED,
-    FailureKind.NO_GRADIENT,
-    FailureKind.DEGENERATE_LOSS,
-    FailureKind.EVAL_MODE_TRAINING,
-    FailureKind.INCOMPLETE_OBSERVATION,
-)
-
-#: Ranking tiers: nothing can be learned (0), a fault (1), a caveat about what was observed (2).
-_TIER = {
-    FailureKind.NO_TRAINING_OBSERVED: 0,
-    FailureKind.NO_GRADIENT: 0,
-    FailureKind.DEGENERATE_LOSS: 0,
-    FailureKind.INCOMPLETE_OBSERVATION: 2,
-}
-
-#: Failures whose onset in mid-run may come from a learning rate too high (then later surges at the learning
-#: rate in force at the onset are the same fault).
-_LR_SENSITIVE = (
-    FailureKind.DEAD_NEURONS,
-    FailureKind.SATURATED_ACTIVATIONS,
-    FailureKind.NON_FINITE,
-    FailureKind.EXPLODING_GRADIENTS,
-)
-
-_KNOWN = frozenset(
-    {
-        FailureKind.EXPLODING_GRADIENTS,
-        FailureKind.NON_FINITE,
-        FailureKind.DEAD_NEURONS,
-        FailureKind.SATURATED_ACTIVATIONS,
-        FailureKind.FROZEN_PARAMETERS,
-        FailureKind.VANISHING_GRADIENTS,
-        FailureKind.STALLED_UPDATES,
-    }
-)
 
 
 def diagnose(
@@ -118,7 +85,9 @@ def diagnose(
         confidence = _confidence(root, chain)
         explanation, suggestion = explain(kind, root, chain, couplings, topo, series)
         hypotheses.append(CausalHypothesis(kind, confidence, root, chain, explanation, suggestion, couplings))
-    hypotheses.sort(key=lambda h: (_TIER.get(h.kind, 1), -h.confidence, h.root.step_start, topo.event_position(h.root)))
+    hypotheses.sort(
+        key=lambda h: (registry.room(h.kind).tier, -h.confidence, h.root.step_start, topo.event_position(h.root))
+    )
     return hypotheses
 
 
@@ -141,7 +110,8 @@ def _learning_rate_evidence(
     part of this fault (None: surges are not this fault's evidence)."""
     if is_update_surge(root):
         return root.metrics.get("lr")
-    if kind.run_level or (kind is FailureKind.NON_FINITE and root.event_type is EventType.INPUT):
+    room = registry.room(kind)
+    if not room.set_off_by_surge(root):
         return None
     mid_run = root.step_start > topo.first_step
     # the first surge that can have set the root off (rules.sets_off): a failure present from the first step
@@ -153,7 +123,7 @@ def _learning_rate_evidence(
         chain.append(surge)
         couplings.insert(0, Coupling(surge, root, SETS_OFF))
         return surge.metrics.get("lr")
-    if mid_run and kind in _LR_SENSITIVE and series is not None:
+    if mid_run and room.lr_sensitive and series is not None:
         points = series("lr", "")
         if points:  # the learning rate in force when the failure began
             return min(points, key=lambda p: (abs(p[0] - root.step_start), p[0]))[1]
@@ -161,7 +131,11 @@ def _learning_rate_evidence(
 
 
 class _Pool:
-    """The events not yet claimed by a hypothesis, indexed for root selection and for the rules."""
+    """The events not yet claimed by a hypothesis, indexed for root selection and for the rules.
+
+    Root selection asks each event's room where it stands (:meth:`~neuraldbg.kinds.Kind.lane`): events that stand
+    alike share a lane; lanes are tried by rank, and within a rank the earliest onset wins, then the lower order.
+    """
 
     def __init__(self, events: Sequence[SemanticEvent], topo: Topology) -> None:
         self.topo = topo
@@ -170,59 +144,44 @@ class _Pool:
         self.position = [where(e) for e in self.events]
         self.index = {id(e): i for i, e in enumerate(self.events)}
         self.claims = Claims(len(self.events))
-        first = topo.first_step
-        groups: dict[str, list[int]] = {}
-        by_kind: dict[tuple[FailureKind | None, str], list[int]] = {}
-        anomalous_at: dict[str, list[int]] = {}
+        by_kind: dict[tuple[FailureKind | None, HealthState | str], list[int]] = {}
+        by_lane: dict[RootLane, list[int]] = {}
         by_lr: dict[float, list[int]] = {}
         for i, e in enumerate(self.events):
             by_kind.setdefault((e.kind, e.to_state if e.kind is None else ""), []).append(i)
-            groups.setdefault(_root_group(e, first), []).append(i)
-            if e.kind is None and e.to_state == "anomalous" and e.step_start <= first:
-                anomalous_at.setdefault(e.layer, []).append(i)
+            lane = registry.lane(e)
+            if lane is not None:
+                by_lane.setdefault(lane, []).append(i)
             if is_update_surge(e) and e.metrics.get("lr", 0.0) > 0:
                 by_lr.setdefault(_lr_key(e.metrics["lr"]), []).append(i)
         events_, position = self.events, self.position
-        run_rank = {k: r for r, k in enumerate(_RUN_ORDER)}
         by_time = lambda i: (events_[i].step_start, position[i])
         by_time_last = lambda i: (events_[i].step_start, -position[i])
-        by_run = lambda i: (events_[i].step_start, run_rank.get(events_[i].kind, 9), position[i])  # type: ignore[arg-type]
-        lane = self._lane
-        self._kinds = {k: lane(m, by_time) for k, m in by_kind.items()}
-        self._states: dict[FailureKind | None, list[tuple[str, Lane]]] = {}
+        self._lanes_by_rank: dict[float, list[tuple[RootLane, Lane]]] = {}
+        for spec, members in sorted(by_lane.items(), key=lambda item: (item[0].rank, item[0].order)):
+            ordered = self._lane(members, by_time_last if spec.last_first else by_time)
+            self._lanes_by_rank.setdefault(spec.rank, []).append((spec, ordered))
+        self._kinds = {k: self._lane(m, by_time) for k, m in by_kind.items()}
+        self._states: dict[FailureKind | None, list[tuple[HealthState | str, Lane]]] = {}
         for (k, state), ln in self._kinds.items():
             self._states.setdefault(k, []).append((state, ln))
-        self._trees: dict[tuple[FailureKind | None, tuple[str, ...]], RangeMax] = {}
-        self.run = lane(groups.get("run", []), by_run)
-        self.input = lane(groups.get("input", []), by_time)
-        self.non_finite = [  # forward pass first (first layer in order), then the loss, then the backward pass
-            lane(groups.get("nf_forward", []), by_time),
-            lane(groups.get("nf_loss", []), by_time),
-            lane(groups.get("nf_backward", []), by_time_last),
-            lane(groups.get("nf_other", []), by_time),
-        ]
-        self.vanishing = lane(groups.get("vanishing", []), by_time_last)
-        self.other = lane(groups.get("other", []), by_time)
-        surges = sorted(groups.get("surge", []), key=by_time)
-        self.surges = lane(surges, by_time)
+        self._trees: dict[tuple[FailureKind | None, tuple[HealthState | str, ...]], RangeMax] = {}
+        self._evidence: dict[tuple[type, str, str | None], Lane] = {}
+        surges = sorted((i for i, e in enumerate(events_) if is_update_surge(e)), key=by_time)
         self.surge_ends = RangeMax(
             surges, [events_[i].step_start for i in surges], [events_[i].step_end for i in surges], self.claims
         )
-        self.surges_at = {lr: lane(m, by_time) for lr, m in by_lr.items()}
-        by_place = lambda i: (position[i], events_[i].step_start)
-        self.amplifying_first = lane(groups.get("amplifying_first", []), by_place)
-        self.anomalous_first = lane([i for m in anomalous_at.values() for i in m], by_place)
-        self.anomalous_at = {layer: lane(m, by_time) for layer, m in anomalous_at.items()}
+        self.surges_at = {lr: self._lane(m, by_time) for lr, m in by_lr.items()}
 
     def _lane(self, members: list[int], key: Callable[[int], object]) -> Lane:
         members = sorted(members, key=key)  # type: ignore[arg-type]
         return Lane(members, [self.events[i].step_start for i in members], self.claims)
 
-    def lanes(self, kind: FailureKind | None, states: tuple[str, ...] = ()) -> list[Lane]:
+    def lanes(self, kind: FailureKind | None, states: tuple[HealthState | str, ...] = ()) -> list[Lane]:
         """The lanes (by onset) of events of ``kind`` (evidence: in ``states``, when given)."""
         return [ln for state, ln in self._states.get(kind, ()) if not states or kind is not None or state in states]
 
-    def tree(self, kind: FailureKind | None, states: tuple[str, ...] = ()) -> RangeMax:
+    def tree(self, kind: FailureKind | None, states: tuple[HealthState | str, ...] = ()) -> RangeMax:
         """Events of ``kind`` by forward position, valued by onset (built on first use)."""
         key = (kind, states if kind is None else ())
         tree = self._trees.get(key)
@@ -246,55 +205,39 @@ class _Pool:
         return None if i is None else self.events[i]
 
     def next_root(self) -> tuple[SemanticEvent, FailureKind] | None:
-        root = self._pick()
-        if root is None:
-            # updates as large as the weights that caused nothing else (yet): still a learning rate far too high
-            surge = self._head(self.surges)
-            return (surge, FailureKind.EXPLODING_GRADIENTS) if surge is not None else None
-        if root.kind is None:  # activations blowing up from the start: the explosion's origin
-            return root, FailureKind.EXPLODING_GRADIENTS
-        return root, root.kind
+        """The next root cause and the kind of its hypothesis: by rank, the earliest head of that rank's lanes (the
+        lower order on a tie), as its room chooses it."""
+        for rank in sorted(self._lanes_by_rank):
+            heads = [(head, spec.order) for spec, lane in self._lanes_by_rank[rank] if (head := self._head(lane))]
+            if not heads:
+                continue
+            head = min(heads, key=lambda h: (h[0].step_start, h[1]))[0]
+            room = registry.room_of(head)
+            assert room is not None  # only events a room placed are in a lane
+            return room.choose_root(head, self), room.kind
+        return None
 
-    def _pick(self) -> SemanticEvent | None:
-        for lane in (self.run, self.input):
-            head = self._head(lane)
-            if head is not None:
-                return head
-        exploding = self._first_of(FailureKind.EXPLODING_GRADIENTS)
-        non_finite = [e for e in map(self._head, self.non_finite) if e is not None]
-        firsts = [e.step_start for e in (exploding, *non_finite) if e is not None]
-        if firsts:
-            first = min(firsts)
-            if exploding is not None and exploding.step_start == first:
-                return self._explosion_root(exploding)
-            return next(e for e in non_finite if e.step_start == first)
-        for kind in (FailureKind.DEAD_NEURONS, FailureKind.SATURATED_ACTIVATIONS, FailureKind.FROZEN_PARAMETERS):
-            head = self._first_of(kind)
-            if head is not None:
-                return head
-        head = self._head(self.vanishing) or self._first_of(FailureKind.STALLED_UPDATES)
-        return head or self._head(self.other)  # a kind this engine does not order comes last
-
-    def _first_of(self, kind: FailureKind) -> SemanticEvent | None:
-        return self._head(self._kinds.get((kind, "")))
-
-    def _explosion_root(self, first_in_order: SemanticEvent) -> SemanticEvent:
-        """``first_in_order``: the first exploding layer in forward order at the earliest onset."""
-        amplifying = self._head(self.amplifying_first)
-        if amplifying is not None:  # a layer amplifying its input from the first step: its weights are too large
-            return amplifying
-        if first_in_order.step_start > self.topo.first_step:
-            return first_in_order  # appeared mid-run: the dynamics (learning rate), not one layer's weights
-        origin = self._head(self.anomalous_first)
-        if origin is None:
-            return first_in_order
-        # present from the start with activations blowing up: the first layer whose outputs blow up has weights
-        # too large for its input (an activation module that blows up is blamed on the layer feeding it)
-        if self.topo.roles.get(origin.layer) == "parametric":
-            return origin
-        feeding = self.topo.feeding(origin.layer)
-        fed = self._head(self.anomalous_at.get(feeding)) if feeding is not None else None
-        return fed if fed is not None else origin
+    def first_evidence(self, state: HealthState, layer: str | None = None) -> SemanticEvent | None:
+        """The first unclaimed kind-less event in ``state`` present from the first step: the first in forward order,
+        or the first in time in ``layer`` when given (see :class:`~neuraldbg.kinds.base.RootPool`)."""
+        key = (type(state), str(state.value), layer)
+        lane = self._evidence.get(key)
+        if lane is None:
+            first = self.topo.first_step
+            members = [
+                i
+                for i, e in enumerate(self.events)
+                if e.kind is None
+                and is_state(e.to_state, state)
+                and e.step_start <= first
+                and (layer is None or e.layer == layer)
+            ]
+            if layer is None:
+                lane = self._lane(members, lambda i: (self.position[i], self.events[i].step_start))
+            else:
+                lane = self._lane(members, lambda i: (self.events[i].step_start, self.position[i]))
+            self._evidence[key] = lane
+        return self._head(lane)
 
     def cause_surge(self, latest: int, ends_after: int) -> int | None:
         """The first unclaimed update surge starting at or before ``latest`` and ending at or after
@@ -307,29 +250,6 @@ class _Pool:
 
 def _lr_key(lr: float) -> float:
     return float(f"{lr:.6g}")
-
-
-def _root_group(e: SemanticEvent, first_step: int) -> str:
-    """Which root-selection lane an event belongs to ("" for none)."""
-    k = e.kind
-    if k is None:
-        if is_update_surge(e):
-            return "surge"
-        if e.to_state == "amplifying" and e.step_start == first_step:
-            return "amplifying_first"
-        return ""
-    if k in RUN_LEVEL_KINDS:
-        return "run"
-    if k is FailureKind.NON_FINITE:
-        return {
-            EventType.INPUT: "input",
-            EventType.ACTIVATION: "nf_forward",
-            EventType.LOSS: "nf_loss",
-            EventType.GRADIENT: "nf_backward",
-        }.get(e.event_type, "nf_other")
-    if k is FailureKind.VANISHING_GRADIENTS:
-        return "vanishing"
-    return "" if k in _KNOWN else "other"
 
 
 #: Causes a rule remembers having tried: the earliest, which are the most likely to cover the next.
@@ -407,6 +327,8 @@ class _Closure:
         states = rule.effect_states if trusted else ()
         earliest = rule.earliest_effect(probe) if trusted else None
         for effect_kind in rule.effect_kinds:
+            if isinstance(effect_kind, HealthState):
+                continue  # a state the registry did not resolve to a kind: no event is of it
             if trusted and rule.direction in ("upstream", "downstream"):
                 tree = pool.tree(effect_kind, states)
                 here = topo.event_position(probe)

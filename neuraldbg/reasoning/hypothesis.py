@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..events import EventType, FailureKind, SemanticEvent
+from ..kinds import registry
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class CausalHypothesis:
     def summary(self) -> str:
         """One line: kind, root layer (for a finding about a layer) and onset step, confidence."""
         root = self.root
-        if self.kind.run_level:
+        if registry.room(self.kind).run_level:
             at = ""
         elif root.layer:
             at = f" at '{root.layer}'"

@@ -52,6 +52,7 @@ This package imports no torch at import time.
 
 from __future__ import annotations
 
+from ..names import MAX_NAME
 from .check import BaselineCheck, NeuralDbgBaselineWarning
 from .compare import (
     CHANGED,
@@ -64,7 +65,7 @@ from .compare import (
     severity,
 )
 from .files import FORMAT, BaselineError, document, dumps, load, validate, write
-from .paths import MAX_NAME, directory_for, file_name, locate, path_for, shown
+from .paths import directory_for, file_name, locate, path_for, shown
 from .stale import remove, stale_files
 from .summary import POINTS, Observed, device_of, environment, rounded, summarise, targets
 from .texts import REMOVE_STALE_FLAG, UPDATE_FLAG, grouped, table, update_command

@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+from neuraldbg.errors import NeuralDbgWarning
+
 from ..options import Settings
 from .compare import RunComparison, Tolerances, compare_run
 from .files import BaselineError, document, load, write
@@ -23,7 +25,7 @@ from .texts import (
 )
 
 
-class NeuralDbgBaselineWarning(UserWarning):
+class NeuralDbgBaselineWarning(NeuralDbgWarning):
     """The baseline was recorded in another environment (torch version, device, ...); compared anyway."""
 
 

@@ -9,13 +9,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import PluginError
 from .summary import LAYER_METRICS, POINTS, RUN_METRICS
 
 FORMAT = "pytest-neuraldbg baseline"
 VERSION = 1
 
 
-class BaselineError(ValueError):
+class BaselineError(PluginError, ValueError):
     """A baseline file that cannot be read; the message says what is wrong where (the caller names the file)."""
 
 

@@ -2,36 +2,27 @@
 
 from __future__ import annotations
 
-import hashlib
-import re
 from pathlib import Path
 
 import pytest
 
+from ..names import portable_name
+
 DIRECTORY = "__neuraldbg__"
-_UNSAFE = re.compile(r"[^A-Za-z0-9._\-\[\]=+,@]+")
-_RESERVED = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(1, 10)), *(f"lpt{i}" for i in range(1, 10))}
-MAX_NAME = 120
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha1(text.encode("utf-8"), usedforsecurity=False).hexdigest()[:8]
 
 
 def file_name(test_id: str) -> str:
     """The baseline file name of a test: ``TestA::test_b[x-1]`` -> ``TestA.test_b[x-1].json``.
 
-    Letters, digits and ``. _ - [ ] = + , @`` are kept; anything else becomes ``_`` and the name then ends
-    with a hash of the test id, so that ``test[a/b]`` and ``test[a_b]`` stay distinct. Long names are cut
-    (and hashed); Windows device names get a leading ``_``.
+    The ``::`` between class and test becomes ``.`` (class and function names hold no ``.``, so no other id reads
+    the same); in a parameter id letters, digits and ``. _ - [ ] = + , @`` are kept, and an id with anything else
+    ends with a hash of the test id, so ``test[a::b]``, ``test[a/b]`` and ``test[a.b]`` stay distinct, and every
+    worker of a session names a test alike without asking the others. Long names are cut and hashed; Windows
+    device names get a leading ``_``.
     """
-    name = test_id.replace("::", ".")
-    safe = _UNSAFE.sub("_", name).strip(". ") or "test"
-    if safe != name or len(safe) > MAX_NAME:
-        safe = safe[: MAX_NAME - 9].rstrip("._-") + "-" + _digest(test_id)
-    if safe.split(".", 1)[0].lower() in _RESERVED:
-        safe = "_" + safe
-    return safe + ".json"
+    head, bracket, params = test_id.partition("[")
+    text = head.replace("::", ".") + bracket + params
+    return portable_name(text, keep="[]=+,@", strip=". ", distinct=True, key=test_id) + ".json"
 
 
 def locate(item: pytest.Item) -> tuple[Path, str]:

@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import records
+from neuraldbg.text import json_number
+
+from ..records import HypothesisRecord, hypothesis_dict
 
 #: The fixed points of a run: a label and the fraction of the way from its first to its last observed step.
 POINTS: tuple[tuple[str, float], ...] = (("first", 0.0), ("25%", 0.25), ("50%", 0.5), ("75%", 0.75), ("last", 1.0))
@@ -24,7 +26,7 @@ def rounded(value: float) -> float | str:
     """4 significant digits; non-finite values as the strings ``"nan"``, ``"inf"``, ``"-inf"``."""
     value = float(value)
     if not math.isfinite(value):
-        return records.number(value)
+        return json_number(value)
     return float(f"{value:.{SIGNIFICANT}g}")
 
 
@@ -81,7 +83,7 @@ class Observed:
     """A run summarised for the baseline, and its hypotheses as plain data (for the failure text)."""
 
     summary: dict[str, Any]
-    hypotheses: list[dict[str, Any]] = field(default_factory=list)
+    hypotheses: list[HypothesisRecord] = field(default_factory=list)
 
 
 def summarise(dbg: Any, env: Mapping[str, Any]) -> Observed:
@@ -119,4 +121,4 @@ def summarise(dbg: Any, env: Mapping[str, Any]) -> Observed:
         }
     )
     plain = json.loads(json.dumps(run, allow_nan=False))  # builtins only: TorchVersion is a str subclass
-    return Observed(plain, [records.hypothesis_dict(h) for h in hypotheses])
+    return Observed(plain, [hypothesis_dict(h) for h in hypotheses])

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from .. import verdict
+from neuraldbg.text import one_line
+
+from ..records import HypothesisRecord
+from ..verdict import MAX_HEADLINE, describe, headline
 from .compare import CHANGED, IMPROVED, REGRESSED, Row, RunComparison, worst_per_group
 
 UPDATE_FLAG = "--neuraldbg-update-baselines"
@@ -78,7 +80,7 @@ def regression_text(
     *,
     path: str,
     nodeid: str,
-    hypotheses: Mapping[str, list[dict[str, Any]]],
+    hypotheses: Mapping[str, list[HypothesisRecord]],
     several: bool,
 ) -> str:
     """The failure text: one verdict line (the worst regression first), the file, then per run the regressions
@@ -88,7 +90,7 @@ def regression_text(
     first = f"NeuralDBG baseline regression: {phrases[0]}"
     if len(phrases) > 1:
         first += f"; +{len(phrases) - 1} more"
-    lines = [verdict.short(first, verdict.MAX_HEADLINE), "", f"Baseline: {path}"]
+    lines = [one_line(first, MAX_HEADLINE), "", f"Baseline: {path}"]
     lines += [f"  {p}" for p in problems]
     for c in comparisons:
         if not c.rows:
@@ -114,8 +116,8 @@ def regression_text(
         found = hypotheses.get(c.run) or []
         if c.regressions and found:
             label = f" of run {c.run}" if several else ""
-            lines += ["", verdict.headline(found, f"NeuralDBG's diagnosis{label}: training is unhealthy")]
-            lines += [verdict.describe(h, i if len(found) > 1 else None) for i, h in enumerate(found, 1)]
+            lines += ["", headline(found, f"NeuralDBG's diagnosis{label}: training is unhealthy")]
+            lines += [describe(h, i if len(found) > 1 else None) for i, h in enumerate(found, 1)]
     lines += ["", "If the change is intended, refresh the baseline and commit it:", f"  {update_command(nodeid)}"]
     return "\n".join(lines)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 
 from benchmarks.reasoning import counting_checks, events, separate, topology
-from neuraldbg.events import RUN_LEVEL_KINDS, EventType, FailureKind, SemanticEvent
+from neuraldbg.events import EventType, FailureKind, SemanticEvent
 from neuraldbg.reasoning import CausalRule, Topology, builtin_rules, diagnose
 from neuraldbg.reasoning.engine import _trusted
 from neuraldbg.reasoning.rules import is_update_surge, sets_off
@@ -28,6 +28,7 @@ RUN_ORDER = [
     K.EVAL_MODE_TRAINING,
     K.INCOMPLETE_OBSERVATION,
 ]
+RUN_LEVEL = {*RUN_ORDER, K.LOSS_SCALE_COLLAPSE}  # written out: the oracle does not ask the engine's registry
 LR_SENSITIVE = (K.DEAD_NEURONS, K.SATURATED_ACTIVATIONS, K.NON_FINITE, K.EXPLODING_GRADIENTS)
 KNOWN = {
     K.EXPLODING_GRADIENTS,
@@ -61,7 +62,7 @@ def reference(
         chain = [root]
         causes = [dataclasses.replace(root, kind=kind) if root.kind is not kind else root]
         lr = root.metrics.get("lr") if is_update_surge(root) else None
-        if not is_update_surge(root) and not kind.run_level and root.event_type is not EventType.INPUT:
+        if not is_update_surge(root) and kind not in RUN_LEVEL and root.event_type is not EventType.INPUT:
             trigger = next((s for s in left if is_update_surge(s) and s is not root and sets_off(s, root, topo)), None)
             if trigger is not None:
                 lr = trigger.metrics.get("lr")
@@ -95,7 +96,7 @@ def pick(left: list[SemanticEvent], topo: Topology) -> tuple[SemanticEvent | Non
         return min(cands, key=key) if cands else None
 
     failures = [e for e in left if e.kind is not None]
-    run = [e for e in failures if e.kind in RUN_LEVEL_KINDS]
+    run = [e for e in failures if e.kind in RUN_LEVEL]
     if run:
         return (r := first(run, lambda e: (e.step_start, RUN_ORDER.index(e.kind), pos(e)))), r.kind  # type: ignore[union-attr]
     inputs = [e for e in failures if e.kind is K.NON_FINITE and e.event_type is EventType.INPUT]

@@ -348,7 +348,7 @@ def test_the_debugger_leaves_a_scaled_run_bit_identical():
 
 
 def test_a_float16_norm_is_read_in_float32_where_float16_would_overflow():
-    from neuraldbg import stats
+    from neuraldbg.stats import tensors as stats
 
     t = torch.full((16,), 30000.0, dtype=torch.float16)  # every element finite, the norm 120000 > 65504
     assert not torch.isfinite(torch.linalg.vector_norm(t))  # plain torch in float16: inf

@@ -11,8 +11,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from neuraldbg import FailureKind, NeuralDbg, naming
-from neuraldbg.distributed.shards import Param
+from neuraldbg import FailureKind, NeuralDbg
+from neuraldbg.model import naming
+from neuraldbg.model.shards import Param
 
 pytestmark = pytest.mark.filterwarnings("ignore:FSDP is switching to use `NO_SHARD`:UserWarning")
 

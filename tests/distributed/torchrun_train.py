@@ -1,7 +1,7 @@
 """A user's training script, started with ``torchrun --nproc_per_node=2 torchrun_train.py OUT_DIR [dead]``.
 
 Each rank trains its shard under DDP with NeuralDbg and saves its own trace; rank 0 prints the job's merged
-diagnosis. Run by ``test_torchrun.py``; also the README's torchrun example.
+diagnosis. Run by ``test_torchrun.py``; also the torchrun example of docs/distributed.md.
 """
 
 import os

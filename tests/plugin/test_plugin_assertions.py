@@ -8,7 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from neuraldbg import FailureKind
-from neuraldbg.history import History
+from neuraldbg.queries import Queries
+from neuraldbg.reasoning import Topology
+from neuraldbg.stats.history import History
 from pytest_neuraldbg import assertions
 from pytest_neuraldbg.fixture import NeuralDbgFixture
 from pytest_neuraldbg.options import Settings
@@ -61,8 +63,8 @@ def test_helpers_work_on_a_trace_loaded_from_disk(dead, tmp_path) -> None:
     assertions.assert_no_exploding_gradients(trace)
 
 
-class FakeRun:
-    """Just enough of a debugger: no hypotheses, a dead-fraction history, a persistence."""
+class FakeRun(Queries):
+    """A run with no events, a dead-fraction history and a persistence (the engine judges max_fraction over it)."""
 
     def __init__(self, points: list[float], persistence: int = 3) -> None:
         self.history = History(64)
@@ -70,8 +72,11 @@ class FakeRun:
             self.history.add("dead_fraction", "act", step, value)
         self.config = {"persistence": persistence}
 
-    def hypotheses(self) -> list:
-        return []
+    def _current(self) -> tuple[list, Topology, list]:
+        return [], Topology(order=["act"], types={"act": "ReLU"}, roles={"act": "gated"}), []
+
+    def _meta(self) -> dict:
+        return {"config": self.config}
 
 
 def test_max_fraction_fails_a_layer_above_it_for_persistence_consecutive_steps() -> None:

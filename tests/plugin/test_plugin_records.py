@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from neuraldbg.history import History
+from neuraldbg.stats.history import History
+from neuraldbg.text import json_number
 from pytest_neuraldbg import records
 
 
@@ -51,5 +52,5 @@ def test_a_run_the_engine_cannot_summarise_becomes_an_error_record() -> None:
 
 
 def test_non_finite_numbers_become_strings_so_records_are_strict_json() -> None:
-    assert [records.number(x) for x in (1.5, float("inf"), float("-inf"), float("nan"))] == [1.5, "inf", "-inf", "nan"]
-    json.dumps([records.number(float("nan"))], allow_nan=False)
+    assert [json_number(x) for x in (1.5, float("inf"), float("-inf"), float("nan"))] == [1.5, "inf", "-inf", "nan"]
+    json.dumps([json_number(float("nan"))], allow_nan=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import support
 import torch
 
+from neuraldbg import FailureKind
 from pytest_neuraldbg import verdict
 from pytest_neuraldbg.fixture import NeuralDbgFixture
 from pytest_neuraldbg.options import Settings
@@ -83,12 +84,14 @@ def test_a_watched_debugger_answers_with_readable_lists_and_a_verdict_repr() -> 
 
 
 def test_the_checks_are_the_engines_failure_kinds_run_level_ones_included() -> None:
-    from neuraldbg import FailureKind
-    from neuraldbg.events import RUN_LEVEL_KINDS
+    from neuraldbg.kinds import BUILTIN
 
-    assert list(verdict.CHECKS) == [kind.value for kind in FailureKind]  # derived, in the engine's order
-    assert set(verdict.RUN_KINDS) == {kind.value for kind in RUN_LEVEL_KINDS}
-    assert set(verdict.LAYER_KINDS) | set(verdict.RUN_KINDS) == set(verdict.CHECKS)
-    assert not set(verdict.LAYER_KINDS) & set(verdict.RUN_KINDS)
-    assert verdict.CHECKS["non_finite"] == "non-finite values"
-    assert verdict.CHECKS["no_training_observed"] == "no training observed"
+    builtin = [room.name for room in BUILTIN]
+    assert verdict.kinds()[: len(builtin)] == sorted(builtin, key=lambda k: list(FailureKind).index(FailureKind(k)))
+    run_level = {"no_training_observed", "no_gradient", "eval_mode_training", "degenerate_loss"}
+    run_level |= {"incomplete_observation", "loss_scale_collapse"}
+    assert {k for k in builtin if verdict.run_level(k)} == run_level  # written out: a kind moved is noticed
+    assert verdict.title("non_finite") == "non-finite values"
+    assert verdict.title("no_training_observed") == "no training observed"
+    assert verdict.title("eval_mode_training") == "training in eval mode"
+    assert verdict.kinds(also=["melted_gradients"])[-1] == "melted_gradients"  # a kind a run reported

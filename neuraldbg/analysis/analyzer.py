@@ -1,0 +1,156 @@
+"""The host side of a run: detectors over each observed step, the tracker, the history, and the run-level findings.
+
+:class:`Analyzer` is the recorder's sink. It is pure Python over host floats; a failing detector (a user's
+plugin, say) is switched off with a warning, never allowed to break the training loop.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..capture.coverage import Coverage, RunFacts
+from ..config import DebugConfig
+from ..detectors.base import Context, Detector, Observation, StepView
+from ..errors import NeuralDbgWarning
+from ..events import SemanticEvent
+from ..kinds.base import Kind
+from ..model.info import LayerInfo, owner_of_params
+from ..stats.history import History
+from ..stats.step import SlotKey, StepData
+from .tracker import Tracker
+
+
+class Analyzer:
+    """Runs the detectors over each committed step, and the run-level checks of ``kinds`` over what was observed."""
+
+    def __init__(
+        self,
+        config: DebugConfig,
+        infos: dict[str, LayerInfo],
+        order: list[SlotKey],
+        detectors: Sequence[Detector],
+        kinds: Sequence[Kind] = (),
+    ) -> None:
+        self.ctx = Context(config, infos, order, owner_of_params(infos))
+        self.detectors = list(detectors)
+        self._every_step = [d for d in self.detectors if d.every_step]
+        self._run_kinds = [k for k in kinds if k.run_level]
+        self.tracker = Tracker(config, kinds)
+        self.history = History(config.history_points)
+        self.steps_observed = 0
+        self.full_steps = 0
+        self.last_step = -1
+        self.coverage = Coverage()
+        self._facts: Callable[[], RunFacts] = lambda: RunFacts(0, 0, 0)
+        self._events_key: tuple[Any, ...] | None = None
+        self._events: list[SemanticEvent] = []
+
+    def watch_coverage(self, coverage: Coverage, facts: Callable[[], RunFacts]) -> None:
+        """Count each analysed step into ``coverage``; ``facts()`` gives the recorder's counts for its findings."""
+        self.coverage = coverage
+        self._facts = facts
+
+    def _quiet(self, detector: Detector, record: StepData) -> bool:
+        """A cheap step that holds nothing ``detector`` would report, while no state it found is open."""
+        return detector.quiet_on(record) and not self.tracker.has_open(detector.track_name)
+
+    def consume(self, records: Sequence[StepData]) -> bool:
+        """Analyse committed steps; True when a new abnormal state began (worth observing densely)."""
+        started = self.tracker.started
+        for record in records:
+            if not record.full and all(self._quiet(d, record) for d in self._every_step):
+                self._count(record)  # a quiet cheap step: nothing for any detector to see
+                if record.loss is not None:
+                    self.history.add("loss", "", record.step, record.loss)
+                if record.loss_scale is not None:
+                    self.history.add("loss_scale", "", record.step, record.loss_scale)
+                continue
+            view = StepView(record, self.ctx)
+            seen: list[tuple[str, Observation]] = []
+            for detector in list(self.detectors if record.full else self._every_step):
+                if not record.full and self._quiet(detector, record):
+                    continue  # a quiet cheap step changes nothing the tracker knows
+                try:
+                    obs = detector.observe(view)
+                except Exception as exc:
+                    self.detectors.remove(detector)
+                    if detector in self._every_step:
+                        self._every_step.remove(detector)
+                    warnings.warn(
+                        f"NeuralDBG disabled detector {detector.name!r}: it failed with {exc!r}",
+                        NeuralDbgWarning,
+                        stacklevel=2,
+                    )
+                    continue
+                if obs is not None:
+                    seen.append((detector.track_name, obs))
+            self.tracker.update(record.step, seen)
+            self._record_history(view)
+            self._count(record)
+        return self.tracker.started > started
+
+    def _count(self, record: StepData) -> None:
+        self.coverage.observe(record)
+        self.steps_observed += 1
+        self.full_steps += record.full
+        self.last_step = max(self.last_step, record.step)
+
+    def _record_history(self, view: StepView) -> None:
+        data, add, step = view.data, self.history.add, view.step
+        if data.loss is not None:
+            add("loss", "", step, data.loss)
+        if data.loss_scale is not None:  # a GradScaler's scale (it halves at each skipped step)
+            add("loss_scale", "", step, data.loss_scale)
+        if data.target_grad is not None:
+            add("loss_gradient", "", step, data.target_grad)
+        if not data.full:
+            return
+        if data.stepped:
+            add("lr", "", step, max(data.stepped.values()))
+        for layer, g in view.layer_gradients.items():
+            add("grad_norm", layer, step, g.norm)
+        for layer, u in view.layer_updates.items():
+            if math.isfinite(u.ratio):
+                add("update_ratio", layer, step, u.ratio)
+        for key, (dead, units) in {**data.func_dead, **data.dead}.items():
+            if key[1] == 0 and units:
+                add("dead_fraction", key[0], step, dead / units)
+        for key, (count, total) in data.saturated.items():
+            if key[1] == 0 and total:
+                add("saturated_fraction", key[0], step, count / total)
+        infos = self.ctx.infos
+        for key in data.act:  # layers with parameters: where an explosion is rooted (activations follow them)
+            if key[1] == 0 and infos[key[0]].numel:
+                add("output_rms", key[0], step, view.rms(key))
+        for key, norm in data.out_grad.items():
+            if key[1] == 0:
+                add("output_grad_norm", key[0], step, norm)
+
+    def run_findings(self) -> list[SemanticEvent]:
+        """The run-level findings over what was observed so far."""
+        facts = self._facts()
+        return [e for k in self._run_kinds if (e := k.run_finding(self.coverage, facts)) is not None]
+
+    def events(self, final: bool = False) -> list[SemanticEvent]:
+        """The tracker's events and the run-level findings, by onset; the same list until something changes."""
+        base = self.tracker.events(final)
+        run = self.run_findings()
+        key = (base, *((e.kind, e.step_start, e.step_end, e.detail, *e.metrics.values()) for e in run))
+        if self._events_key is None or key[0] is not self._events_key[0] or key[1:] != self._events_key[1:]:
+            self._events_key = key
+            self._events = sorted([*base, *run], key=lambda e: (e.step_start, e.step_end)) if run else base
+        return self._events
+
+    def layer_order(self) -> list[str]:
+        """Layer names in forward execution order (first calls only), then layers never seen in forward."""
+        seen: list[str] = []
+        names: set[str] = set()
+        for layer, _ in self.ctx.order:
+            if layer not in names:
+                names.add(layer)
+                seen.append(layer)
+        rest = [n for n, info in self.ctx.infos.items() if n not in names and (n or info.numel)]
+        return seen + rest

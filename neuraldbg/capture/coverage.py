@@ -1,0 +1,164 @@
+"""What was observed of a run: the counts a verdict of "healthy" needs.
+
+The hooks count what they saw (forward passes of the model in and out of training, backward passes, forwards in
+eval mode, the debugger's own failures and what it had to skip); the analysis counts, per observed step, whether a
+gradient reached the parameters and whether the loss gave any; under a GradScaler, :class:`ScalerCounts` follows
+the steps it skipped and its scale. The run-level kinds (:mod:`neuraldbg.kinds`) judge these counts: no training
+step observed, no gradient, training in eval mode, a degenerate loss, a collapsing loss scale, an incomplete
+observation. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ..stats.step import StepData
+
+#: The trailing window the scale-collapse rule looks at: a default GradScaler (initial scale 2**16, backoff 0.5)
+#: that skips every step falls to a scale of 1 within these 16 steps.
+SCALE_WINDOW = 16
+#: A scale the scaler backed off below this shrinks the loss instead of scaling it up: even unscaled, the float16
+#: gradients overflowed (or were NaN, which no scale fixes). Healthy float16 runs keep scales of about 2**8 to 2**24.
+SCALE_FLOOR = 1.0
+#: Skipped steps whose numbers are kept to show (the count is exact).
+_SHOWN_SKIPS = 20
+
+
+@dataclass
+class ScalerCounts:
+    """What a GradScaler did over the observed steps: skips and its scale."""
+
+    steps: int = 0  # observed steps under an active scaler
+    skipped: int = 0
+    first_skipped: list[int] = field(default_factory=list)  # the first step numbers skipped (at most 20)
+    recent: deque[tuple[int, bool]] = field(default_factory=lambda: deque(maxlen=SCALE_WINDOW))
+    applied: int = 0  # steps the optimizer took
+    streak: int = 0  # skipped steps in a row, up to the last observed step
+    streak_start: int = -1
+    streak_end: int = -1
+    streak_in_training: bool = False  # the streak began after the optimizer had taken a step
+    collapse: tuple[int, int, int] | None = None  # (first, last, length) of the longest such streak, ended
+    first_scale: tuple[int, float] | None = None
+    last_scale: tuple[int, float] | None = None
+    min_scale: tuple[int, float] | None = None
+    below_floor: tuple[int, int] | None = None  # (first, last) step with a scale under SCALE_FLOOR
+
+    def observe(self, record: StepData) -> None:
+        step = record.step
+        self.steps += 1
+        self.recent.append((step, record.skipped))
+        if record.skipped:
+            self.skipped += 1
+            if len(self.first_skipped) < _SHOWN_SKIPS:
+                self.first_skipped.append(step)
+            if self.streak == 0:
+                self.streak_start = step
+                self.streak_in_training = self.applied > 0
+            self.streak += 1
+            self.streak_end = step
+        else:
+            self._end_streak()
+            self.applied += 1
+        scale = record.loss_scale
+        if scale is not None and math.isfinite(scale):
+            self.first_scale = self.first_scale or (step, scale)
+            self.last_scale = (step, scale)
+            if self.min_scale is None or scale < self.min_scale[1]:
+                self.min_scale = (step, scale)
+            if scale < SCALE_FLOOR and scale < self.first_scale[1]:  # backed off there (not a scale set so low)
+                self.below_floor = (self.below_floor[0] if self.below_floor else step, step)
+
+    def _end_streak(self) -> None:
+        longer = self.collapse is None or self.streak > self.collapse[2]
+        if self.streak >= SCALE_WINDOW and self.streak_in_training and longer:
+            self.collapse = (self.streak_start, self.streak_end, self.streak)
+        self.streak = 0
+
+    def facts(self) -> dict[str, float | int | list[int]]:
+        """The counts as meta data (``dbg.meta["grad_scaler"]``)."""
+        out: dict[str, float | int | list[int]] = {
+            "steps": self.steps,
+            "skipped_steps": self.skipped,
+            "first_skipped_steps": list(self.first_skipped),
+        }
+        for key, value in (
+            ("first_scale", self.first_scale),
+            ("last_scale", self.last_scale),
+            ("min_scale", self.min_scale),
+        ):
+            if value is not None:
+                out[key] = value[1]
+        return out
+
+
+@dataclass
+class Coverage:
+    """What was observed of a run; see the module docstring."""
+
+    mode_dependent: list[str] = field(default_factory=list)
+    # counted by the hooks
+    forwards: int = 0  # training forward passes (gradients enabled, training thread), compiled ones included
+    no_grad_forwards: int = 0  # forwards of the model under no_grad / inference_mode
+    other_thread_forwards: int = 0  # forwards of the model from another thread (never recorded)
+    eval_forwards: int = 0  # eval-mode forwards not followed by a backward pass (validation)
+    eval_steps: list[int] = field(default_factory=list)  # steps trained with the model in eval mode
+    failures: list[tuple[int, str]] = field(default_factory=list)  # (step, what failed) of the debugger itself
+    skipped: dict[str, str] = field(default_factory=dict)  # parameter -> why its gradient could not be read
+    first_skip: int = -1
+    # counted by the analysis
+    steps: int = 0
+    full_steps: int = 0
+    steps_with_gradient: int = 0  # a parameter gradient was present
+    steps_with_nonzero_gradient: int = 0  # ... and not exactly zero everywhere
+    loss_gradient_readings: int = 0  # full steps where the loss gradient w.r.t. the output was read
+    zero_loss_gradient: int = 0  # ... and it was exactly zero
+    last_loss: float | None = None
+    last_step: int = -1
+    scaler: ScalerCounts | None = None  # under a GradScaler: its skipped steps and scale
+
+    def observe(self, record: StepData) -> None:
+        """Count one analysed step."""
+        self.steps += 1
+        self.last_step = max(self.last_step, record.step)
+        if record.loss is not None:
+            self.last_loss = record.loss
+        if record.skipped or record.loss_scale is not None:
+            if self.scaler is None:
+                self.scaler = ScalerCounts()
+            self.scaler.observe(record)
+        if record.skipped:  # the scaler dropped this step's gradients: no evidence about them either way
+            return
+        if record.full:
+            self.full_steps += 1
+            if record.grad:
+                self.steps_with_gradient += 1
+                if any(v != 0.0 for v in record.grad.values()):
+                    self.steps_with_nonzero_gradient += 1
+            if record.target_grad is not None:
+                self.loss_gradient_readings += 1
+                self.zero_loss_gradient += record.target_grad == 0.0
+        elif record.head_finite is not None:  # a cheap step read one element of the head layer's gradient
+            self.steps_with_gradient += 1
+            self.steps_with_nonzero_gradient += 1
+
+    def failed(self, step: int, what: str) -> None:
+        self.failures.append((step, what))
+
+    def skip(self, step: int, names: Iterable[str], why: str) -> None:
+        for name in names:
+            if name not in self.skipped:
+                self.skipped[name] = why
+                if self.first_skip < 0:
+                    self.first_skip = step
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the recorder counted that the run-level findings need besides :class:`Coverage`."""
+
+    trainable: int  # trainable parameters of the model
+    backward_passes: int
+    optimizer_steps: int

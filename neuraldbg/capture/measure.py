@@ -1,0 +1,229 @@
+"""What a fully observed step computes, on device: per-layer output statistics, gradient statistics, updates.
+
+Functions here turn tensors into 0-d device tensors filed into a :class:`~neuraldbg.stats.step.Pending` step
+(moved to the host in one transfer at the flush), plus the few host readings that need a sync only in rare cases
+(a gradient norm of exactly 0 or inf, to tell underflow from a true zero). :mod:`neuraldbg.capture` decides when
+they run; :mod:`neuraldbg.stats.tensors` holds the reductions themselves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..config import DebugConfig
+from ..model.info import LayerInfo, Role
+from ..model.shards import Param
+from ..stats import tensors as stats
+from ..stats.step import SlotKey, StepData
+from .pending import Pending
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What the statistics of one layer's output need to know, fixed when the debugger attaches."""
+
+    role: Role
+    center: float = 0.0  # saturation bound of a bounded activation
+    radius: float = 0.0
+    channel_first: bool = False  # units along dim 1 (conv maps) rather than the last dim
+    unit_layer: bool = False  # a Linear/Conv/norm layer whose output units may be activated functionally
+
+
+def spec_of(info: LayerInfo) -> LayerSpec:
+    bound = info.bound
+    return LayerSpec(
+        role=info.role,
+        center=bound.center if bound is not None else 0.0,
+        radius=bound.radius if bound is not None else 0.0,
+        channel_first=info.channel_first,
+        unit_layer=info.unit_weight is not None,
+    )
+
+
+def layer_output(
+    pending: Pending, key: SlotKey, spec: LayerSpec, t: Tensor, channel_first: bool, config: DebugConfig
+) -> None:
+    """Per-unit activity of a ReLU-family output, or saturation of a bounded one."""
+    if spec.role is Role.GATED:
+        dead = stats.dead_units(t, channel_first, config.dead_sample_fraction)
+        pending.put("dead", key, dead, stats.unit_count(t, channel_first))
+    elif spec.role is Role.BOUNDED and spec.radius > 0:
+        pending.put("saturated", key, stats.saturated_count(t, spec.center, spec.radius), t.numel())
+
+
+@torch.no_grad()
+def compiled_layer_output(spec: LayerSpec, t: Tensor, config: DebugConfig) -> Tensor:
+    """The statistics of one layer output in a compiled graph, packed in one float32 vector: the output's norm
+    and number of elements, then (per role) dead units or saturated outputs and the units they are counted over.
+    Tensor work only, with no branch on anything that changes between steps, so torch.compile traces it without a
+    graph break or a recompilation."""
+    t = t.detach()
+    norm = torch.linalg.vector_norm(t.float())
+    parts = [norm, norm.new_tensor(float(t.numel()))]
+    channel_first = spec.channel_first or t.dim() >= 4
+    if spec.role is Role.GATED:
+        parts += [
+            stats.dead_units(t, channel_first, config.dead_sample_fraction),
+            norm.new_tensor(float(stats.unit_count(t, channel_first))),
+        ]
+    elif spec.role is Role.BOUNDED and spec.radius > 0:
+        parts += [stats.saturated_count(t, spec.center, spec.radius), norm.new_tensor(float(t.numel()))]
+    return torch.stack(parts)
+
+
+def packed_size(spec: LayerSpec) -> int:
+    """The length of a :func:`compiled_layer_output` vector for a layer of this spec."""
+    return 4 if spec.role is Role.GATED or (spec.role is Role.BOUNDED and spec.radius > 0) else 2
+
+
+def file_compiled(pending: Pending, key: SlotKey, spec: LayerSpec, packed: Tensor) -> None:
+    """File a :func:`compiled_layer_output` vector into a step (its parts are read at the flush)."""
+    parts = packed.unbind(0)
+    pending.put("act", key, parts[0])
+    pending.put("numel", key, parts[1])
+    if len(parts) == 4:
+        pending.put("dead" if spec.role is Role.GATED else "saturated", key, parts[2])
+        pending.put("units", key, parts[3])
+
+
+def all_norms(
+    pending: Pending,
+    refs: Mapping[SlotKey, Tensor],
+    ends: Sequence[tuple[str, Tensor]],
+    grad: Tensor,
+    loss_scale: Tensor | None = None,
+) -> None:
+    """Every layer output's norm, the input's and the output's, and the loss gradient's, batched. ``loss_scale``:
+    a GradScaler's scale in ``grad``, divided out (on the device)."""
+    keys = list(refs)
+    values = stats.norms([*(refs[k] for k in keys), *(t for _, t in ends), grad])
+    for key, value in zip(keys, values):
+        pending.put("act", key, value)
+    for (target, _), value in zip(ends, values[len(keys) :]):
+        pending.put(target, None, value)
+    pending.put("target_grad", None, values[-1] / loss_scale if loss_scale is not None else values[-1])
+
+
+# --- parameter gradients ---------------------------------------------------------------------------------
+
+
+def readable(params: Sequence[Param]) -> tuple[list[tuple[str, Param, Tensor]], list[str]]:
+    """Parameters that hold a gradient, with the part of it this process holds as a plain tensor
+    (:meth:`Param.local`), and the names of those whose gradient cannot be read (meta tensors, unknown
+    subclasses). A parameter of which this process holds no element (a shard on another rank) is left out."""
+    out: list[tuple[str, Param, Tensor]] = []
+    skipped: list[str] = []
+    for p in params:
+        g = p.tensor.grad
+        if g is None:
+            continue
+        plain = g if p.piece is None and type(g) is Tensor and g.layout is torch.strided else p.local(g)
+        if plain is None:
+            skipped.append(p.name)
+        elif plain.numel():
+            out.append((p.name, p, plain))
+    return out, skipped
+
+
+def gradients(
+    data: StepData,
+    with_grad: Sequence[tuple[str, Param, Tensor]],
+    raw: Sequence[Tensor],
+    loss_scale: float = 1.0,
+) -> None:
+    """Gradient norms as the optimizer receives them, exact zeros, non-finite elements, and how much smaller they
+    are than the backward pass left them (``raw``: norms at the end of backward, when read) - that is, clipping.
+
+    A sharded parameter's norm is its local part's, scaled to the whole (see :mod:`neuraldbg.model.shards`);
+    its element count is the whole's. ``loss_scale``: the GradScaler scale still in ``with_grad`` (read before the
+    scaler unscaled them), divided out (``raw`` comes unscaled)."""
+    grads = [g for _, _, g in with_grad]
+    values = stats.to_host([*stats.norms(grads), *raw])
+    values, raw_values = values[: len(grads)], values[len(grads) :]
+    if loss_scale != 1.0:
+        values = [v / loss_scale for v in values]
+    data.grad_clip_factor = clip_factor(values, raw_values)
+    data.grad.clear()
+    data.grad_exact_zero.clear()
+    data.grad_nonfinite.clear()
+    # a norm of exactly 0 or inf is ambiguous (an exact zero or an underflow; inf/NaN elements or an overflow):
+    # the largest element of each such gradient tells, read for all of them in one transfer
+    unclear = [i for i, v in enumerate(values) if v == 0.0 or not math.isfinite(v)]
+    largest = dict(zip(unclear, stats.largest_magnitudes([with_grad[i][2] for i in unclear])))
+    for i, ((name, p, g), value) in enumerate(zip(with_grad, values)):
+        data.grad_numel[name] = p.numel
+        top = largest.get(i)
+        if top is not None:
+            if top == 0.0:
+                data.grad_exact_zero.add(name)
+            elif value == 0.0:
+                value = top / loss_scale  # underflow: the largest element bounds the norm
+            if not math.isfinite(top):
+                data.grad_nonfinite.add(name)
+        data.grad[name] = value * p.factor(g.numel())
+
+
+def functional_dead(
+    pending: Pending,
+    never_positive: Mapping[SlotKey, Tensor],
+    infos: Mapping[str, LayerInfo],
+    by_param: Mapping[str, Tensor],
+    covered: set[SlotKey],
+) -> None:
+    """Units of a layer activated functionally (``F.relu``) that are dead: a pre-activation never positive on
+    the batch *and* a weight row with exactly zero gradient. ``covered``: layers whose units an activation module
+    right after them already measures."""
+    for key, never in never_positive.items():
+        if key in covered:
+            continue
+        weight = infos[key[0]].unit_weight
+        unit_grad = by_param.get(weight) if weight else None
+        if unit_grad is not None and unit_grad.dim() >= 1 and unit_grad.shape[0] == never.shape[0]:
+            both = (never & stats.zero_gradient_units(unit_grad)).sum(dtype=torch.float32)
+            pending.put("func_dead", key, both, int(never.shape[0]))
+
+
+def clip_factor(at_step: Sequence[float], after_backward: Sequence[float]) -> float | None:
+    """How much smaller the gradients reached the optimizer than the backward pass left them (clipping), or None.
+
+    A ratio that is an exact power of two is a loss scale being removed (a GradScaler unscaling), not clipping."""
+    if not after_backward or len(after_backward) != len(at_step):
+        return None
+    final = math.sqrt(sum(v * v for v in at_step))
+    raw = math.sqrt(sum(v * v for v in after_backward))
+    if not (math.isfinite(final) and math.isfinite(raw)) or final <= 0 or raw <= final * 1.01:
+        return None
+    exponent = math.log2(raw / final)
+    return None if abs(exponent - round(exponent)) < 1e-4 else raw / final
+
+
+def updates(pending: Pending, snapshot: stats.Snapshot) -> None:
+    """File what the optimizer did to the snapshotted parameters (read at the flush)."""
+    deltas, after, before = snapshot.changes()
+    for name, scale, delta, weight, old in zip(snapshot.names, snapshot.scales, deltas, after, before):
+        pending.put("delta", name, delta, scale)
+        pending.put("weight", name, weight)
+        if old is not None:  # a sampled parameter: its old norm bounds a change the sample missed
+            pending.put("before", name, old)
+
+
+def suspicious(record: StepData, config: DebugConfig, previous_head_grad: float | None) -> bool:
+    """Signals that warrant full observation of the next steps: a learning-rate change, a non-finite or
+    blown-up output, a head-layer gradient ten times larger than at the previous step (an outlier batch)."""
+    if record.lr_changed:
+        return True
+    hg = record.head_grad
+    if hg is not None and previous_head_grad and (not math.isfinite(hg) or hg > 10 * previous_head_grad):
+        return True
+    for key, norm in record.act.items():
+        if not math.isfinite(norm):
+            return True
+        n = record.numel.get(key, 0)
+        if n and norm / math.sqrt(n) > config.anomalous_rms:
+            return True
+    return record.loss is not None and not math.isfinite(record.loss)

@@ -1,0 +1,139 @@
+"""One step being collected: host fields, plus 0-d device tensors moved to the host at the next flush.
+
+:class:`Pending` holds the step in progress (a :class:`~neuraldbg.stats.step.StepData` and the device tensors that
+still have to be filed into it); :func:`assign` files a flushed value into its field.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torch import Tensor
+
+from ..stats import tensors as stats
+from ..stats.step import StepData
+
+#: Readings taken from scaled gradients (or from a step's update), meaningless once the GradScaler skipped the step.
+_SCALED = frozenset({"target_grad", "out_grad", "func_dead", "delta", "weight", "before"})
+
+
+class Pending:
+    """One step being collected: host fields, plus device tensors to move in the next flush."""
+
+    __slots__ = ("data", "targets", "tensors")
+
+    def __init__(self, step: int, full: bool) -> None:
+        self.data = StepData(step, full)
+        self.tensors: list[Tensor] = []
+        self.targets: list[tuple[str, Any, float]] = []
+
+    def put(self, target: str, key: Any, tensor: Tensor, extra: float = 0) -> None:
+        self.targets.append((target, key, extra))
+        self.tensors.append(tensor)
+
+    def skip(self) -> None:
+        """The GradScaler skipped this step: drop what was read from its scaled gradients (overflow, not the model's
+        gradients) and its update (there was none). A NaN loss gradient is kept (see :func:`assign`): scaling
+        makes inf, not NaN, so a NaN says the loss itself was NaN."""
+        data = self.data
+        data.skipped = True
+        kept = [
+            (target, t)
+            for target, t in zip(self.targets, self.tensors)
+            if target[0] not in _SCALED or target[0] == "target_grad"
+        ]
+        self.targets = [target for target, _ in kept]
+        self.tensors = [t for _, t in kept]
+        if data.target_grad is not None and not math.isnan(data.target_grad):
+            data.target_grad = None
+        for readings in (data.grad, data.grad_numel, data.out_grad, data.func_dead, data.update, data.update_parts):
+            readings.clear()
+        data.grad_exact_zero.clear()
+        data.grad_nonfinite.clear()
+        data.stepped.clear()
+        data.head_grad = data.head_finite = data.grad_clip_factor = None
+
+    def unscale(self, scale: Tensor) -> None:
+        """Divide a GradScaler's scale out of the loss and output gradients read so far (a scaler found only at
+        the step's optimizer step, after its backward pass was read)."""
+        self.tensors = [
+            t / scale if target[0] in ("target_grad", "out_grad") else t
+            for target, t in zip(self.targets, self.tensors)
+        ]
+        if self.data.target_grad is not None:
+            self.data.target_grad /= float(scale)
+
+    def absorb(self, other: Pending) -> None:
+        """Take in what ``other`` recorded of the same step (a staged forward pass, a micro-batch): its device
+        tensors, and its host readings, keeping the worst of two readings."""
+        self.tensors.extend(other.tensors)
+        self.targets.extend(other.targets)
+        src, dst = other.data, self.data
+        dst.numel.update(src.numel)
+        dst.input_numel = src.input_numel or dst.input_numel
+        dst.output_numel = src.output_numel or dst.output_numel
+        if src.output_norm is not None:
+            dst.output_norm = merge_max(dst.output_norm, src.output_norm)
+        if src.input_norm is not None:
+            dst.input_norm = merge_max(dst.input_norm, src.input_norm)
+        if src.target_grad is not None:
+            dst.target_grad = merge_max(dst.target_grad, src.target_grad)
+        for key, value in src.act.items():
+            dst.act[key] = merge_max(dst.act.get(key), value)
+
+
+def merge_max(old: float | None, new: float) -> float:
+    """Keep the worst of two readings of one step (gradient accumulation); NaN wins."""
+    if old is None:
+        return new
+    if math.isnan(old) or math.isnan(new):
+        return math.nan
+    return max(old, new)
+
+
+def assign(data: StepData, target: str, key: Any, extra: float, value: float) -> None:
+    if target == "act":
+        data.act[key] = merge_max(data.act.get(key), value)
+    elif target == "input":
+        data.input_norm = merge_max(data.input_norm, value)
+    elif target == "output":
+        data.output_norm = merge_max(data.output_norm, value)
+    elif target == "target_grad":
+        if data.skipped and not math.isnan(value):
+            return  # a skipped step's scaled loss gradient overflowed: not the loss's
+        data.target_grad = merge_max(data.target_grad, value)
+    elif target == "loss":
+        data.loss = value
+    elif target == "loss_scale":
+        data.loss_scale = value
+    elif target == "dead":
+        data.dead[key] = (value, int(extra))
+    elif target == "func_dead":
+        data.func_dead[key] = (value, int(extra))
+    elif target == "saturated":
+        data.saturated[key] = (value, int(extra))
+    elif target == "numel":  # a compiled step's output size
+        data.numel[key] = int(value)
+    elif target == "output_numel":
+        data.output_numel = int(value)
+    elif target == "input_numel":
+        data.input_numel = int(value)
+    elif target == "units":  # a compiled step's unit count, filed right after its dead or saturated count
+        counts = data.dead if key in data.dead else data.saturated
+        if key in counts:
+            counts[key] = (counts[key][0], int(value))
+    elif target == "out_grad":
+        data.out_grad[key] = merge_max(data.out_grad.get(key), value)
+    elif target in ("delta", "weight", "before"):  # one snapshot reading: delta, weight, then (sampled) before
+        parts = data.update_parts.setdefault(key, [])
+        parts.append(value)
+        if target == "delta":
+            parts.append(extra)  # the sample's scale: 1 when the parameter was copied whole (no "before" follows)
+        if target == "before" or (target == "weight" and parts[1] == 1.0):
+            delta, scale, after = parts[:3]
+            before = parts[3] if len(parts) > 3 else after
+            data.update[key] = (stats.update_norm(delta, scale, after, before), after)
+            del data.update_parts[key]
+    else:  # pragma: no cover - a programming error, not a user error
+        raise KeyError(target)

@@ -1,0 +1,281 @@
+"""From hook callbacks to per-step records: the step in progress, committed steps, and the flush to the host.
+
+Three parts do the work, each small enough to hold in one's head:
+
+* :mod:`neuraldbg.capture.clock` - what a step is (optimizer steps, closures, accumulation, manual steps);
+* :mod:`neuraldbg.capture` - what each hook records (which forwards count, cheap and full steps, compiled graphs);
+* :mod:`neuraldbg.capture.measure` - what a fully observed step computes (per-layer, gradient and update statistics).
+
+The :class:`Recorder` owns the step in progress (a :class:`~neuraldbg.stats.step.Pending`), commits it when the
+clock says it is complete, and hands batches of host-side :class:`~neuraldbg.stats.step.StepData` records to a sink
+(the analysis) in one device-to-host transfer per flush. It keeps no raw tensors beyond the current step. Its own
+failures become warnings and stop the recording; training goes on untouched, and the verdict says what was not
+observed (see :mod:`neuraldbg.capture.coverage`).
+
+Cost. Every step: one Python call per module call (a dictionary lookup for the model's modules), on a CPU the
+norm of the model's output at the end of the forward pass (every layer's output only when it is non-finite) and
+one element of the head layer's gradient at the optimizer step; on a GPU every layer output's norm, batched, read
+at the flush; the learning rates. Fully observed steps (see :mod:`neuraldbg.capture.schedule`) add the statistics of
+:mod:`neuraldbg.capture.measure`.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from torch import Tensor, nn
+
+from ..config import DebugConfig
+from ..errors import NeuralDbgWarning
+from ..model import naming
+from ..model.info import LayerInfo
+from ..model.layers import mode_dependent_layers
+from ..stats import tensors as stats
+from ..stats.step import SlotKey, StepData
+from . import hooks, measure
+from .backward import BackwardPath
+from .clock import StepClock, StepMode
+from .coverage import Coverage, RunFacts
+from .forward import ForwardPath
+from .pending import Pending, assign
+from .scaler import ScalerWatch
+from .schedule import Schedule
+
+#: Committed steps held before a flush even when no fully observed step comes.
+_BUFFER_LIMIT = 64
+
+
+class Recorder:
+    """Collects statistics of one model's training steps. See the module docstring."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        infos: dict[str, LayerInfo],
+        config: DebugConfig,
+        sink: Callable[[list[StepData]], bool | None],
+        order: list[SlotKey] | None = None,
+        grad_scaler: Any = None,
+    ) -> None:
+        self.config = config
+        self.infos = infos
+        self._sink = sink
+        self.clock = StepClock()
+        self.schedule = Schedule(config, modules=len(infos))
+        self.pending = Pending(0, self.schedule.is_full(0))
+        self.buffer: list[Pending] = []
+        self.coverage = Coverage(mode_dependent=mode_dependent_layers(naming.named_modules(model)))
+        self.active = False
+        self.loss: Tensor | None = None
+        self._last_head_grad: tuple[int, float] | None = None  # (step, head-layer gradient norm) of a full step
+        self._warned: set[str] = set()
+        self.scaler = ScalerWatch(grad_scaler)
+        if self.scaler.active:
+            self.clock.skip_probe = self.scaler.at_forward
+        self.forward = ForwardPath(self, model, infos, order if order is not None else [])
+        self.backward = BackwardPath(self, model, self.forward)
+        self._handle: hooks.HookHandle | None = None
+        # one callable and one table key for every attachment: torch.compile guards on both
+        self._on_output = self.forward.on_module_output
+        self._hook_key: int | None = None
+        self._compiled_at_detach: int | None = None  # torch.compile's graph count when the hooks were removed
+
+    # --- lifecycle ------------------------------------------------------------------------------------
+
+    def attach(self) -> None:
+        compiled = hooks.compiled_entries()
+        if compiled and compiled != self._compiled_at_detach:
+            # graphs compiled while this debugger's hook was absent would never call it: compile them again
+            hooks.forget_compiled_code()
+        self.forward.attach()
+        self.active = True
+        self._handle = hooks.attach(
+            self._on_output, self.backward.on_optimizer_step, self.backward.on_optimizer_stepped, key=self._hook_key
+        )
+        self._hook_key = self._handle.key
+
+    @property
+    def attached(self) -> bool:
+        return self._handle is not None
+
+    def detach(self) -> None:
+        """Finish the step in progress, flush, and remove every hook (whatever happens on the way)."""
+        try:
+            self.finish()
+        finally:
+            if self._handle is not None:
+                self._handle.remove()
+                self._handle = None
+                self._compiled_at_detach = hooks.compiled_entries()
+            self.active = False
+            self.forward.detach()
+            self.backward.detach()
+
+    @property
+    def mode(self) -> StepMode:
+        return self.clock.mode
+
+    @property
+    def step(self) -> int:
+        return self.clock.step
+
+    @property
+    def host_reads_are_free(self) -> bool:
+        """Reading a CPU tensor's value costs no device sync, so cheap CPU steps check values at once. False makes
+        CPU steps take the device path (every layer measured, values read at the flush); tests use it to exercise
+        that path without a GPU."""
+        return self.forward.host_reads_are_free
+
+    @host_reads_are_free.setter
+    def host_reads_are_free(self, value: bool) -> None:
+        self.forward.host_reads_are_free = value
+
+    # --- failures of the recorder itself become warnings; recording stops, training goes on untouched ----
+
+    def fail(self, where: str, exc: BaseException) -> None:
+        self.active = False
+        self.forward.release()
+        self.backward.grads.drop()
+        self.coverage.failed(self.clock.step, f"{where} failed with {exc!r}")
+        self.warn_once(
+            where,
+            f"NeuralDBG stopped observing this run at step {self.clock.step}: {where} failed with {exc!r}. "
+            "Training is not affected; the verdict reports the run as incompletely observed.",
+        )
+
+    def warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, NeuralDbgWarning, stacklevel=4)
+
+    # --- steps ------------------------------------------------------------------------------------------
+
+    def observe_loss(self, loss: Tensor) -> None:
+        if self.active:
+            self.loss = loss.detach()
+
+    def manual_step(self) -> None:
+        """``dbg.step()``: close the current step now; from here on only ``step()`` closes steps."""
+        if not self.active:
+            return
+        try:
+            if self.clock.manual():
+                self.fold()
+            self.backward.grads.once(self.scale_in_gradients())
+            self.commit()
+        except Exception as exc:
+            self.fail("dbg.step()", exc)
+
+    def commit(self) -> None:
+        """The step in progress is complete: file its updates and loss, queue it, start the next one."""
+        if self.clock.fold_first:  # a skipped step whose micro-batches were provisional steps
+            self.fold()
+        if self.clock.skipped:
+            self.backward.grads.snapshot = None  # the scaler skipped the optimizer: nothing was updated
+            self.pending.skip()
+        else:
+            self.backward.grads.file_updates()
+        if self.scaler.active:
+            scale = self.scaler.scale_of_finished_step()
+            if scale is not None:
+                self.pending.put("loss_scale", None, scale)
+        if self.loss is not None:
+            loss, self.loss = self.loss, None
+            self.pending.put("loss", None, loss if loss.dim() == 0 else loss.float().mean())
+        finished = self.pending
+        self.buffer.append(finished)
+        self.clock.committed()
+        self.pending = Pending(self.clock.step, self.schedule.is_full(self.clock.step))
+        self.backward.grads.next_step()
+        self.forward.next_step()
+        if self.clock.mode is StepMode.UNKNOWN:
+            return  # held until we know whether these are steps or micro-batches
+        if finished.data.full or len(self.buffer) >= _BUFFER_LIMIT:
+            self.flush()
+
+    def adopt_scaler(self) -> None:
+        """A GradScaler was found at the first optimizer step (see :mod:`neuraldbg.capture.scaler`). Provisional
+        steps held so far are the iterations it skipped when the scale says it backed off once for each of them;
+        otherwise they are micro-batches, folded as usual."""
+        self.clock.skip_probe = self.scaler.at_forward
+        scale = self.scaler.tensor()
+        if scale is not None:  # this step's backward pass was read before the scaler was known
+            for part in (*self.buffer, self.pending) if self.clock.mode is StepMode.UNKNOWN else (self.pending,):
+                part.unscale(scale)
+            raw = self.backward.grads.raw
+            self.backward.grads.raw = [n / scale for n in raw] if raw else raw
+        held = self.clock.provisional
+        if not held or self.clock.mode is not StepMode.UNKNOWN:
+            return
+        first = next((p.data.loss_scale for p in self.buffer if p.data.loss_scale is not None), None)
+        if self.scaler.skips_before(first) != held:
+            return
+        for part in self.buffer:
+            part.skip()
+        self.clock.adopt_skips()
+
+    def fold(self) -> None:
+        """An optimizer (or ``step()``) appeared: earlier backward passes were micro-batches of one step."""
+        if not self.clock.provisional:
+            return
+        parts = [*self.buffer, self.pending]
+        merged = Pending(parts[0].data.step, parts[0].data.full)
+        for part in parts:
+            merged.absorb(part)
+        last = self.pending.data  # host-side gradient readings of the latest micro-batch
+        for attr in ("grad", "grad_numel", "grad_exact_zero", "grad_nonfinite", "stepped", "head_finite"):
+            setattr(merged.data, attr, getattr(last, attr))
+        self.buffer.clear()
+        self.pending = merged
+        self.clock.folded(merged.data.step)
+
+    def flush(self) -> None:
+        """Move every committed step to the host in one transfer and hand them to the sink."""
+        if not self.buffer:
+            return
+        buffer, self.buffer = self.buffer, []
+        values = stats.to_host(t for p in buffer for t in p.tensors)
+        i = 0
+        for part in buffer:
+            for (target, key, extra), value in zip(part.targets, values[i : i + len(part.tensors)]):
+                assign(part.data, target, key, extra, value)
+            i += len(part.tensors)
+        records = [p.data for p in buffer]
+        suspicious = False
+        for record in records:
+            # a head gradient compares with the step just before it only: across a gap it may have grown with the
+            # fit (the cheap steps' probe watches for outlier batches in between)
+            last = self._last_head_grad
+            previous = last[1] if last is not None and last[0] == record.step - 1 else None
+            suspicious |= measure.suspicious(record, self.config, previous)
+            if record.head_grad is not None and math.isfinite(record.head_grad):
+                self._last_head_grad = (record.step, record.head_grad)
+        if self._sink(records) or suspicious:  # the sink says a new abnormal state began
+            self.schedule.trigger(self.clock.step)
+
+    def finish(self) -> None:
+        """Close the step in progress (if it is a step) and flush everything."""
+        if self.active:
+            try:
+                self.forward.discard_tentative()
+                if self.clock.finish(bool(self.pending.tensors)):
+                    self.backward.grads.once(self.scale_in_gradients())
+                    self.commit()
+                self.flush()
+            except Exception as exc:
+                self.fail("the final flush", exc)
+        self.forward.release()
+        self.backward.grads.drop()
+        self.loss = None
+
+    def run_facts(self) -> RunFacts:
+        """Counts the run-level findings need: trainable parameters, backward passes, optimizer steps."""
+        return RunFacts(len(self.backward.params), self.clock.backward_passes, self.clock.optimizer_steps)
+
+    def scale_in_gradients(self) -> float:
+        """A GradScaler's scale still in the parameter gradients outside the optimizer step: until an optimizer
+        stepped (inside ``scaler.step``, which unscales first), they are as the scaled backward pass left them."""
+        return self.scaler.value() if self.scaler.active and not self.clock.stepped else 1.0

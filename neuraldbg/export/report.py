@@ -1,0 +1,36 @@
+"""The terminal report: a verdict line, then one numbered paragraph per hypothesis."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+
+from ..kinds import registry
+from ..reasoning.hypothesis import CausalHypothesis
+
+
+def verdict(hypotheses: Sequence[CausalHypothesis], meta: dict[str, Any]) -> str:
+    steps = meta.get("steps_observed", 0)
+    model = meta.get("model", "model")
+    if not hypotheses:
+        return f"NeuralDBG: healthy - no training failure in {steps} observed steps of {model}."
+    kinds = ", ".join(dict.fromkeys(h.kind.value for h in hypotheses))
+    if all(registry.room(h.kind).inconclusive for h in hypotheses):  # about what was observed, not the training
+        return (
+            f"NeuralDBG: INCONCLUSIVE - {kinds} in {steps} observed steps of {model}: the run was not fully "
+            "observed, so it cannot be called healthy."
+        )
+    n = len(hypotheses)
+    return (
+        f"NeuralDBG: UNHEALTHY - {n} failure hypothes{'es' if n > 1 else 'is'} ({kinds}) in {steps} steps of {model}."
+    )
+
+
+def report(hypotheses: Sequence[CausalHypothesis], meta: dict[str, Any], width: int = 100) -> str:
+    lines = [verdict(hypotheses, meta)]
+    for i, h in enumerate(hypotheses, start=1):
+        lines.append("")
+        lines.append(f"{i}. {h.summary()}")
+        lines.extend(textwrap.wrap(h.explanation, width=width, initial_indent="   ", subsequent_indent="   "))
+    return "\n".join(lines)

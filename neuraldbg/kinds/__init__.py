@@ -1,0 +1,91 @@
+"""One room per failure kind, and the list of them.
+
+Each module here holds everything about one built-in kind: its detectors and the config fields they read, the
+health states that are it, where it stands among root causes, the causal rules in which it is the cause, its words
+(explanation and fix, event text, graph label, effect words) and what the pytest plugin needs. Adding a kind is one
+file and one line below; a plugin adds one through :func:`neuraldbg.plugins.hookspecs.neuraldbg_kinds`.
+
+Everything else asks a kind through :mod:`.registry` (``room(kind)``, ``room_of(event)``): the reasoning, the
+explanations, Mermaid, traces, the distributed merge and the plugin never name another kind's members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..config import DebugConfig
+from ..detectors.base import Detector
+from ..events import describe_events_with
+from ..reasoning.rules import SETS_OFF, CausalRule, SurgeSetsOff
+from . import (
+    dead_neurons,
+    degenerate_loss,
+    eval_mode_training,
+    exploding_gradients,
+    frozen_parameters,
+    incomplete_observation,
+    loss_scale_collapse,
+    no_gradient,
+    no_training_observed,
+    non_finite,
+    registry,
+    saturated_activations,
+    stalled_updates,
+    vanishing_gradients,
+)
+from .base import Check, Kind, RootLane, RootPool, Series, Unregistered
+from .registry import register, resolve, room, room_of, rooms
+
+#: The built-in kinds. Layer kinds in the order the health JUnit file lists them; run-level kinds in the order
+#: their findings are made.
+BUILTIN: tuple[Kind, ...] = (
+    vanishing_gradients.VanishingGradients(),
+    exploding_gradients.ExplodingGradients(),
+    dead_neurons.DeadNeurons(),
+    saturated_activations.SaturatedActivations(),
+    non_finite.NonFinite(),
+    frozen_parameters.FrozenParameters(),
+    stalled_updates.StalledUpdates(),
+    no_training_observed.NoTrainingObserved(),
+    no_gradient.NoGradient(),
+    degenerate_loss.DegenerateLoss(),
+    eval_mode_training.EvalModeTraining(),
+    loss_scale_collapse.LossScaleCollapse(),
+    incomplete_observation.IncompleteObservation(),
+)
+for _room in BUILTIN:
+    register(_room)
+describe_events_with(registry.event_text)
+
+
+def detectors(config: DebugConfig, kinds: Iterable[Kind] | None = None) -> list[Detector]:
+    """Fresh detectors of ``kinds`` (default: every registered kind), the non-finite checks first."""
+    chosen = list(rooms() if kinds is None else kinds)
+    found = [d for k in chosen for d in k.detectors(config)]
+    return sorted(found, key=lambda d: not d.every_step)  # stable: rooms' order otherwise
+
+
+def rules(kinds: Iterable[Kind] | None = None) -> list[CausalRule]:
+    """The causal rules of ``kinds`` (default: every registered kind), effects named by state resolved to kinds,
+    and the learning rate's: updates as large as the weights set off the failures a learning rate can."""
+    chosen = list(rooms() if kinds is None else kinds)
+    found = [resolve(rule) for k in chosen for rule in k.rules()]
+    sensitive = tuple(k.kind for k in chosen if k.lr_sensitive)
+    return [*found, SurgeSetsOff("surge-sets-off", SETS_OFF, None, sensitive, same_place_joins=True)]
+
+
+__all__ = [
+    "BUILTIN",
+    "Check",
+    "Kind",
+    "RootLane",
+    "RootPool",
+    "Series",
+    "Unregistered",
+    "detectors",
+    "register",
+    "room",
+    "room_of",
+    "rooms",
+    "rules",
+]

@@ -1,0 +1,171 @@
+"""Dead neurons: ReLU-family units that are active on (almost) no sample of the batch.
+
+Two sources of evidence, both per unit rather than per value (per-value definitions are what made earlier tools
+alarm on healthy MNIST models):
+
+* the output of a ReLU-family module (``nn.ReLU``, ``nn.ReLU6``, ``nn.LeakyReLU(0)``): a unit is dead on a batch
+  when it is positive on at most ``dead_sample_fraction`` of the samples;
+* a Linear / Conv / norm layer whose output is activated functionally (``F.relu`` in ``forward``): a unit is dead
+  when its pre-activation is never positive *and* its weight row receives exactly zero gradient.
+
+A layer is dead when at least ``dead_unit_fraction`` of its units are; its event is dated from when it first
+crossed ``dead_onset_fraction`` on the way (a layer dies over a few steps).
+
+A batch of one sample says little: a healthy unit, positive on about half of its inputs, is silent on it half the
+time, and a narrow layer often looks 70 % dead. So a dead reading stays provisional (it dates the event but does not
+confirm it) until the consecutive observed steps it held over add up to ``dead_min_observations`` observations per
+unit (samples, times positions for sequences and maps, which a unit must be silent on all of). With the usual
+batches a single step is enough.
+
+Root: the first dead layer in forward order (the layers after it are starved by it, the layers before it get no
+gradient through it). Config: ``dead_sample_fraction``, ``dead_onset_fraction``, ``dead_unit_fraction``,
+``dead_min_observations``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..config import DebugConfig
+from ..detectors.base import Detector, Finding, Observation, StepView
+from ..events import EventType, FailureKind, SemanticEvent
+from ..health import ActivationHealth, GradientHealth, UpdateHealth
+from ..reasoning.rules import CausalRule
+from ..reasoning.topology import Topology
+from ..stats.step import SlotKey
+from ..text import count, num, pct
+from .base import Check, Kind, RootLane, Series, held, near
+
+KIND = FailureKind.DEAD_NEURONS
+
+
+class DeadUnitsDetector(Detector):
+    name = "dead"
+    event_type = EventType.ACTIVATION
+    every_step = False
+
+    def __init__(self) -> None:
+        self._held: dict[SlotKey, float] = {}  # observations per unit over the current run of dead readings
+
+    def observe(self, view: StepView) -> Observation | None:
+        data = view.data
+        if not data.dead and not data.func_dead:
+            return None
+        threshold = view.ctx.config.dead_unit_fraction
+        onset = min(threshold, view.ctx.config.dead_onset_fraction)
+        obs = Observation()
+        for source, counts in (("module", data.dead), ("functional", data.func_dead)):
+            for key, (dead, units) in counts.items():
+                norm = data.act.get(key)
+                if units <= 0 or (norm is not None and not math.isfinite(norm)):
+                    continue  # non-finite outputs are the non-finite detector's business
+                obs.saw(self.event_type, key[0], call=key[1])
+                fraction = dead / units
+                per_unit = data.numel.get(key, units) / units
+                held_for = self._held.get(key, 0.0) + per_unit if fraction >= threshold and dead > 0 else 0.0
+                self._held[key] = held_for
+                if fraction >= onset and dead > 0:
+                    metrics = {"dead_fraction": fraction, "dead_units": dead, "units": float(units)}
+                    if source == "functional":
+                        metrics["functional"] = 1.0
+                    s = (fraction - threshold) / (1 - threshold) if threshold < 1 else 1.0
+                    obs.findings.append(
+                        Finding(
+                            self.event_type,
+                            KIND,
+                            key[0],
+                            ActivationHealth.DEAD,
+                            metrics,
+                            max(0.0, min(1.0, s)),
+                            call=key[1],
+                            provisional=fraction < threshold or held_for < view.ctx.config.dead_min_observations,
+                        )
+                    )
+        return obs
+
+
+class DeadNeurons(Kind):
+    name = KIND.value
+    lr_sensitive = True
+    states = (ActivationHealth.DEAD,)
+    count_metrics = frozenset({"units", "dead_units"})
+    check = Check(
+        "assert_no_dead_neurons",
+        "dead neurons",
+        fraction="dead_fraction",
+        fraction_words="of the units of {where} were inactive on every sample",
+    )
+
+    def detectors(self, config: DebugConfig) -> list[Detector]:
+        return [DeadUnitsDetector()]
+
+    def lane(self, event: SemanticEvent) -> RootLane | None:
+        return RootLane(3)
+
+    def rules(self) -> list[CausalRule]:
+        def rule(
+            name: str,
+            relation: str,
+            effects: tuple[ActivationHealth | GradientHealth | UpdateHealth, ...],
+            where: str = "any",
+        ) -> CausalRule:
+            return CausalRule(name, relation, KIND, effects, where, same_place_joins=True)
+
+        return [
+            rule("dead-zeroes-upstream-gradients", "zeroes the gradient of", (GradientHealth.VANISHING,), "upstream"),
+            rule(
+                "dead-starves-downstream",
+                "starves",
+                (ActivationHealth.DEAD, ActivationHealth.SATURATED),
+                "downstream",
+            ),
+            rule("dead-stalls-updates", "stalls", (UpdateHealth.STALLED,)),
+        ]
+
+    def explain(
+        self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
+    ) -> tuple[str, str]:
+        m = root.metrics
+        units = int(m.get("units", 0))
+        frac = m.get("dead_fraction", 0.0)
+        functional = m.get("functional") == 1.0
+        who = topo.describe(root.layer)
+        feeding = root.layer if functional else topo.feeding(root.layer)
+        if functional:
+            what = (
+                f"Dead neurons: {pct(frac)} of the {units} units of {who} have a pre-activation <= 0 on every "
+                f"sample and receive exactly zero gradient {held(root, topo)}."
+            )
+        else:
+            fed = f", fed by {topo.describe(feeding)}" if feeding else ""
+            what = (
+                f"Dead neurons in {who}{fed}: {pct(frac)} of {units} units inactive on (almost) every sample "
+                f"{held(root, topo)}."
+            )
+        target = f"'{feeding}'" if feeding else "the layer before it"
+        if root.step_start > topo.first_step:
+            lr = near(series, "lr", "", root.step_start)
+            now = f" (now {num(lr)})" if lr is not None else ""
+            fix = (
+                f"lower the learning rate{now} or clip gradients: the units died at step {root.step_start}, when a "
+                f"large update pushed the pre-activations of {target} below zero; a LeakyReLU or GELU cannot die."
+            )
+        else:
+            fix = (
+                f"the pre-activations of {target} are negative for every input from the start - check its "
+                "initialisation and bias (a large negative bias, or weights scaled wrong); use Kaiming "
+                "initialisation, or a LeakyReLU/GELU, which cannot die."
+            )
+        return what, fix
+
+    def describe(self, event: SemanticEvent) -> str:
+        units = event.metrics.get("units")
+        of = f" of {count(units)} units" if units else " of its units"
+        return f"{pct(event.metrics.get('dead_fraction', 0.0))}{of} dead (never positive)"
+
+    def label(self, event: SemanticEvent) -> str:
+        m = event.metrics
+        return f"dead: {pct(m.get('dead_fraction', 0.0))} of {int(m.get('units', 0))} units"
+
+    def effect(self, event: SemanticEvent) -> str:
+        return "dead units"

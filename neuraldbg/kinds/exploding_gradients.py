@@ -1,0 +1,391 @@
+"""Exploding gradients: a layer's gradient far larger than training can use, and the evidence around it.
+
+**Exploding** (:class:`ExplodingDetector`): a layer's gradient norm above ``exploding_norm``, judged before clipping
+(``clip_grad_norm_`` hides an explosion, it does not cure it) and measured in units of the loss's own gradient
+scale. Every parameter gradient is proportional to d(loss)/d(output): a loss summed over N elements
+(``reduction="sum"``, a VAE's usual reconstruction term) multiplies every gradient by N compared with its mean,
+with no change to what Adam-like optimizers do. So the threshold is multiplied by the loss gradient's norm whenever
+that is above 1 (the smallest seen so far: the loss's reduction is fixed for a run, while a real explosion inflates
+the loss gradient too). Mean-reduced losses have loss gradients below 1 and keep the plain threshold. Once a layer
+explodes, readings down to ``exploding_hold`` of the threshold continue its state without confirming it
+(provisional): a clipped recurrent net whose raw norm swings between 5e2 and 7e3 from step to step is one
+explosion, not a series of blips too short to count, while a single spike followed by smaller readings never
+becomes one. An explosion that turns into another failure (NaN, dead units) was real, however short it was.
+
+Evidence this kind owns (kind-less events that explain its failures):
+
+* *outputs blowing up* (:class:`MagnitudeDetector`): a layer output whose rms exceeds ``anomalous_rms``;
+* *amplifying layers* (:class:`GainDetector`): on fully observed steps, a layer that owns parameters (not a
+  normalisation layer, whose job is rescaling) whose output rms is ``amplifying_gain`` times the rms of the output
+  just before it in forward order (the model's input, for the first layer). Present from the first step, it
+  localises an explosion to the layer whose weights are too large for its input;
+* *updates as large as the weights* (:class:`UpdateSurgeDetector`): the median update/weight ratio ||dW||/||W|| over
+  the model's layers above ``exploding_update_ratio``: every step rewrites the weights, the first sign of a learning
+  rate far too high, steps before the gradients blow up or the units die. The reasoning attaches it to the failure
+  it sets off (see :mod:`neuraldbg.reasoning.engine`); surges that set nothing off are a hypothesis of their own.
+
+Root: the earliest acute failure (an explosion or a non-finite value, whichever comes first). An explosion present
+from the first step is rooted at the first layer amplifying its input, else at the first layer whose outputs blow
+up (an activation module is blamed on the layer feeding it); one that begins mid-run at the first exploding layer
+in forward order (the dynamics: the learning rate). Config: ``exploding_norm``, ``exploding_hold``,
+``anomalous_rms``, ``amplifying_gain``, ``exploding_update_ratio``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..config import DebugConfig
+from ..detectors.base import Detector, Finding, Observation, StepView, strength
+from ..events import EventType, FailureKind, SemanticEvent
+from ..health import ActivationHealth, GradientHealth, UpdateHealth, is_state
+from ..reasoning.rules import ONSET_TOLERANCE, CausalRule, is_update_surge
+from ..reasoning.topology import Topology
+from ..text import num, quoted
+from .base import Check, Kind, RootLane, RootPool, Series, held, near
+
+KIND = FailureKind.EXPLODING_GRADIENTS
+
+#: Evidence of values blowing up, which an explosion explains.
+_BLOW_UP = (ActivationHealth.ANOMALOUS, ActivationHealth.AMPLIFYING)
+#: Values turned non-finite (what an explosion ends in).
+_NON_FINITE = (GradientHealth.NON_FINITE, ActivationHealth.NON_FINITE)
+
+
+class ExplodingDetector(Detector):
+    name = "exploding"
+    track = "gradient"
+    event_type = EventType.GRADIENT
+    every_step = False
+
+    def __init__(self) -> None:
+        self._loss_scale: float | None = None  # smallest finite, positive d(loss)/d(output) norm seen so far
+        self._exploding: set[str] = set()  # layers whose last reading was exploding
+
+    def _scale(self, target_grad: float | None) -> float:
+        """The loss's gradient scale: 1 for losses whose gradient w.r.t. the output is at most 1 (mean-reduced
+        losses), the smallest loss-gradient norm so far above that (sums over many elements)."""
+        if target_grad is not None and math.isfinite(target_grad) and target_grad > 0:
+            self._loss_scale = target_grad if self._loss_scale is None else min(self._loss_scale, target_grad)
+        return max(1.0, self._loss_scale or 0.0)
+
+    def observe(self, view: StepView) -> Observation | None:
+        grads = view.layer_gradients
+        if not grads:
+            return None
+        cfg = view.ctx.config
+        top = max((g.norm for g in grads.values() if math.isfinite(g.norm)), default=0.0)
+        clip = view.data.grad_clip_factor or 1.0
+        scale = self._scale(view.data.target_grad)
+        limit = cfg.exploding_norm * scale
+        obs = Observation()
+        for layer, g in grads.items():
+            obs.saw(self.event_type, layer)
+            was_exploding = layer in self._exploding
+            self._exploding.discard(layer)  # added back below while it keeps exploding
+            if g.non_finite:
+                continue  # another state of this gradient (the non-finite detector's)
+            if g.norm * clip > limit or (was_exploding and g.norm * clip > limit * cfg.exploding_hold):
+                # judged before clipping: clip_grad_norm_ hides, not heals
+                metrics = {"grad_norm": g.norm, "max_layer_grad_norm": top}
+                if clip > 1:
+                    metrics.update(grad_norm=g.norm * clip, clipped_grad_norm=g.norm, clip_factor=clip)
+                if scale > 1:
+                    metrics["loss_gradient_scale"] = scale
+                s = strength(g.norm * clip, limit, decades=3, above=True)
+                finding = Finding(self.event_type, KIND, layer, GradientHealth.EXPLODING, metrics, s)
+                if g.norm * clip <= limit:
+                    finding = dataclasses.replace(finding, provisional=True)
+                obs.findings.append(finding)
+                self._exploding.add(layer)
+        return obs
+
+
+class MagnitudeDetector(Detector):
+    """Outputs blowing up: a layer output whose rms exceeds ``anomalous_rms`` (evidence, no kind of its own)."""
+
+    name = "magnitude"
+    event_type = EventType.ACTIVATION
+    every_step = False
+
+    def observe(self, view: StepView) -> Observation | None:
+        data = view.data
+        if not data.act:
+            return None
+        limit = view.ctx.config.anomalous_rms
+        obs = Observation()
+        for key in data.act:
+            rms = view.rms(key)
+            if not math.isfinite(rms):
+                continue
+            obs.saw(self.event_type, key[0], call=key[1])
+            if rms > limit:
+                s = strength(rms, limit, decades=3, above=True)
+                obs.findings.append(
+                    Finding(
+                        self.event_type, None, key[0], ActivationHealth.ANOMALOUS, {"output_rms": rms}, s, call=key[1]
+                    )
+                )
+        return obs
+
+
+class GainDetector(Detector):
+    """Amplifying layers: a parametric layer whose output is ``amplifying_gain`` times larger than its input."""
+
+    name = "gain"
+    event_type = EventType.ACTIVATION
+    every_step = False
+
+    def observe(self, view: StepView) -> Observation | None:
+        ctx, data = view.ctx, view.data
+        if not data.full or not data.act:
+            return None
+        limit = ctx.config.amplifying_gain
+        obs = Observation()
+        previous = data.input_norm / math.sqrt(data.input_numel) if data.input_norm and data.input_numel else None
+        for key in ctx.order:
+            rms = view.rms(key)
+            info = ctx.infos[key[0]]
+            if key[1] == 0 and info.numel and not info.normalizes and previous and math.isfinite(rms):
+                obs.saw(self.event_type, key[0])
+                gain = rms / previous
+                if gain > limit and math.isfinite(previous):
+                    s = strength(gain, limit, decades=2, above=True)
+                    metrics = {"gain": gain, "output_rms": rms}
+                    obs.findings.append(Finding(self.event_type, None, key[0], ActivationHealth.AMPLIFYING, metrics, s))
+            if key in data.act:
+                previous = rms
+        return obs
+
+
+class UpdateSurgeDetector(Detector):
+    """Updates as large as the weights: the median ||dW||/||W|| above ``exploding_update_ratio`` (evidence)."""
+
+    name = "update_surge"
+    track = "update"
+    event_type = EventType.UPDATE
+    every_step = False
+
+    def observe(self, view: StepView) -> Observation | None:
+        census = view.updates
+        if census is None:
+            return None
+        obs = Observation()
+        if census.at_lr_zero:
+            obs.saw(self.event_type, "")  # nothing moved: no surge (a stall, the stalled detector's)
+        elif census.ratios and (census.moving or census.stepped_ever):
+            obs.saw(self.event_type, "")
+            limit = view.ctx.config.exploding_update_ratio
+            if census.median > limit:
+                s = strength(census.median, limit, decades=2, above=True)
+                obs.findings.append(
+                    Finding(self.event_type, None, "", UpdateHealth.EXPLODING, census.ratio_metrics(), s)
+                )
+        return obs
+
+
+@dataclasses.dataclass(frozen=True)
+class AnomalyEvidence(CausalRule):
+    """Activations blowing up (anomalous or amplifying layers) belong to the explosion that shows them."""
+
+    def explains(self, cause: SemanticEvent, effect: SemanticEvent, topo: Topology) -> bool:
+        return (
+            cause.kind is KIND
+            and effect.kind is None
+            and effect.to_state in self.effect_states
+            and effect.step_end >= cause.step_start - ONSET_TOLERANCE
+        )
+
+    def earliest_effect(self, cause: SemanticEvent) -> int | None:
+        return None  # a layer may have been blowing up before its gradients crossed the threshold
+
+    def covers(self, a: SemanticEvent, b: SemanticEvent, topo: Topology) -> bool:
+        return a.step_start <= b.step_start
+
+
+@dataclasses.dataclass(frozen=True)
+class InflatedUpdates(CausalRule):
+    """Exploding gradients make the updates as large as the weights (an update surge that starts with or after the
+    explosion is its consequence, not a learning rate too high)."""
+
+    def explains(self, cause: SemanticEvent, effect: SemanticEvent, topo: Topology) -> bool:
+        return cause.kind is KIND and is_update_surge(effect) and effect.step_start >= cause.step_start
+
+    def earliest_effect(self, cause: SemanticEvent) -> int | None:
+        return cause.step_start
+
+    def covers(self, a: SemanticEvent, b: SemanticEvent, topo: Topology) -> bool:
+        return a.step_start <= b.step_start
+
+
+class ExplodingGradients(Kind):
+    name = KIND.value
+    acute = True
+    lr_sensitive = True
+    lists_own = True
+    states = (GradientHealth.EXPLODING,)
+    evidence = (ActivationHealth.ANOMALOUS, ActivationHealth.AMPLIFYING, UpdateHealth.EXPLODING)
+    confirmed_by_escalation = (GradientHealth.EXPLODING, UpdateHealth.EXPLODING)
+    check = Check("assert_no_exploding_gradients", "exploding gradients")
+
+    def detectors(self, config: DebugConfig) -> list[Detector]:
+        return [ExplodingDetector(), MagnitudeDetector(), GainDetector(), UpdateSurgeDetector()]
+
+    def lane(self, event: SemanticEvent) -> RootLane | None:
+        if event.kind is KIND:
+            return RootLane(2, order=0)
+        if is_update_surge(event):  # updates as large as the weights that caused nothing else: a rate too high
+            return RootLane(9)
+        return None
+
+    def choose_root(self, head: SemanticEvent, pool: RootPool) -> SemanticEvent:
+        """``head``: the first exploding layer in forward order at the earliest onset, or a surge."""
+        if head.kind is not KIND:
+            return head
+        amplifying = pool.first_evidence(ActivationHealth.AMPLIFYING)
+        if amplifying is not None:  # a layer amplifying its input from the first step: its weights are too large
+            return amplifying
+        if head.step_start > pool.topo.first_step:
+            return head  # appeared mid-run: the dynamics (learning rate), not one layer's weights
+        origin = pool.first_evidence(ActivationHealth.ANOMALOUS)
+        if origin is None:
+            return head
+        # present from the start with activations blowing up: the first layer whose outputs blow up has weights
+        # too large for its input (an activation module that blows up is blamed on the layer feeding it)
+        if pool.topo.roles.get(origin.layer) == "parametric":
+            return origin
+        feeding = pool.topo.feeding(origin.layer)
+        fed = pool.first_evidence(ActivationHealth.ANOMALOUS, feeding) if feeding is not None else None
+        return fed if fed is not None else origin
+
+    def rules(self) -> list[CausalRule]:
+        def rule(name: str, relation: str, effects: tuple[GradientHealth | ActivationHealth, ...]) -> CausalRule:
+            return CausalRule(name, relation, KIND, effects, same_place_joins=True)
+
+        return [
+            rule("explosion-spreads", "spreads to", (GradientHealth.EXPLODING,)),
+            rule("explosion-overflows", "overflows into", _NON_FINITE),
+            rule("explosion-kills-units", "kills units of", (ActivationHealth.DEAD,)),
+            rule("explosion-saturates", "saturates", (ActivationHealth.SATURATED,)),
+            AnomalyEvidence(
+                "explosion-shows-in-activations", "blows up the outputs of", KIND, (None,), "any", _BLOW_UP, False, True
+            ),
+            InflatedUpdates(
+                "explosion-inflates-updates", "inflates", KIND, (None,), "any", (UpdateHealth.EXPLODING,), False, True
+            ),
+        ]
+
+    def explain(
+        self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
+    ) -> tuple[str, str]:
+        spread = [e for e in rest if e.kind is KIND and e.event_type is EventType.GRADIENT]
+        nonfinite = [e for e in rest if e.kind is not None and e.to_state in _NON_FINITE]
+        layers = sorted({e.layer for e in spread}, key=topo.position)
+        worst = max(spread, key=lambda e: e.metrics.get("grad_norm", 0.0), default=None)
+        gradients = (
+            f" Gradients explode in {quoted(layers)} (norm up to {num(worst.metrics.get('grad_norm', math.inf))} at "
+            f"'{worst.layer}', from step {min(e.step_start for e in spread)})."
+            if worst is not None
+            else ""
+        )
+        lr = near(series, "lr", "", root.step_start)
+        if root.event_type is EventType.UPDATE:
+            lr_value = root.metrics.get("lr", lr)
+            with_lr = f" with learning rate {num(lr_value)}" if lr_value is not None else ""
+            what = (
+                f"Updates as large as the weights from step {root.step_start}{with_lr}: the median update/weight "
+                f"ratio ||dW||/||W|| is {num(root.metrics.get('median_update_ratio', math.nan))} per step "
+                "(healthy training moves weights by ~0.1% per step)." + gradients
+            )
+            fix = lower_lr(lr_value)
+        elif root.kind is None and is_state(
+            root.to_state, ActivationHealth.AMPLIFYING
+        ):  # blowing up its input from the start
+            what = (
+                f"{topo.describe(root.layer)} amplifies its input {num(root.metrics.get('gain', math.inf))}x "
+                f"{held(root, topo)} (output rms {num(root.metrics.get('output_rms', math.inf))}), from the first "
+                "step: its weights are too large for its input." + gradients
+            )
+            fix = _reinitialise(root, topo)
+        elif root.kind is None:  # activations blowing up from the first step: the origin's weights are too large
+            what = (
+                f"Outputs of {topo.describe(root.layer)} blow up {held(root, topo)} (rms "
+                f"{num(root.metrics.get('output_rms', math.inf))}) from the first step: its weights are too large for "
+                "its input." + gradients
+            )
+            fix = _reinitialise(root, topo)
+        else:
+            what = (
+                f"Exploding gradients from step {root.step_start}: gradient norm "
+                f"{num(root.metrics.get('grad_norm', math.inf))} at {topo.describe(root.layer)}"
+                + (f", and {len(layers)} more layers." if layers else ".")
+            )
+            ratio = near(series, "update_ratio", root.layer, root.step_start)
+            if ratio is not None and math.isfinite(ratio) and ratio > 0.1:
+                what += f" Updates reach {num(ratio)}x the weights per step."
+            fix = lower_lr(lr)
+            clipped = root.metrics.get("clipped_grad_norm")
+            if clipped is not None:
+                what += (
+                    f" Gradient clipping cut the total norm {num(root.metrics.get('clip_factor', math.nan))}x before "
+                    f"the optimizer step ('{root.layer}' reached it at {num(clipped)}): clipping bounds the steps but "
+                    "hides the explosion, and the direction it keeps is dominated by the exploding part."
+                )
+                fix = (
+                    f"find why the gradients of {topo.describe(root.layer)} are this large: for a recurrent layer, "
+                    "scale down its recurrent weights (orthogonal initialisation); otherwise lower the learning rate "
+                    "or add normalisation. Keep clipping as a guard, not a cure."
+                )
+        if nonfinite:
+            what += f" Values turn non-finite at step {min(e.step_start for e in nonfinite)}."
+        return what, fix
+
+    def describe(self, event: SemanticEvent) -> str:
+        m = event.metrics
+        if is_state(event.to_state, ActivationHealth.ANOMALOUS):
+            return f"outputs blowing up (rms {num(m.get('output_rms', math.inf))})"
+        if is_state(event.to_state, ActivationHealth.AMPLIFYING):
+            return f"amplifies its input {num(m.get('gain', math.inf))}x"
+        if is_update_surge(event):
+            lr = m.get("lr")
+            with_lr = f", learning rate {num(lr)}" if lr is not None else ""
+            updates = "" if not event.layer and event.param is None else "updates "  # read after "the model's updates"
+            ratio = num(m.get("median_update_ratio", math.nan))
+            return f"{updates}as large as the weights (median update/weight ratio {ratio}{with_lr})"
+        clipped = m.get("clipped_grad_norm")
+        tail = f", clipped to {num(clipped)}" if clipped is not None else ""
+        return f"gradient exploding (norm {num(m.get('grad_norm', math.inf))}{tail})"
+
+    def label(self, event: SemanticEvent) -> str:
+        if event.kind is KIND:
+            return f"exploding gradient: {num(event.metrics.get('grad_norm', 0.0))}"
+        if is_state(event.to_state, ActivationHealth.ANOMALOUS):
+            return f"outputs blow up: rms {num(event.metrics.get('output_rms', 0.0))}"
+        return self.describe(event)
+
+    def effect(self, event: SemanticEvent) -> str:
+        if is_state(event.to_state, ActivationHealth.ANOMALOUS):
+            return "outputs blowing up"
+        if is_state(event.to_state, ActivationHealth.AMPLIFYING):
+            return "layers amplifying their input"
+        if is_update_surge(event):
+            return "updates as large as the weights"
+        return "exploding gradients"
+
+
+def lower_lr(lr: float | None) -> str:
+    """The fix for a learning rate far too high."""
+    now = f" (now {num(lr)})" if lr is not None else ""
+    return (
+        f"lower the learning rate{now}, e.g. 10x smaller; clip gradients with "
+        "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0); add normalisation layers; check that inputs and "
+        "targets are normalised."
+    )
+
+
+def _reinitialise(root: SemanticEvent, topo: Topology) -> str:
+    return (
+        f"re-initialise {topo.describe(root.layer)} with a scale that fits its fan-in (Kaiming for ReLU, "
+        "Xavier for tanh) or add normalisation after it; clipping gradients would only hide it."
+    )

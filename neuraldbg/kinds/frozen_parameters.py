@@ -1,0 +1,178 @@
+"""Frozen parameters: a parameter that receives a non-zero gradient and is left exactly unchanged.
+
+Measured, not inferred from optimizer settings: on fully observed steps the weights are copied before the optimizer
+steps and compared after (see :class:`~neuraldbg.detectors.base.UpdateCensus`). A parameter missing from every
+optimizer, or in a group with learning rate 0, is frozen. Parameters with ``requires_grad=False`` get no gradient
+and are never reported: freezing a backbone on purpose is not a fault. Nor is a step its optimizer skipped: a
+parameter stepped at an earlier observed step and not at this one belongs to an optimizer that steps on other steps
+(a GAN's generator while the discriminator's optimizer steps); such a step says nothing about it. (Observed every
+16th step, alternating optimizers would otherwise always be seen on the same player's turn.)
+
+When no parameter moves at all and the optimizers hold them with learning rate 0 (a learning-rate schedule that
+reached 0), that is one global stall (:mod:`.stalled_updates`), not every parameter frozen. Parameters that no
+optimizer holds stay frozen even then: a backbone frozen on purpose (``requires_grad=False``) beside a head left out
+of the optimizer moves nothing, yet its fault is the head's, whatever the learning rate. When no optimizer steps
+any parameter of the model and nothing moves (an optimizer built over the frozen backbone alone, or
+``optimizer.step()`` never called), every parameter with a gradient is frozen, marked ``none_stepped`` for the
+explanation.
+
+A frozen parameter whose weight is all zeros (the layer's unit weight, see
+:attr:`~neuraldbg.model.info.LayerInfo.unit_weight`) is marked ``zero_weight``: its layer passes no gradient to its
+input, and, frozen, never will (a zero-initialised head left out of the optimizer zeroes every gradient upstream of
+it). Parameters frozen for the same reason are one fault.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import DebugConfig
+from ..detectors.base import Detector, Finding, Observation, StepView
+from ..events import EventType, FailureKind, SemanticEvent
+from ..health import GradientHealth, UpdateHealth
+from ..reasoning.rules import CausalRule
+from ..reasoning.topology import Topology
+from ..text import num, quoted
+from .base import Check, Kind, RootLane, Series, held
+
+KIND = FailureKind.FROZEN_PARAMETERS
+
+
+class FrozenDetector(Detector):
+    name = "frozen"
+    track = "update"
+    event_type = EventType.UPDATE
+    every_step = False
+
+    def observe(self, view: StepView) -> Observation | None:
+        census = view.updates
+        if census is None:
+            return None
+        obs = Observation()
+        for layer, param in census.seen:
+            obs.saw(self.event_type, layer, param)
+        held_still = census.held
+        if census.at_lr_zero:  # one global stall: the parameters the optimizers hold at lr 0 are not frozen
+            held_still = [(layer, param, m) for layer, param, m in held_still if not m["in_optimizer"]]
+        elif not census.moving and not census.stepped_ever:  # no optimizer steps any parameter of the model
+            held_still = [(layer, param, {**m, "none_stepped": 1.0}) for layer, param, m in held_still]
+        for layer, param, metrics in held_still:
+            obs.findings.append(Finding(self.event_type, KIND, layer, UpdateHealth.FROZEN, metrics, 1.0, param=param))
+        return obs
+
+
+@dataclass(frozen=True)
+class SameFrozenCause(CausalRule):
+    """Parameters frozen for the same reason (left out of the optimizer, or lr 0) are one fault."""
+
+    def explains(self, cause: SemanticEvent, effect: SemanticEvent, topo: Topology) -> bool:
+        return (
+            cause.kind is KIND
+            and effect.kind is KIND
+            and cause.metrics.get("in_optimizer") == effect.metrics.get("in_optimizer")
+        )
+
+    def earliest_effect(self, cause: SemanticEvent) -> int | None:
+        return None
+
+    def covers(self, a: SemanticEvent, b: SemanticEvent, topo: Topology) -> bool:
+        return a.metrics.get("in_optimizer") == b.metrics.get("in_optimizer")
+
+
+@dataclass(frozen=True)
+class FrozenZeroWeightBlocks(CausalRule):
+    """A frozen layer whose weight is all zeros passes no gradient to its input, and never will: the exactly-zero
+    gradients upstream of it (earlier in forward order) are its effect (a zero-initialised head left out of the
+    optimizer)."""
+
+    def explains(self, cause: SemanticEvent, effect: SemanticEvent, topo: Topology) -> bool:
+        if cause.metrics.get("zero_weight") != 1.0:
+            return False
+        zero = effect.metrics.get("exact_zero") == 1.0 or effect.metrics.get("grad_norm") == 0.0
+        return zero and super().explains(cause, effect, topo)
+
+    def applies_to(self, cause: SemanticEvent) -> bool:
+        return cause.kind is self.cause_kind and cause.metrics.get("zero_weight") == 1.0
+
+    def earliest_effect(self, cause: SemanticEvent) -> int | None:
+        return super().earliest_effect(cause)
+
+    def covers(self, a: SemanticEvent, b: SemanticEvent, topo: Topology) -> bool:
+        blocks = a.metrics.get("zero_weight") == 1.0 or b.metrics.get("zero_weight") != 1.0
+        return blocks and super().covers(a, b, topo)
+
+
+class FrozenParameters(Kind):
+    name = KIND.value
+    lists_own = True
+    states = (UpdateHealth.FROZEN,)
+    check = Check("assert_parameters_update", "parameters do not update")
+
+    def detectors(self, config: DebugConfig) -> list[Detector]:
+        return [FrozenDetector()]
+
+    def lane(self, event: SemanticEvent) -> RootLane | None:
+        return RootLane(5)
+
+    def rules(self) -> list[CausalRule]:
+        return [
+            FrozenZeroWeightBlocks(
+                "frozen-zero-weight-blocks",
+                "zeroes the gradient of",
+                KIND,
+                (GradientHealth.VANISHING,),
+                "upstream",
+                same_place_joins=True,
+            ),
+            SameFrozenCause("frozen-together", "is frozen like", KIND, (KIND,), joins=True),
+        ]
+
+    def explain(
+        self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
+    ) -> tuple[str, str]:
+        events = [root, *[e for e in rest if e.kind is KIND]]
+        params = [e.param or e.layer for e in events]
+        layers = sorted({e.layer for e in events}, key=topo.position)
+        grad = max(e.metrics.get("grad_norm", 0.0) for e in events)
+        missing = root.metrics.get("in_optimizer", 0.0) == 0.0
+        if missing and root.metrics.get("none_stepped") == 1.0:
+            reason = (
+                "they are not in any optimizer, and no optimizer steps any parameter of the model (an optimizer built "
+                "over other parameters, such as a frozen backbone's, or an optimizer.step() that is never called)"
+            )
+        else:
+            reason = "they are not in any optimizer" if missing else "their optimizer group has learning rate 0"
+        zero = [e for e in events if e.metrics.get("zero_weight") == 1.0]
+        blocked = ""
+        if zero:
+            blocking = sorted({e.layer for e in zero}, key=topo.position)
+            blocked = (
+                f" {quoted([e.param or e.layer for e in zero])} {'is' if len(zero) == 1 else 'are'} all zeros and, "
+                f"frozen, stay{'s' if len(zero) == 1 else ''} so: no gradient passes back through {quoted(blocking)} "
+                "to the layers before."
+            )
+        what = (
+            f"Frozen parameters: {quoted(params)} (in {quoted(layers)}) receive gradients (norm up to {num(grad)}) "
+            f"but never change {held(root, topo)}: {reason}.{blocked}"
+        )
+        if not missing:
+            fix = "give that parameter group a non-zero learning rate "
+        elif root.metrics.get("none_stepped") == 1.0:
+            fix = (
+                "build the optimizer over the parameters that train (e.g. torch.optim.AdamW(p for p in "
+                "model.parameters() if p.requires_grad)) and call optimizer.step() after backward() "
+            )
+        else:
+            fix = "pass every trainable parameter to the optimizer (e.g. torch.optim.AdamW(model.parameters())) "
+        fix += "- or set requires_grad=False on them if freezing is intended."
+        return what, fix
+
+    def describe(self, event: SemanticEvent) -> str:
+        why = "not in any optimizer" if event.metrics.get("in_optimizer", 0.0) == 0.0 else "learning rate 0"
+        return f"never updated although it gets gradients ({why})"
+
+    def label(self, event: SemanticEvent) -> str:
+        return "frozen: never updated"
+
+    def effect(self, event: SemanticEvent) -> str:
+        return "frozen parameters"

@@ -1,0 +1,207 @@
+"""Vanishing gradients: a layer whose parameter gradient is vanishingly small while the loss still has one to give.
+
+A layer's gradient norm is the L2 norm over the parameters it owns directly (a bias before a BatchNorm gets an
+exactly-zero gradient by construction; folding it into its layer keeps that silent).
+
+**Vanishing** needs both an absolute and a relative test (below ``vanishing_norm`` *and* below ``vanishing_ratio``
+of the largest layer at the same step), except for an exact zero or a norm below ``vanishing_floor``, which no
+healthy layer shows while the loss still has a gradient to give. Three kinds of small gradient are not vanishing
+gradients, and are recognised from the structure and the layer's own output:
+
+* *Cancelled by construction.* A normalisation layer whose output goes straight into a BatchNorm or InstanceNorm
+  (BatchNorm -> BatchNorm, LayerNorm -> BatchNorm1d, conv -> BatchNorm -> BatchNorm): the second norm standardises
+  each channel again, dividing out any per-channel scale and adding back any shift the first one applies, so the
+  first one's affine weight and bias get a gradient of ~0 (up to the second norm's epsilon), like a conv bias
+  before a BatchNorm. Nothing is lost, and no learning rate or init changes it.
+* *A small-signal regime.* Attention logits are ``s_ij = q_i . k_j / sqrt(d)`` with ``q = W_q x``, ``k = W_k x``;
+  the attention output is ``sum_j p_ij v_j`` with ``p_i = softmax(s_i)``. Then
+
+  ``dL/dq_i = (1/sqrt(d)) sum_j p_ij (g_i . (v_j - vbar_i)) k_j``, with ``g_i = dL/d(output_i)`` and
+  ``vbar_i = sum_j p_ij v_j``,
+
+  and ``dL/dW_q = sum_i dL/dq_i x_i^T`` (``dL/dW_k`` likewise, with the roles of q and k swapped). At
+  initialisation the logits are near zero, so attention is near-uniform and ``v_j - vbar_i`` is only the spread of
+  the values around their mean; the gradient of W_q is a product of three small factors: the keys (a projection by
+  the small W_k), the spread of the values (a projection by the small W_v) and ``g`` (which reaches the attention
+  through the small output projection). With BERT's init (std 0.02, hidden 64) that is ~5e-5 of the classifier's
+  gradient, while W_v's gradient, which lacks two of the factors, is ~1e-2. It is not a trap: the softmax is in its
+  near-linear regime, and the gradient grows as W_k, W_v and W_o grow with training. It is *saturation* that traps
+  (logits so large that ``p_ij (1 - p_ij)`` is ~0 for every pair): then the query and key outputs are large. So a
+  layer whose tiny gradient comes with a *quiet* output (rms below ``quiet_output_rms``, logits of at most ~1 from
+  such queries and keys) is in the small-signal regime, provided the gradient does reach it: a layer before it in
+  forward order gets a healthy gradient (otherwise the gradient vanishes through depth, as in a GRU whose update
+  gate is stuck open, whose output is quiet too), and so does a layer beside it, in the same parent module (the
+  value projection next to the query and the key; otherwise the whole block is cut off, as behind a gate stuck
+  closed, however small its outputs are).
+* *The end of a fit.* A fit that has converged (:class:`~neuraldbg.detectors.base.FitProgress`: the loss's
+  gradient w.r.t. the output fell tenfold, or the reported loss a hundredfold) has little left to learn, and its
+  gradients shrink with it, the inner layers' often faster than the head's: a 16-block residual net with LayerNorm
+  overfitting one batch under Adam ends with LayerNorm gradients of 4e-5, 3e-4 of the head's. A layer whose
+  gradient was healthy at its first reading and is small (not exactly zero) on a converged fit is not vanishing.
+  Gradients that vanish from the start are still reported however far the loss falls (a deep sigmoid net whose
+  head alone fits), and so is an exact zero, which a fit does not produce.
+
+Root: the most downstream vanishing layer (the gradient vanishes from there back to the input), after every other
+fault, which explains gradients it zeroes or shrinks. Config: ``vanishing_norm``, ``vanishing_ratio``,
+``vanishing_floor``, ``quiet_output_rms``, ``fit_gradient_drop``, ``fit_loss_drop``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+
+from ..config import DebugConfig
+from ..detectors.base import Detector, Finding, FitProgress, LayerGradient, Observation, StepView, strength
+from ..events import EventType, FailureKind, SemanticEvent
+from ..health import GradientHealth, UpdateHealth
+from ..reasoning.rules import CausalRule
+from ..reasoning.topology import Topology
+from ..text import num
+from .base import Check, Kind, RootLane, Series, held, near
+
+KIND = FailureKind.VANISHING_GRADIENTS
+
+
+class VanishingDetector(Detector):
+    name = "vanishing"
+    track = "gradient"
+    event_type = EventType.GRADIENT
+    every_step = False
+
+    def __init__(self) -> None:
+        self._fit = FitProgress()
+        self._started_healthy: dict[str, bool] = {}  # layer -> its first finite reading was not vanishing
+
+    def observe(self, view: StepView) -> Observation | None:
+        grads = view.layer_gradients
+        if not grads:
+            return None
+        cfg = view.ctx.config
+        top = max((g.norm for g in grads.values() if math.isfinite(g.norm)), default=0.0)
+        converged = view.data.target_grad is not None and view.data.target_grad < cfg.vanishing_floor * 1e3
+        fitted = self._fit.converged(view)
+        floor = cfg.vanishing_floor
+        obs = Observation()
+        vanishing: dict[str, dict[str, float]] = {}
+        for layer, g in grads.items():
+            obs.saw(self.event_type, layer)
+            small = g.norm < floor or (g.norm < cfg.vanishing_norm and g.norm < cfg.vanishing_ratio * top)
+            if layer not in self._started_healthy and not g.non_finite and math.isfinite(top):
+                self._started_healthy[layer] = not (g.exact_zero or small)
+            if g.non_finite or converged:
+                continue  # non-finite: another state of this gradient; converged: small gradients are the fit
+            metrics = {"grad_norm": g.norm, "max_layer_grad_norm": top}
+            if g.exact_zero:
+                metrics["exact_zero"] = 1.0
+                vanishing[layer] = metrics
+            elif small:
+                if fitted and self._started_healthy.get(layer, False):
+                    continue  # healthy at first, it shrank as the fit converged: the fit, not a fault
+                metrics["ratio_to_max"] = g.norm / top if top > 0 else 0.0
+                vanishing[layer] = metrics
+        for layer, metrics in vanishing.items():
+            if _cancelled(view, layer) or _quiet(view, layer, grads, vanishing):
+                continue
+            s = 1.0 if "exact_zero" in metrics else strength(metrics["grad_norm"], cfg.vanishing_norm, decades=6)
+            obs.findings.append(Finding(self.event_type, KIND, layer, GradientHealth.VANISHING, metrics, s))
+        return obs
+
+
+def _cancelled(view: StepView, layer: str) -> bool:
+    """A normalisation layer feeding a per-channel renormalisation: its affine is divided out again."""
+    ctx = view.ctx
+    if not ctx.infos[layer].normalizes:
+        return False
+    following = ctx.next_output(layer)
+    return following is not None and ctx.infos[following].renormalizes_channels
+
+
+def _quiet(view: StepView, layer: str, grads: dict[str, LayerGradient], vanishing: Collection[str]) -> bool:
+    """A tiny (not zero, not below the floor) gradient on a layer with a quiet output, while a layer before it and a
+    layer beside it (same parent module) get healthy gradients: the small-signal regime of attention at
+    initialisation."""
+    g = grads[layer]
+    ctx = view.ctx
+    if g.exact_zero or g.norm < ctx.config.vanishing_floor:
+        return False
+    rms = view.rms((layer, 0))
+    if not (rms < ctx.config.quiet_output_rms):  # also False for NaN: an unmeasured output proves nothing
+        return False
+    here = ctx.position((layer, 0))
+    parent = layer.rpartition(".")[0]
+    healthy = [other for other, og in grads.items() if other not in vanishing and not og.non_finite]
+    return any(ctx.position((other, 0)) < here for other in healthy) and any(
+        other != layer and other.rpartition(".")[0] == parent for other in healthy
+    )
+
+
+class VanishingGradients(Kind):
+    name = KIND.value
+    states = (GradientHealth.VANISHING,)
+    lists_own = True
+    check = Check("assert_no_vanishing_gradients", "vanishing gradients")
+
+    def detectors(self, config: DebugConfig) -> list[Detector]:
+        return [VanishingDetector()]
+
+    def lane(self, event: SemanticEvent) -> RootLane | None:
+        return RootLane(6, last_first=True)
+
+    def rules(self) -> list[CausalRule]:
+        return [
+            CausalRule(
+                "vanishing-spreads-upstream",
+                "vanishes further into",
+                KIND,
+                (GradientHealth.VANISHING,),
+                "upstream",
+                same_place_joins=True,
+            ),
+            CausalRule("vanishing-stalls-updates", "stalls", KIND, (UpdateHealth.STALLED,), same_place_joins=True),
+        ]
+
+    def explain(
+        self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
+    ) -> tuple[str, str]:
+        events = [root, *rest]
+        lowest = min(events, key=lambda e: e.metrics.get("grad_norm", math.inf))
+        top = root.metrics.get("max_layer_grad_norm", 0.0)
+        all_zero = all(e.metrics.get("exact_zero") == 1.0 for e in events)
+        layers = sorted({e.layer for e in events}, key=topo.position)
+        last = topo.last_parametric()
+        reference = ""
+        if last is not None and last not in layers:
+            value = near(series, "grad_norm", last, root.step_start)
+            if value is not None:
+                reference = f", {num(value)} at '{last}'"
+        what = (
+            f"Vanishing gradients in {len(layers)} layer{'s' if len(layers) > 1 else ''} back from "
+            f"{topo.describe(root.layer)} {held(root, topo)}: gradient norm "
+            f"{num(lowest.metrics.get('grad_norm', 0.0))} at '{lowest.layer}'{reference}"
+            f" (largest layer gradient {num(top)})."
+        )
+        if all_zero:
+            fix = (
+                "the gradients are exactly zero: the loss does not depend on these parameters - look for a "
+                ".detach(), an argmax or comparison, or a ReLU that is dead for every input on the path to the loss."
+            )
+        else:
+            fix = (
+                "add residual connections or normalisation layers (BatchNorm, LayerNorm), use a non-saturating "
+                "activation (ReLU, GELU) instead of sigmoid/tanh, and use Kaiming (ReLU) or Xavier (tanh) "
+                "initialisation."
+            )
+        return what, fix
+
+    def describe(self, event: SemanticEvent) -> str:
+        if event.metrics.get("exact_zero") == 1.0:
+            return "gradient exactly zero"
+        return f"gradient vanishing (norm {num(event.metrics.get('grad_norm', 0.0))})"
+
+    def label(self, event: SemanticEvent) -> str:
+        m = event.metrics
+        return "zero gradient" if m.get("exact_zero") else f"vanishing gradient: {num(m.get('grad_norm', 0.0))}"
+
+    def effect(self, event: SemanticEvent) -> str:
+        return "vanishing or zero gradients"

@@ -1,0 +1,1 @@
+"""Extension points: pluggy hook specifications (:mod:`.hookspecs`) and the plugin manager (:mod:`.manager`)."""

@@ -1,0 +1,44 @@
+"""One observed step's statistics as host floats: what the detectors read.
+
+Collected as device tensors by :class:`~neuraldbg.capture.pending.Pending` and filed here at the flush. Nothing
+here imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SlotKey = tuple[str, int]  # (qualified layer name, call index within one forward pass)
+
+
+@dataclass(slots=True)
+class StepData:
+    """Host-side statistics of one observed step. Dictionaries are empty for what was not measured."""
+
+    step: int
+    full: bool
+    act: dict[SlotKey, float] = field(default_factory=dict)  # L2 norm of each layer's output
+    numel: dict[SlotKey, int] = field(default_factory=dict)
+    input_norm: float | None = None
+    input_numel: int = 0
+    output_norm: float | None = None
+    output_numel: int = 0
+    target_grad: float | None = None  # norm of d(loss)/d(model output): falls as the fit improves
+    head_grad: float | None = None  # gradient norm of the last parametric layer (fully observed steps)
+    head_finite: bool | None = None  # its gradient's first element is finite: on cheap steps, the loss was
+    grad_clip_factor: float | None = None  # total gradient norm after backward / at the optimizer step, when > 1
+    loss: float | None = None
+    dead: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # (dead units, units)
+    func_dead: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # never positive, zero grad
+    saturated: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # (saturated, elements)
+    out_grad: dict[SlotKey, float] = field(default_factory=dict)  # norm of d(loss)/d(layer output)
+    grad: dict[str, float] = field(default_factory=dict)  # parameter -> gradient norm
+    grad_numel: dict[str, int] = field(default_factory=dict)
+    grad_exact_zero: set[str] = field(default_factory=set)
+    grad_nonfinite: set[str] = field(default_factory=set)  # has inf/NaN elements (not a norm overflow)
+    update: dict[str, tuple[float, float]] = field(default_factory=dict)  # parameter -> (||dW||, ||W||)
+    update_parts: dict[str, list[float]] = field(default_factory=dict, repr=False)  # readings being assembled
+    stepped: dict[str, float] = field(default_factory=dict)  # parameter -> lr of the group that stepped it
+    lr_changed: bool = False
+    skipped: bool = False  # a GradScaler skipped this step's optimizer step (its scaled gradients overflowed)
+    loss_scale: float | None = None  # the GradScaler's scale in this step's backward pass

@@ -1,0 +1,254 @@
+"""Cheap tensor statistics, computed on the tensors' own device under ``torch.no_grad()``.
+
+Nothing here moves data to the host: every function returns small tensors, and :func:`to_host` moves a whole
+batch of them in one transfer (one ``.tolist()`` per device), never one ``.item()`` per layer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def first_tensor(value: object) -> Tensor | None:
+    """The first floating-point tensor in a module output (tensor, tuple, list, dict, PackedSequence)."""
+    if isinstance(value, Tensor):
+        return value if value.is_floating_point() else None
+    data = getattr(value, "data", None)  # PackedSequence
+    if isinstance(data, Tensor) and not isinstance(value, Tensor):
+        return data if data.is_floating_point() else None
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            found = first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+#: Tensor types whose values the reductions read directly.
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
+def dense(t: Tensor) -> Tensor | None:
+    """A plain strided tensor whose L2 norm equals ``t``'s, or None when ``t``'s values cannot be read here.
+
+    Sparse tensors give their coalesced values (duplicates summed first), quantized ones their dequantized
+    values, a ``DTensor`` (FSDP2, tensor parallelism) its local shard (the norm of a shard, not of the whole: see
+    docs/distributed.md on sharded parameters). Meta tensors hold no values and unknown tensor subclasses may not
+    support the reductions: both give None, and the caller skips them with a warning.
+    """
+    if type(t) in _PLAIN and t.layout is torch.strided and not t.is_quantized:
+        return None if t.is_meta else t
+    if t.is_meta:
+        return None
+    to_local = getattr(t, "to_local", None)
+    if callable(to_local):  # DTensor
+        local = to_local()
+        return dense(local) if isinstance(local, Tensor) and local is not t else None
+    if t.is_sparse:
+        return t.detach().coalesce().values()
+    if t.layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
+        return t.detach().values()
+    if t.is_quantized:
+        return t.dequantize()
+    if type(t) not in _PLAIN:  # another subclass: usable only if it behaves as a plain tensor
+        try:
+            plain = t.as_subclass(Tensor)
+        except Exception:
+            return None
+        return plain if plain.layout is torch.strided else None
+    return None
+
+
+def norms(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """L2 norm of each tensor, as 0-d float32 tensors, in as few kernel launches as possible.
+
+    ``torch._foreach_norm`` reduces a whole list in one call; tensors are grouped by device and dtype so
+    half-precision tensors are reduced in float32 (a float16 norm overflows at 65504), complex and float64
+    tensors one by one. Every tensor must be plain and strided (see :func:`dense`). This runs in every fully
+    observed step's hot path, so the common case (one device, float32) takes a short way.
+    """
+    with torch.no_grad():
+        if all(t.dtype is torch.float32 for t in tensors):
+            try:
+                return list(torch._foreach_norm(list(tensors)))
+            except RuntimeError:  # tensors on several devices
+                pass
+        return _grouped_norms(tensors)
+
+
+def _grouped_norms(tensors: Sequence[Tensor]) -> list[Tensor]:
+    out: list[Tensor | None] = [None] * len(tensors)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    for (_, dtype), idx in groups.items():
+        group = [tensors[i] for i in idx]
+        result: Sequence[Tensor]
+        if dtype in _LOW_PRECISION:
+            result = torch._foreach_norm(group, 2, dtype=torch.float32)
+        elif dtype == torch.float32:
+            result = torch._foreach_norm(group)
+        else:  # float64, complex, integer: one by one (a complex norm is real)
+            result = [
+                torch.linalg.vector_norm(t.float() if not t.is_floating_point() and not t.is_complex() else t).float()
+                for t in group
+            ]
+        for i, r in zip(idx, result):
+            out[i] = r
+    return [r for r in out if r is not None]
+
+
+def host_norm(t: Tensor) -> float:
+    """The L2 norm of a tensor as a Python float (a host read: on a GPU, a sync; used on CPU tensors). A
+    half-precision tensor is reduced in float32: the norm of float16 values overflows at 65504 long before any
+    of them does (a scaled loss gradient, an autocast output)."""
+    with torch.no_grad():
+        dtype = torch.float32 if t.dtype in _LOW_PRECISION else None
+        return float(torch.linalg.vector_norm(t.detach(), dtype=dtype))
+
+
+def unit_dim(t: Tensor, channel_first: bool) -> int:
+    """The dimension that indexes units: features (last) for dense outputs, channels (1) for conv maps."""
+    if t.dim() <= 2:
+        return t.dim() - 1
+    return 1 if channel_first else t.dim() - 1
+
+
+@torch.no_grad()
+def dead_units(t: Tensor, channel_first: bool, sample_fraction: float) -> Tensor:
+    """Number of units active (> 0) on at most ``sample_fraction`` of the samples, as a 0-d float32 tensor.
+
+    A sample is one element of the batch (dim 0); a unit of a conv map is active on a sample when it is
+    positive anywhere on that sample's map, so sparse but healthy feature detectors are not called dead.
+    """
+    if t.dim() < 2:  # no batch dimension: every element is a unit, observed on one sample
+        return (t <= 0).sum(dtype=torch.float32)
+    u = unit_dim(t, channel_first)
+    other = [d for d in range(1, t.dim()) if d != u]
+    per_sample = t.amax(dim=other) if other else t  # [batch, units]
+    allowed = int(sample_fraction * per_sample.shape[0])
+    if allowed == 0:  # dead = positive on no sample: the largest value over the batch says it, 10x cheaper
+        return (per_sample.amax(dim=0) <= 0).sum(dtype=torch.float32)
+    active = (per_sample > 0).sum(dim=0, dtype=torch.int32)
+    return (active <= allowed).sum(dtype=torch.float32)
+
+
+def unit_count(t: Tensor, channel_first: bool) -> int:
+    """The number of units :func:`dead_units` counts over: the size of the unit dimension, or every element of
+    an output without a batch dimension."""
+    return t.numel() if t.dim() < 2 else int(t.shape[unit_dim(t, channel_first)])
+
+
+@torch.no_grad()
+def never_positive(t: Tensor, channel_first: bool) -> Tensor:
+    """Boolean per unit: the unit's output is <= 0 on every element of the batch (a pre-activation that a
+    following ReLU would zero everywhere)."""
+    if t.dim() < 2:
+        return (t <= 0).reshape(-1)
+    u = unit_dim(t, channel_first)
+    return t.movedim(u, -1).reshape(-1, t.shape[u]).amax(dim=0) <= 0
+
+
+@torch.no_grad()
+def zero_gradient_units(grad: Tensor) -> Tensor:
+    """Boolean per output unit (row of a weight's gradient): the unit received exactly zero gradient."""
+    rows = grad.reshape(grad.shape[0], -1)
+    low, high = torch.aminmax(rows, dim=1)
+    return (low == 0) & (high == 0)
+
+
+@torch.no_grad()
+def saturated_count(t: Tensor, center: float, radius: float) -> Tensor:
+    """Number of elements with ``|t - center| >= radius`` (at or beyond a saturating bound), as float32."""
+    d = t - center if center else t
+    return (d.abs() >= radius).sum(dtype=torch.float32)
+
+
+@torch.no_grad()
+def largest_magnitudes(tensors: Sequence[Tensor]) -> list[float]:
+    """max |t| of each tensor, moved to the host in one transfer: 0 only for an exactly-zero tensor (a norm of 0
+    can also be an underflow), non-finite only when an element is (a norm of inf can also be an overflow)."""
+    if not tensors:
+        return []
+    with torch.no_grad():
+        if all(t.dtype is torch.float32 for t in tensors):
+            return to_host(torch._foreach_norm(list(tensors), math.inf))
+        return to_host([torch.linalg.vector_norm(t.float(), math.inf) for t in tensors])
+
+
+class Snapshot:
+    """What the optimizer will do to some parameters, measured without copying them all.
+
+    Before the step: a copy of an evenly strided sample of at most ``sample`` elements per parameter (the whole
+    parameter when it is smaller: then its change is exact), and the norm of each sampled parameter (one batched
+    reduction). After the step, :meth:`changes` gives per parameter the sample change's norm, the new norm and,
+    for sampled parameters, the old norm, all batched; :func:`update_norm` turns them into ||dW||: the sample's
+    change scaled to the whole parameter or, when the sample did not change but the norm did (a sparse update the
+    sample missed), the change of the norm, which bounds ||dW|| from below. A parameter is unchanged (exactly 0)
+    only when its sample and its norm both are.
+    """
+
+    def __init__(self, names: Sequence[str], params: Sequence[Tensor], sample: int = 65536) -> None:
+        self.names = list(names)
+        with torch.no_grad():
+            self._params = [p.detach() for p in params]
+            views = [_sample(p, sample) for p in self._params]
+            self._samples = [v for v, _ in views]
+            self.scales = [s for _, s in views]
+            self._sampled = [i for i, s in enumerate(self.scales) if s != 1.0]
+            self._before = norms([self._params[i] for i in self._sampled]) if self._sampled else []
+            self._copies = list(torch._foreach_mul(self._samples, 1.0)) if self._samples else []  # one copy
+
+    def changes(self) -> tuple[list[Tensor], list[Tensor], list[Tensor | None]]:
+        """(sample change norms, norms after, norms before or None for parameters copied whole), each one 0-d
+        tensor per parameter."""
+        with torch.no_grad():
+            after = norms(self._params)
+            deltas = norms(list(torch._foreach_sub(self._samples, self._copies)))
+        before: list[Tensor | None] = [None] * len(self._params)
+        for i, value in zip(self._sampled, self._before):
+            before[i] = value
+        return deltas, after, before
+
+
+def _sample(p: Tensor, limit: int) -> tuple[Tensor, float]:
+    """A strided view of at most ``limit`` elements of ``p`` and the factor that scales its norms to ``p``."""
+    n = p.numel()
+    if n <= limit or not p.is_contiguous():
+        return p, 1.0
+    stride = -(-n // limit)
+    view = p.view(-1)[::stride]
+    return view, math.sqrt(n / view.numel())
+
+
+def update_norm(sample_delta: float, scale: float, after: float, before: float) -> float:
+    """||dW|| from a :class:`Snapshot` reading (see there)."""
+    if sample_delta > 0 or math.isnan(sample_delta):
+        return sample_delta * scale
+    return abs(after - before)
+
+
+def to_host(tensors: Iterable[Tensor]) -> list[float]:
+    """Move 0-d tensors to the host in one transfer per device, preserving order."""
+    items = list(tensors)
+    if not items:
+        return []
+    try:  # one device (the common case): one stack, which promotes mixed dtypes, and one transfer
+        return list(torch.stack(items).tolist())
+    except RuntimeError:  # tensors on several devices
+        devices = {t.device for t in items}
+    out: list[float] = [0.0] * len(items)
+    for device in devices:
+        idx = [i for i, t in enumerate(items) if t.device == device]
+        values = torch.stack([items[i].float() for i in idx]).tolist()
+        for i, v in zip(idx, values):
+            out[i] = v
+    return out

@@ -1,0 +1,149 @@
+"""Persistence, merging of consecutive steps, and the bounded event store."""
+
+from __future__ import annotations
+
+import itertools
+
+import support
+import torch
+from torch import nn
+
+from neuraldbg import DebugConfig, EventType, FailureKind
+from neuraldbg.analysis.tracker import Tracker
+from neuraldbg.detectors.base import Finding, Observation
+from neuraldbg.stats.history import Series
+
+DEAD = Finding(EventType.ACTIVATION, FailureKind.DEAD_NEURONS, "3", "dead", {"dead_fraction": 1.0}, 1.0)
+NAN = Finding(EventType.ACTIVATION, FailureKind.NON_FINITE, "3", "non_finite", {}, 1.0, decisive=True)
+
+
+def feed(tracker: Tracker, states: list[Finding | None], start: int = 0) -> None:
+    for step, finding in enumerate(states, start=start):
+        obs = Observation()
+        obs.saw(EventType.ACTIVATION, "3")
+        if finding is not None:
+            obs.findings.append(finding)
+        tracker.update(step, [("d", obs)])
+
+
+def test_a_state_present_from_the_first_step_is_an_event_with_no_from_state():
+    tracker = Tracker(DebugConfig())
+    feed(tracker, [DEAD] * 5)
+    (event,) = tracker.events()
+    assert (event.step_start, event.step_end, event.from_state, event.to_state) == (0, 4, None, "dead")
+    assert event.metrics["observations"] == 5
+
+
+def test_a_state_shorter_than_the_persistence_is_not_an_event_unless_decisive():
+    tracker = Tracker(DebugConfig(persistence=3))
+    feed(tracker, [None, DEAD, DEAD, None, None, NAN, None])
+    events = tracker.events()
+    assert [(e.to_state, e.step_start, e.from_state) for e in events] == [("non_finite", 5, "normal")]
+
+
+def test_consecutive_steps_merge_and_a_later_transition_records_where_it_came_from():
+    tracker = Tracker(DebugConfig(persistence=2, early_every=1))
+    feed(tracker, [None] * 4 + [DEAD] * 6)
+    (event,) = tracker.events()
+    assert (event.step_start, event.step_end, event.from_state) == (4, 9, "normal")
+
+
+def test_a_transient_of_the_first_steps_that_resolves_is_not_an_event_but_one_still_holding_at_the_end_is():
+    tracker = Tracker(DebugConfig(persistence=3, persistence_steps=5))
+    feed(tracker, [DEAD] * 4 + [None] * 20)  # a zero-initialised branch: 4 steps, then it recovers
+    assert tracker.events() == []
+    feed(tracker, [DEAD] * 3, start=24)  # a layer that dies at the very end of a short run
+    assert tracker.events() == []  # mid-run, three steps are not enough yet...
+    (event,) = tracker.events(final=True)  # ...but at the end of the run it held to the end
+    assert (event.step_start, event.step_end, event.metrics["ongoing"]) == (24, 26, 1.0)
+
+
+def test_a_layer_flapping_between_states_does_not_grow_the_store():
+    tracker = Tracker(DebugConfig(persistence=2, persistence_steps=1, early_every=4, max_events=50))
+    pattern = [DEAD, DEAD, DEAD, None, None]
+    feed(tracker, pattern * 2000)
+    assert len(tracker.events()) == 1  # gaps shorter than the merge window extend one event
+
+
+def test_the_store_keeps_the_earliest_and_the_strongest_events_when_full():
+    tracker = Tracker(DebugConfig(persistence=1, persistence_steps=1, early_every=1, max_events=20))
+    for i in range(300):
+        strength = 1.0 if i == 250 else 0.1
+        finding = Finding(EventType.ACTIVATION, FailureKind.DEAD_NEURONS, f"layer{i}", "dead", {}, strength)
+        obs = Observation(findings=[finding])
+        obs.saw(EventType.ACTIVATION, f"layer{i}")
+        tracker.update(i * 10, [("d", obs)])
+        closing = Observation()
+        closing.saw(EventType.ACTIVATION, f"layer{i}")
+        tracker.update(i * 10 + 1, [("d", closing)])
+    events = tracker.events()
+    assert len(events) <= 20
+    layers = {e.layer for e in events}
+    assert {"layer0", "layer1", "layer2"} <= layers  # the earliest evidence survives
+    assert "layer250" in layers  # and the strongest
+    assert tracker.store.dropped == 300 - len(events)
+
+
+def test_series_keep_bounded_evenly_spread_points():
+    series = Series(16)
+    for step in range(10_000):
+        series.add(step, float(step))
+    points = series.points()
+    assert len(points) < 16
+    gaps = {b[0] - a[0] for a, b in itertools.pairwise(points)}
+    assert len(gaps) == 1  # even spacing
+    assert points[0][0] == 0 and points[-1][0] > 9000
+
+
+def test_memory_stays_flat_on_a_long_run_whose_layer_flaps():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    x = torch.randn(16, 4)
+    dbg = support.NeuralDbg(model, preset="full", persistence=2)
+    sizes = []
+    with dbg:
+        for step in range(3000):
+            with torch.no_grad():
+                model[0].bias.fill_(-100.0 if (step // 3) % 2 else 0.5)  # dead 3 steps, alive 3 steps
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+            if step in (999, 2999):
+                sizes.append((len(dbg.events), sum(len(s) for s in dbg.history.series.values())))
+    (events_1k, points_1k), (events_3k, points_3k) = sizes
+    assert events_1k == events_3k <= 8  # one event per layer and state, however often it flaps
+    capacity = dbg.config.history_points * len(dbg.history.series)
+    assert points_1k <= capacity and points_3k <= capacity
+
+
+EXPLODING = Finding(EventType.ACTIVATION, FailureKind.EXPLODING_GRADIENTS, "3", "exploding", {"grad_norm": 1e5}, 0.5)
+
+
+def test_a_short_explosion_that_turns_into_another_failure_is_kept_but_one_that_resolves_is_not():
+    tracker = Tracker(DebugConfig(persistence=3, persistence_steps=5))
+    feed(tracker, [EXPLODING, EXPLODING, EXPLODING, DEAD, DEAD, DEAD, DEAD, DEAD])  # blown up, then the units died
+    assert [(e.to_state, e.step_start, e.step_end) for e in tracker.events()] == [
+        ("exploding", 0, 2),
+        ("dead", 3, 7),
+    ]
+    calm = Tracker(DebugConfig(persistence=3, persistence_steps=5))
+    feed(calm, [EXPLODING, EXPLODING, EXPLODING] + [None] * 5)  # three steps, then it settled by itself
+    assert calm.events() == []
+
+
+def test_only_a_new_kind_of_state_asks_for_dense_observation():
+    tracker = Tracker(DebugConfig())
+    for step, layers in enumerate([["3"], ["3", "5"], ["3", "5", "7"]]):
+        obs = Observation()
+        for layer in layers:
+            obs.saw(EventType.ACTIVATION, layer)
+            obs.findings.append(Finding(EventType.ACTIVATION, FailureKind.DEAD_NEURONS, layer, "dead", {}, 1.0))
+        tracker.update(step, [("d", obs)])
+    assert tracker.started == 1  # layers dying one after another while one already is: no new dense window
+    obs = Observation()
+    obs.saw(EventType.ACTIVATION, "3")
+    obs.findings.append(NAN)
+    tracker.update(3, [("d", obs)])
+    assert tracker.started == 2  # a new kind of state does ask for it
+    assert tracker.has_open("d") and not tracker.has_open("other")

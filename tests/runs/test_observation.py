@@ -1,0 +1,196 @@
+"""No "healthy" without evidence: runs that were not (fully) observed, or could not learn, are findings.
+
+Each fault is built as users write it, checked with plain torch in the test, and must give its own run-level
+hypothesis; validation passes, partly frozen models and healthy loops must stay silent.
+"""
+
+from __future__ import annotations
+
+import pytest
+import support
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import EventType, FailureKind, NeuralDbg, NeuralDbgWarning
+
+
+def mlp_with_dropout() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 1))
+
+
+def kinds(dbg: NeuralDbg) -> list[FailureKind]:
+    return [h.kind for h in dbg.hypotheses()]
+
+
+def only(dbg: NeuralDbg, kind: FailureKind):
+    (found,) = dbg.hypotheses()
+    assert found.kind is kind
+    assert found.root.event_type is EventType.RUN and found.root.layer == ""
+    assert found.explanation  # every run-level kind is explained in words
+    return found
+
+
+def test_a_loop_over_an_empty_loader_observed_no_training():
+    model = mlp_with_dropout()
+    before = [p.detach().clone() for p in model.parameters()]
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.empty(0, 16), torch.empty(0, 1)))
+    with NeuralDbg(model) as dbg:
+        for x, y in loader:  # no batch at all
+            F.mse_loss(model(x), y).backward()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # plain torch: nothing trained
+    found = only(dbg, FailureKind.NO_TRAINING_OBSERVED)
+    assert dbg.steps == 0 and found.root.metrics["forwards"] == 0
+
+
+def test_only_validation_passes_are_no_training():
+    model = mlp_with_dropout()
+    x = torch.randn(8, 16)
+    with NeuralDbg(model) as dbg:
+        with torch.no_grad():
+            model(x)
+        model.eval()
+        model(x)  # eval mode, gradients on, but no backward: validation, not training
+    found = only(dbg, FailureKind.NO_TRAINING_OBSERVED)
+    assert found.root.metrics["no_grad_forwards"] == 1 and found.root.metrics["eval_forwards"] == 1
+
+
+def test_a_loop_that_forgets_backward_reaches_no_parameter_with_a_gradient():
+    model = mlp_with_dropout()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batches = support.regression_batches()
+    grads_seen = []
+    with NeuralDbg(model) as dbg:
+        for step in range(10):
+            x, y = batches(step)
+            opt.zero_grad()
+            F.mse_loss(model(x), y)  # loss.backward() forgotten
+            grads_seen.append(any(p.grad is not None for p in model.parameters()))
+            opt.step()
+    assert not any(grads_seen)  # plain torch: no parameter ever had a gradient
+    found = only(dbg, FailureKind.NO_GRADIENT)
+    assert found.root.metrics["steps"] == 10 and found.root.metrics["backward_passes"] == 0
+    assert found.root.metrics["trainable_parameters"] == 4
+
+
+def test_a_model_left_in_eval_mode_while_training_is_found_with_its_mode_dependent_layers():
+    model = mlp_with_dropout()
+    model.eval()  # forgotten model.train() after a validation pass
+    dbg, _ = support.train(model, support.regression_batches(), steps=20)
+    assert not model.training and not model[2].training  # plain torch: dropout was off while the optimizer stepped
+    found = only(dbg, FailureKind.EVAL_MODE_TRAINING)
+    assert found.root.metrics["steps"] == 20 and "'2' (Dropout)" in found.root.detail
+    assert dbg.steps == 20  # every step is observed, not one
+
+
+def test_eval_mode_training_without_mode_dependent_layers_is_observed_and_healthy():
+    torch.manual_seed(0)
+    model = support.mlp()  # no dropout, no batch norm: eval mode changes nothing
+    model.eval()
+    dbg, losses = support.train(model, support.regression_batches(), steps=30)
+    assert losses[-1] < losses[0]
+    assert dbg.steps == 30 and dbg.hypotheses() == []
+
+
+def test_a_validation_pass_in_eval_mode_between_steps_is_not_training():
+    model = mlp_with_dropout()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batches = support.regression_batches()
+    with NeuralDbg(model) as dbg:
+        for step in range(30):
+            model.train()
+            x, y = batches(step)
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            if step % 5 == 4:
+                model.eval()
+                F.mse_loss(model(x), y)  # validation without no_grad: a forward, no backward
+    assert dbg.steps == 30 and dbg.hypotheses() == []
+    assert dbg._recorder.coverage.eval_forwards == 6
+
+
+def test_a_loss_with_exactly_zero_gradient_is_degenerate():
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)  # one output unit under cross_entropy: log_softmax of one logit is 0
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, labels = torch.randn(32, 8), torch.zeros(32, dtype=torch.long)
+    with NeuralDbg(model) as dbg:
+        for _ in range(10):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), labels)
+            dbg.observe_loss(loss)
+            loss.backward()
+            assert loss.item() == 0.0 and all(bool((p.grad == 0).all()) for p in model.parameters())
+            opt.step()
+    found = only(dbg, FailureKind.DEGENERATE_LOSS)
+    assert found.root.metrics["steps"] == 10 and found.root.metrics["loss"] == 0.0
+
+
+def test_a_converged_fit_is_not_a_degenerate_loss():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    x = torch.randn(64, 4)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+    dbg, losses = support.train(
+        model, lambda step: (x, y), steps=300, optimizer=torch.optim.Adam(model.parameters(), 0.05)
+    )
+    assert losses[-1] < 1e-6 * losses[0]  # plain torch: a near-perfect fit, gradients tiny but not zero
+    assert FailureKind.DEGENERATE_LOSS not in kinds(dbg)
+
+
+def test_a_debugger_that_stopped_observing_is_never_healthy(monkeypatch: pytest.MonkeyPatch):
+    from neuraldbg.capture import measure
+
+    real = measure.gradients
+
+    def fails_from_step_5(data, *args: object) -> None:
+        if data.step >= 5:
+            raise RuntimeError("cannot read gradients")
+        real(data, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(measure, "gradients", fails_from_step_5)
+    with pytest.warns(NeuralDbgWarning, match="cannot read gradients"):
+        dbg, _ = support.train(support.mlp(), support.regression_batches(), steps=20)
+    found = only(dbg, FailureKind.INCOMPLETE_OBSERVATION)
+    assert found.root.step_start == 5 and "cannot read gradients" in found.root.detail
+    assert dbg.steps == 5  # the steps before it were observed (and healthy)
+
+
+def test_a_partly_frozen_model_and_a_healthy_loop_stay_silent():
+    torch.manual_seed(0)
+    model = support.mlp()
+    for p in model[0].parameters():
+        p.requires_grad_(False)  # a frozen backbone layer, on purpose
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    dbg, losses = support.train(model, support.regression_batches(), steps=40, optimizer=opt)
+    assert losses[-1] < losses[0]
+    assert dbg.hypotheses() == []
+
+
+def test_run_level_findings_survive_a_saved_trace(tmp_path):
+    model = mlp_with_dropout()
+    model.eval()
+    dbg, _ = support.train(model, support.regression_batches(), steps=5)
+    import neuraldbg
+
+    loaded = neuraldbg.load(dbg.save(tmp_path / "run.json"))
+    assert [(h.kind, h.root.detail) for h in loaded.hypotheses()] == [(h.kind, h.root.detail) for h in dbg.hypotheses()]
+
+
+def test_a_loss_detached_from_the_output_is_no_gradient_and_the_explanation_names_the_detach():
+    model = mlp_with_dropout()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batches = support.regression_batches()
+    with NeuralDbg(model) as dbg:
+        for step in range(10):
+            x, y = batches(step)
+            opt.zero_grad()
+            pred = model(x).detach().requires_grad_()  # a detach on the way from the output to the loss
+            F.mse_loss(pred, y).backward()
+            opt.step()
+    assert all(p.grad is None for p in model.parameters())  # plain torch: backward ran, the model got nothing
+    found = only(dbg, FailureKind.NO_GRADIENT)
+    assert found.root.metrics["steps"] == 10
+    assert ".detach()" in found.explanation and "loss.backward() was never called" in found.explanation
