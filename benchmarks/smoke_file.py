@@ -1,4 +1,4 @@
-"""The whole smoke test: a pytest file of 10 smoke-training tests under the plugin against the same tests as plain loops.
+"""The whole smoke test: a pytest file of 10 smoke-training tests under the plugin against the same as plain loops.
 
     python -m benchmarks.smoke_file              # 5 rounds (about 2 minutes on 2 cores)
     python -m benchmarks.smoke_file --rounds 3

@@ -206,7 +206,10 @@ class Recorder:
             for part in (*self.buffer, self.pending) if self.clock.mode is StepMode.UNKNOWN else (self.pending,):
                 part.unscale(scale)
             raw = self.backward.grads.raw
-            self.backward.grads.raw = [n / scale for n in raw] if raw else raw
+            if isinstance(raw, Tensor):
+                self.backward.grads.raw = raw / scale
+            elif raw:
+                self.backward.grads.raw = [n / scale for n in raw]
         held = self.clock.provisional
         if not held or self.clock.mode is not StepMode.UNKNOWN:
             return
