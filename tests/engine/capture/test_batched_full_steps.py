@@ -51,7 +51,7 @@ def _run(on: set[int]) -> tuple[list[StepData], list[dict[str, int]]]:
             zeroed.step = step
             seen: dict[str, int] = {}
 
-            def count(m: nn.Module, i: object, o: torch.Tensor, name: str) -> None:
+            def count(m: nn.Module, i: object, o: torch.Tensor, name: str, seen: dict[str, int] = seen) -> None:
                 seen[name] = int((o.detach().amax(dim=0) <= 0).sum())  # units silent on the whole batch
 
             handles = [
