@@ -264,7 +264,7 @@ REPEATS = {"tiny": 30, "mlp": 8, "cnn": 4, "transformer": 8, "deep": 8}
 def table(models: list[str] | None, quick: bool, out: Callable[[str], None] = print) -> None:
     kinds = monitors()
     names = [k.name for k in kinds[1:]]
-    rounds, warmup = (6, 20) if quick else (30, 200)
+    rounds = 6 if quick else 30
     with _one_thread():
         out(f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs, load average {_load()}")
         if not any(k.name == "wandb_watch" for k in kinds):
@@ -276,7 +276,7 @@ def table(models: list[str] | None, quick: bool, out: Callable[[str], None] = pr
             short = case.build.__name__
             if models and short not in models:
                 continue
-            s = steady(case, kinds, warmup, rounds)
+            s = steady(case, kinds, 20 if quick else 260, rounds)  # warm-up: past the early, denser schedule
             f = first(case, kinds, max(2, REPEATS[short] // (4 if quick else 1)))
             cells = " | ".join(f"{s[n]:.2f}x / {f[n]:.2f}x" for n in names)
             out(f"| {short} | {cells} | {f['attach_ms']:.1f} ms | {f['diagnosis_ms']:.1f} ms |")
