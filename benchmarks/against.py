@@ -42,6 +42,7 @@ def _train(
     model.load_state_dict(state)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     dbg = pkg.NeuralDbg(model, preset=preset) if pkg else None
+    torch.manual_seed(1)  # dropout draws the same masks in every copy
     t0 = time.thread_time()
     if dbg:
         dbg.attach()
