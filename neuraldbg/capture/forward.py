@@ -154,6 +154,7 @@ class ForwardPath:
         data.output_numel = t.numel()
         if self._full:  # under autocast a GradScaler may scale gradients between backward and step
             self.autocast = self.autocast or torch.is_autocast_enabled(t.device.type)
+            data.classes = stats.class_count(output)
         cheap_cpu = not self._full and t.is_cpu and self.host_reads_are_free
         if cheap_cpu:
             self._check_ends(t)

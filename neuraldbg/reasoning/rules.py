@@ -152,5 +152,26 @@ class ExactlyZeroGradients(CausalRule):
         return super().covers(a, b, topo)
 
 
+@dataclass(frozen=True)
+class FaultsShowInTheLoss(CausalRule):
+    """A fault anywhere in the run (``causes``: every kind that is a fault) explains a loss that does not fall as it
+    should (``effect_kinds``: the kinds whose findings are the loss's symptoms), if it began before that finding's
+    end: dead units, a frozen layer or gradients left unzeroed are why the loss stalls, not another fault."""
+
+    causes: tuple[FailureKind, ...] = ()
+
+    def applies_to(self, cause: SemanticEvent) -> bool:
+        return cause.kind in self.causes
+
+    def explains(self, cause: SemanticEvent, effect: SemanticEvent, topo: Topology) -> bool:
+        return cause.kind in self.causes and effect.kind in self.effect_kinds and cause.step_start <= effect.step_end
+
+    def earliest_effect(self, cause: SemanticEvent) -> int | None:
+        return None
+
+    def covers(self, a: SemanticEvent, b: SemanticEvent, topo: Topology) -> bool:
+        return a.kind in self.causes and a.step_start <= b.step_start
+
+
 #: The relation of updates as large as the weights to a failure they set off.
 SETS_OFF = "set off"

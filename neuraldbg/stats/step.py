@@ -42,3 +42,10 @@ class StepData:
     lr_changed: bool = False
     skipped: bool = False  # a GradScaler skipped this step's optimizer step (its scaled gradients overflowed)
     loss_scale: float | None = None  # the GradScaler's scale in this step's backward pass
+    loss_observed: bool = False  # the loss was given to observe_loss (else recorded from the backward pass)
+    head_zero: bool | None = None  # cheap CPU steps: the head layer's gradient is exactly zero everywhere
+    carried: tuple[str, ...] = ()  # parameters whose .grad still held the applied gradient when backward began
+    carried_by: str = ""  # the optimizer that applied it ("" without an optimizer)
+    grad_carried: float | None = None  # > 0: that carried gradient was not all zeros (the carry-over is proved)
+    optimizers: set[int] = field(default_factory=set)  # ids of the owned optimizers that stepped
+    classes: int = 0  # fully observed steps: the last dimension of the model's (logit) output, 0 if none

@@ -32,6 +32,25 @@ def first_tensor(value: object) -> Tensor | None:
     return None
 
 
+def class_count(value: object) -> int:
+    """The size of the last dimension of a model's logits (a classifier's classes, a language model's vocabulary):
+    the ``logits`` of a Hugging Face output, else the first floating tensor of two or more dimensions in the output;
+    0 when there is none. Shape only: nothing is read."""
+    logits = getattr(value, "logits", None)
+    if isinstance(logits, Tensor) and logits.is_floating_point() and logits.dim() >= 2:
+        return int(logits.shape[-1])
+    if isinstance(value, Tensor):
+        return int(value.shape[-1]) if value.is_floating_point() and value.dim() >= 2 else 0
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            found = class_count(item)
+            if found:
+                return found
+    return 0
+
+
 #: Tensor types whose values the reductions read directly.
 _PLAIN = (Tensor, torch.nn.Parameter)
 
