@@ -155,6 +155,8 @@ class ForwardPath:
         if self._full:  # under autocast a GradScaler may scale gradients between backward and step
             self.autocast = self.autocast or torch.is_autocast_enabled(t.device.type)
             data.classes = stats.class_count(output)
+            if data.classes == 1:  # one output unit: probabilities (a binary classifier's sigmoid) or not
+                self._target().put("probabilities", None, stats.in_unit_interval(t))
         cheap_cpu = not self._full and t.is_cpu and self.host_reads_are_free
         if cheap_cpu:
             self._check_ends(t)

@@ -96,6 +96,10 @@ class Pending:
             self.captured = other.captured if self.captured is None else self.captured + other.captured
         src, dst = other.data, self.data
         dst.classes = src.classes or dst.classes
+        if src.probabilities is not None:
+            dst.probabilities = (
+                src.probabilities if dst.probabilities is None else dst.probabilities and src.probabilities
+            )
         dst.carried = src.carried or dst.carried
         dst.carried_by = src.carried_by or dst.carried_by
         if src.grad_carried is not None:
@@ -138,6 +142,8 @@ def assign(data: StepData, target: str, key: Any, extra: float, value: float) ->
         data.loss_observed = True
     elif target == "captured_loss":
         data.loss = value
+    elif target == "probabilities":
+        data.probabilities = value > 0 if data.probabilities is None else data.probabilities and value > 0
     elif target == "carried":
         data.grad_carried = merge_max(data.grad_carried, value)
     elif target == "loss_scale":

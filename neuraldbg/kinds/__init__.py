@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from ..config import DebugConfig
 from ..detectors.base import Detector
 from ..events import describe_events_with
-from ..reasoning.rules import SETS_OFF, CausalRule, FaultsShowInTheLoss, SurgeSetsOff
+from ..reasoning.rules import LOSS_RELATION, SETS_OFF, CausalRule, ShowsInTheLoss, SurgeSetsOff
 from . import (
     dead_neurons,
     degenerate_loss,
@@ -79,10 +79,15 @@ def rules(kinds: Iterable[Kind] | None = None) -> list[CausalRule]:
     chosen = list(rooms() if kinds is None else kinds)
     found = [resolve(rule) for k in chosen for rule in k.rules()]
     sensitive = tuple(k.kind for k in chosen if k.lr_sensitive)
+    # every fault explains the loss findings it came before: they are how it shows in the loss
     symptoms = tuple(k.kind for k in chosen if k.loss_symptom)
-    faults = tuple(k.kind for k in chosen if not (k.loss_symptom or k.inconclusive))
-    shows = FaultsShowInTheLoss("faults-show-in-the-loss", "keeps the loss from falling", None, symptoms, causes=faults)
-    return [*found, SurgeSetsOff("surge-sets-off", SETS_OFF, None, sensitive, same_place_joins=True), shows]
+    late = tuple(k.kind for k in chosen if k.late_loss_symptom)
+    faults = [k.kind for k in chosen if not (k.loss_symptom or k.inconclusive)] if symptoms or late else []
+    shows = [
+        ShowsInTheLoss(f"{kind}-shows-in-the-loss", LOSS_RELATION, kind, (*symptoms, *late), late=late)
+        for kind in faults
+    ]
+    return [*found, SurgeSetsOff("surge-sets-off", SETS_OFF, None, sensitive, same_place_joins=True), *shows]
 
 
 __all__ = [

@@ -17,7 +17,7 @@ from ..health import ActivationHealth, GradientHealth, UpdateHealth
 from ..reasoning.rules import CausalRule, ExactlyZeroGradients
 from ..reasoning.topology import Topology
 from ..text import count, num
-from .base import Kind, RootLane, Series, run_event
+from .base import LAST_RANK, Kind, RootLane, Series, run_event
 
 KIND = FailureKind.DEGENERATE_LOSS
 
@@ -52,7 +52,11 @@ class DegenerateLoss(Kind):
         metrics["early_zero"] = float(coverage.early_zero_readings)
         return run_event(KIND, first, max(last, coverage.last_step), "", **metrics)
 
+    late_loss_symptom = True  # zero gradients that began in mid-run: an earlier fault's doing, if there was one
+
     def lane(self, event: SemanticEvent) -> RootLane | None:
+        if event.step_start > 0:  # began in mid-run: after the faults that may have set it off
+            return RootLane(LAST_RANK, order=0)
         return RootLane(0, order=2)
 
     def rules(self) -> list[CausalRule]:

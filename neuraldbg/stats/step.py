@@ -49,3 +49,4 @@ class StepData:
     grad_carried: float | None = None  # > 0: that carried gradient was not all zeros (the carry-over is proved)
     optimizers: set[int] = field(default_factory=set)  # ids of the owned optimizers that stepped
     classes: int = 0  # fully observed steps: the last dimension of the model's (logit) output, 0 if none
+    probabilities: bool | None = None  # ... of one unit: every output in [0, 1] (a sigmoid's probabilities)

@@ -51,6 +51,13 @@ def class_count(value: object) -> int:
     return 0
 
 
+@torch.no_grad()
+def in_unit_interval(t: Tensor) -> Tensor:
+    """1.0 when every element of ``t`` lies in [0, 1] (probabilities), else 0.0: a 0-d tensor, on ``t``'s device."""
+    t = t.detach()
+    return ((t.amin() >= 0) & (t.amax() <= 1)).float()
+
+
 #: Tensor types whose values the reductions read directly.
 _PLAIN = (Tensor, torch.nn.Parameter)
 

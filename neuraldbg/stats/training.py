@@ -41,12 +41,15 @@ class TrainingFacts:
         self._stride = 1
         self._offered = 0
         self.classes = 0  # the last dimension of the model's (logit) output, when it has one
+        self.probabilities: bool | None = None  # one output unit that was always in [0, 1] (None: not read)
         self.nonfinite_gradient_steps = 0
 
     def observe(self, record: StepData) -> None:
         """Take in a fully observed step that was not skipped."""
         if record.classes:
             self.classes = record.classes
+        if record.probabilities is not None:
+            self.probabilities = record.probabilities and self.probabilities is not False
         finite = all(math.isfinite(v) for v in record.grad.values()) and not record.grad_nonfinite
         self.nonfinite_gradient_steps += not finite
         offered, self._offered = self._offered, self._offered + 1
