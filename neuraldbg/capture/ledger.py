@@ -114,6 +114,9 @@ class GradLedger:
         if not rec.active or not self._tensors or threading.get_ident() != self._thread:
             return None
         try:
+            # a compiled forward files its step at the next optimizer step: file it now, before this backward
+            # pass's loss is given to the step in progress (else the loss of step k would go to step k - 1)
+            rec.forward.compiled.pull()
             states: list[_State] = []
             carried: list[int] = []
             for i, t in enumerate(self._tensors):

@@ -55,7 +55,8 @@ class DegenerateLoss(Kind):
     late_loss_symptom = True  # zero gradients that began in mid-run: an earlier fault's doing, if there was one
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
-        if event.step_start > 0:  # began in mid-run: after the faults that may have set it off
+        if event.step_start > 0 and event.metrics.get("early_zero", 1.0) == 0:
+            # began in mid-run (none of the first readings was zero): after the faults that may have set it off
             return RootLane(LAST_RANK, order=0)
         return RootLane(0, order=2)
 

@@ -13,7 +13,9 @@ quarter (at least 8).
   tell, and nothing is said.
 * It is **climbing** when end - start is at least ``noise`` and two standard errors.
 * It **stopped** when its second half (its first third against its last third) fell, with the same confidence, by
-  less than its noise: a plateau (a converged fit too).
+  less than the second half's own noise (a loss that fell tenfold jumps about tenfold less from batch to batch at
+  its end than at its start: the whole run's noise would call a loss still falling steadily stopped): a plateau (a
+  converged fit too).
 
 A loss says nothing about the training, and no loss finding is made, when it is not one objective's: another
 optimizer, holding none of the watched parameters, steps during the run (a GAN, an actor and a critic trained
@@ -173,8 +175,9 @@ def read(coverage: Coverage, config: DebugConfig) -> Curve | None:
     first_third, last_third = _window(trace, 1 / 6, 0.5), _window(trace, -1 / 6)
     if first_third is not None and last_third is not None:
         second = (first_third.mean, last_third.mean)
-        spread = 2 * noise * math.sqrt(1 / first_third.n + 1 / last_third.n)
-        stopped = second[0] - second[1] + spread < noise
+        local = trace.local_noise(0.5)  # the second half's own spread, not the whole run's
+        spread = 2 * local * math.sqrt(1 / first_third.n + 1 / last_third.n)
+        stopped = second[0] - second[1] + spread < local
     else:
         second, stopped = (end.mean, end.mean), False
     facts = coverage.training

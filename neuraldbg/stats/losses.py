@@ -28,6 +28,8 @@ class Block:
     squares: float = 0.0
     low: float = math.inf
     high: float = -math.inf
+    jumps: float = 0.0  # squared differences of consecutive losses ending in this block
+    pairs: int = 0
 
     @property
     def mean(self) -> float:
@@ -48,6 +50,8 @@ class Block:
         self.squares += other.squares
         self.low = min(self.low, other.low)
         self.high = max(self.high, other.high)
+        self.jumps += other.jumps
+        self.pairs += other.pairs
 
 
 @dataclass(frozen=True)
@@ -89,8 +93,9 @@ class LossTrace:
             return
         self.count += 1
         self.negative += value < 0
-        if self.last is not None:
-            self._jumps += (value - self.last[1]) ** 2
+        jump = None if self.last is None else (value - self.last[1]) ** 2
+        if jump is not None:
+            self._jumps += jump
             self._pairs += 1
         self.last = (step, value)
         if len(self.first) < FIRST:
@@ -106,6 +111,9 @@ class LossTrace:
             if not blocks or blocks[-1].n >= self.size:
                 blocks.append(Block(step, step))
         blocks[-1].add(step, value)
+        if jump is not None:
+            blocks[-1].jumps += jump
+            blocks[-1].pairs += 1
 
     def stretch(self, start: float, end: float) -> Stretch | None:
         """The losses of the blocks between the fractions ``start`` and ``end`` of the recorded ones (0 to 1), at
@@ -121,6 +129,16 @@ class LossTrace:
         """The step-to-step spread of the loss around its local level (from the differences of consecutive losses,
         which a trend hardly affects: sqrt(mean squared difference / 2)); 0 with fewer than two losses."""
         return math.sqrt(self._jumps / (2 * self._pairs)) if self._pairs else 0.0
+
+    def local_noise(self, start: float, end: float = 1.0) -> float:
+        """:meth:`noise` over the blocks between the fractions ``start`` and ``end`` of the recorded ones only: the
+        spread where the loss is now, not where it began (a loss that fell a hundredfold jumped a hundred times
+        less at its end); the whole run's when that stretch holds no pair of consecutive losses."""
+        blocks = self.blocks[
+            min(int(start * len(self.blocks)), max(len(self.blocks) - 1, 0)) : math.ceil(end * len(self.blocks))
+        ]
+        pairs = sum(b.pairs for b in blocks)
+        return math.sqrt(sum(b.jumps for b in blocks) / (2 * pairs)) if pairs else self.noise()
 
 
 def combine(blocks: list[Block]) -> Stretch | None:
