@@ -102,7 +102,7 @@ def test_the_loss_of_a_closure_is_the_one_at_the_parameters_the_step_started_fro
         for step in range(6):
             x, y = make(step)
 
-            def closure() -> torch.Tensor:
+            def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
                 opt.zero_grad()
                 loss = F.mse_loss(model(x), y)
                 loss.backward()
