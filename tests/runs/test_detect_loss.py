@@ -146,8 +146,9 @@ RESETS: dict[str, Callable[[nn.Module, torch.optim.Optimizer], Callable[[], None
     "zero_grad(set_to_none=False)": lambda m, o: lambda: o.zero_grad(set_to_none=False),
     "model.zero_grad()": lambda m, o: m.zero_grad,
     "p.grad = None": lambda m, o: lambda: [setattr(p, "grad", None) for p in m.parameters()] and None,
-    "p.grad.data.zero_()": lambda m, o: lambda: [p.grad.data.zero_() for p in m.parameters() if p.grad is not None]
-    and None,
+    "p.grad.data.zero_()": lambda m, o: (
+        lambda: [p.grad.data.zero_() for p in m.parameters() if p.grad is not None] and None
+    ),
 }
 
 
