@@ -78,3 +78,16 @@ def test_the_loss_of_a_lightning_step_with_accumulation_is_the_mean_of_its_micro
     expected = [(seen[i] + seen[i + 1]) / 2 for i in range(0, 16, 2)]
     assert dbg.steps == 8
     assert recorded(dbg) == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_loss_of_an_hf_trainer_step_with_accumulation_is_the_loss_it_logs(tmp_path: Any):
+    pytest.importorskip("transformers")
+    from hf_support import Tokens, bert_classifier, logged, train
+
+    model = bert_classifier()
+    with NeuralDbg(model) as dbg:
+        trainer = train(model, Tokens("class"), tmp_path, max_steps=12, logging_steps=1, gradient_accumulation_steps=2)
+    # the Trainer logs, per optimizer step, the mean of its micro-batches' losses (rounded to 4 digits)
+    expected = logged(trainer, "loss")
+    assert len(expected) == 12 and dbg.steps == 12
+    assert recorded(dbg) == pytest.approx(expected, abs=1e-3)
