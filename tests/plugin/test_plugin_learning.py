@@ -212,7 +212,7 @@ def test_a_loop_whose_backward_pass_starts_from_no_loss_is_told_how_to_record_it
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     data = batches()[:1]
     with fixture()(model) as ndbg:
-        for step in range(30):
+        for _step in range(30):
             x, y = data[0]
             opt.zero_grad()
             out = model(x)
