@@ -141,8 +141,10 @@ class Coverage:
     discarded_backwards: int = 0  # backward passes that reached the model and whose gradient was never applied
     optimizer_changes: int = 0  # steps stepped by another set of owned optimizers than the step before
     _optimizers: frozenset[int] = frozenset()
-    size_changes: int = 0  # steps whose input batch had another size than the step before (RL episodes)
+    size_changes: int = 0  # steps whose input batch, or number of forward passes, differed from the step before
+    # (RL episodes of different lengths)
     _input_numel: int = 0
+    _forwards: int = 0
     warm_start: bool = False  # the optimizer had state before the first observed step (attached mid-training)
     losses: LossTrace = field(default_factory=LossTrace)  # the loss of each step (observe_loss or recorded)
     training: TrainingFacts = field(default_factory=TrainingFacts)  # update ratios, weights, inputs, ...
@@ -154,9 +156,14 @@ class Coverage:
         if record.loss is not None:
             self.last_loss = record.loss
             self.losses.add(record.step, record.loss)
+        changed = False
         if record.input_numel:
-            self.size_changes += bool(self._input_numel) and record.input_numel != self._input_numel
+            changed = bool(self._input_numel) and record.input_numel != self._input_numel
             self._input_numel = record.input_numel
+        if record.forwards:
+            changed = changed or (bool(self._forwards) and record.forwards != self._forwards)
+            self._forwards = record.forwards
+        self.size_changes += changed
         if record.optimizers:
             self.stepped_steps += 1
             stepped = frozenset(record.optimizers)

@@ -114,6 +114,8 @@ class ForwardPath:
         rec.coverage.forwards += 1
         if self._root is not None and not self._root.training:  # eval mode: training only if a backward follows
             self._tentative = Pending(rec.pending.data.step, self._full)
+        else:
+            rec.pending.data.forwards += 1
 
     def _target(self) -> Pending:
         return self._tentative if self._tentative is not None else self._rec.pending

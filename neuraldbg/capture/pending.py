@@ -106,6 +106,7 @@ class Pending:
             dst.grad_carried = merge_max(dst.grad_carried, src.grad_carried)
         dst.numel.update(src.numel)
         dst.input_numel = src.input_numel or dst.input_numel
+        dst.forwards += src.forwards
         dst.output_numel = src.output_numel or dst.output_numel
         if src.output_norm is not None:
             dst.output_norm = merge_max(dst.output_norm, src.output_norm)

@@ -23,9 +23,9 @@ apart: the loss is measured against a model that moves); backward passes reached
 optimizer never applied (the discriminator inside the generator's loss); different sets of optimizers step on
 different steps (layers trained one by one on local losses); the loss is negative on 5 % of the steps or more
 (a policy gradient, an adversarial or a density loss: a surrogate, not a fit falling towards a floor); or the
-input batch changes size on most steps (reinforcement-learning episodes: a sum over an episode grows with its
-length). A run of fewer than ``loss_min_steps`` losses is a smoke run: inconclusive. A loss that never got
-finite is the non-finite room's.
+input batch, or the number of forward passes per step, changes on most steps (reinforcement-learning episodes: a
+sum over an episode grows with its length). A run of fewer than ``loss_min_steps`` losses is a smoke run:
+inconclusive. A loss that never got finite is the non-finite room's.
 
 What a careful engineer would look at next is in :func:`causes`: the evidence for each likely cause, ranked.
 """
@@ -106,8 +106,8 @@ def skipped(coverage: Coverage) -> str:
         )
     if coverage.steps > 1 and coverage.size_changes > (coverage.steps - 1) / 2:
         return (
-            "the input batch changes size on most steps (episodes of different lengths): the loss follows the "
-            "batch, not only the model"
+            "the input batch, or the number of forward passes, changes on most steps (episodes of different "
+            "lengths): the loss follows the batch, not only the model"
         )
     return ""
 

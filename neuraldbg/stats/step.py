@@ -21,6 +21,7 @@ class StepData:
     numel: dict[SlotKey, int] = field(default_factory=dict)
     input_norm: float | None = None
     input_numel: int = 0
+    forwards: int = 0  # forward passes of the model in training mode in this step (an RL episode: its length)
     output_norm: float | None = None
     output_numel: int = 0
     target_grad: float | None = None  # norm of d(loss)/d(model output): falls as the fit improves

@@ -296,3 +296,27 @@ def test_a_loss_still_falling_tenfold_in_its_second_half_is_not_stopped():
     assert sum(losses[-40:]) < sum(slower_losses[-40:])
     assert sum(losses[80:107]) / 27 > 1.5 * sum(losses[-27:]) / 27
     assert not support.kinds(dbg) & LOSS_KINDS, dbg.report()
+
+
+def test_a_loss_summed_over_episodes_of_growing_length_is_not_judged():
+    """An actor-critic's loss: a sum over an episode, one forward pass per time step, episodes longer as the policy
+    improves. The sum climbs while the loss per time step falls: the loss follows the episode, not only the model."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    make = support.regression_batches(batch=1)
+    sums, means = [], []
+    with NeuralDbg(model) as dbg:
+        for episode in range(100):
+            opt.zero_grad()
+            length = 3 + episode + episode % 3  # longer episodes as training goes on
+            losses = [F.mse_loss(model(x), y) for x, y in (make(1000 * episode + t) for t in range(length))]
+            loss = torch.stack(losses).sum()
+            loss.backward()
+            opt.step()
+            sums.append(loss.item())
+            means.append(loss.item() / length)
+    # plain torch: the sum climbs, the loss per time step falls
+    assert sum(sums[-25:]) > 1.5 * sum(sums[:12]) * 25 / 12
+    assert sum(means[-25:]) / 25 < 0.75 * sum(means[:12]) / 12
+    assert not support.kinds(dbg) & LOSS_KINDS, dbg.report()
