@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from ..stats.tensors import dense
 from .clock import StepMode
 
 if TYPE_CHECKING:
@@ -139,7 +140,10 @@ class GradLedger:
         """The largest magnitude of a few carried gradients, on the device (0: they were zeroed through ``.data``)."""
         small = sorted((i for i in carried if self._tensors[i].numel()), key=lambda i: self._tensors[i].numel())
         grads = [self._tensors[i].grad for i in small[:_CONFIRMED]]
-        plain = [g for g in grads if g is not None and g.layout is torch.strided]
+        # local values only (a DTensor's shard): an operation on a DTensor would be a collective of its own, out of
+        # step with the ranks' backward passes
+        local = [dense(g) for g in grads if g is not None]
+        plain = [d for d in local if d is not None and d.layout is torch.strided and d.numel()]
         if not plain:
             return None
         with torch.no_grad():
@@ -159,9 +163,12 @@ class GradLedger:
         g = head.grad
         if g is None or sample[0]() is not g:
             return None
+        local = dense(g.detach())
+        if local is None or not local.numel():
+            return None
         with torch.no_grad():
             changed = (_first_elements(head) != sample[1]).any()
-            nonzero = torch.linalg.vector_norm(g.detach(), float("inf")) > 0
+            nonzero = torch.linalg.vector_norm(local, float("inf")) > 0
             carried: Tensor = (changed & nonzero).float()
             return carried
 
@@ -262,8 +269,11 @@ def _unchanged(mark: _Mark | None, state: _State) -> bool:
 
 
 def _first_elements(t: Tensor) -> Tensor:
-    """A few elements of ``t`` (a view of its first row, no copy), to tell whether it changed."""
-    row = t.detach()
+    """A few elements of ``t`` (a view of its first row, no copy; a DTensor's local shard), to tell whether it
+    changed."""
+    row = dense(t.detach())
+    if row is None:
+        return t.new_zeros(0)
     while row.dim() > 1:
         row = row[0]
     return row.reshape(-1)[:_SAMPLE] if row.dim() else row.reshape(1)
