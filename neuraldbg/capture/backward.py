@@ -67,7 +67,9 @@ class BackwardPath:
             else:  # cheap CPU step, already checked at the end of the forward pass
                 data = rec.pending.data
                 norm = stats.host_norm(grad)
-                data.target_grad = merge_max(data.target_grad, norm / float(scale) if scale is not None else norm)
+                if norm is not None:
+                    value = norm / float(scale) if scale is not None else norm
+                    data.target_grad = merge_max(data.target_grad, value)
             rec.clock.backward_begins()
             wanted = rec.clock.mode is not StepMode.OPTIMIZER or (rec.pending.data.full and self._look_for_clipping())
             if wanted and not hooks.at_backward_end(self._on_backward_end):

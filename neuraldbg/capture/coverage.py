@@ -162,3 +162,18 @@ class RunFacts:
     trainable: int  # trainable parameters of the model
     backward_passes: int
     optimizer_steps: int
+
+
+def trained_elsewhere(coverage: Coverage, facts: RunFacts) -> bool:
+    """Whether the model was trained through parameters that are not its own: the gradient of the loss reached
+    its output (its backward passes were seen), yet on every fully observed step none of its trainable
+    parameters held a gradient and no optimizer holding them ever stepped (``torch.func.functional_call`` with
+    a dictionary of copies, which an optimizer of its own updates). A loss detached from the output never
+    reaches it; gradients cleared between ``backward()`` and an optimizer's step leave that optimizer stepping."""
+    return bool(
+        coverage.full_steps
+        and coverage.steps_with_gradient == 0
+        and facts.trainable
+        and facts.backward_passes
+        and not facts.optimizer_steps
+    )

@@ -32,6 +32,43 @@ def first_tensor(value: object) -> Tensor | None:
     return None
 
 
+def data_argument(args: tuple[object, ...], kwargs: dict[str, object] | None = None) -> Tensor | None:
+    """The input batch of a model call: its first tensor argument (positional first, then keyword), when it is
+    floating point; None when that first tensor is not (token ids, indices: their values are never non-finite).
+
+    Later arguments are not data: an additive attention mask (``nn.Transformer.generate_square_subsequent_mask``,
+    ``-inf`` above the diagonal) is passed after the tokens it masks, and its ``-inf`` is how masking works."""
+    for value in (*args, *(kwargs or {}).values()):
+        found = _first_any(value)
+        if found is not None:
+            return found if found.is_floating_point() else None
+    return None
+
+
+def _first_any(value: object) -> Tensor | None:
+    """The first tensor of any dtype in a value (tensor, PackedSequence, tuple, list, dict)."""
+    if isinstance(value, Tensor):
+        return value
+    data = getattr(value, "data", None)  # PackedSequence
+    if isinstance(data, Tensor):
+        return data
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            found = _first_any(item)
+            if found is not None:
+                return found
+    return None
+
+
+def readable(t: Tensor) -> Tensor | None:
+    """``t`` itself when it is a plain strided tensor, else :func:`dense` of it (sparse tensors: their values)."""
+    if type(t) in _PLAIN and t.layout is torch.strided:
+        return t
+    return dense(t)
+
+
 #: Tensor types whose values the reductions read directly.
 _PLAIN = (Tensor, torch.nn.Parameter)
 
@@ -106,13 +143,17 @@ def _grouped_norms(tensors: Sequence[Tensor]) -> list[Tensor]:
     return [r for r in out if r is not None]
 
 
-def host_norm(t: Tensor) -> float:
-    """The L2 norm of a tensor as a Python float (a host read: on a GPU, a sync; used on CPU tensors). A
-    half-precision tensor is reduced in float32: the norm of float16 values overflows at 65504 long before any
-    of them does (a scaled loss gradient, an autocast output)."""
+def host_norm(t: Tensor) -> float | None:
+    """The L2 norm of a tensor as a Python float (a host read: on a GPU, a sync; used on CPU tensors); None when its
+    values cannot be read here (see :func:`dense`; a sparse tensor is read through its values). A half-precision
+    tensor is reduced in float32: the norm of float16 values overflows at 65504 long before any of them does (a
+    scaled loss gradient, an autocast output)."""
     with torch.no_grad():
-        dtype = torch.float32 if t.dtype in _LOW_PRECISION else None
-        return float(torch.linalg.vector_norm(t.detach(), dtype=dtype))
+        plain = readable(t)
+        if plain is None:
+            return None
+        dtype = torch.float32 if plain.dtype in _LOW_PRECISION else None
+        return float(torch.linalg.vector_norm(plain.detach(), dtype=dtype))
 
 
 def unit_dim(t: Tensor, channel_first: bool) -> int:
