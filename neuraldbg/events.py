@@ -61,6 +61,7 @@ class FailureKind(str, metaclass=_Names):
     DEGENERATE_LOSS: ClassVar[FailureKind]
     INCOMPLETE_OBSERVATION: ClassVar[FailureKind]
     LOSS_SCALE_COLLAPSE: ClassVar[FailureKind]
+    OVERSIZED_UPDATES: ClassVar[FailureKind]
 
     def __new__(cls, value: str) -> FailureKind:
         found = cls._declared.get(value) if isinstance(value, str) else None
@@ -124,6 +125,7 @@ for _name in (
     "degenerate_loss",
     "incomplete_observation",
     "loss_scale_collapse",
+    "oversized_updates",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 

@@ -107,6 +107,8 @@ def all_norms(
     for (target, _), value in zip(ends, values[len(keys) :]):
         pending.put(target, None, value)
     pending.put("target_grad", None, values[-1] / loss_scale if loss_scale is not None else values[-1])
+    pull = torch.linalg.vector_norm(grad.detach(), 1, dtype=torch.float32)  # sum of |d(loss)/d(output)|
+    pending.put("target_grad_sum", None, pull / loss_scale if loss_scale is not None else pull)
 
 
 # --- parameter gradients ---------------------------------------------------------------------------------

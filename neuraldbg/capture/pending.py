@@ -15,7 +15,7 @@ from ..stats import tensors as stats
 from ..stats.step import StepData
 
 #: Readings taken from scaled gradients (or from a step's update), meaningless once the GradScaler skipped the step.
-_SCALED = frozenset({"target_grad", "out_grad", "func_dead", "delta", "weight", "before"})
+_SCALED = frozenset({"target_grad", "target_grad_sum", "out_grad", "func_dead", "delta", "weight", "before"})
 
 
 class Pending:
@@ -47,6 +47,7 @@ class Pending:
         self.tensors = [t for _, t in kept]
         if data.target_grad is not None and not math.isnan(data.target_grad):
             data.target_grad = None
+        data.target_grad_sum = None
         for readings in (data.grad, data.grad_numel, data.out_grad, data.func_dead, data.update, data.update_parts):
             readings.clear()
         data.grad_exact_zero.clear()
@@ -58,7 +59,7 @@ class Pending:
         """Divide a GradScaler's scale out of the loss and output gradients read so far (a scaler found only at
         the step's optimizer step, after its backward pass was read)."""
         self.tensors = [
-            t / scale if target[0] in ("target_grad", "out_grad") else t
+            t / scale if target[0] in ("target_grad", "target_grad_sum", "out_grad") else t
             for target, t in zip(self.targets, self.tensors)
         ]
         if self.data.target_grad is not None:
@@ -79,6 +80,8 @@ class Pending:
             dst.input_norm = merge_max(dst.input_norm, src.input_norm)
         if src.target_grad is not None:
             dst.target_grad = merge_max(dst.target_grad, src.target_grad)
+        if src.target_grad_sum is not None:
+            dst.target_grad_sum = merge_max(dst.target_grad_sum, src.target_grad_sum)
         for key, value in src.act.items():
             dst.act[key] = merge_max(dst.act.get(key), value)
 
@@ -103,6 +106,9 @@ def assign(data: StepData, target: str, key: Any, extra: float, value: float) ->
         if data.skipped and not math.isnan(value):
             return  # a skipped step's scaled loss gradient overflowed: not the loss's
         data.target_grad = merge_max(data.target_grad, value)
+    elif target == "target_grad_sum":
+        if not data.skipped:
+            data.target_grad_sum = merge_max(data.target_grad_sum, value)
     elif target == "loss":
         data.loss = value
     elif target == "loss_scale":

@@ -185,6 +185,7 @@ class UpdateCensus:
     moving: bool  # some parameter with a gradient changed
     stepped_ever: bool  # some optimizer stepped a parameter of the model at this or an earlier observed step
     ratios: list[float]
+    layers: list[str]  # the layer of each ratio
     lr: float | None  # the largest learning rate a parameter was stepped with at this step (None: none positive)
     lr_any: float  # the largest learning rate of this step, 0 included
 
@@ -226,8 +227,8 @@ class UpdateCensus:
                 held.append((layer, name, metrics))
         ctx.stepped_before.update(data.stepped)
         grads = view.layer_gradients
-        ratios = [
-            u.ratio
+        layers = [
+            layer
             for layer, u in view.layer_updates.items()
             if layer not in still_layers
             and layer not in idle_layers
@@ -235,6 +236,7 @@ class UpdateCensus:
             and math.isfinite(u.ratio)
             and not (layer in grads and grads[layer].exact_zero)
         ]
+        ratios = [view.layer_updates[layer].ratio for layer in layers]
         lrs = [lr for lr in data.stepped.values() if lr > 0]
         return cls(
             seen=seen,
@@ -242,6 +244,7 @@ class UpdateCensus:
             moving=any(d != 0.0 and n in data.grad for n, (d, _) in data.update.items()),
             stepped_ever=bool(ctx.stepped_before),
             ratios=ratios,
+            layers=layers,
             lr=max(lrs) if lrs else None,
             lr_any=max(data.stepped.values(), default=0.0),
         )

@@ -24,6 +24,7 @@ class StepData:
     output_norm: float | None = None
     output_numel: int = 0
     target_grad: float | None = None  # norm of d(loss)/d(model output): falls as the fit improves
+    target_grad_sum: float | None = None  # sum of |d(loss)/d(model output)|: the loss's pull in the output's units
     head_grad: float | None = None  # gradient norm of the last parametric layer (fully observed steps)
     head_finite: bool | None = None  # its gradient's first element is finite: on cheap steps, the loss was
     grad_clip_factor: float | None = None  # total gradient norm after backward / at the optimizer step, when > 1

@@ -63,9 +63,8 @@ def _first_any(value: object) -> Tensor | None:
 
 
 def readable(t: Tensor) -> Tensor | None:
-    """``t`` itself when it is a plain strided tensor, else :func:`dense` of it (sparse tensors: their values)."""
-    if type(t) in _PLAIN and t.layout is torch.strided:
-        return t
+    """``t`` itself when it is a plain strided tensor, else :func:`dense` of it (sparse tensors: their values;
+    None for a meta tensor or a subclass that cannot be read)."""
     return dense(t)
 
 

@@ -1,0 +1,138 @@
+"""Oversized updates: every optimizer step rewrites the weights, the sign of a learning rate far too high.
+
+**Updates as large as the weights** (:class:`UpdateSurgeDetector`): on fully observed steps, the median over the
+model's layers of ||dW|| / ||W|| above ``exploding_update_ratio`` (healthy training moves weights by ~0.1 % per
+step). What changes a layer by half its size every step is the learning rate, whatever the gradients do: under
+Adam-like optimizers an update is about the learning rate per element however large or small the gradient, so a
+learning rate far too high shows here while the gradients stay modest.
+
+The weight norm a step is measured against is the smaller of the layer's norm now and at its first observation:
+oversized updates inflate the weights they are measured against (Adam at a learning rate of 5 grows a layer by ~5
+per element each step), so against the current norm the ratio falls like 1/t while every step still moves the
+layer by as much as it was worth before the surge began.
+
+The surge is evidence (an event without a kind of its own): the reasoning attaches it to the failure it sets off
+(units dying, saturating, gradients exploding, values overflowing after it: :mod:`neuraldbg.reasoning.engine`,
+"one learning rate, one fault"), whose explanation then names the learning rate. Surges that set nothing off are a
+hypothesis of this kind. Root: after every other fault (rank 9). Config: ``exploding_update_ratio``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..config import DebugConfig
+from ..detectors.base import Detector, Finding, Observation, StepView, strength
+from ..events import EventType, FailureKind, SemanticEvent
+from ..health import UpdateHealth
+from ..reasoning.rules import is_update_surge
+from ..reasoning.topology import Topology
+from ..text import num, quoted
+from .base import Check, Kind, RootLane, Series
+
+KIND = FailureKind.OVERSIZED_UPDATES
+
+
+class UpdateSurgeDetector(Detector):
+    """Updates as large as the weights: the median ||dW||/||W|| above ``exploding_update_ratio`` (evidence), each
+    layer's update measured against the smaller of its weight norm now and at its first observation."""
+
+    name = "update_surge"
+    track = "update"
+    event_type = EventType.UPDATE
+    every_step = False
+
+    def __init__(self) -> None:
+        self._first_weight: dict[str, float] = {}  # layer -> its weight norm at its first observed update
+
+    def observe(self, view: StepView) -> Observation | None:
+        census = view.updates
+        if census is None:
+            return None
+        obs = Observation()
+        if census.at_lr_zero:
+            obs.saw(self.event_type, "")  # nothing moved: no surge (a stall, the stalled detector's)
+            return obs
+        if not (census.ratios and (census.moving or census.stepped_ever)):
+            return obs
+        obs.saw(self.event_type, "")
+        updates = view.layer_updates
+        ratios: list[float] = []
+        for layer in census.layers:
+            u = updates[layer]
+            first = self._first_weight.setdefault(layer, u.weight)
+            reference = min(u.weight, first) if first > 0 else u.weight
+            ratios.append(u.delta / reference if reference > 0 else u.ratio)
+        ratios = [r for r in ratios if math.isfinite(r)] or census.ratios
+        ratios.sort()
+        middle = len(ratios) // 2
+        median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+        limit = view.ctx.config.exploding_update_ratio
+        if median > limit:
+            metrics = census.ratio_metrics()
+            metrics["median_update_ratio"] = median
+            metrics["max_update_ratio"] = max(ratios[-1], metrics["max_update_ratio"])
+            grads = [g.norm for g in view.layer_gradients.values() if math.isfinite(g.norm)]
+            if grads:
+                metrics["max_layer_grad_norm"] = max(grads)
+            s = strength(median, limit, decades=2, above=True)
+            obs.findings.append(Finding(self.event_type, None, "", UpdateHealth.EXPLODING, metrics, s))
+        return obs
+
+
+class OversizedUpdates(Kind):
+    name = KIND.value
+    states = ()
+    evidence = (UpdateHealth.EXPLODING,)
+    confirmed_by_escalation = (UpdateHealth.EXPLODING,)
+    check = Check("assert_healthy", "oversized updates")
+
+    def detectors(self, config: DebugConfig) -> list[Detector]:
+        return [UpdateSurgeDetector()]
+
+    def lane(self, event: SemanticEvent) -> RootLane | None:
+        # updates as large as the weights that caused nothing else: a learning rate far too high
+        return RootLane(9) if is_update_surge(event) else None
+
+    def explain(
+        self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
+    ) -> tuple[str, str]:
+        lr = root.metrics.get("lr")
+        with_lr = f" with learning rate {num(lr)}" if lr is not None else ""
+        what = (
+            f"Oversized updates from step {root.step_start}{with_lr}: the median update/weight ratio ||dW||/||W|| "
+            f"is {num(root.metrics.get('median_update_ratio', math.nan))} per step (healthy training moves weights "
+            "by ~0.1% per step): every step rewrites the weights, so the model cannot settle into a fit."
+        )
+        exploding = [e for e in rest if e.kind is not None and e.event_type is EventType.GRADIENT]
+        if exploding:
+            layers = sorted({e.layer for e in exploding}, key=topo.position)
+            what += f" Gradients are large too in {quoted(layers)}."
+        elif root.metrics.get("max_layer_grad_norm") is not None:
+            what += f" The gradients stay modest (largest {num(root.metrics['max_layer_grad_norm'])})."
+        return what, lower_lr(lr)
+
+    def describe(self, event: SemanticEvent) -> str:
+        m = event.metrics
+        lr = m.get("lr")
+        with_lr = f", learning rate {num(lr)}" if lr is not None else ""
+        updates = "" if not event.layer and event.param is None else "updates "  # read after "the model's updates"
+        return (
+            f"{updates}as large as the weights (median update/weight ratio "
+            f"{num(m.get('median_update_ratio', math.nan))}{with_lr})"
+        )
+
+    def label(self, event: SemanticEvent) -> str:
+        return f"updates as large as the weights: {num(event.metrics.get('median_update_ratio', math.nan))}"
+
+    def effect(self, event: SemanticEvent) -> str:
+        return "updates as large as the weights"
+
+
+def lower_lr(lr: float | None) -> str:
+    """The fix for a learning rate far too high."""
+    now = f" (now {num(lr)})" if lr is not None else ""
+    return (
+        f"lower the learning rate{now}, e.g. 10x smaller, or warm it up over the first steps; with Adam-like "
+        "optimizers each step moves every weight by about the learning rate, whatever the gradients are."
+    )
