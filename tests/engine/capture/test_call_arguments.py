@@ -202,7 +202,8 @@ def test_a_norm_of_a_tensor_whose_values_cannot_be_read_is_none_and_a_sparse_one
 def test_a_failure_of_the_debugger_is_quoted_by_its_first_line_only() -> None:
     from neuraldbg.capture.recorder import short_error
 
-    long = RuntimeError("Could not run 'aten::op' with arguments from the 'SparseCPU' backend. " + "x" * 5000 + "\nmore")
+    message = "Could not run 'aten::op' with arguments from the 'SparseCPU' backend. " + "x" * 5000 + "\nmore"
+    long = RuntimeError(message)
     text = short_error(long)
     assert text.startswith("RuntimeError('Could not run 'aten::op'") or text.startswith('RuntimeError("Could not')
     assert len(text) < 230 and "more" not in text
