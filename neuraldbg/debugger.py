@@ -42,6 +42,7 @@ from .model.layers import describe
 from .plugins import manager
 from .queries import Queries
 from .reasoning import CausalRule, Topology
+from .reasoning.topology import call_positions
 from .version import __version__
 
 if TYPE_CHECKING:
@@ -247,6 +248,7 @@ class NeuralDbg(Queries):
             roles={n: i.role.value for n, i in self._infos.items()},
             first_step=0,
             last_step=self._analyzer.last_step,
+            calls=call_positions(self._analyzer.ctx.order, order),
         )
         return self._analyzer.events(final=not self.attached), topo, self._rules
 

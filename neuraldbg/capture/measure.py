@@ -210,8 +210,7 @@ def updates(pending: Pending, snapshot: stats.Snapshot) -> None:
     for name, scale, delta, weight, old in zip(snapshot.names, snapshot.scales, deltas, after, before):
         pending.put("delta", name, delta, scale)
         pending.put("weight", name, weight)
-        if old is not None:  # a sampled parameter: its old norm bounds a change the sample missed
-            pending.put("before", name, old)
+        pending.put("before", name, old)  # also bounds, for a sampled parameter, a change its sample missed
 
 
 def suspicious(record: StepData, config: DebugConfig, previous_head_grad: float | None) -> bool:

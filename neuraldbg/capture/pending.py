@@ -48,7 +48,8 @@ class Pending:
         if data.target_grad is not None and not math.isnan(data.target_grad):
             data.target_grad = None
         data.target_grad_sum = None
-        for readings in (data.grad, data.grad_numel, data.out_grad, data.func_dead, data.update, data.update_parts):
+        readings_of_step = (data.grad, data.grad_numel, data.out_grad, data.func_dead, data.update, data.update_parts)
+        for readings in (*readings_of_step, data.update_before):
             readings.clear()
         data.grad_exact_zero.clear()
         data.grad_nonfinite.clear()
@@ -131,15 +132,15 @@ def assign(data: StepData, target: str, key: Any, extra: float, value: float) ->
             counts[key] = (counts[key][0], int(value))
     elif target == "out_grad":
         data.out_grad[key] = merge_max(data.out_grad.get(key), value)
-    elif target in ("delta", "weight", "before"):  # one snapshot reading: delta, weight, then (sampled) before
+    elif target in ("delta", "weight", "before"):  # one snapshot reading: delta, weight, then before
         parts = data.update_parts.setdefault(key, [])
         parts.append(value)
         if target == "delta":
-            parts.append(extra)  # the sample's scale: 1 when the parameter was copied whole (no "before" follows)
-        if target == "before" or (target == "weight" and parts[1] == 1.0):
-            delta, scale, after = parts[:3]
-            before = parts[3] if len(parts) > 3 else after
+            parts.append(extra)  # the sample's scale: 1 when the parameter was copied whole
+        if target == "before":
+            delta, scale, after, before = parts[:4]
             data.update[key] = (stats.update_norm(delta, scale, after, before), after)
+            data.update_before[key] = before
             del data.update_parts[key]
     else:  # pragma: no cover - a programming error, not a user error
         raise KeyError(target)

@@ -110,6 +110,7 @@ class LayerGradient:
 class LayerUpdate:
     delta: float  # ||W_after - W_before|| over the layer's parameters
     weight: float  # ||W_after||
+    before: float = math.nan  # ||W_before||, when it was read
 
     @property
     def ratio(self) -> float:
@@ -146,14 +147,16 @@ class StepView:
     @cached_property
     def layer_updates(self) -> dict[str, LayerUpdate]:
         sums: dict[str, list[float]] = {}
+        before = self.data.update_before
         for name, (delta, weight) in self.data.update.items():
             layer = self.ctx.owners.get(name)
             if layer is None:
                 continue
-            acc = sums.setdefault(layer, [0.0, 0.0])
+            acc = sums.setdefault(layer, [0.0, 0.0, 0.0])
             acc[0] += delta * delta
             acc[1] += weight * weight
-        return {layer: LayerUpdate(math.sqrt(d), math.sqrt(w)) for layer, (d, w) in sums.items()}
+            acc[2] += before.get(name, math.nan) ** 2
+        return {layer: LayerUpdate(math.sqrt(d), math.sqrt(w), math.sqrt(b)) for layer, (d, w, b) in sums.items()}
 
     @cached_property
     def updates(self) -> UpdateCensus | None:

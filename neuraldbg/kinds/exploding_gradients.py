@@ -64,15 +64,18 @@ class ExplodingDetector(Detector):
         self._data_scale: float | None = None  # smallest finite, positive rms of the input batch seen
         self._exploding: set[str] = set()  # layers whose last reading was exploding
         self._above: dict[str, int] = {}  # layer -> the last step its reading was above the limit
+        self._first: dict[str, float] = {}  # layer -> its first finite, positive reading (before clipping)
 
     def _scale(self, data: StepData) -> float:
-        """The run's own gradient scale: the loss's pull on the output (the sum of |d(loss)/d(output)|: the error
-        in the units of the targets for a mean-reduced loss, times the element count for a summed one; at most
-        ~2 for a mean cross-entropy) times the rms of the input batch, each counted when above 1 and taken as the
+        """The run's own gradient scale: the loss's pull on the output (half the sum of |d(loss)/d(output)|: the
+        error in the units of the targets for a mean-reduced loss, times the element count for a summed one; at
+        most 1 for a mean cross-entropy) times the rms of the input batch, each counted when above 1 and taken as the
         smallest seen so far (the reduction and the data's units are fixed for a run, while a real explosion
         inflates the loss gradient too). A weight gradient is the product of the gradient arriving at its layer
         and that layer's input, both in these units."""
-        pull = data.target_grad_sum if data.target_grad_sum is not None else data.target_grad
+        # in units of the pull of a mean-reduced loss whose error is one unit everywhere (2: a mean squared error
+        # off by 1, a cross-entropy sure of the wrong class), so that normalised problems keep the plain threshold
+        pull = data.target_grad_sum / 2 if data.target_grad_sum is not None else data.target_grad
         if pull is not None and math.isfinite(pull) and pull > 0:
             self._loss_scale = pull if self._loss_scale is None else min(self._loss_scale, pull)
         if data.input_norm is not None and data.input_numel > 0:
@@ -107,7 +110,11 @@ class ExplodingDetector(Detector):
             if g.non_finite:
                 continue  # another state of this gradient (the non-finite detector's)
             raw = g.norm * clip  # judged before clipping: clip_grad_norm_ hides, not heals
-            above = raw > limit
+            if layer not in self._first and math.isfinite(raw) and raw > 0:
+                self._first[layer] = raw
+            # in the run's units, or grown from its own start past the plain threshold (a diverging run)
+            grown = raw > cfg.exploding_norm and raw > cfg.exploding_growth * self._first.get(layer, math.inf)
+            above = raw > limit or grown
             if above:
                 self._above[layer] = step
             # the hold: readings below the limit continue an explosion while it keeps coming back above it (a
@@ -125,7 +132,7 @@ class ExplodingDetector(Detector):
                     metrics["loss_gradient_scale"] = self.loss_scale
                 if self.data_scale > 1:
                     metrics["input_scale"] = self.data_scale
-                s = strength(raw, limit, decades=3, above=True)
+                s = strength(raw, limit if raw > limit else cfg.exploding_norm, decades=3, above=True)
                 finding = Finding(self.event_type, KIND, layer, GradientHealth.EXPLODING, metrics, s)
                 if not above:
                     finding = dataclasses.replace(finding, provisional=True)

@@ -6,10 +6,18 @@ step). What changes a layer by half its size every step is the learning rate, wh
 Adam-like optimizers an update is about the learning rate per element however large or small the gradient, so a
 learning rate far too high shows here while the gradients stay modest.
 
-The weight norm a step is measured against is the smaller of the layer's norm now and at its first observation:
-oversized updates inflate the weights they are measured against (Adam at a learning rate of 5 grows a layer by ~5
-per element each step), so against the current norm the ratio falls like 1/t while every step still moves the
-layer by as much as it was worth before the surge began.
+The weight norm a step is measured against is the smaller of the layer's norm before the step and before its first
+observed step: oversized updates inflate the weights they are measured against (Adam at a learning rate of 5 moves
+every element of a layer initialised at 0.02 by ~5 at its first step), so against the current norm the ratio falls
+like 1/t while every step still moves the layer by as much as it was worth before the surge began.
+
+Large updates are not oversized when they make the fit better: a small model starting far from its solution (a
+linear regression from PyTorch's init, a tiny net under Adam at 0.1) moves its weights by more than their own size
+in its first steps, and its loss falls all the way. So a run of updates above the ratio counts only once the fit is
+worse than when they began (the loss the loop reports, or else the gradient of the loss with respect to the model's
+output): a learning rate 100x too high overshoots, and the loss rises (1.4 -> 377 for a tiny BERT at 5, 4.2 -> 6.7
+for a tiny GPT-2 at 0.1, 3.8 -> 4.7 for a transformer at 0.05) before it settles at chance. Until then its findings
+are provisional (they date the event, but do not confirm it).
 
 The surge is evidence (an event without a kind of its own): the reasoning attaches it to the failure it sets off
 (units dying, saturating, gradients exploding, values overflowing after it: :mod:`neuraldbg.reasoning.engine`,
@@ -34,8 +42,9 @@ KIND = FailureKind.OVERSIZED_UPDATES
 
 
 class UpdateSurgeDetector(Detector):
-    """Updates as large as the weights: the median ||dW||/||W|| above ``exploding_update_ratio`` (evidence), each
-    layer's update measured against the smaller of its weight norm now and at its first observation."""
+    """Oversized updates: the median ||dW||/||W|| above ``exploding_update_ratio`` (evidence), each layer's update
+    measured against the smaller of its weight norm before this step and before its first observed step, while the
+    fit gets worse: see the module docstring."""
 
     name = "update_surge"
     track = "update"
@@ -43,7 +52,9 @@ class UpdateSurgeDetector(Detector):
     every_step = False
 
     def __init__(self) -> None:
-        self._first_weight: dict[str, float] = {}  # layer -> its weight norm at its first observed update
+        self._first_weight: dict[str, float] = {}  # layer -> its weight norm before its first observed update
+        self._start: tuple[str, float] | None = None  # the fit's signal when the current large updates began
+        self._worse = False  # ... and it has been worse since
 
     def observe(self, view: StepView) -> Observation | None:
         census = view.updates
@@ -56,28 +67,59 @@ class UpdateSurgeDetector(Detector):
         if not (census.ratios and (census.moving or census.stepped_ever)):
             return obs
         obs.saw(self.event_type, "")
+        median, top = self._ratios(view, census.layers, census.ratios)
+        limit = view.ctx.config.exploding_update_ratio
+        if median <= limit:
+            self._start, self._worse = None, False
+            return obs
+        worse = self._getting_worse(view)
+        metrics = census.ratio_metrics()
+        metrics["median_update_ratio"] = median
+        metrics["max_update_ratio"] = max(top, metrics["max_update_ratio"])
+        grads = [g.norm for g in view.layer_gradients.values() if math.isfinite(g.norm)]
+        if grads:
+            metrics["max_layer_grad_norm"] = max(grads)
+        s = strength(median, limit, decades=2, above=True)
+        finding = Finding(self.event_type, None, "", UpdateHealth.EXPLODING, metrics, s, provisional=not worse)
+        obs.findings.append(finding)
+        return obs
+
+    def _ratios(self, view: StepView, layers: list[str], fallback: list[float]) -> tuple[float, float]:
+        """(median, largest) of each layer's ||dW|| over the smaller of its norm before this step and before its
+        first observed step."""
         updates = view.layer_updates
         ratios: list[float] = []
-        for layer in census.layers:
+        for layer in layers:
             u = updates[layer]
-            first = self._first_weight.setdefault(layer, u.weight)
-            reference = min(u.weight, first) if first > 0 else u.weight
-            ratios.append(u.delta / reference if reference > 0 else u.ratio)
-        ratios = [r for r in ratios if math.isfinite(r)] or census.ratios
-        ratios.sort()
+            before = u.before if math.isfinite(u.before) and u.before > 0 else u.weight
+            first = self._first_weight.setdefault(layer, before)
+            reference = min(before, first) if first > 0 else before
+            ratio = u.delta / reference if reference > 0 else u.ratio
+            if math.isfinite(ratio):
+                ratios.append(ratio)
+        ratios = sorted(ratios or fallback)
         middle = len(ratios) // 2
         median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
-        limit = view.ctx.config.exploding_update_ratio
-        if median > limit:
-            metrics = census.ratio_metrics()
-            metrics["median_update_ratio"] = median
-            metrics["max_update_ratio"] = max(ratios[-1], metrics["max_update_ratio"])
-            grads = [g.norm for g in view.layer_gradients.values() if math.isfinite(g.norm)]
-            if grads:
-                metrics["max_layer_grad_norm"] = max(grads)
-            s = strength(median, limit, decades=2, above=True)
-            obs.findings.append(Finding(self.event_type, None, "", UpdateHealth.EXPLODING, metrics, s))
-        return obs
+        return median, ratios[-1]
+
+    def _getting_worse(self, view: StepView) -> bool:
+        """Whether the fit is worse than when these large updates began: the loss (when the loop reports it), else
+        the gradient of the loss with respect to the output, above its value at their first step (which the
+        updates of that step have not changed yet). A run without either reading is judged by the updates alone."""
+        data = view.data
+        signals = (("loss", data.loss), ("loss_gradient", data.target_grad))
+        readings = {name: v for name, v in signals if v is not None and not math.isnan(v)}
+        if self._start is None:
+            name = next(iter(readings), None)
+            self._start = (name, readings[name]) if name is not None else ("", math.nan)
+            return name is None
+        name, first = self._start
+        if not name:
+            return True
+        value = readings.get(name)
+        if value is not None and value > first:
+            self._worse = True
+        return self._worse
 
 
 class OversizedUpdates(Kind):
@@ -117,16 +159,13 @@ class OversizedUpdates(Kind):
         lr = m.get("lr")
         with_lr = f", learning rate {num(lr)}" if lr is not None else ""
         updates = "" if not event.layer and event.param is None else "updates "  # read after "the model's updates"
-        return (
-            f"{updates}as large as the weights (median update/weight ratio "
-            f"{num(m.get('median_update_ratio', math.nan))}{with_lr})"
-        )
+        return f"{updates}oversized (median update/weight ratio {num(m.get('median_update_ratio', math.nan))}{with_lr})"
 
     def label(self, event: SemanticEvent) -> str:
-        return f"updates as large as the weights: {num(event.metrics.get('median_update_ratio', math.nan))}"
+        return f"oversized updates: {num(event.metrics.get('median_update_ratio', math.nan))}"
 
     def effect(self, event: SemanticEvent) -> str:
-        return "updates as large as the weights"
+        return "oversized updates"
 
 
 def lower_lr(lr: float | None) -> str:

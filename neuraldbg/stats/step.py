@@ -38,6 +38,7 @@ class StepData:
     grad_exact_zero: set[str] = field(default_factory=set)
     grad_nonfinite: set[str] = field(default_factory=set)  # has inf/NaN elements (not a norm overflow)
     update: dict[str, tuple[float, float]] = field(default_factory=dict)  # parameter -> (||dW||, ||W||)
+    update_before: dict[str, float] = field(default_factory=dict)  # parameter -> ||W|| before the step
     update_parts: dict[str, list[float]] = field(default_factory=dict, repr=False)  # readings being assembled
     stepped: dict[str, float] = field(default_factory=dict)  # parameter -> lr of the group that stepped it
     lr_changed: bool = False

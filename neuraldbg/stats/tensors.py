@@ -228,9 +228,9 @@ class Snapshot:
     """What the optimizer will do to some parameters, measured without copying them all.
 
     Before the step: a copy of an evenly strided sample of at most ``sample`` elements per parameter (the whole
-    parameter when it is smaller: then its change is exact), and the norm of each sampled parameter (one batched
-    reduction). After the step, :meth:`changes` gives per parameter the sample change's norm, the new norm and,
-    for sampled parameters, the old norm, all batched; :func:`update_norm` turns them into ||dW||: the sample's
+    parameter when it is smaller: then its change is exact), and the norm of each parameter (one batched
+    reduction). After the step, :meth:`changes` gives per parameter the sample change's norm, the new norm and the
+    old norm, all batched; :func:`update_norm` turns them into ||dW||: the sample's
     change scaled to the whole parameter or, when the sample did not change but the norm did (a sparse update the
     sample missed), the change of the norm, which bounds ||dW|| from below. A parameter is unchanged (exactly 0)
     only when its sample and its norm both are.
@@ -243,20 +243,15 @@ class Snapshot:
             views = [_sample(p, sample) for p in self._params]
             self._samples = [v for v, _ in views]
             self.scales = [s for _, s in views]
-            self._sampled = [i for i, s in enumerate(self.scales) if s != 1.0]
-            self._before = norms([self._params[i] for i in self._sampled]) if self._sampled else []
+            self._before = norms(self._params) if self._params else []  # every parameter's norm before the step
             self._copies = list(torch._foreach_mul(self._samples, 1.0)) if self._samples else []  # one copy
 
-    def changes(self) -> tuple[list[Tensor], list[Tensor], list[Tensor | None]]:
-        """(sample change norms, norms after, norms before or None for parameters copied whole), each one 0-d
-        tensor per parameter."""
+    def changes(self) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+        """(sample change norms, norms after, norms before), each one 0-d tensor per parameter."""
         with torch.no_grad():
             after = norms(self._params)
             deltas = norms(list(torch._foreach_sub(self._samples, self._copies)))
-        before: list[Tensor | None] = [None] * len(self._params)
-        for i, value in zip(self._sampled, self._before):
-            before[i] = value
-        return deltas, after, before
+        return deltas, after, list(self._before)
 
 
 def _sample(p: Tensor, limit: int) -> tuple[Tensor, float]:
