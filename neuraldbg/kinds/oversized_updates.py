@@ -6,18 +6,19 @@ step). What changes a layer by half its size every step is the learning rate, wh
 Adam-like optimizers an update is about the learning rate per element however large or small the gradient, so a
 learning rate far too high shows here while the gradients stay modest.
 
-The weight norm a step is measured against is the smaller of the layer's norm before the step and before its first
-observed step: oversized updates inflate the weights they are measured against (Adam at a learning rate of 5 moves
-every element of a layer initialised at 0.02 by ~5 at its first step), so against the current norm the ratio falls
-like 1/t while every step still moves the layer by as much as it was worth before the surge began.
+The weight norm a step is measured against is the layer's norm before the step: oversized updates inflate the
+weights they are measured against (Adam at a learning rate of 5 moves every element of a layer initialised at 0.02
+by ~5 at its first step: 250x its weights, and 1x the weights after the step).
 
 Large updates are not oversized when they make the fit better: a small model starting far from its solution (a
 linear regression from PyTorch's init, a tiny net under Adam at 0.1) moves its weights by more than their own size
-in its first steps, and its loss falls all the way. So a run of updates above the ratio counts only once the fit is
-worse than when they began (the loss the loop reports, or else the gradient of the loss with respect to the model's
-output): a learning rate 100x too high overshoots, and the loss rises (1.4 -> 377 for a tiny BERT at 5, 4.2 -> 6.7
-for a tiny GPT-2 at 0.1, 3.8 -> 4.7 for a transformer at 0.05) before it settles at chance. Until then its findings
-are provisional (they date the event, but do not confirm it).
+in its first steps, and its loss falls all the way; pytorch/examples' word language model trains with plain SGD at
+a learning rate of 20 (clipped to 0.25), moving its layers by 10-40 % a step while its loss falls, noisily. So a
+run of updates above the ratio counts only once the fit got worse while they lasted (the loss the loop reports, or
+else the gradient of the loss with respect to the model's output, risen beyond its own noise): a learning rate
+100x too high overshoots, and the loss rises (1.4 -> 377 for a tiny BERT at 5, 4.2 -> 6.7 for a tiny GPT-2 at 0.1,
+3.8 -> 4.7 for a transformer at 0.05) before it settles at chance. Until then its findings are provisional (they
+date the event, but do not confirm it).
 
 The surge is evidence (an event without a kind of its own): the reasoning attaches it to the failure it sets off
 (units dying, saturating, gradients exploding, values overflowing after it: :mod:`neuraldbg.reasoning.engine`,
@@ -28,6 +29,8 @@ hypothesis of this kind. Root: after every other fault (rank 9). Config: ``explo
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 
 from ..config import DebugConfig
 from ..detectors.base import Detector, Finding, Observation, StepView, strength
@@ -43,8 +46,7 @@ KIND = FailureKind.OVERSIZED_UPDATES
 
 class UpdateSurgeDetector(Detector):
     """Oversized updates: the median ||dW||/||W|| above ``exploding_update_ratio`` (evidence), each layer's update
-    measured against the smaller of its weight norm before this step and before its first observed step, while the
-    fit gets worse: see the module docstring."""
+    measured against its weights before the step, while the fit gets worse: see the module docstring."""
 
     name = "update_surge"
     track = "update"
@@ -52,9 +54,10 @@ class UpdateSurgeDetector(Detector):
     every_step = False
 
     def __init__(self) -> None:
-        self._first_weight: dict[str, float] = {}  # layer -> its weight norm before its first observed update
         self._start: tuple[str, float] | None = None  # the fit's signal when the current large updates began
-        self._worse = False  # ... and it has been worse since
+        self._since: list[float] = []  # ... and at each of their steps after the first
+        self._worse = False  # ... which made it worse
+        self._calm: dict[str, deque[float]] = {"loss": deque(), "loss_gradient": deque()}  # readings before it
 
     def observe(self, view: StepView) -> Observation | None:
         census = view.updates
@@ -71,6 +74,7 @@ class UpdateSurgeDetector(Detector):
         limit = view.ctx.config.exploding_update_ratio
         if median <= limit:
             self._start, self._worse = None, False
+            self._calm_step(view)
             return obs
         worse = self._getting_worse(view)
         metrics = census.ratio_metrics()
@@ -85,16 +89,13 @@ class UpdateSurgeDetector(Detector):
         return obs
 
     def _ratios(self, view: StepView, layers: list[str], fallback: list[float]) -> tuple[float, float]:
-        """(median, largest) of each layer's ||dW|| over the smaller of its norm before this step and before its
-        first observed step."""
+        """(median, largest) of each layer's ||dW|| over its norm before this step."""
         updates = view.layer_updates
         ratios: list[float] = []
         for layer in layers:
             u = updates[layer]
             before = u.before if math.isfinite(u.before) and u.before > 0 else u.weight
-            first = self._first_weight.setdefault(layer, before)
-            reference = min(before, first) if first > 0 else before
-            ratio = u.delta / reference if reference > 0 else u.ratio
+            ratio = u.delta / before if before > 0 else u.ratio
             if math.isfinite(ratio):
                 ratios.append(ratio)
         ratios = sorted(ratios or fallback)
@@ -103,23 +104,47 @@ class UpdateSurgeDetector(Detector):
         return median, ratios[-1]
 
     def _getting_worse(self, view: StepView) -> bool:
-        """Whether the fit is worse than when these large updates began: the loss (when the loop reports it), else
-        the gradient of the loss with respect to the output, above its value at their first step (which the
-        updates of that step have not changed yet). A run without either reading is judged by the updates alone."""
-        data = view.data
-        signals = (("loss", data.loss), ("loss_gradient", data.target_grad))
-        readings = {name: v for name, v in signals if v is not None and not math.isnan(v)}
+        """Whether the fit got worse while these large updates lasted: the loss (when the loop reports it), else the
+        gradient of the loss with respect to the output, averaged over their steps after the first, above where it
+        stood before them by more than twice the average's standard error (a batch's loss varies from step to step;
+        a loss that rises is pushed up). Where it stood: the mean of the last readings before them when there are a
+        few, else the reading at their first step (which that step's update has not changed yet). Once worse, the
+        run of large updates counts to its end. A run without either reading is judged by the updates alone."""
+        readings = self._readings(view)
         if self._start is None:
             name = next(iter(readings), None)
-            self._start = (name, readings[name]) if name is not None else ("", math.nan)
-            return name is None
-        name, first = self._start
+            if name is None:
+                self._start = ("", math.nan)
+                return True
+            before = self._calm[name]
+            reference = statistics.fmean(before) if len(before) >= _CALM_READINGS else readings[name]
+            self._start, self._since = (name, reference), []
+            return False
+        name, reference = self._start
         if not name:
             return True
         value = readings.get(name)
-        if value is not None and value > first:
-            self._worse = True
+        if value is not None:
+            self._since.append(value)
+        since = self._since
+        if not self._worse and len(since) >= 2:
+            error = statistics.stdev(since) / math.sqrt(len(since))
+            self._worse = statistics.fmean(since) - reference > 2 * error
         return self._worse
+
+    def _readings(self, view: StepView) -> dict[str, float]:
+        data = view.data
+        signals = (("loss", data.loss), ("loss_gradient", data.target_grad))
+        return {name: v for name, v in signals if v is not None and not math.isnan(v)}
+
+    def _calm_step(self, view: StepView) -> None:
+        """A step without large updates: its readings are where the fit stands."""
+        for name, value in self._readings(view).items():
+            self._calm.setdefault(name, deque(maxlen=_CALM_READINGS)).append(value)
+
+
+#: Readings before a run of large updates that say where the fit stood (fewer: the run's first reading does).
+_CALM_READINGS = 4
 
 
 class OversizedUpdates(Kind):
