@@ -38,7 +38,7 @@ from ..events import EventType, FailureKind, SemanticEvent
 from ..health import UpdateHealth
 from ..reasoning.rules import is_update_surge
 from ..reasoning.topology import Topology
-from ..text import num, quoted
+from ..text import num, pct, quoted
 from .base import Check, Kind, RootLane, Series
 
 KIND = FailureKind.OVERSIZED_UPDATES
@@ -83,6 +83,9 @@ class UpdateSurgeDetector(Detector):
         grads = [g.norm for g in view.layer_gradients.values() if math.isfinite(g.norm)]
         if grads:
             metrics["max_layer_grad_norm"] = max(grads)
+        if worse and self._start is not None and self._start[0] and self._since:
+            metrics[f"{self._start[0]}_before"] = self._start[1]
+            metrics[f"{self._start[0]}_during"] = statistics.fmean(self._since)
         s = strength(median, limit, decades=2, above=True)
         finding = Finding(self.event_type, None, "", UpdateHealth.EXPLODING, metrics, s, provisional=not worse)
         obs.findings.append(finding)
@@ -166,11 +169,20 @@ class OversizedUpdates(Kind):
     ) -> tuple[str, str]:
         lr = root.metrics.get("lr")
         with_lr = f" with learning rate {num(lr)}" if lr is not None else ""
+        m = root.metrics
         what = (
-            f"Oversized updates from step {root.step_start}{with_lr}: the median update/weight ratio ||dW||/||W|| "
-            f"is {num(root.metrics.get('median_update_ratio', math.nan))} per step (healthy training moves weights "
-            "by ~0.1% per step): every step rewrites the weights, so the model cannot settle into a fit."
+            f"Oversized updates from step {root.step_start}{with_lr}: each step moves the weights by "
+            f"{_share(m.get('median_update_ratio', math.nan))} (the median ||dW||/||W|| over the layers; healthy "
+            "training moves them by about 0.1% of their size per step)"
         )
+        for signal, words in (("loss", "the loss"), ("loss_gradient", "the gradient of the loss")):
+            if f"{signal}_before" in m:
+                what += (
+                    f", and the fit got worse meanwhile: {words} rose from {num(m[f'{signal}_before'])} to "
+                    f"{num(m[f'{signal}_during'])} on average"
+                )
+                break
+        what += "."
         exploding = [e for e in rest if e.kind is not None and e.event_type is EventType.GRADIENT]
         if exploding:
             layers = sorted({e.layer for e in exploding}, key=topo.position)
@@ -191,6 +203,11 @@ class OversizedUpdates(Kind):
 
     def effect(self, event: SemanticEvent) -> str:
         return "oversized updates"
+
+
+def _share(ratio: float) -> str:
+    """'18% of their size', '12x their size'."""
+    return f"{num(ratio)}x their size" if ratio >= 1 else f"{pct(ratio)} of their size"
 
 
 def lower_lr(lr: float | None) -> str:
