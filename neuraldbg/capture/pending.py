@@ -15,7 +15,9 @@ from ..stats import tensors as stats
 from ..stats.step import StepData
 
 #: Readings taken from scaled gradients (or from a step's update), meaningless once the GradScaler skipped the step.
-_SCALED = frozenset({"target_grad", "target_grad_sum", "out_grad", "func_dead", "delta", "weight", "before"})
+_SCALED = frozenset(
+    {"target_grad", "target_grad_sum", "out_grad", "func_dead", "delta", "weight", "before", "grad_check"}
+)
 
 
 class Pending:
@@ -130,6 +132,11 @@ def assign(data: StepData, target: str, key: Any, extra: float, value: float) ->
         counts = data.dead if key in data.dead else data.saturated
         if key in counts:
             counts[key] = (counts[key][0], int(value))
+    elif target == "grad_check":  # a cheap step's largest gradient element: filed only when it is inf or NaN
+        if not math.isfinite(value) and not data.skipped:
+            data.grad[key] = value
+            data.grad_numel[key] = int(extra)
+            data.grad_nonfinite.add(key)
     elif target == "out_grad":
         data.out_grad[key] = merge_max(data.out_grad.get(key), value)
     elif target in ("delta", "weight", "before"):  # one snapshot reading: delta, weight, then before

@@ -14,7 +14,8 @@ observed (see :mod:`neuraldbg.capture.coverage`).
 
 Cost. Every step: one Python call per module call (a dictionary lookup for the model's modules), on a CPU the
 norm of the model's output at the end of the forward pass (every layer's output only when it is non-finite) and
-one element of the head layer's gradient at the optimizer step; on a GPU every layer output's norm, batched, read
+one element of the head layer's gradient and the largest element of every parameter gradient (one batched
+reduction, read at the flush) at the optimizer step; on a GPU every layer output's norm, batched, read
 at the flush; the learning rates. Fully observed steps (see :mod:`neuraldbg.capture.schedule`) add the statistics of
 :mod:`neuraldbg.capture.measure`.
 """

@@ -142,6 +142,21 @@ def _grouped_norms(tensors: Sequence[Tensor]) -> list[Tensor]:
     return [r for r in out if r is not None]
 
 
+def device_largest_magnitudes(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """:func:`largest_magnitudes` left on the device (0-d tensors, read at a flush): one
+    ``torch._foreach_norm(..., inf)`` per device and dtype; inf or NaN exactly when the tensor holds an inf or a NaN
+    (an L2 norm overflows on large finite values). Every tensor must be plain and strided (see :func:`dense`)."""
+    out: list[Tensor | None] = [None] * len(tensors)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    with torch.no_grad():
+        for idx in groups.values():
+            for i, r in zip(idx, torch._foreach_norm([tensors[i] for i in idx], math.inf)):
+                out[i] = r
+    return [r for r in out if r is not None]
+
+
 def host_norm(t: Tensor) -> float | None:
     """The L2 norm of a tensor as a Python float (a host read: on a GPU, a sync; used on CPU tensors); None when its
     values cannot be read here (see :func:`dense`; a sparse tensor is read through its values). A half-precision
