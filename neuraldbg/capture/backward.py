@@ -38,6 +38,7 @@ class BackwardPath:
         self._owned: dict[int, tuple[weakref.ref[Optimizer], int, frozenset[str]]] = {}
         self._last: tuple[Optimizer | None, int, frozenset[str]] = (None, -1, frozenset())
         self._lr_seen: dict[int, list[Any]] = {}  # optimizer id -> its groups' learning rates at the last step
+        self._met: set[int] = set()  # optimizers whose first observed step was looked at (see _resumed)
 
     @property
     def params(self) -> list[Param]:
@@ -129,6 +130,10 @@ class BackwardPath:
             closure = _closure(args, kwargs)
             if rec.clock.optimizer_begins(closure):
                 rec.fold()
+            if id(optimizer) not in self._met:
+                self._met.add(id(optimizer))
+                if _trained_before(optimizer):
+                    rec.pending.data.resumed = True
             self._learning_rates(optimizer)
             if not closure:
                 self._gradients_final(optimizer)
@@ -209,3 +214,11 @@ class BackwardPath:
             self._owned[id(optimizer)] = (weakref.ref(optimizer), size, owned)
         self._last = (optimizer, size, owned)
         return owned
+
+
+def _trained_before(optimizer: Optimizer) -> bool:
+    """The optimizer already holds state for a parameter at its first observed step (Adam's moments, SGD's momentum
+    buffer): the run trained before the debugger attached (a resumed run, a fine-tuning script), so the first
+    observed step is not the start of its history."""
+    state = optimizer.state
+    return any(state.get(p) for group in optimizer.param_groups for p in group["params"])

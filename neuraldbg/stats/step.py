@@ -44,3 +44,4 @@ class StepData:
     lr_changed: bool = False
     skipped: bool = False  # a GradScaler skipped this step's optimizer step (its scaled gradients overflowed)
     loss_scale: float | None = None  # the GradScaler's scale in this step's backward pass
+    resumed: bool = False  # an optimizer met at this step already held state: the run trained before it was watched
