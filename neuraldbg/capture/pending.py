@@ -16,7 +16,17 @@ from ..stats.step import StepData
 
 #: Readings taken from scaled gradients (or from a step's update), meaningless once the GradScaler skipped the step.
 _SCALED = frozenset(
-    {"target_grad", "target_grad_sum", "out_grad", "func_dead", "delta", "weight", "before", "grad_check"}
+    {
+        "target_grad",
+        "target_grad_sum",
+        "out_grad",
+        "func_dead",
+        "delta",
+        "weight",
+        "before",
+        "grad_check",
+        "output_dead_pulled",
+    }
 )
 
 
@@ -118,6 +128,8 @@ def assign(data: StepData, target: str, key: Any, extra: float, value: float) ->
         data.loss_scale = value
     elif target == "dead":
         data.dead[key] = (value, int(extra))
+    elif target == "output_dead_pulled":
+        data.output_dead_pulled = (value, int(extra))
     elif target == "func_dead":
         data.func_dead[key] = (value, int(extra))
     elif target == "saturated":

@@ -10,9 +10,10 @@ alarm on healthy MNIST models):
 
 A layer is dead when at least ``dead_unit_fraction`` of its units are; its event is dated from when it first
 crossed ``dead_onset_fraction`` on the way (a layer dies over a few steps). The model's output layer (a ReLU on the
-logits, after the last parametric layer) is dead from its first dead unit: a hidden layer loses capacity it may
-spare, but an output unit that is never positive is an output (a class, a target) the model can no longer produce,
-and its weight row never gets a gradient again.
+logits, after the last parametric layer) is dead from its first dead unit that the loss pulls on (a nonzero
+gradient of the loss on that output): a hidden layer loses capacity it may spare, but such a unit is an output (a
+class, a target) the model can no longer produce, and its weight row never gets a gradient again. Output units the
+loss leaves at 0 (a forward-forward layer's goodness, the square of each unit) keep the hidden layers' rule.
 
 A batch of one sample says little: a healthy unit, positive on about half of its inputs, is silent on it half the
 time, and a narrow layer often looks 70 % dead. So a dead reading stays provisional (it dates the event but does not
@@ -61,8 +62,13 @@ class DeadUnitsDetector(Detector):
                 norm = data.act.get(key)
                 if units <= 0 or (norm is not None and not math.isfinite(norm)):
                     continue  # non-finite outputs are the non-finite detector's business
-                # an output layer is dead from its first dead unit: the fraction of one unit
-                threshold = 1 / units if not ctx.is_hidden(key) else ctx.config.dead_unit_fraction
+                # an output layer is dead from its first dead unit that the loss pulls on (the fraction of one
+                # unit); a unit the loss leaves at 0 (a representation's goodness) keeps the hidden layers' rule
+                pulled = data.output_dead_pulled
+                output = not ctx.is_hidden(key) and pulled is not None and pulled[1] == units and pulled[0] > 0
+                if output and pulled is not None:
+                    dead = min(dead, pulled[0])
+                threshold = 1 / units if output else ctx.config.dead_unit_fraction
                 onset = min(threshold, ctx.config.dead_onset_fraction)
                 obs.saw(self.event_type, key[0], call=key[1])
                 fraction = dead / units
@@ -71,7 +77,7 @@ class DeadUnitsDetector(Detector):
                 self._held[key] = held_for
                 if fraction >= onset and dead > 0:
                     metrics = {"dead_fraction": fraction, "dead_units": dead, "units": float(units)}
-                    if not ctx.is_hidden(key):
+                    if output:
                         metrics["output_layer"] = 1.0
                     if source == "functional":
                         metrics["functional"] = 1.0

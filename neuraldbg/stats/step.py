@@ -31,6 +31,7 @@ class StepData:
     loss: float | None = None
     dead: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # (dead units, units)
     func_dead: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # never positive, zero grad
+    output_dead_pulled: tuple[float, int] | None = None  # model output units never positive that the loss pulls on
     saturated: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # (saturated, elements)
     out_grad: dict[SlotKey, float] = field(default_factory=dict)  # norm of d(loss)/d(layer output)
     grad: dict[str, float] = field(default_factory=dict)  # parameter -> gradient norm

@@ -82,3 +82,28 @@ def test_a_hidden_layer_with_a_few_dead_units_stays_below_the_dead_layer_rule() 
     hidden = support.capture_outputs(model, BATCHES(0)[0], ["1"])["1"]
     assert 0 < support.dead_unit_fraction(hidden) < 0.1
     assert FailureKind.DEAD_NEURONS.value not in support.kinds(dbg)
+
+
+def test_dead_units_of_an_output_the_loss_leaves_at_zero_are_no_output_fault() -> None:
+    """A forward-forward-style layer: its ReLU output is the model's output and the loss is its goodness (the mean
+    square of the units, pushed up for real samples), whose gradient on a unit at 0 is 0. Three of 32 units never
+    positive (bias -30) are spare capacity there, not outputs the model cannot produce."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 32), nn.ReLU())
+    with torch.no_grad():
+        model[0].bias[:3] = -30.0
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    pulled_on_dead = 0.0
+    with NeuralDbg(model) as dbg:
+        for step in range(60):
+            x, _ = BATCHES(step)
+            opt.zero_grad()
+            out = model(x)
+            out.retain_grad()
+            F.softplus(2.0 - out.pow(2).mean(1)).mean().backward()
+            never = (out > 0).sum(0) == 0
+            assert bool(never[:3].all())  # plain torch: the three units are never positive
+            pulled_on_dead += float(out.grad[:, never].abs().sum())
+            opt.step()
+    assert pulled_on_dead == 0.0  # ... and the loss never pulls on them
+    assert FailureKind.DEAD_NEURONS.value not in support.kinds(dbg)
