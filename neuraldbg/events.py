@@ -62,6 +62,10 @@ class FailureKind(str, metaclass=_Names):
     INCOMPLETE_OBSERVATION: ClassVar[FailureKind]
     LOSS_SCALE_COLLAPSE: ClassVar[FailureKind]
     OVERSIZED_UPDATES: ClassVar[FailureKind]
+    GRADIENTS_NOT_ZEROED: ClassVar[FailureKind]
+    LOSS_NOT_DECREASING: ClassVar[FailureKind]
+    UNSTABLE_LOSS: ClassVar[FailureKind]
+    LOSS_AT_CHANCE: ClassVar[FailureKind]
 
     def __new__(cls, value: str) -> FailureKind:
         found = cls._declared.get(value) if isinstance(value, str) else None
@@ -126,6 +130,10 @@ for _name in (
     "incomplete_observation",
     "loss_scale_collapse",
     "oversized_updates",
+    "gradients_not_zeroed",
+    "loss_not_decreasing",
+    "unstable_loss",
+    "loss_at_chance",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 
