@@ -198,8 +198,9 @@ class Coverage:
         if zero is None and record.target_grad is not None:
             zero = record.target_grad == 0.0
         if zero is not None:
-            self.steps_with_gradient += 1
-            self.steps_with_nonzero_gradient += not zero
+            if record.head_zero is not None:  # a parameter's gradient was read (the output's says nothing of them)
+                self.steps_with_gradient += 1
+                self.steps_with_nonzero_gradient += not zero
             self._zero_reading(record.step, zero)
 
     def _zero_reading(self, step: int, zero: bool) -> None:
