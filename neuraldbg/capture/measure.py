@@ -134,14 +134,32 @@ def all_norms(
     loss_scale: Tensor | None = None,
 ) -> None:
     """Every layer output's norm, the input's and the output's, and the loss gradient's, batched (one reduction
-    per shape of many small outputs, see :class:`~neuraldbg.stats.tensors.NormPlan`). ``loss_scale``: a
-    GradScaler's scale in ``grad``, divided out (on the device)."""
+    per shape of many small outputs, see :class:`~neuraldbg.stats.tensors.NormPlan`), and the loss gradient's L1
+    norm (the loss's pull on the output). ``loss_scale``: a GradScaler's scale in ``grad``, divided out (on the
+    device)."""
     entries: list[Entry] = [("act", key, 0) for key in refs]
     entries += [(target, None, 0) for target, _ in ends]
     values = stats.norm_readings([*refs.values(), *(t for _, t in ends), grad])
     n = len(entries)
     pending.put_vector(entries, values[:n])
     pending.put("target_grad", None, values[n] / loss_scale if loss_scale is not None else values[n])
+    pull = torch.linalg.vector_norm(grad.detach(), 1, dtype=torch.float32)  # sum of |d(loss)/d(output)|
+    pending.put("target_grad_sum", None, pull / loss_scale if loss_scale is not None else pull)
+
+
+def output_dead_pulled(pending: Pending, output: Tensor, grad: Tensor) -> None:
+    """Units of the model's output that are never positive on the batch while the loss pulls on them (a nonzero
+    gradient on some sample): a class logit held at 0 by a ReLU that the loss wants to move. A representation whose
+    loss leaves its zero units alone (a forward-forward layer's goodness, the square of each unit) has none. Units:
+    channels of an image-shaped output, the last dimension otherwise."""
+    if output.dim() < 2 or grad.shape != output.shape or not output.is_floating_point():
+        return
+    with torch.no_grad():
+        channel_first = output.dim() == 4
+        never = stats.never_positive(output.detach(), channel_first)
+        u = stats.unit_dim(grad, channel_first)
+        pulled = (grad.detach() != 0).movedim(u, -1).reshape(-1, grad.shape[u]).any(dim=0)
+        pending.put("output_dead_pulled", None, (never & pulled).sum(dtype=torch.float32), int(never.shape[0]))
 
 
 # --- parameter gradients ---------------------------------------------------------------------------------
@@ -239,8 +257,8 @@ def clip_factor(at_step: Sequence[float], after_backward: Sequence[float]) -> fl
 
 def updates(pending: Pending, snapshot: stats.Snapshot) -> None:
     """File what the optimizer did to the snapshotted parameters (read at the flush): every change, then every
-    new norm, then the old norms of sampled parameters (which bound a change the sample missed), in that order
-    (see :func:`~neuraldbg.capture.pending.assign`)."""
+    new norm, then every old norm (which also bounds, for a sampled parameter, a change its sample missed), in
+    that order (see :func:`~neuraldbg.capture.pending.assign`)."""
     deltas, after, before = snapshot.readings()
     plan = snapshot.plan
     entries = _UPDATE_ENTRIES.get(plan)
@@ -248,13 +266,12 @@ def updates(pending: Pending, snapshot: stats.Snapshot) -> None:
         entries = (
             [("delta", name, scale) for name, scale in zip(plan.names, plan.scales)],
             [("weight", name, 0) for name in plan.names],
-            [("before", plan.names[i], 0) for i in plan.sampled],
+            [("before", name, 0) for name in plan.names],
         )
         _UPDATE_ENTRIES[plan] = entries
     pending.put_vector(entries[0], deltas)
     pending.put_vector(entries[1], after)
-    if before is not None:
-        pending.put_vector(entries[2], before)
+    pending.put_vector(entries[2], before)
 
 
 #: The filing entries of a snapshot plan's readings, kept while the plan is.

@@ -17,7 +17,19 @@ from ..stats import tensors as stats
 from ..stats.step import StepData
 
 #: Readings taken from scaled gradients (or from a step's update), meaningless once the GradScaler skipped the step.
-_SCALED = frozenset({"target_grad", "out_grad", "func_dead", "delta", "weight", "before"})
+_SCALED = frozenset(
+    {
+        "target_grad",
+        "target_grad_sum",
+        "out_grad",
+        "func_dead",
+        "delta",
+        "weight",
+        "before",
+        "grad_check",
+        "output_dead_pulled",
+    }
+)
 
 
 Entry = tuple[str, Any, float]  # (target, key, extra): where a reading is filed (see :func:`assign`)
@@ -103,7 +115,9 @@ class Pending:
         self.vectors = [v for _, v in vkept]
         if data.target_grad is not None and not math.isnan(data.target_grad):
             data.target_grad = None
-        for readings in (data.grad, data.grad_numel, data.out_grad, data.func_dead, data.update, data.update_parts):
+        data.target_grad_sum = None
+        readings_of_step = (data.grad, data.grad_numel, data.out_grad, data.func_dead, data.update, data.update_parts)
+        for readings in (*readings_of_step, data.update_before):
             readings.clear()
         data.grad_exact_zero.clear()
         data.grad_nonfinite.clear()
@@ -114,11 +128,11 @@ class Pending:
         """Divide a GradScaler's scale out of the loss and output gradients read so far (a scaler found only at
         the step's optimizer step, after its backward pass was read)."""
         self.tensors = [
-            t / scale if target[0] in ("target_grad", "out_grad", "captured_loss") else t
+            t / scale if target[0] in ("target_grad", "target_grad_sum", "out_grad", "captured_loss") else t
             for target, t in zip(self.targets, self.tensors)
         ]
         self.vectors = [
-            v / scale if entries[0][0] in ("target_grad", "out_grad", "captured_loss") else v
+            v / scale if entries[0][0] in ("target_grad", "target_grad_sum", "out_grad", "captured_loss") else v
             for entries, v in zip(self.vtargets, self.vectors)
         ]
         if self.captured is not None:
@@ -159,6 +173,8 @@ class Pending:
             dst.input_norm = merge_max(dst.input_norm, src.input_norm)
         if src.target_grad is not None:
             dst.target_grad = merge_max(dst.target_grad, src.target_grad)
+        if src.target_grad_sum is not None:
+            dst.target_grad_sum = merge_max(dst.target_grad_sum, src.target_grad_sum)
         for key, value in src.act.items():
             dst.act[key] = merge_max(dst.act.get(key), value)
 
@@ -196,6 +212,11 @@ def _target_grad(data: StepData, key: Any, extra: float, value: float) -> None:
     data.target_grad = merge_max(data.target_grad, value)
 
 
+def _target_grad_sum(data: StepData, key: Any, extra: float, value: float) -> None:
+    if not data.skipped:
+        data.target_grad_sum = merge_max(data.target_grad_sum, value)
+
+
 def _loss(data: StepData, key: Any, extra: float, value: float) -> None:
     data.loss = value
     data.loss_observed = True
@@ -219,6 +240,10 @@ def _loss_scale(data: StepData, key: Any, extra: float, value: float) -> None:
 
 def _dead(data: StepData, key: Any, extra: float, value: float) -> None:
     data.dead[key] = (value, int(extra))
+
+
+def _output_dead_pulled(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.output_dead_pulled = (value, int(extra))
 
 
 def _func_dead(data: StepData, key: Any, extra: float, value: float) -> None:
@@ -248,29 +273,33 @@ def _units(data: StepData, key: Any, extra: float, value: float) -> None:
         counts[key] = (counts[key][0], int(value))
 
 
+def _grad_check(data: StepData, key: Any, extra: float, value: float) -> None:
+    # a cheap step's largest gradient element: filed only when it is inf or NaN
+    if not math.isfinite(value) and not data.skipped:
+        data.grad[key] = value
+        data.grad_numel[key] = int(extra)
+        data.grad_nonfinite.add(key)
+
+
 def _out_grad(data: StepData, key: Any, extra: float, value: float) -> None:
     old = data.out_grad.get(key)
     data.out_grad[key] = value if old is None else merge_max(old, value)
 
 
 def _delta(data: StepData, key: Any, extra: float, value: float) -> None:
-    # one snapshot reading: delta, weight, then (for a sampled parameter) before; ``extra`` is the sample's scale:
-    # 1 when the parameter was copied whole (then no "before" follows)
+    # one snapshot reading: delta, weight, then before; ``extra`` is the sample's scale (1 when the parameter was
+    # copied whole)
     data.update_parts[key] = [value, extra]
 
 
 def _weight(data: StepData, key: Any, extra: float, value: float) -> None:
-    parts = data.update_parts[key]
-    if parts[1] == 1.0:
-        data.update[key] = (stats.update_norm(parts[0], 1.0, value, value), value)
-        del data.update_parts[key]
-    else:
-        parts.append(value)
+    data.update_parts[key].append(value)
 
 
 def _before(data: StepData, key: Any, extra: float, value: float) -> None:
     delta, scale, after = data.update_parts.pop(key)
     data.update[key] = (stats.update_norm(delta, scale, after, value), after)
+    data.update_before[key] = value
 
 
 _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
@@ -278,18 +307,21 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "input": _input,
     "output": _output,
     "target_grad": _target_grad,
+    "target_grad_sum": _target_grad_sum,
     "loss": _loss,
     "captured_loss": _captured_loss,
     "probabilities": _probabilities,
     "carried": _carried,
     "loss_scale": _loss_scale,
     "dead": _dead,
+    "output_dead_pulled": _output_dead_pulled,
     "func_dead": _func_dead,
     "saturated": _saturated,
     "numel": _numel,
     "output_numel": _output_numel,
     "input_numel": _input_numel,
     "units": _units,
+    "grad_check": _grad_check,
     "out_grad": _out_grad,
     "delta": _delta,
     "weight": _weight,

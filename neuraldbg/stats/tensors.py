@@ -44,6 +44,42 @@ def first_tensor(value: object) -> Tensor | None:
     return None
 
 
+def data_argument(args: tuple[object, ...], kwargs: dict[str, object] | None = None) -> Tensor | None:
+    """The input batch of a model call: its first tensor argument (positional first, then keyword), when it is
+    floating point; None when that first tensor is not (token ids, indices: their values are never non-finite).
+
+    Later arguments are not data: an additive attention mask (``nn.Transformer.generate_square_subsequent_mask``,
+    ``-inf`` above the diagonal) is passed after the tokens it masks, and its ``-inf`` is how masking works."""
+    for value in (*args, *(kwargs or {}).values()):
+        found = _first_any(value)
+        if found is not None:
+            return found if found.is_floating_point() else None
+    return None
+
+
+def _first_any(value: object) -> Tensor | None:
+    """The first tensor of any dtype in a value (tensor, PackedSequence, tuple, list, dict)."""
+    if isinstance(value, Tensor):
+        return value
+    data = getattr(value, "data", None)  # PackedSequence
+    if isinstance(data, Tensor):
+        return data
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            found = _first_any(item)
+            if found is not None:
+                return found
+    return None
+
+
+def readable(t: Tensor) -> Tensor | None:
+    """``t`` itself when it is a plain strided tensor, else :func:`dense` of it (sparse tensors: their values;
+    None for a meta tensor or a subclass that cannot be read)."""
+    return dense(t)
+
+
 def class_count(value: object) -> int:
     """The size of the last dimension of a model's logits (a classifier's classes, a language model's vocabulary):
     the ``logits`` of a Hugging Face output, else the first floating tensor of two or more dimensions in the output;
@@ -148,12 +184,33 @@ def _grouped_norms(tensors: Sequence[Tensor]) -> list[Tensor]:
     return [r for r in out if r is not None]
 
 
-def host_norm(t: Tensor) -> float:
-    """The L2 norm of a tensor as a Python float (a host read: on a GPU, a sync; used on CPU tensors). A
-    half-precision tensor is reduced in float32: the norm of float16 values overflows at 65504 long before any
-    of them does (a scaled loss gradient, an autocast output)."""
+def device_largest_magnitudes(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """:func:`largest_magnitudes` left on the device (0-d tensors, read at a flush): one
+    ``torch._foreach_norm(..., inf)`` per device and dtype; inf or NaN exactly when the tensor holds an inf or a NaN
+    (an L2 norm overflows on large finite values). Every tensor must be plain and strided (see :func:`dense`)."""
+    out: list[Tensor | None] = [None] * len(tensors)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    with torch.no_grad():
+        for idx in groups.values():
+            for i, r in zip(idx, torch._foreach_norm([tensors[i] for i in idx], math.inf)):
+                out[i] = r
+    return [r for r in out if r is not None]
+
+
+def host_norm(t: Tensor) -> float | None:
+    """The L2 norm of a tensor as a Python float (a host read: on a GPU, a sync; used on CPU tensors); None when its
+    values cannot be read here (see :func:`dense`; a sparse tensor is read through its values). A half-precision
+    tensor is reduced in float32: the norm of float16 values overflows at 65504 long before any of them does (a
+    scaled loss gradient, an autocast output)."""
+    plain = readable(t)
+    if plain is None:
+        return None
     # on a detached tensor nothing is recorded for autograd: no grad-mode switch needed
-    return float(torch.linalg.vector_norm(t.detach(), dtype=torch.float32 if t.dtype in _LOW_PRECISION else None))
+    return float(
+        torch.linalg.vector_norm(plain.detach(), dtype=torch.float32 if plain.dtype in _LOW_PRECISION else None)
+    )
 
 
 def unit_dim(t: Tensor, channel_first: bool) -> int:
@@ -420,6 +477,16 @@ class SnapshotPlan:
             return packed.new_zeros(0)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
+    def weight_norms(self, packed: Tensor) -> Tensor:
+        """The norm of every parameter, in :attr:`names` order, given a :meth:`pack` taken now: a parameter copied
+        whole reads its packed copy, a sampled one the whole parameter."""
+        weights = self.segment_norms(packed, self._whole)
+        if self.sampled:
+            whole = norm_readings([self.params[i] for i in self._sampled_packed])
+            assert isinstance(whole, Tensor)  # packed parameters lie on one device
+            weights = torch.cat([weights, whole])
+        return weights[self._inverse] if self._inverse is not None else weights
+
 
 def _split_norms(packed: Tensor, start: int, sizes: list[int]) -> Tensor:
     pieces = torch.split(packed[start : start + sum(sizes)], sizes)
@@ -430,9 +497,9 @@ class Snapshot:
     """What the optimizer will do to some parameters, measured without copying them all.
 
     Before the step: a copy of an evenly strided sample of at most ``sample`` elements per parameter (the whole
-    parameter when it is smaller: then its change is exact), and the norm of each sampled parameter (one batched
-    reduction). After the step, :meth:`readings` gives per parameter the sample change's norm, the new norm and,
-    for sampled parameters, the old norm, all batched; :func:`update_norm` turns them into ||dW||: the sample's
+    parameter when it is smaller: then its change is exact), and the norm of each parameter (one batched
+    reduction). After the step, :meth:`readings` gives per parameter the sample change's norm, the new norm and the
+    old norm, all batched; :func:`update_norm` turns them into ||dW||: the sample's
     change scaled to the whole parameter or, when the sample did not change but the norm did (a sparse update the
     sample missed), the change of the norm, which bounds ||dW|| from below. A parameter is unchanged (exactly 0)
     only when its sample and its norm both are. ``plan``: a :class:`SnapshotPlan` of these parameters kept from
@@ -453,19 +520,21 @@ class Snapshot:
         grad = torch.is_grad_enabled()
         _set_grad_enabled(False)
         try:
-            sampled = [plan.params[i] for i in plan.sampled]
-            self._before = norm_readings(sampled) if sampled else None
+            # every parameter's norm before the step (a sampled one's also bounds a change its sample missed),
+            # reduced as its norm after the step will be: an unchanged parameter reads the same norm twice
+            self._before: Tensor | list[Tensor]
             if plan.packed:
                 self._copy: Tensor | list[Tensor] = plan.pack()
+                self._before = plan.weight_norms(self._copy)
             else:
                 self._copy = list(torch._foreach_mul(plan._views, 1.0)) if plan._views else []  # one copy
+                self._before = norm_readings(plan.params) if plan.params else []
         finally:
             _set_grad_enabled(grad)
 
-    def readings(self) -> tuple[Tensor | list[Tensor], Tensor | list[Tensor], Tensor | list[Tensor] | None]:
-        """(sample change norms, norms after) of every parameter in :attr:`names` order, and the norms before of
-        the sampled ones (:attr:`SnapshotPlan.sampled`, in order; None when none is sampled): 1-d tensors, or
-        lists of 0-d tensors for parameters on several devices."""
+    def readings(self) -> tuple[Tensor | list[Tensor], Tensor | list[Tensor], Tensor | list[Tensor]]:
+        """(sample change norms, norms after, norms before) of every parameter in :attr:`names` order: 1-d
+        tensors, or lists of 0-d tensors for parameters on several devices."""
         plan = self.plan
         grad = torch.is_grad_enabled()
         _set_grad_enabled(False)
@@ -473,31 +542,21 @@ class Snapshot:
             if isinstance(self._copy, Tensor):
                 after = plan.pack()
                 deltas = plan.segment_norms(after - self._copy, len(plan.names))
-                weights = plan.segment_norms(after, plan._whole)
-                if plan.sampled:  # a sampled parameter's new norm is the whole parameter's
-                    whole = norm_readings([plan.params[i] for i in plan._sampled_packed])
-                    assert isinstance(whole, Tensor)  # packed parameters lie on one device
-                    weights = torch.cat([weights, whole])
                 if plan._inverse is not None:
-                    deltas, weights = deltas[plan._inverse], weights[plan._inverse]
-                return deltas, weights, self._before
+                    deltas = deltas[plan._inverse]
+                return deltas, plan.weight_norms(after), self._before
             return (
                 norm_readings(list(torch._foreach_sub(plan._views, self._copy))),
-                norm_readings(plan.params),
+                norm_readings(plan.params) if plan.params else [],
                 self._before,
             )
         finally:
             _set_grad_enabled(grad)
 
-    def changes(self) -> tuple[list[Tensor], list[Tensor], list[Tensor | None]]:
-        """:meth:`readings` as one 0-d tensor per parameter, with None as the old norm of parameters copied
-        whole."""
-        deltas, after, old = self.readings()
-        before: list[Tensor | None] = [None] * len(self.names)
-        if old is not None:
-            for i, value in zip(self.plan.sampled, old):
-                before[i] = value
-        return list(deltas), list(after), before
+    def changes(self) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+        """:meth:`readings` as one 0-d tensor per parameter: (sample change norms, norms after, norms before)."""
+        deltas, after, before = self.readings()
+        return list(deltas), list(after), list(before)
 
 
 def _sample(p: Tensor, limit: int) -> tuple[Tensor, float]:
