@@ -148,6 +148,9 @@ def assign(data: StepData, target: str, key: Any, extra: float, value: float) ->
         data.act[key] = merge_max(data.act.get(key), value)
     elif target == "input":
         data.input_norm = merge_max(data.input_norm, value)
+    elif target == "arguments_nan":  # a NaN among the call's other arguments: the data is bad (see stats.nan_flag)
+        if math.isnan(value):
+            data.input_norm = math.nan
     elif target == "output":
         data.output_norm = merge_max(data.output_norm, value)
     elif target == "target_grad":
