@@ -255,7 +255,10 @@ def remove_stale(state: SessionState, root: Path) -> None:
 
 
 def write_files(state: SessionState) -> None:
-    """Write ``--neuraldbg-report`` and ``--neuraldbg-junit`` outputs (controller only)."""
+    """Write ``--neuraldbg-report`` and ``--neuraldbg-junit`` outputs (controller only), each file atomically, the
+    report folder's files under its lock (see :mod:`neuraldbg.export.files`)."""
+    from neuraldbg.export.files import folder_lock
+
     from . import junit, markdown
 
     settings = state.settings
@@ -263,22 +266,22 @@ def write_files(state: SessionState) -> None:
     results = outcomes.baseline_results(state.baseline_notes)
     if settings.report is not None:
         directory = settings.report
-        directory.mkdir(parents=True, exist_ok=True)
-        for rec, stem in zip(recs, file_names(recs)):
-            if rec.get("trace") is not None:
-                _write(directory / f"{stem}.json", json.dumps(rec["trace"], indent=1, allow_nan=False) + "\n")
-            if rec.get("mermaid"):
-                _write(directory / f"{stem}.mmd", rec["mermaid"] + "\n")
-        summary = markdown.summary(recs, gate=settings.gate, outcomes=state.outcomes, baselines=results)
-        state.written.append(_write(directory / "summary.md", summary))
+        with folder_lock(directory):
+            for rec, stem in zip(recs, file_names(recs)):
+                if rec.get("trace") is not None:
+                    _write(directory / f"{stem}.json", json.dumps(rec["trace"], indent=1, allow_nan=False) + "\n")
+                if rec.get("mermaid"):
+                    _write(directory / f"{stem}.mmd", rec["mermaid"] + "\n")
+            summary = markdown.summary(recs, gate=settings.gate, outcomes=state.outcomes, baselines=results)
+            state.written.append(_write(directory / "summary.md", summary))
     if settings.junit is not None:
-        settings.junit.parent.mkdir(parents=True, exist_ok=True)
         state.written.append(_write(settings.junit, junit.report(recs, outcomes=state.outcomes, baselines=results)))
 
 
 def _write(path: Path, text: str) -> Path:
-    path.write_text(text, encoding="utf-8")
-    return path
+    from neuraldbg.export.files import write_atomic
+
+    return write_atomic(path, text)
 
 
 def terminal_summary(reporter: Any, state: SessionState) -> None:
