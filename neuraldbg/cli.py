@@ -124,10 +124,13 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _say(text: str, stream: TextIO | None = None) -> None:
-    """Print text that may hold anything a trace held (lone surrogates from a layer name) without failing."""
+    """Print text that may hold anything a trace held without failing and without acting on the terminal: control
+    and bidirectional characters and lone surrogates become visible escapes (only the text's own line feeds stay)."""
+    from .export.inert import inert
+
     stream = stream if stream is not None else sys.stdout
     encoding = getattr(stream, "encoding", None) or "utf-8"
-    stream.write(text.encode(encoding, "backslashreplace").decode(encoding, "replace") + "\n")
+    stream.write(inert(text, lines=True).encode(encoding, "backslashreplace").decode(encoding, "replace") + "\n")
 
 
 def _explain(args: argparse.Namespace) -> int:

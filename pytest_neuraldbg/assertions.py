@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
 from neuraldbg.errors import did_you_mean
+from neuraldbg.export.inert import inert, inert_data
 from neuraldbg.kinds import registry
 from neuraldbg.kinds.base import Check
 from neuraldbg.text import pct
@@ -71,7 +72,8 @@ def _note_asserted(ndbg: Any, hypotheses: Sequence[HypothesisRecord]) -> None:
 def _fail(ndbg: Any, first_line: str, hypotheses: Sequence[HypothesisRecord]) -> NoReturn:
     __tracebackhide__ = True
     _note_asserted(ndbg, hypotheses)
-    raise AssertionError(verdict.failure_text(first_line, hypotheses))
+    shown: list[HypothesisRecord] = [inert_data(h) for h in hypotheses]  # names as visible escapes, one line each
+    raise AssertionError(verdict.failure_text(inert(first_line), shown))
 
 
 def assert_healthy(ndbg: Any, *, ignore: Iterable[Any] = ()) -> None:
@@ -276,11 +278,12 @@ def _fail_to_learn(
 ) -> NoReturn:
     __tracebackhide__ = True
     parts = [first_line]
+    shown: list[HypothesisRecord] = [inert_data(h) for h in found]  # names as visible escapes, one line each
     if points:
         parts.append(f"Loss curve (step: loss): {learning.curve(points)}")
-    if found:
-        parts.append(verdict.headline(found, "Why, according to NeuralDBG: training is unhealthy"))
-        parts += [verdict.describe(h, i if len(found) > 1 else None) for i, h in enumerate(found, 1)]
+    if shown:
+        parts.append(verdict.headline(shown, "Why, according to NeuralDBG: training is unhealthy"))
+        parts += [verdict.describe(h, i if len(shown) > 1 else None) for i, h in enumerate(shown, 1)]
     elif drop is not None and drop.fell_by >= SLOW_BUT_FALLING:
         parts.append(
             f"NeuralDBG found no training fault in this run, and the loss is falling ({drop.fell_by:.3g}x), only "
@@ -294,4 +297,4 @@ def _fail_to_learn(
             "function and the targets, or train for more steps."
         )
     _note_asserted(ndbg, found)
-    raise AssertionError("\n\n".join(parts))
+    raise AssertionError(inert("\n\n".join(parts), lines=True))

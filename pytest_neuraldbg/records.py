@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, TypedDict, cast
 
+from neuraldbg.export.inert import encodable, encodable_data, inert, inert_data
 from neuraldbg.text import json_number
 
 HEALTHY = "healthy"
@@ -70,10 +71,21 @@ class _Run(TypedDict):
     kinds: list[str]  # the failure kinds the run was checked for
 
 
+class KeyNumbers(TypedDict, total=False):
+    """A run in a few numbers: its final loss, and the smallest and largest gradient norm among its layers at the
+    last step that recorded one (``[layer, norm]``)."""
+
+    final_loss: float | str
+    grad_step: int
+    grad_min: list[str | float]
+    grad_max: list[str | float]
+
+
 class RunRecord(_Run, total=False):
     """One watched run of a test, as it crosses from an xdist worker to the controller."""
 
     verdict: str  # HEALTHY, UNHEALTHY or ERROR
+    numbers: KeyNumbers
     grad_chart: list[ChartSeries]
     trace: dict[str, Any]  # the JSON trace, when the report folder keeps traces
     error: str  # why the run could not be summarised (verdict ERROR)
@@ -154,6 +166,32 @@ def grad_chart_series(dbg: Any, hypotheses: list[Any]) -> list[ChartSeries]:
     return out
 
 
+def key_numbers(dbg: Any) -> KeyNumbers:
+    """The run's final loss and, at the last step any layer recorded a gradient norm, the smallest and the largest
+    norm among the layers (with their names); what it did not record is left out."""
+    history = getattr(dbg, "history", None)
+    out: KeyNumbers = {}
+    if history is None:
+        return out
+    loss = history.get("loss", "")
+    if loss is not None and len(loss):
+        out["final_loss"] = json_number(loss.points()[-1][1])
+    finals = {}
+    for layer in history.layers("grad_norm"):
+        points = history.get("grad_norm", layer).points()
+        if points:
+            finals[layer] = points[-1]
+    if finals:
+        step = max(int(s) for s, _ in finals.values())
+        at_step = {layer: float(v) for layer, (s, v) in finals.items() if int(s) == step}
+        low = min(at_step, key=lambda layer: at_step[layer])
+        high = max(at_step, key=lambda layer: at_step[layer])
+        out["grad_step"] = step
+        out["grad_min"] = [low, json_number(at_step[low])]
+        out["grad_max"] = [high, json_number(at_step[high])]
+    return out
+
+
 def _nearest_parametric(root: str, order: list[str], parametric: list[str]) -> str | None:
     if not root:
         return None
@@ -186,14 +224,31 @@ def summarise(dbg: Any, *, nodeid: str, run: str, include_trace: bool = False) -
         record["hypotheses"] = found
         record["mermaid"] = dbg.export_mermaid_causal_graph()
         record["grad_chart"] = grad_chart_series(dbg, hypotheses) if hypotheses else []
+        record["numbers"] = key_numbers(dbg)
         if include_trace:
             record["trace"] = dbg.to_dict()
-        # plain builtins only: xdist's serialiser refuses str subclasses such as torch's TorchVersion
-        return cast(RunRecord, json.loads(json.dumps(record, allow_nan=False)))
+        return _plain(record)
     except Exception as exc:  # reports must never break the test run they describe
-        record["verdict"] = ERROR
-        record["error"] = f"NeuralDBG could not summarise this run: {exc!r}"
-        return record
+        failed: RunRecord = {"nodeid": nodeid, "run": run, "steps": 0, "hypotheses": [], "mermaid": "", "kinds": []}
+        failed["verdict"] = ERROR
+        failed["error"] = f"NeuralDBG could not summarise this run: {exc!r}"
+        return _plain(failed)
+
+
+def _plain(record: RunRecord) -> RunRecord:
+    """The record as plain builtins (xdist's serialiser refuses str subclasses such as torch's TorchVersion) whose
+    text is inert (see :mod:`neuraldbg.export.inert`): names from the model, whatever they hold, reach every report
+    as visible escapes, and no string holds a lone surrogate that an encoder (the report files, xdist's channel)
+    would refuse. The node id stays as pytest gave it (reports match outcomes by it); the trace is data, kept as it
+    is but for lone surrogates."""
+    data = json.loads(json.dumps(record, allow_nan=False))
+    keep = {key: data.pop(key) for key in ("nodeid", "mermaid", "trace") if key in data}
+    out = inert_data(data)
+    out["nodeid"] = encodable(keep["nodeid"])
+    out["mermaid"] = inert(keep.get("mermaid", ""), lines=True)
+    if "trace" in keep:
+        out["trace"] = encodable_data(keep["trace"])
+    return cast(RunRecord, out)
 
 
 def run_label(record: RunRecord, runs_in_test: int = 1) -> str:

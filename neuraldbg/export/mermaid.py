@@ -22,7 +22,8 @@ from ..events import SemanticEvent
 from ..kinds import registry
 from ..reasoning.hypothesis import CausalHypothesis
 from ..reasoning.topology import Topology
-from ..text import span
+from ..text import cut, span
+from .inert import inert
 
 MAX_EDGES = 400
 MAX_CHARS = 45_000
@@ -39,18 +40,27 @@ CLASSES = (
 _PERCENT_RUN = re.compile(r"%(?=%)|(?<=%)%")  # every % that touches another: what a directive needs
 
 
+#: Longest line of a label, in characters: a name longer than this is cut (Mermaid refuses a graph past its text
+#: limit, and no reader follows a 30,000-character name in a box).
+MAX_LABEL_LINE = 80
+
+
 def escape(text: str) -> str:
-    """Make text safe inside a quoted Mermaid label (or edge label): no parse error, no directive."""
+    """Make text safe inside a quoted Mermaid label (or edge label): no parse error, no directive, no control or
+    bidirectional character (written as visible escapes, see :mod:`neuraldbg.export.inert`)."""
+    lines = text.replace("\r\n", "\n").split("\n")
+    text = "\n".join(inert(line) for line in lines)
     text = text.replace("#", "#35;")
     for raw, entity in (('"', "#quot;"), ("<", "#lt;"), (">", "#gt;"), ("`", "#96;")):
         text = text.replace(raw, entity)
     text = _PERCENT_RUN.sub("#37;", text)
-    return text.replace("\r\n", "\n").replace("\n", "<br>")
+    return text.replace("\n", "<br>")
 
 
 def label(*lines: str) -> str:
-    """A quoted node label of escaped lines (the one way every graph of NeuralDBG writes a label)."""
-    return '["' + "<br>".join(escape(line) for line in lines if line) + '"]'
+    """A quoted node label of escaped lines, each cut to :data:`MAX_LABEL_LINE` characters (the one way every graph
+    of NeuralDBG writes a label)."""
+    return '["' + "<br>".join(escape(cut(line, MAX_LABEL_LINE)) for line in lines if line) + '"]'
 
 
 def _where(e: SemanticEvent, topo: Topology) -> str:
