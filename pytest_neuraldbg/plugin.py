@@ -114,6 +114,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """Remove stale baselines when asked, write the report files: once, on the controller (not an xdist worker)."""
     if not hasattr(session.config, "workerinput"):
         state = session.config.stash[SESSION_KEY]
+        state.stopped = reporting.stopped_early(session)
         reporting.remove_stale(state, session.config.rootpath)
         reporting.write_files(state)
 

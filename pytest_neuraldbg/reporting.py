@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from neuraldbg.export.inert import inert
+
 from . import baseline, outcomes, records, verdict
 from .names import MAX_NAME, digest, portable_name
 from .records import RunRecord
@@ -244,6 +246,12 @@ def sorted_records(state: SessionState) -> list[RunRecord]:
     return sorted(state.records, key=lambda r: (str(r["nodeid"]), str(r["run"])))
 
 
+def stopped_early(session: pytest.Session) -> str:
+    """Why the session stopped before running every collected test (``-x``, ``--maxfail``, a plugin), or ``""``."""
+    why = session.shouldfail or session.shouldstop
+    return str(why) if why else ""
+
+
 def remove_stale(state: SessionState, root: Path) -> None:
     """With ``--neuraldbg-remove-stale-baselines``: delete the stale baseline files (controller only)."""
     if not state.settings.remove_stale_baselines:
@@ -272,7 +280,9 @@ def write_files(state: SessionState) -> None:
                     _write(directory / f"{stem}.json", json.dumps(rec["trace"], indent=1, allow_nan=False) + "\n")
                 if rec.get("mermaid"):
                     _write(directory / f"{stem}.mmd", rec["mermaid"] + "\n")
-            summary = markdown.summary(recs, gate=settings.gate, outcomes=state.outcomes, baselines=results)
+            summary = markdown.summary(
+                recs, gate=settings.gate, outcomes=state.outcomes, baselines=results, stopped=state.stopped
+            )
             state.written.append(_write(directory / "summary.md", summary))
     if settings.junit is not None:
         state.written.append(_write(settings.junit, junit.report(recs, outcomes=state.outcomes, baselines=results)))
@@ -284,17 +294,25 @@ def _write(path: Path, text: str) -> Path:
     return write_atomic(path, text)
 
 
+def _line(reporter: Any, text: str, **markup: bool) -> None:
+    """One line of the terminal summary: names and ids in it are inert (no control or bidirectional character
+    reaches the terminal, see :mod:`neuraldbg.export.inert`)."""
+    reporter.write_line(inert(text), **markup)
+
+
 def terminal_summary(reporter: Any, state: SessionState) -> None:
     """The ``neuraldbg`` block: counts, then one line per unhealthy run, baselines, then the files written."""
     recs = sorted_records(state)
     if not recs and not state.written and not state.baseline_notes and not state.stale:
         return
     reporter.write_sep("=", "neuraldbg")
+    if state.stopped:
+        _line(reporter, f"the session stopped early ({state.stopped}): tests after it did not run", yellow=True)
     if recs:
         _runs_summary(reporter, state, recs)
     baseline_summary(reporter, state)
     for path in state.written:
-        reporter.write_line(f"neuraldbg: wrote {path}")
+        _line(reporter, f"neuraldbg: wrote {path}")
 
 
 def baseline_summary(reporter: Any, state: SessionState) -> None:
@@ -309,36 +327,37 @@ def baseline_summary(reporter: Any, state: SessionState) -> None:
             counts[value] = counts.get(value, 0) + 1
         order = [*outcomes.BASELINE_ORDER, "unchanged", "matched"]
         listed = ", ".join(f"{counts[s]} {s}" for s in sorted(counts, key=order.index))
-        reporter.write_line(f"baselines: {listed}")
+        _line(reporter, f"baselines: {listed}")
     for nodeid, value in status.items():
         notes = per_test[nodeid]
         if value == "improved":
             lines = [line for n in notes for line in n["lines"]]
             more = f"; +{len(lines) - 3} more" if len(lines) > 3 else ""
-            reporter.write_line(f"baseline improved {nodeid}: {'; '.join(lines[:3])}{more}", green=True)
-            reporter.write_line(f"  keep the improvement: {baseline.update_command(nodeid)}")
+            _line(reporter, f"baseline improved {nodeid}: {'; '.join(lines[:3])}{more}", green=True)
+            _line(reporter, f"  keep the improvement: {baseline.update_command(nodeid)}")
         elif value in ("created", "updated"):
-            reporter.write_line(f"baseline {value}: {notes[0]['path']} ({nodeid})")
+            _line(reporter, f"baseline {value}: {notes[0]['path']} ({nodeid})")
         elif value == "not written":
-            reporter.write_line(f"baseline not written for {nodeid}: the test did not pass", yellow=True)
+            _line(reporter, f"baseline not written for {nodeid}: the test did not pass", yellow=True)
     for path, test in sorted(state.stale.items()):
         if path in state.removed:
-            reporter.write_line(f"removed stale baseline: {path} (no test {test})")
+            _line(reporter, f"removed stale baseline: {path} (no test {test})")
         else:
-            reporter.write_line(f"stale baseline: {path} (no test {test})", yellow=True)
+            _line(reporter, f"stale baseline: {path} (no test {test})", yellow=True)
     if len(state.removed) < len(state.stale):
-        reporter.write_line(
+        _line(
+            reporter,
             f"  remove them with {baseline.REMOVE_STALE_FLAG}, or rename them after a renamed test and run "
-            f"{baseline.UPDATE_FLAG}"
+            f"{baseline.UPDATE_FLAG}",
         )
 
 
 def _runs_summary(reporter: Any, state: SessionState, recs: list[RunRecord]) -> None:
     unhealthy = [r for r in recs if r["verdict"] == records.UNHEALTHY]
     errors = [r for r in recs if r["verdict"] == records.ERROR]
-    counts = f"{len(recs)} watched runs: {len(unhealthy)} unhealthy"
+    counts = f"{len(recs)} watched run{'' if len(recs) == 1 else 's'}: {len(unhealthy)} unhealthy"
     counts += f", {len(errors)} not analysed" if errors else ""
-    reporter.write_line(f"{counts} (gate: {state.settings.gate})")
+    _line(reporter, f"{counts} (gate: {state.settings.gate})")
     per_test: dict[str, int] = {}
     for r in recs:
         per_test[r["nodeid"]] = per_test.get(r["nodeid"], 0) + 1
@@ -348,6 +367,6 @@ def _runs_summary(reporter: Any, state: SessionState, recs: list[RunRecord]) -> 
             h["summary"] + (" (asserted by the test)" if expected and h.get("asserted") else "")
             for h in r["hypotheses"]
         )
-        reporter.write_line(f"UNHEALTHY {records.run_label(r, per_test[r['nodeid']])}: {found}", red=True)
+        _line(reporter, f"UNHEALTHY {records.run_label(r, per_test[r['nodeid']])}: {found}", red=True)
     for r in errors:
-        reporter.write_line(f"ERROR {records.run_label(r, per_test[r['nodeid']])}: {r.get('error')}", yellow=True)
+        _line(reporter, f"ERROR {records.run_label(r, per_test[r['nodeid']])}: {r.get('error')}", yellow=True)
