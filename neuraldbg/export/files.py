@@ -13,9 +13,9 @@ A temporary file is named ``.neuraldbg-tmp-<pid>-<random>.tmp``: hidden, never `
 that lists a folder takes it for a result. One left behind by a killed process is removed by
 :func:`clean_temporary` (called for every folder written to) once its process is gone.
 
-Two sessions that write one report folder at the same time take turns: :func:`folder_lock` holds an advisory lock
-(``.neuraldbg.lock`` in the folder) around a session's whole set of files, so a folder never mixes one session's
-summary with another's pictures, and each file is one session's whole.
+Two sessions that write one report folder at the same time take turns: :func:`folder_lock` holds an advisory lock on
+the folder itself (no lock file is left in it) around a session's whole set of files, so a folder never mixes one
+session's summary with another's pictures, and each file is one session's whole.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from ..text import printable
 
 TEMP_PREFIX = ".neuraldbg-tmp-"
 TEMP_SUFFIX = ".tmp"
-LOCK_NAME = ".neuraldbg.lock"
 #: A temporary file older than this is removed even when its process id is alive again (a reused pid).
 TEMP_MAX_AGE = 24 * 3600.0
 _TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"(\d+)-[0-9a-f]+" + re.escape(TEMP_SUFFIX) + r"\Z")
@@ -186,10 +185,10 @@ def clean_temporary(folder: str | os.PathLike[str]) -> list[Path]:
 
 @contextlib.contextmanager
 def folder_lock(folder: str | os.PathLike[str], timeout: float = 60.0) -> Iterator[None]:
-    """Hold the folder's advisory lock (``.neuraldbg.lock``) while writing a set of files that belong together.
+    """Hold an advisory lock on ``folder`` while writing a set of files that belong together.
 
     Two sessions sharing the folder take turns; after ``timeout`` seconds of waiting the files are written anyway
-    (each of them still whole). Where advisory locks do not exist, nothing is locked.
+    (each of them still whole). Where folders cannot be locked (Windows), nothing is locked.
     """
     try:
         import fcntl
@@ -197,7 +196,11 @@ def folder_lock(folder: str | os.PathLike[str], timeout: float = 60.0) -> Iterat
         yield
         return
     os.makedirs(folder, exist_ok=True)
-    fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        yield
+        return
     try:
         deadline = time.monotonic() + timeout
         while True:
