@@ -102,12 +102,15 @@ def valid_chart(source: str) -> bool:
     return True
 
 
-def xychart(series: Sequence[ChartSeries], *, max_points: int = MAX_CHART_POINTS) -> tuple[str, str]:
+def xychart(
+    series: Sequence[ChartSeries], *, max_points: int = MAX_CHART_POINTS, last_step: int | None = None
+) -> tuple[str, str]:
     """A Mermaid ``xychart-beta`` of log10 gradient norms over a true step axis, and the legend to print under it.
 
     ``series`` items have ``label`` and ``points`` (``[[step, norm], ...]``). The x-axis is numeric, from the first
-    to the last recorded step of all series (the whole run); each line takes, at evenly spaced steps, the value
-    of its nearest recorded point, and the legend says which steps a line did not record. Lines that would be
+    recorded step to the run's ``last_step`` (or the last recorded one, if later): the whole run. Each line takes,
+    at evenly spaced steps, the value of its nearest recorded point, and the legend says where a line's recorded
+    steps end. Lines that would be
     drawn on top of each other are one line, with both labels. A zero norm (a dead path) is drawn one decade below
     the smallest nonzero norm, a non-finite one a decade above the largest; the legend says so. Returns
     ``("", "")`` when no valid chart can be drawn (fewer than two steps).
@@ -117,7 +120,7 @@ def xychart(series: Sequence[ChartSeries], *, max_points: int = MAX_CHART_POINTS
         return "", ""
     recorded = [[(int(p[0]), _value(p[1])) for p in s["points"]] for s in series]
     first = min(points[0][0] for points in recorded)
-    last = max(points[-1][0] for points in recorded)
+    last = max([points[-1][0] for points in recorded] + ([last_step] if last_step is not None else []))
     steps = grid(first, last, max_points)
     if len(steps) < 2:
         return "", ""
@@ -208,7 +211,8 @@ def section(
         parts.append(_pictures(pictures))
     if graphs and record.get("mermaid"):
         parts.append(_details("Causal graph", _fence("mermaid", record["mermaid"])))
-    chart, legend = xychart(record.get("grad_chart") or []) if graphs else ("", "")
+    last = int(record["steps"]) - 1 if record.get("steps") else None
+    chart, legend = xychart(record.get("grad_chart") or [], last_step=last) if graphs else ("", "")
     if chart:
         title = "Gradient norm over training (first, root and last layer)"
         parts.append(_details(title, f"{_fence('mermaid', chart)}\n\n{legend}"))

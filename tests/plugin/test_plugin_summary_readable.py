@@ -147,6 +147,13 @@ def test_a_short_run_is_charted_over_every_step_and_a_partial_series_says_where_
     assert markdown.valid_chart(source)
 
 
+def test_the_axis_reaches_the_last_step_of_the_run_even_where_nothing_was_recorded() -> None:
+    series = [{"layer": "0", "label": "a", "points": [[s, 1.0 + s] for s in range(17)]}]
+    source, legend = markdown.xychart(series, last_step=31)
+    assert '  x-axis "step" 0 --> 31' in source
+    assert "a was recorded at steps 0-16 only" in legend
+
+
 def test_steps_recorded_unevenly_are_placed_on_a_true_step_axis() -> None:
     series = [{"layer": "0", "label": "a", "points": [[22, 1.0], [23, 10.0], [32, 100.0]]}]
     source, _ = markdown.xychart(series)
