@@ -82,11 +82,15 @@ def assert_healthy(ndbg: Any, *, ignore: Iterable[Any] = ()) -> None:
     That includes the run-level kinds: a run that took no training step, got no gradient, trained in eval mode,
     had a loss that cannot teach, or was not fully observed is not healthy, whatever its layers did.
     ``ignore`` takes :class:`~neuraldbg.FailureKind` members or strings (``"frozen_parameters"``), e.g. to
-    accept frozen layers of a fine-tuned model.
+    accept frozen layers of a fine-tuned model; on a run of the fixture, the gate and the reports then ignore those
+    kinds too.
     """
     __tracebackhide__ = True
     hypotheses = _hypotheses(ndbg, "assert_healthy")
     skip = kind_names(ignore, "assert_healthy", (h["kind"] for h in hypotheses))
+    note = getattr(ndbg, "note_ignored", None)
+    if skip and callable(note):
+        note(skip)  # what the test ignored, the gate and the reports ignore too
     found = [h for h in hypotheses if h["kind"] not in skip]
     if found:
         _fail(ndbg, verdict.headline(found), found)

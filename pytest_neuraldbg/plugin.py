@@ -90,6 +90,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     gate.show(report, call)
     reporting.annotate(report, recs)
     if call.when == "call":
+        if reporting.junit_output_wanted(item.config):
+            reporting.add_output(item, report, recs)
         reporting.annotate_baseline(report, item)
     return report
 

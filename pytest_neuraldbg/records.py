@@ -49,9 +49,11 @@ class _Hypothesis(TypedDict):
 
 class HypothesisRecord(_Hypothesis, total=False):
     """A :class:`~neuraldbg.CausalHypothesis` as plain data; ``asserted``: an assertion helper of the test failed on
-    it (set once the test's run is summarised)."""
+    it; ``ignored``: the test ignored its kind (``assert_healthy(ignore=...)``). Both set once the test's run is
+    summarised."""
 
     asserted: bool
+    ignored: bool
 
 
 class ChartSeries(TypedDict):
@@ -85,6 +87,7 @@ class RunRecord(_Run, total=False):
     """One watched run of a test, as it crosses from an xdist worker to the controller."""
 
     verdict: str  # HEALTHY, UNHEALTHY or ERROR
+    gate: str  # the test's gate: fail, warn or off
     numbers: KeyNumbers
     grad_chart: list[ChartSeries]
     trace: dict[str, Any]  # the JSON trace, when the report folder keeps traces
@@ -205,7 +208,7 @@ def _nearest_parametric(root: str, order: list[str], parametric: list[str]) -> s
     return before[-1] if before else (after[0] if after else None)
 
 
-def summarise(dbg: Any, *, nodeid: str, run: str, include_trace: bool = False) -> RunRecord:
+def summarise(dbg: Any, *, nodeid: str, run: str, include_trace: bool = False, gate: str = "") -> RunRecord:
     """The record of one watched run. Never raises: a failure of the engine becomes an ``error`` record.
 
     Each hypothesis says whether an assertion helper of the test failed on it (``asserted``): when the test
@@ -215,9 +218,14 @@ def summarise(dbg: Any, *, nodeid: str, run: str, include_trace: bool = False) -
     try:
         hypotheses = list(dbg.hypotheses())
         asserted = set(getattr(dbg, "asserted", ()))  # failures an assertion helper raised on (see watched.py)
+        ignored = set(getattr(dbg, "ignored", ()))  # kinds the test ignored (assert_healthy(ignore=...))
         found = [hypothesis_dict(h) for h in hypotheses]
         for h in found:
             h["asserted"] = key(h) in asserted
+            if h["kind"] in ignored:
+                h["ignored"] = True
+        if gate:
+            record["gate"] = gate
         record["verdict"] = UNHEALTHY if hypotheses else HEALTHY
         record["steps"] = int(dbg.steps)
         record["kinds"] = list(dbg.checked_kinds())

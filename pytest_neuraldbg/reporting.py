@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from neuraldbg.export.inert import inert
+from neuraldbg.text import one_line
 
 from . import baseline, outcomes, records, verdict
 from .names import MAX_NAME, digest, portable_name
@@ -42,7 +43,12 @@ def record_item(item: pytest.Item, state: SessionState) -> list[RunRecord]:
     fixture = item.stash.get(FIXTURE_KEY, None)
     runs = fixture.named_runs if fixture is not None else []
     keep_trace = state.settings.report is not None
-    recs = [records.summarise(dbg, nodeid=item.nodeid, run=name, include_trace=keep_trace) for name, dbg in runs]
+    # the gate, when the test's own marker set it (gate="off": the test does not want its training judged)
+    marked = fixture is not None and fixture.settings.source("gate").startswith("marker")
+    gate = fixture.settings.gate if fixture is not None and marked else ""
+    recs = [
+        records.summarise(dbg, nodeid=item.nodeid, run=name, include_trace=keep_trace, gate=gate) for name, dbg in runs
+    ]
     for rec in recs:
         item.user_properties.extend(user_properties(rec, several=len(recs) > 1))
     item.stash[RECORDS_KEY] = recs
@@ -57,18 +63,58 @@ def report_records(item: pytest.Item, state: SessionState) -> list[RunRecord]:
 
 
 def user_properties(record: RunRecord, several: bool = False) -> list[tuple[str, str]]:
-    """``neuraldbg.verdict``, ``.explanation``, ``.chain`` (JSON) and ``.mermaid`` for pytest's ``--junitxml``.
+    """Short lines for pytest's ``--junitxml``, which viewers show as a table: ``neuraldbg.verdict`` and, for an
+    unhealthy run, ``neuraldbg.root`` (kind and layer of the first hypothesis), ``neuraldbg.onset`` (its step) and a
+    one-line ``neuraldbg.explanation``; for a run that could not be analysed, the error. The graph and the chain,
+    which are many lines, go to the failing test's output (:func:`system_out`).
 
     A test that watched several runs gets one group per run, each led by ``neuraldbg.run``.
     """
-    chain = [{k: v for k, v in h.items() if k != "explanation"} for h in record["hypotheses"]]
-    props = [
-        ("neuraldbg.verdict", str(record["verdict"])),
-        ("neuraldbg.explanation", str(record.get("error", "")) or verdict.explanation(record["hypotheses"])),
-        ("neuraldbg.chain", json.dumps(chain, allow_nan=False)),
-        ("neuraldbg.mermaid", str(record["mermaid"])),
-    ]
+    props = [("neuraldbg.verdict", str(record["verdict"]))]
+    hypotheses = record["hypotheses"]
+    if record["verdict"] == records.ERROR:
+        props.append(("neuraldbg.explanation", one_line(str(record.get("error", "")), PROPERTY_LIMIT)))
+    elif hypotheses:
+        first = hypotheses[0]
+        more = f" (+{len(hypotheses) - 1} more)" if len(hypotheses) > 1 else ""
+        where = f"'{first['layer']}'" if first["layer"] else "the model"
+        props += [
+            ("neuraldbg.root", f"{first['kind']} at {where}{more}"),
+            ("neuraldbg.onset", f"step {first['step']}"),
+            ("neuraldbg.explanation", one_line(str(first["explanation"]), PROPERTY_LIMIT)),
+        ]
     return [("neuraldbg.run", str(record["run"])), *props] if several else props
+
+
+#: Longest property value, in characters (viewers show properties in a table cell).
+PROPERTY_LIMIT = 300
+#: The key of the report section that pytest's JUnit writes into the case's ``<system-out>`` (with ``junit_logging``
+#: ``system-out``, ``out-err`` or ``all``): pytest counts every section named "Captured stdout ..." as output, and
+#: writes it from the teardown report, which carries the sections an item added during its call.
+OUTPUT_KEY = "stdout neuraldbg"
+
+
+def system_out(recs: Sequence[RunRecord], attachments: Sequence[Sequence[str]] = ()) -> str:
+    """The multi-line part of a failing test's JUnit case, for each unhealthy run: GitLab's ``[[ATTACHMENT|path]]``
+    lines for its pictures, its causal chain, and its causal graph (Mermaid)."""
+    parts = []
+    for i, rec in enumerate(recs):
+        if rec["verdict"] != records.UNHEALTHY:
+            continue
+        lines = [f"[[ATTACHMENT|{path}]]" for path in (attachments[i] if i < len(attachments) else ())]
+        lines.append(f"NeuralDBG run {rec['run']}: {verdict.headline(rec['hypotheses'])}")
+        for h in rec["hypotheses"]:
+            lines += verdict.chain_lines(h)
+        lines += ["Causal graph (Mermaid):", str(rec["mermaid"])]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def junit_output_wanted(config: pytest.Config) -> bool:
+    """Whether pytest's ``--junitxml`` writes test output into ``<system-out>`` (``junit_logging``)."""
+    if not getattr(config.option, "xmlpath", None):
+        return False
+    return str(config.getini("junit_logging")) in ("system-out", "out-err", "all")
 
 
 def section_text(recs: Sequence[RunRecord]) -> str:
@@ -81,6 +127,16 @@ def section_text(recs: Sequence[RunRecord]) -> str:
         elif rec["verdict"] == records.ERROR:
             parts.append(label + str(rec.get("error")))
     return "\n\n".join(parts)
+
+
+def add_output(
+    item: pytest.Item, report: pytest.TestReport, recs: list[RunRecord], attachments: Sequence[Sequence[str]] = ()
+) -> None:
+    """A failed test's unhealthy runs: their chain, graph and picture attachments as output of its JUnit case (not
+    shown again in the terminal, whose failure text already explains them)."""
+    text = system_out(recs, attachments) if report.failed else ""
+    if text:
+        item.add_report_section("call", OUTPUT_KEY, text)
 
 
 def annotate(report: pytest.TestReport, recs: list[RunRecord]) -> None:
