@@ -265,7 +265,8 @@ def healthy_line(record: RunRecord, label: str) -> str:
     return f"- ✅ {code(label)}: {', '.join(parts)}"
 
 
-def _labels(recs: Sequence[RunRecord]) -> list[str]:
+def labels(recs: Sequence[RunRecord]) -> list[str]:
+    """Each record's label: its test, and its run when the test watched several."""
     per_test: dict[str, int] = {}
     for r in recs:
         per_test[r["nodeid"]] = per_test.get(r["nodeid"], 0) + 1
@@ -388,7 +389,7 @@ def summary(
         return {records.UNHEALTHY: 1, records.ERROR: 2}.get(rec["verdict"] if rec is not None else "", 3)
 
     rows.sort(key=rank)  # stable: test order within a rank
-    labels = dict(zip(map(id, recs), _labels(recs)))
+    labels_of = dict(zip(map(id, recs), labels(recs)))
     head = ["## NeuralDBG training health", ""]
     if stopped:
         head += [f"**The session stopped early ({escape(stopped)}): tests after it did not run.**", ""]
@@ -401,7 +402,7 @@ def summary(
     budget = limit - 400  # room for the notes on what was left out
     text = "\n".join(head)
 
-    bad = [(r, labels[id(r)]) for _, r in rows if r is not None and r["verdict"] != records.HEALTHY]
+    bad = [(r, labels_of[id(r)]) for _, r in rows if r is not None and r["verdict"] != records.HEALTHY]
     failed_baselines = [
         (n, baselines[n]) for n in dict.fromkeys(n for n, _ in rows) if n in baselines and baselines[n].failed
     ]
@@ -422,7 +423,7 @@ def summary(
     left_out = 0
     for nodeid, r in rows:
         outcome = outcome_of(nodeid)
-        label = labels[id(r)] if r is not None else nodeid
+        label = labels_of[id(r)] if r is not None else nodeid
         row = (
             f"| {code(label, table=True, limit=TEST_CELL)} | {_outcome_cell(outcome)} | {_training_cell(r, outcome)} | "
             f"{_root_cells(r)} | {_baseline_cell(baselines.get(nodeid))} |"
@@ -458,7 +459,7 @@ def summary(
                 break
         else:
             skipped += 1
-    healthy = [(r, labels[id(r)]) for _, r in rows if r is not None and r["verdict"] == records.HEALTHY]
+    healthy = [(r, labels_of[id(r)]) for _, r in rows if r is not None and r["verdict"] == records.HEALTHY]
     if healthy:
         lines = [healthy_line(r, label) for r, label in healthy]
         part = "\n\n### ✅ Healthy runs\n\n"

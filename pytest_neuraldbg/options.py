@@ -153,6 +153,17 @@ def parse_relative(value: Any) -> float:
     return number
 
 
+PICTURES = ("unhealthy", "all", "off")
+
+
+def parse_pictures(value: Any) -> str:
+    """``unhealthy`` (pictures of unhealthy runs), ``all`` (of every run) or ``off``."""
+    text = str(value).strip().lower()
+    if text not in PICTURES:
+        raise OptionError(f"expected one of {', '.join(PICTURES)}", _hint(text, PICTURES))
+    return text
+
+
 def parse_path(value: Any) -> str:
     text = str(value).strip()
     if not text:
@@ -218,6 +229,14 @@ OPTIONS: tuple[Option, ...] = (
         "DIR",
         parse_path,
         is_path=True,
+    ),
+    Option(
+        "pictures",
+        "with --neuraldbg-report: draw pictures of the unhealthy runs (gradient flow over layers and steps, loss, "
+        "update ratio; PNG and SVG, linked from summary.md and report.html) with unhealthy, of every run with all, "
+        'none with off (default unhealthy; needs matplotlib: pip install "pytest-neuraldbg[plots]")',
+        "unhealthy|all|off",
+        parse_pictures,
     ),
     Option(
         "junit",
@@ -291,6 +310,7 @@ class Settings:
     persistence: int | None = None
     gate: str = "off"
     report: Path | None = None
+    pictures: str = "unhealthy"
     junit: Path | None = None
     steps: int = DEFAULT_STEPS
     update_baselines: bool = False

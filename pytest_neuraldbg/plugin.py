@@ -91,7 +91,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     reporting.annotate(report, recs)
     if call.when == "call":
         if reporting.junit_output_wanted(item.config):
-            reporting.add_output(item, report, recs)
+            found = [reporting.attachments(rec, state, item.config.rootpath) for rec in recs]
+            reporting.add_output(item, report, recs, found)
         reporting.annotate_baseline(report, item)
     return report
 

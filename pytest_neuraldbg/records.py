@@ -90,6 +90,7 @@ class RunRecord(_Run, total=False):
     gate: str  # the test's gate: fail, warn or off
     numbers: KeyNumbers
     grad_chart: list[ChartSeries]
+    pictures: list[str]  # the run's picture files, by name, in the report folder
     trace: dict[str, Any]  # the JSON trace, when the report folder keeps traces
     error: str  # why the run could not be summarised (verdict ERROR)
 

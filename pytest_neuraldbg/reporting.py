@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from neuraldbg.export.inert import inert
-from neuraldbg.text import one_line
+from neuraldbg.text import num, one_line
 
 from . import baseline, outcomes, records, verdict
 from .names import MAX_NAME, digest, portable_name
@@ -49,10 +49,56 @@ def record_item(item: pytest.Item, state: SessionState) -> list[RunRecord]:
     recs = [
         records.summarise(dbg, nodeid=item.nodeid, run=name, include_trace=keep_trace, gate=gate) for name, dbg in runs
     ]
+    for (_, dbg), rec in zip(runs, recs):
+        draw_pictures(dbg, rec, state)
     for rec in recs:
         item.user_properties.extend(user_properties(rec, several=len(recs) > 1))
     item.stash[RECORDS_KEY] = recs
     return recs
+
+
+def picture_stem(record: RunRecord) -> str:
+    """The file-name stem of a run's pictures: the test's portable name, its run, and a hash of both, so that every
+    worker names a run alike and no two runs share a name."""
+    key = f"{record['nodeid']}::{record['run']}"
+    return f"{safe_name(str(record['nodeid']), 80)}-{digest(key)}"
+
+
+def draw_pictures(dbg: Any, record: RunRecord, state: SessionState) -> None:
+    """With a report folder, draw the run's pictures there (on the worker that ran it): for an unhealthy run, or
+    every run with ``--neuraldbg-pictures=all``. Never fails the test: a problem is said in the record's error."""
+    settings = state.settings
+    wanted = settings.pictures == "all" or (settings.pictures == "unhealthy" and record["verdict"] == records.UNHEALTHY)
+    if settings.report is None or not wanted:
+        return
+    from neuraldbg.export import pictures
+
+    if not pictures.available():
+        return
+    try:
+        written = pictures.draw(dbg, settings.report, picture_stem(record))
+    except Exception as exc:  # a report must never break the test it describes: said as a warning
+        import warnings
+
+        from neuraldbg.errors import NeuralDbgWarning
+
+        record["pictures"] = []
+        warnings.warn(
+            NeuralDbgWarning(f"NeuralDBG could not draw the pictures of this run: {inert(repr(exc))}"), stacklevel=2
+        )
+        return
+    record["pictures"] = [path.name for path in written]
+
+
+def attachments(record: RunRecord, state: SessionState, root: Path) -> list[str]:
+    """A run's PNG pictures as a JUnit reader finds them: relative to the project's root when below it."""
+    if state.settings.report is None:
+        return []
+    return [
+        baseline.shown(state.settings.report / name, root)
+        for name in record.get("pictures", [])
+        if name.endswith(".png")
+    ]
 
 
 def report_records(item: pytest.Item, state: SessionState) -> list[RunRecord]:
@@ -336,12 +382,60 @@ def write_files(state: SessionState) -> None:
                     _write(directory / f"{stem}.json", json.dumps(rec["trace"], indent=1, allow_nan=False) + "\n")
                 if rec.get("mermaid"):
                     _write(directory / f"{stem}.mmd", rec["mermaid"] + "\n")
+            drawn = {id(rec): rec.get("pictures", []) for rec in recs if rec.get("pictures")}
             summary = markdown.summary(
-                recs, gate=settings.gate, outcomes=state.outcomes, baselines=results, stopped=state.stopped
+                recs,
+                gate=settings.gate,
+                outcomes=state.outcomes,
+                baselines=results,
+                stopped=state.stopped,
+                pictures=drawn,
+                note=pictures_note(state, recs),
             )
             state.written.append(_write(directory / "summary.md", summary))
+            state.written.append(_write(directory / "report.html", html_report(state, recs)))
     if settings.junit is not None:
-        state.written.append(_write(settings.junit, junit.report(recs, outcomes=state.outcomes, baselines=results)))
+        root = settings.junit.parent
+        found = {id(rec): attachments(rec, state, root) for rec in recs}
+        text = junit.report(recs, outcomes=state.outcomes, baselines=results, attachments=found)
+        state.written.append(_write(settings.junit, text))
+
+
+def pictures_note(state: SessionState, recs: Sequence[RunRecord]) -> str:
+    """What the reports say when pictures were due and matplotlib is missing; else ``""``."""
+    from neuraldbg.export import pictures
+
+    due = state.settings.pictures == "all" or any(r["verdict"] == records.UNHEALTHY for r in recs)
+    if state.settings.pictures == "off" or not due or pictures.available():
+        return ""
+    return f"Pictures of the runs (gradient flow, loss, update ratio) need matplotlib: {pictures.INSTALL_HINT}"
+
+
+def html_report(state: SessionState, recs: Sequence[RunRecord]) -> str:
+    """``report.html``: every run of the session with its explanations, pictures and causal graph, in one file."""
+    from neuraldbg.export import html
+
+    from . import markdown
+
+    assert state.settings.report is not None
+    pages = []
+    for rec, label in zip(recs, markdown.labels(recs)):
+        found = [html.Hypothesis(h["summary"], h["explanation"], verdict.chain_lines(h)[1:]) for h in rec["hypotheses"]]
+        page = html.RunPage(label, str(rec["verdict"]), found, str(rec.get("mermaid", "")))
+        page.note = str(rec.get("error", ""))
+        numbers = rec.get("numbers") or {}
+        page.numbers = f"{rec['steps']} steps" + (
+            f", final loss {num(float(numbers['final_loss']))}" if "final_loss" in numbers else ""
+        )
+        for name in rec.get("pictures", []):
+            if name.endswith(".svg"):
+                try:
+                    page.pictures.append((name, (state.settings.report / name).read_bytes()))
+                except OSError:
+                    continue
+        pages.append(page)
+    return html.page(pages, intro=f"pytest, whole session: {state.outcomes.text() or 'no test ran'}.",
+                     note=pictures_note(state, recs))  # fmt: skip
 
 
 def _write(path: Path, text: str) -> Path:
