@@ -88,7 +88,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     recs = reporting.report_records(item, state) if call.when == "call" else []
     report = yield
     gate.show(report, call)
-    reporting.annotate(report, recs)
+    raised = call.excinfo.value if call.excinfo is not None else None
+    crashed = isinstance(raised, Exception) and not isinstance(raised, AssertionError)  # not pytest.fail/skip
+    crash = type(raised).__name__ if crashed else ""
+    reporting.annotate(report, recs, crash)
     if call.when == "call":
         if reporting.junit_output_wanted(item.config):
             found = [reporting.attachments(rec, state, item.config.rootpath) for rec in recs]

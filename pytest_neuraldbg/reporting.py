@@ -19,6 +19,7 @@ from neuraldbg.export.inert import inert
 from neuraldbg.text import num, one_line
 
 from . import baseline, outcomes, records, verdict
+from .ci import annotation, on_github
 from .names import MAX_NAME, digest, portable_name
 from .records import RunRecord
 from .state import FIXTURE_KEY, RECORDS_KEY, SESSION_KEY, SessionState
@@ -163,12 +164,18 @@ def junit_output_wanted(config: pytest.Config) -> bool:
     return str(config.getini("junit_logging")) in ("system-out", "out-err", "all")
 
 
-def section_text(recs: Sequence[RunRecord]) -> str:
-    """The explanation of every unhealthy run of a test, for its report section."""
+def section_text(recs: Sequence[RunRecord], crash: str = "") -> str:
+    """The explanation of every unhealthy run of a test, for its report section. ``crash``: the exception the test
+    raised (not an assertion): a run that observed nothing then says so, rather than blame the training loop."""
     parts = []
     for rec in recs:
         label = f"run {rec['run']}: " if len(recs) > 1 else ""
-        if rec["verdict"] == records.UNHEALTHY:
+        if crash and rec["verdict"] == records.UNHEALTHY and _observed_nothing(rec):
+            parts.append(
+                f"{label}NeuralDBG has no verdict on this run: the test raised {crash} after {rec['steps']} "
+                "observed training steps, before the run could be judged."
+            )
+        elif rec["verdict"] == records.UNHEALTHY:
             parts.append(verdict.failure_text(label + verdict.headline(rec["hypotheses"]), rec["hypotheses"]))
         elif rec["verdict"] == records.ERROR:
             parts.append(label + str(rec.get("error")))
@@ -185,7 +192,12 @@ def add_output(
         item.add_report_section("call", OUTPUT_KEY, text)
 
 
-def annotate(report: pytest.TestReport, recs: list[RunRecord]) -> None:
+def _observed_nothing(record: RunRecord) -> bool:
+    """Whether every finding of a run is about the run as a whole (nothing observed, no gradient, ...)."""
+    return all(verdict.run_level(h["kind"]) for h in record["hypotheses"])
+
+
+def annotate(report: pytest.TestReport, recs: list[RunRecord], crash: str = "") -> None:
     """Attach the records to the call report and explain its unhealthy runs, unless its failure already does.
 
     A failed test gets the explanation in its failure itself (a section of the traceback), so the terminal and
@@ -200,7 +212,7 @@ def annotate(report: pytest.TestReport, recs: list[RunRecord]) -> None:
     unhealthy = [r for r in recs if r["verdict"] == records.UNHEALTHY]
     if report.failed and _carries_explanations(report, unhealthy):
         return
-    text = section_text(recs)
+    text = section_text(recs, crash)
     longrepr: Any = report.longrepr
     if report.failed and hasattr(longrepr, "addsection"):  # a traceback: the explanation becomes its last section
         longrepr.addsection(SECTION, text)
@@ -307,7 +319,13 @@ class Collector:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.state.outcomes.add(report)
         if report.when == "call":
-            self.state.records.extend(getattr(report, ATTRIBUTE, None) or [])
+            recs = getattr(report, ATTRIBUTE, None) or []
+            self.state.records.extend(recs)
+            if report.failed and on_github():
+                path, line = report.location[0], (report.location[1] or 0) + 1
+                found = annotation(path, line, recs)
+                if found is not None:
+                    self.state.annotations.append(found)
             self.state.baseline_notes.extend(getattr(report, BASELINE_ATTRIBUTE, None) or [])
 
     @pytest.hookimpl(optionalhook=True)
@@ -451,7 +469,10 @@ def _line(reporter: Any, text: str, **markup: bool) -> None:
 
 
 def terminal_summary(reporter: Any, state: SessionState) -> None:
-    """The ``neuraldbg`` block: counts, then one line per unhealthy run, baselines, then the files written."""
+    """The ``neuraldbg`` block: counts, then one line per unhealthy run, baselines, then the files written. Under
+    GitHub Actions, the workflow annotations of the failed unhealthy tests come first (see :mod:`.ci`)."""
+    for line in state.annotations:
+        reporter.write_line(line)
     recs = sorted_records(state)
     if not recs and not state.written and not state.baseline_notes and not state.stale:
         return
