@@ -135,3 +135,15 @@ def test_the_demo_draws_its_pictures_where_asked(tmp_path: Path) -> None:
         "demo-dead.update-ratio.png",
         "demo-dead.update-ratio.svg",
     ]
+
+
+def test_the_docs_picture_is_what_its_documented_command_draws(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1]
+    command = "neuraldbg demo dead --no-graph --pictures docs/images"
+    assert command in (root / "docs" / "plugin.md").read_text("utf-8")
+    assert "](images/demo-dead.gradient-flow.png)" in (root / "docs" / "plugin.md").read_text("utf-8")
+    done = cli(*command.split()[1:-1], str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for name in ("demo-dead.gradient-flow.png", "demo-dead.gradient-flow.svg"):
+        committed = (root / "docs" / "images" / name).read_bytes()
+        assert pictures.embedded(committed) == pictures.embedded((tmp_path / name).read_bytes())
