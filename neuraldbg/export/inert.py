@@ -11,6 +11,7 @@ leaves every other character as it is, so names stay recognisable.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Callable
 from typing import Any
 
 #: Characters that reorder or hide text: the bidirectional embeddings, overrides, isolates and marks.
@@ -42,23 +43,22 @@ def encodable(text: str) -> str:
     return "".join(_escape(ord(c)) if unicodedata.category(c) == "Cs" else c for c in text)
 
 
-def encodable_data(value: Any) -> Any:
-    """Plain JSON-like data (dicts, lists, strings, numbers) with every string, keys included, :func:`encodable`."""
+def strings(value: Any, change: Callable[[str], str]) -> Any:
+    """Plain JSON-like data (dicts, lists, strings, numbers) with ``change`` applied to every string, keys included."""
     if isinstance(value, str):
-        return encodable(value)
+        return change(value)
     if isinstance(value, dict):
-        return {encodable_data(k): encodable_data(v) for k, v in value.items()}
+        return {strings(k, change): strings(v, change) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [encodable_data(v) for v in value]
+        return [strings(v, change) for v in value]
     return value
+
+
+def encodable_data(value: Any) -> Any:
+    """Plain JSON-like data with every string, keys included, :func:`encodable`."""
+    return strings(value, encodable)
 
 
 def inert_data(value: Any) -> Any:
     """Plain JSON-like data with every string, keys included, :func:`inert` (one line each)."""
-    if isinstance(value, str):
-        return inert(value)
-    if isinstance(value, dict):
-        return {inert_data(k): inert_data(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [inert_data(v) for v in value]
-    return value
+    return strings(value, inert)

@@ -192,20 +192,30 @@ def _fold(root: _Group) -> None:
         rank = [child for g in rank for child in g.children]
 
 
+class Nodes:
+    """The nodes of a flowchart being written: ids ``n0 … nN`` in order, each line appended to ``lines``, and the
+    class of each node for the ``class`` lines at the end (every graph of NeuralDBG names its nodes this way)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        self.classes: dict[str, list[str]] = {}
+
+    def add(self, text: str, css: str, indent: str = "    ") -> str:
+        node = f"n{sum(len(nodes) for nodes in self.classes.values())}"
+        self.lines.append(f"{indent}{node}{text}")
+        self.classes.setdefault(css, []).append(node)
+        return node
+
+    def class_lines(self) -> list[str]:
+        return [f"  class {','.join(nodes)} {name}" for name, nodes in self.classes.items()]
+
+
 def _render(hypotheses: Sequence[CausalHypothesis], topo: Topology, max_hyp: int) -> tuple[str, int]:
     lines = ["flowchart TD", *CLASSES]
-    counter = 0
+    nodes = Nodes(lines)
+    add = nodes.add
     edges: list[str] = []
-    classes: dict[str, list[str]] = {}
     tops: list[str] = []
-
-    def add(text: str, css: str, indent: str = "    ") -> str:
-        nonlocal counter
-        node = f"n{counter}"
-        counter += 1
-        lines.append(f"{indent}{node}{text}")
-        classes.setdefault(css, []).append(node)
-        return node
 
     for rank, h in enumerate(hypotheses[:max_hyp], start=1):
         title = f"{rank}. {h.kind.value} (confidence {h.confidence:.2f})"
@@ -232,8 +242,7 @@ def _render(hypotheses: Sequence[CausalHypothesis], topo: Topology, max_hyp: int
         tops.append(add(label(f"… {hidden} more hypotheses (see the text report)"), "evidence", "  "))
     lines += edges
     lines += [f"  {a} ~~~ {b}" for a, b in itertools.pairwise(tops)]  # hypotheses one under the other
-    for name, nodes in classes.items():
-        lines.append(f"  class {','.join(nodes)} {name}")
+    lines += nodes.class_lines()
     return "\n".join(lines), len(edges)
 
 
