@@ -281,11 +281,12 @@ def embedded(payload: bytes) -> dict[str, Any]:
                 return found
             at += 12 + length
         raise ValueError("no Description text chunk in this PNG")
-    import xml.etree.ElementTree as ET
+    import html
+    import re
 
-    root = ET.fromstring(payload)
-    node = root.find(".//{http://purl.org/dc/elements/1.1/}description")
-    if node is None or node.text is None:
+    # read as text, not parsed as XML: a picture may come from anywhere, and this needs one element's text
+    match = re.search(rb"<dc:description>([^<]*)</dc:description>", payload)
+    if match is None:
         raise ValueError("no dc:description in this SVG")
-    result: dict[str, Any] = json.loads(node.text)
+    result: dict[str, Any] = json.loads(html.unescape(match.group(1).decode("utf-8")))
     return result
