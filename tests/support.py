@@ -268,3 +268,13 @@ def kinds(dbg: NeuralDbg) -> set[str]:
 
 def iter_events(dbg: NeuralDbg, kind: str) -> Iterator:
     return (e for e in dbg.events if e.kind is not None and e.kind.value == kind)
+
+
+def layer_gradients(model: nn.Module) -> dict[str, float]:
+    """Plain torch: the gradient norm of every module over its own parameters, after a backward pass."""
+    out = {}
+    for name, m in model.named_modules():
+        grads = [p.grad.reshape(-1) for p in m.parameters(recurse=False) if p.grad is not None]
+        if grads:
+            out[name] = float(torch.cat(grads).norm())
+    return out

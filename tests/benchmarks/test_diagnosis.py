@@ -4,9 +4,11 @@ Scored as ``python -m benchmarks.diagnosis`` scores it (:attr:`benchmarks.diagno
 kind the truth requires is named, no spurious kind, the first hypothesis of a required kind has an accepted root
 layer and onset step; a healthy scenario gets no hypothesis at all. Each set must also meet the benchmark's targets.
 
-Scenarios that take more than ~1 s of CPU under the debugger on 2 cores are marked ``slow``, except the fast
-subset (``benchmarks.diagnosis.FAST``: every failure kind and the hard healthy runs), so ``-m "not slow"`` is a
-quick run that still covers every kind; the plain ``python -m pytest`` runs them all. A scenario the engine is
+The default run diagnoses the fast subset (``benchmarks.diagnosis.FAST``: every failure kind and the hard healthy
+runs) and checks that it meets the targets; every other scenario, and each whole set's targets, are marked
+``benchmark`` and run with ``--benchmark`` (CI's benchmark job, which also runs ``python -m benchmarks.diagnosis``).
+Scenarios that take more than ~1 s of CPU under the debugger on 2 cores are marked ``slow`` too, none of the fast
+subset, so ``--benchmark -m "not slow"`` is a quicker full run that still covers every kind. A scenario the engine is
 known to miss goes in ``KNOWN_MISSES`` with the engine issue that causes it: a strict xfail, which fails the suite
 once the engine is fixed, so the entry is removed then.
 """
@@ -90,6 +92,8 @@ def _params(scenarios: list[Scenario]) -> list[object]:
     params = []
     for s in scenarios:
         marks: list[pytest.MarkDecorator] = [pytest.mark.slow] if s.name in SLOW else []
+        if s.name not in FAST:
+            marks.append(pytest.mark.benchmark)
         if s.name in KNOWN_MISSES:
             marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[s.name]))
         params.append(pytest.param(s, id=s.name, marks=marks))
@@ -116,6 +120,7 @@ def test_the_scenario_is_diagnosed_as_its_ground_truth_says(scenario: Scenario):
 
 
 @pytest.mark.slow
+@pytest.mark.benchmark
 @pytest.mark.parametrize("title", list(SETS))
 def test_each_set_meets_the_benchmark_targets(title: str):
     text, ok = report([result(s.name) for s in SETS[title]], title)

@@ -1,5 +1,10 @@
 """The held-out scenario set (``benchmarks/scenarios/holdout.py``) builds deterministic runs, covers the failure
-vocabulary, and its ground truths agree with what plain torch measures (``benchmarks.holdout_evidence``)."""
+vocabulary, and its ground truths agree with what plain torch measures (``benchmarks.holdout_evidence``).
+
+Every scenario is checked for form and determinism. Its ground truth is measured (training runs) in the default run
+for the scenarios the strictness tests below measure anyway; the others are marked ``benchmark`` and run with
+``--benchmark`` (CI's benchmark job).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,6 @@ import functools
 from collections import Counter
 
 import pytest
-import torch
 from scenario_checks import assert_deterministic, assert_well_formed
 
 from benchmarks.evidence import check
@@ -29,34 +33,37 @@ SLOW = {  # more than ~0.5 s to measure on one thread
     "holdout_healthy_onecycle_warmup_separable",
     "holdout_healthy_unet_denoiser_adamw",
 }
+#: Scenarios the strictness tests below measure: their ground truth is checked in the default run too.
+MEASURED_BY_DEFAULT = {
+    "holdout_dead_multitask_trunk_rmsprop",
+    "holdout_dead_siamese_lr_jump",
+    "holdout_exploding_grads_never_zeroed_unet",
+    "holdout_exploding_gru_lm_clipped",
+    "holdout_frozen_block_unfrozen_after_optimizer",
+    "holdout_nonfinite_nan_regression_labels",
+    "holdout_nonfinite_silent_clip_rms_norm",
+    "holdout_saturated_tanh_raw_pcm_conv1d",
+    "holdout_stalled_gan_generator_exponential_lr",
+}
 
 
-def _params(scenarios: list[Scenario]) -> list[object]:
-    return [pytest.param(s, id=s.name, marks=[pytest.mark.slow] if s.name in SLOW else []) for s in scenarios]
-
-
-def _one_thread(fn):  # type: ignore[no-untyped-def]
-    """These models are tiny: one thread is faster than a two-thread pool on a shared machine."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
-        before = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            torch.set_num_threads(before)
-
-    return wrapper
+def _params(scenarios: list[Scenario], *, trains: bool = False) -> list[object]:
+    """One param per scenario; with ``trains``, those outside the default run's set are marked ``benchmark``."""
+    params = []
+    for s in scenarios:
+        marks = [pytest.mark.slow] if s.name in SLOW else []
+        if trains and s.name not in MEASURED_BY_DEFAULT:
+            marks.append(pytest.mark.benchmark)
+        params.append(pytest.param(s, id=s.name, marks=marks))
+    return params
 
 
 @functools.cache
-@_one_thread
 def measured(name: str) -> Measured:
+    """Measured once per session (on the one thread ``tests/conftest.py`` gives every test)."""
     return measure_holdout(BY_NAME[name])
 
 
-@_one_thread
 def problems_of(scenario: Scenario) -> list[str]:
     """Contradictions between the scenario's truth and its evidence, including the control runs' evidence."""
     return evaluate(scenario, measured(scenario.name))[1]
@@ -99,7 +106,7 @@ def test_faults_start_both_at_step_zero_and_mid_run() -> None:
 
 
 def test_the_slow_marks_and_evidence_tables_name_real_scenarios() -> None:
-    assert set(BY_NAME) >= SLOW | set(EXTRAS) | set(FUNCTIONAL)
+    assert set(BY_NAME) >= SLOW | set(EXTRAS) | set(FUNCTIONAL) | MEASURED_BY_DEFAULT
 
 
 @pytest.mark.parametrize("scenario", _params(SCENARIOS))
@@ -113,7 +120,7 @@ def test_build_is_deterministic(scenario: Scenario) -> None:
     assert_deterministic(scenario)
 
 
-@pytest.mark.parametrize("scenario", _params(SCENARIOS))
+@pytest.mark.parametrize("scenario", _params(SCENARIOS, trains=True))
 def test_ground_truth_agrees_with_the_evidence(scenario: Scenario) -> None:
     assert problems_of(scenario) == []
 

@@ -1,5 +1,11 @@
 """The scenario library builds deterministic runs, covers the failure vocabulary, and its ground truths agree
-with what plain torch measures (``benchmarks.evidence``)."""
+with what plain torch measures (``benchmarks.evidence``).
+
+Every scenario is checked for form and determinism. Its ground truth is measured (a training run) in the default run
+for the fast subset of the diagnosis benchmark (``benchmarks.diagnosis.FAST``: every failure kind and the hard
+healthy runs) and for the scenarios the strictness tests below measure anyway; the others are marked ``benchmark``
+and run with ``--benchmark`` (CI's benchmark job).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import torch
 from scenario_checks import assert_deterministic, assert_well_formed
 from torch import nn
 
+from benchmarks.diagnosis import FAST
 from benchmarks.evidence import Evidence, check, inactive_units, measure, saturated_fraction
 from benchmarks.scenarios import KINDS, SCENARIOS, get
 from benchmarks.scenarios.base import GroundTruth, Scenario
@@ -21,22 +28,39 @@ SLOW = {
     "healthy_transformer_encoder",
     "saturated_pooler_transformer",
 }
+#: Scenarios the strictness tests below measure: their ground truth is checked in the default run too.
+STRICTNESS = {
+    "dead_after_adam_lr_jump",
+    "dead_bias_tiny",
+    "dead_shared_act_bias",
+    "exploding_bad_layer_init",
+    "exploding_lr_too_high_mlp",
+    "frozen_layer_left_out_of_optimizer",
+    "healthy_finetune_frozen_backbone",
+    "healthy_tiny_readme",
+    "nonfinite_nan_batch_mlp",
+    "nonfinite_sqrt_layer",
+    "saturated_tanh_normal_init",
+    "vanishing_gru_stuck_update_gate",
+}
+MEASURED_BY_DEFAULT = set(FAST) | STRICTNESS
 
 
-def _params(scenarios: list[Scenario]) -> list[object]:
-    return [pytest.param(s, id=s.name, marks=[pytest.mark.slow] if s.name in SLOW else []) for s in scenarios]
+def _params(scenarios: list[Scenario], *, trains: bool = False) -> list[object]:
+    """One param per scenario; with ``trains``, those outside the default run's set are marked ``benchmark``."""
+    params = []
+    for s in scenarios:
+        marks = [pytest.mark.slow] if s.name in SLOW else []
+        if trains and s.name not in MEASURED_BY_DEFAULT:
+            marks.append(pytest.mark.benchmark)
+        params.append(pytest.param(s, id=s.name, marks=marks))
+    return params
 
 
 @functools.cache
 def evidence_of(name: str) -> Evidence:
-    """Measured once per session, on one thread: these models are tiny, and a two-thread pool stalls badly
-    when the machine's other core is busy."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return measure(get(name))
-    finally:
-        torch.set_num_threads(before)
+    """Measured once per session (on the one thread ``tests/conftest.py`` gives every test)."""
+    return measure(get(name))
 
 
 def with_truth(name: str, **changes: object) -> Scenario:
@@ -79,6 +103,11 @@ def test_the_slow_marks_name_real_scenarios() -> None:
     assert {s.name for s in SCENARIOS} >= SLOW
 
 
+def test_the_default_run_measures_real_scenarios_of_every_kind() -> None:
+    assert {s.name for s in SCENARIOS} >= MEASURED_BY_DEFAULT
+    assert set().union(*(get(name).truth.kinds for name in MEASURED_BY_DEFAULT)) == set(KINDS)
+
+
 @pytest.mark.parametrize("scenario", _params(SCENARIOS))
 def test_ground_truth_is_well_formed(scenario: Scenario) -> None:
     assert_well_formed(scenario)
@@ -89,7 +118,7 @@ def test_build_is_deterministic(scenario: Scenario) -> None:
     assert_deterministic(scenario)
 
 
-@pytest.mark.parametrize("scenario", _params(SCENARIOS))
+@pytest.mark.parametrize("scenario", _params(SCENARIOS, trains=True))
 def test_ground_truth_agrees_with_the_evidence(scenario: Scenario) -> None:
     assert check(scenario, evidence_of(scenario.name)) == []
 

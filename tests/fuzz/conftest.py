@@ -11,10 +11,7 @@ line when choosing one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-import torch
 from fuzz_campaign import CAMPAIGN
 from hypothesis import HealthCheck, settings
 
@@ -32,17 +29,6 @@ settings.register_profile("long", max_examples=500, **_COMMON)
 def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("hypothesis_profile", None):
         settings.load_profile("fast")
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny models: one thread is faster than two contended ones, and results do not depend on the split."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -1,29 +1,60 @@
-"""Shared set-up of the framework integration tests (Lightning, Hugging Face).
+"""Shared set-up of the framework integration tests (Lightning, Hugging Face): nothing is trained when the suite is
+collected; the ``frameworks_loaded`` session fixture does its work before the first test of this folder runs.
 
-Everything the inner pytest runs of ``test_framework_reports.py`` import is imported here first: pytester unloads
-the modules an in-process run imported when it ends, and a later import would make new classes and enums
-(``isinstance`` against a reloaded ``NeuralDbg``, ``is`` against reloaded ``FailureKind`` members then fail in
-whichever test runs next, as happens under ``-n 2``). A short watched step loads the engine's lazy imports too.
+What it protects: pytester unloads the modules an in-process run imported when that run ends, and a later import
+makes new classes (a ``NeuralDbgCallback`` built on a Lightning ``Callback`` class the Trainer no longer knows,
+``isinstance`` against a reloaded class), which then fails in whichever test runs next (as happened under ``-n 2``).
+So the inner runs of ``test_framework_reports.py`` must find everything they import already imported: the
+libraries, the callbacks (built on first use) and the engine's own lazy imports (one short watched step).
+
+The frameworks are optional: each test module skips itself (``pytest.importorskip``) when its library is missing,
+and the README's example files, which import theirs as a user's test file does, are not collected then.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import importlib
+import importlib.util
 
-import lightning.pytorch  # noqa: F401
 import pytest
-import pytorch_lightning  # noqa: F401
-import torch
-import transformers
 
-import neuraldbg
-import neuraldbg.integrations.huggingface
-import neuraldbg.integrations.lightning
-import pytest_neuraldbg.smoke
-import pytest_neuraldbg.watched  # noqa: F401
+collect_ignore = [
+    path
+    for path, library in (
+        ("test_readme_lightning_example.py", "lightning"),
+        ("test_readme_huggingface_example.py", "transformers"),
+    )
+    if importlib.util.find_spec(library) is None  # finds the library without importing it
+]
 
 
-def _warm_up() -> None:
+@pytest.fixture(scope="session", autouse=True)
+def frameworks_loaded() -> None:
+    """Import the frameworks that are installed and their callbacks, and load the engine's lazy imports, once per
+    test process."""
+    import torch
+
+    import neuraldbg
+    import neuraldbg.integrations.huggingface
+    import neuraldbg.integrations.lightning
+    import neuraldbg.integrations.pytorch_lightning
+    import pytest_neuraldbg.smoke
+    import pytest_neuraldbg.watched  # noqa: F401
+
+    for library, callbacks, name in (
+        ("lightning.pytorch", neuraldbg.integrations.lightning, "NeuralDbgCallback"),
+        ("pytorch_lightning", neuraldbg.integrations.pytorch_lightning, "NeuralDbgCallback"),
+        ("transformers", neuraldbg.integrations.huggingface, "NeuralDbgTrainerCallback"),
+    ):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(library)
+            assert getattr(callbacks, name)  # built now, on the library's classes of this process
+    with contextlib.suppress(ImportError):
+        import transformers
+
+        assert transformers.TrainerCallback
+
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
     optimizer = torch.optim.Adam(model.parameters())
     with neuraldbg.NeuralDbg(model) as dbg:
@@ -33,18 +64,3 @@ def _warm_up() -> None:
     dbg.export_mermaid_causal_graph()
     dbg.to_dict()
     dbg.report()
-    assert neuraldbg.integrations.lightning.NeuralDbgCallback and transformers.TrainerCallback
-    assert neuraldbg.integrations.huggingface.NeuralDbgTrainerCallback
-
-
-_warm_up()
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """The models are tiny: one intra-op thread is faster, and much faster on a busy machine (a backward pass of
-    the Lightning MLP took 33 ms with two threads competing for two loaded cores, 2 ms with one)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)

@@ -9,9 +9,11 @@ import os
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 
-import lightning  # noqa: F401  # imported before the inner runs, which must not import it afresh
 import pytest
-import transformers  # noqa: F401
+
+# imported before the inner runs, which must not import them afresh (see conftest.py)
+pytest.importorskip("lightning")
+pytest.importorskip("transformers")
 
 #: Two tests asserting nothing about training: a healthy classifier (with a baseline) and one whose head is left
 #: out of configure_optimizers. LR (environment) sets the learning rate, to make a baseline regression.

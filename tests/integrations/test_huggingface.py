@@ -14,11 +14,14 @@ from typing import Any
 import pytest
 import torch
 from framework_support import records_of, summaries
-from hf_support import Tokens, Truth, bert_classifier, gpt2_lm, gpt2_regressor, logged, train
 from torch.optim.optimizer import _global_optimizer_pre_hooks
-from transformers import TrainerCallback
 
 from neuraldbg import ConfigError, NeuralDbgError
+
+pytest.importorskip("transformers")
+from hf_support import Tokens, Truth, bert_classifier, gpt2_lm, gpt2_regressor, logged, train
+from transformers import TrainerCallback
+
 from neuraldbg.integrations.huggingface import NeuralDbgTrainerCallback
 
 CONSOLE = "transformers.integrations.neuraldbg"  # where the callback writes its verdict line

@@ -16,13 +16,16 @@ from typing import Any
 import pytest
 import torch
 from framework_support import records_of, summaries
-from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning_support import ReluWatch, kill_relu, kit, make_loader, quiet_trainer
 from torch.optim.optimizer import _global_optimizer_pre_hooks, register_optimizer_step_post_hook
 from torch.utils.data import DataLoader, TensorDataset
 
 from neuraldbg import ConfigError, NeuralDbgError
+
+pytest.importorskip("lightning.pytorch")
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins.precision import MixedPrecision
+
 from neuraldbg.integrations.lightning import NeuralDbgCallback
 
 L = kit("lightning.pytorch")

@@ -2,9 +2,10 @@
 
 ``pytester`` itself is enabled in ``tests/conftest.py`` (pytest refuses
 ``pytest_plugins`` in a nested conftest once a plain ``pytest`` run collects it).
-Everything an inner run imports is imported here first (pytester removes modules an in-process run imported
-when it ends): torch, the engine, and what torch imports lazily on a first optimizer step (torch._dynamo,
-which breaks when imported twice in one process).
+Everything an inner run imports is imported before the first test of this folder runs (pytester removes modules
+an in-process run imported when it ends): torch, the engine, and what torch imports lazily on a first optimizer
+step (torch._dynamo, which breaks when imported twice in one process). The training step that loads those lazy
+imports runs in the ``lazy_imports_loaded`` session fixture, not when the suite is collected.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ with contextlib.suppress(ImportError):
     import mermaidx  # noqa: F401
 
 
-def _warm_up() -> None:
+@pytest.fixture(scope="session", autouse=True)
+def lazy_imports_loaded() -> None:
     """One watched training step of every kind the inner runs use, so their lazy imports happen now."""
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
     for optimizer in (torch.optim.Adam(model.parameters()), torch.optim.SGD(model.parameters(), lr=0.1)):
@@ -39,9 +41,6 @@ def _warm_up() -> None:
         dbg.report()
 
 
-_warm_up()
-
-
 @pytest.fixture(autouse=True)
 def _no_neuraldbg_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Inner runs must not see NEURALDBG_* variables of the shell that runs this suite, nor CI markers: with CI
@@ -50,6 +49,17 @@ def _no_neuraldbg_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("NEURALDBG_") or name in ("CI", "BUILD_NUMBER"):
             monkeypatch.delenv(name)
+
+
+@pytest.fixture(autouse=True)
+def _inner_runs_without_hypothesis(request: pytest.FixtureRequest) -> None:
+    """Inner runs do without Hypothesis' pytest plugin, which every pytest process of this environment loads (it
+    is installed for tests/fuzz): no inner project uses it, and importing it took 1.2 s of CPU in each subprocess
+    run and each of its xdist workers, over half of a bare pytest start. Set once ``pytester`` is set up (it
+    clears PYTEST_ADDOPTS, so the shell's never reaches an inner run), and only for tests that use it."""
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester")
+        request.getfixturevalue("monkeypatch").setenv("PYTEST_ADDOPTS", "-p no:hypothesispytest")
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Oracle tests: every statistic against a brute-force torch computation."""
+"""Oracle tests: what the recorder files for each step of a real run against a brute-force torch computation."""
 
 from __future__ import annotations
 
@@ -13,105 +13,6 @@ from torch import nn
 from neuraldbg import NeuralDbg
 from neuraldbg.stats import tensors as stats
 from neuraldbg.stats.step import StepData
-
-
-def test_norms_match_vector_norm_for_every_dtype_and_mixed_lists():
-    torch.manual_seed(0)
-    tensors = [
-        torch.randn(7, 3),
-        torch.randn(5).half() * 300,  # a float16 norm of these overflows unless reduced in float32
-        torch.randn(2, 2, 2).bfloat16(),
-        torch.randn(4, dtype=torch.float64),
-        torch.zeros(3),
-    ]
-    got = stats.norms(tensors)
-    for t, g in zip(tensors, got, strict=True):
-        expected = torch.linalg.vector_norm(t.double()).item()
-        assert g.dtype == torch.float32
-        assert math.isclose(g.item(), expected, rel_tol=1e-2 if t.dtype != torch.float32 else 1e-6)
-
-
-def test_norms_propagate_nan_and_inf():
-    got = stats.norms([torch.tensor([1.0, float("nan")]), torch.tensor([float("inf"), 0.0])])
-    assert math.isnan(got[0].item()) and math.isinf(got[1].item())
-
-
-def brute_dead_units(t: torch.Tensor, unit_dim: int, sample_fraction: float) -> int:
-    moved = t.movedim(unit_dim, -1)
-    n, units = moved.shape[0], moved.shape[-1]
-    per_sample = moved.reshape(n, -1, units)
-    dead = 0
-    for u in range(units):
-        active_samples = sum(1 for i in range(n) if bool((per_sample[i, :, u] > 0).any()))
-        if active_samples <= int(sample_fraction * n):
-            dead += 1
-    return dead
-
-
-@pytest.mark.parametrize(
-    ("shape", "channel_first", "unit_dim"),
-    [((64, 10), False, 1), ((16, 6, 5, 5), True, 1), ((8, 7, 12), False, 2), ((8, 12, 7), True, 1)],
-)
-@pytest.mark.parametrize("fraction", [0.0, 0.1])
-def test_dead_units_match_a_per_unit_per_sample_count(shape, channel_first, unit_dim, fraction):
-    g = torch.Generator().manual_seed(3)
-    t = torch.relu(torch.randn(*shape, generator=g) - 1.2)
-    t.select(unit_dim, 0).zero_()  # one unit dead everywhere
-    t.select(0, 0).select(unit_dim - 1, 1).fill_(1.0)  # one unit active on a single sample only
-    got = stats.dead_units(t, channel_first, fraction).item()
-    assert got == brute_dead_units(t, unit_dim, fraction)
-    assert stats.unit_count(t, channel_first) == shape[unit_dim]
-
-
-def test_never_positive_and_zero_gradient_units_match_brute_force():
-    t = torch.randn(32, 6)
-    t[:, 2] = -t[:, 2].abs()
-    never = stats.never_positive(t, channel_first=False)
-    assert never.tolist() == [bool((t[:, u] <= 0).all()) for u in range(6)]
-    grad = torch.randn(6, 4, 3)
-    grad[1] = 0
-    grad[4, 0, 0] = 1e-30  # tiny but not zero
-    grad[4, 1:] = 0
-    grad[4, 0, 1:] = 0
-    zero = stats.zero_gradient_units(grad)
-    assert zero.tolist() == [bool((grad[u] == 0).all()) for u in range(6)]
-
-
-@pytest.mark.parametrize(("center", "radius"), [(0.0, 0.995), (0.5, 0.4975)])
-def test_saturated_count_matches_elementwise_bounds(center, radius):
-    t = torch.rand(40, 9) * 2 - 1 + center
-    expected = sum(1 for v in t.flatten().tolist() if abs(v - center) >= radius)
-    assert stats.saturated_count(t, center, radius).item() == expected
-
-
-def test_largest_magnitudes_distinguish_underflow_and_overflow_from_zero_and_non_finite():
-    tensors = [
-        torch.zeros(5),
-        torch.full((5,), 1e-30),  # its L2 norm underflows to 0
-        torch.full((5,), 1e30),  # its L2 norm overflows to inf
-        torch.tensor([1.0, float("nan")]),
-        torch.tensor([-3.0, 2.0], dtype=torch.float64),
-    ]
-    assert [stats.norms([t])[0].item() for t in tensors[:3]] == [0.0, 0.0, math.inf]
-    top = stats.largest_magnitudes(tensors)
-    assert top[0] == 0.0 and top[1] == pytest.approx(1e-30) and top[2] == pytest.approx(1e30)
-    assert math.isnan(top[3]) and top[4] == 3.0
-
-
-def test_to_host_moves_values_in_order():
-    values = [torch.tensor(1.5), torch.tensor(2, dtype=torch.int64), torch.tensor(-3.0, dtype=torch.float64)]
-    assert stats.to_host(values) == [1.5, 2.0, -3.0]
-
-
-def test_first_tensor_finds_the_first_float_tensor_in_nested_outputs():
-    a, b = torch.ones(1), torch.zeros(2)
-    assert stats.first_tensor(a) is a
-    assert stats.first_tensor((torch.tensor([1]), [b, a])) is b
-    assert stats.first_tensor({"mask": torch.tensor([True]), "x": a}) is a
-    assert stats.first_tensor(None) is None
-    packed = nn.utils.rnn.pack_padded_sequence(torch.randn(2, 3, 4), [3, 2], batch_first=True)
-    assert stats.first_tensor(packed) is packed.data
-
 
 # --------------------------------------------------------------------------------------------- recorder
 

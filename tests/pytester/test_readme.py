@@ -118,7 +118,7 @@ QUOTED = [
     ("docs/extending.md", "examples/zero_output_kind.py"),
     ("docs/huggingface.md", "tests/integrations/test_readme_huggingface_example.py"),
     ("docs/lightning.md", "tests/integrations/test_readme_lightning_example.py"),
-    ("docs/real-scripts.md", "tests/test_readme_real_scripts.py"),
+    ("docs/real-scripts.md", "tests/plugin/test_readme_real_scripts.py"),
 ]
 
 INSTALL = re.compile(r"(python3 -m venv \.venv|(\.venv/bin/)?pip install .+)")

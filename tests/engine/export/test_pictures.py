@@ -138,7 +138,7 @@ def test_the_demo_draws_its_pictures_where_asked(tmp_path: Path) -> None:
 
 
 def test_the_docs_picture_is_what_its_documented_command_draws(tmp_path: Path) -> None:
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[3]
     command = "neuraldbg demo dead --no-graph --pictures docs/images"
     assert command in (root / "docs" / "plugin.md").read_text("utf-8")
     assert "](images/demo-dead.gradient-flow.png)" in (root / "docs" / "plugin.md").read_text("utf-8")

@@ -24,16 +24,22 @@ from neuraldbg.kinds import registry
 from neuraldbg.plugins import manager
 from pytest_neuraldbg import assert_healthy
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 @pytest.fixture(scope="module")
 def plugin() -> Iterator[object]:
+    """The example plugin. The kinds a debugger's plugins register stay registered for the process (by design: a
+    report names every kind the process knows), so the registry is restored after this module: tests that run
+    later in the same process count the built-in kinds only."""
+    kinds = registry._rooms.copy()
     sys.path.insert(0, str(EXAMPLES))
     try:
         yield importlib.import_module("zero_output_kind")
     finally:
         sys.path.remove(str(EXAMPLES))
+        registry._rooms.clear()
+        registry._rooms.update(kinds)
 
 
 def dropout_one(p: float = 1.0) -> nn.Sequential:

@@ -1,0 +1,26 @@
+"""The failure kinds that name each kind of fault, by hand from the fault's nature (never from NeuralDBG's output).
+
+The ground truth adds to these the kinds whose symptom plain torch measured in the faulty run (see
+:func:`benchmarks.real.truth.evidence_kinds`).
+"""
+
+from __future__ import annotations
+
+LR_FAR_TOO_HIGH = frozenset({"oversized_updates", "unstable_loss", "loss_at_chance", "loss_not_decreasing"})
+LR_TOO_HIGH = frozenset({"unstable_loss", "oversized_updates"})
+LR_TOO_LOW = frozenset({"loss_not_decreasing", "stalled_updates"})
+NO_ZERO_GRAD = frozenset({"gradients_not_zeroed"})
+WRONG_LABELS = frozenset({"loss_not_decreasing", "loss_at_chance"})
+WRONG_LOSS = frozenset({"loss_not_decreasing", "loss_at_chance"})
+RAW_INPUTS = frozenset({"loss_not_decreasing", "unstable_loss"})
+HUGE_DECAY = frozenset({"loss_not_decreasing", "loss_at_chance", "stalled_updates"})
+TINY_CLIPPING = frozenset({"loss_not_decreasing", "stalled_updates"})
+EMPTY_MASK_NAN = frozenset({"degenerate_loss", "no_gradient", "non_finite"})  # a mean over nothing: NaN
+EMPTY_MASK_ZERO = frozenset({"degenerate_loss", "no_gradient"})  # a masked mean over an all-zero mask: exactly 0
+RELU_ON_LOGITS = frozenset({"dead_neurons", "loss_not_decreasing"})
+LEFT_OUT = frozenset({"frozen_parameters"})
+DEAD_BIAS = frozenset({"dead_neurons"})
+EVAL_MODE = frozenset({"eval_mode_training"})
+BIG_INIT = frozenset({"exploding_gradients", "saturated_activations", "unstable_loss", "loss_not_decreasing"})
+SATURATING = frozenset({"saturated_activations", "vanishing_gradients", "loss_not_decreasing"})
+CAPACITY = frozenset({"loss_not_decreasing"})  # a change that only makes the model or its training weaker
