@@ -142,7 +142,10 @@ def is_install(command: str) -> bool:
 COMMANDS = {
     # README: the set-up commands, and the plugin's quick start
     "python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e . && .venv/bin/neuraldbg demo": "neuraldbg",
-    'python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 -e ".[test]" && .venv/bin/python -m pytest': "ci",
+    (
+        'python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 -e ".[test]"'
+        " && .venv/bin/python -m pytest -n auto"
+    ): "ci",
     "python -m pytest tests/test_training.py --neuraldbg-gate": "runs a test file",
     # plugin.md: the GitHub Actions example
     "python -m pytest tests/training --neuraldbg-gate --neuraldbg-report=neuraldbg-report": "runs a test file",
@@ -159,7 +162,7 @@ COMMANDS = {
     "python -m benchmarks.holdout_evidence": "benchmark",
     ".venv/bin/python -m pytest tests/fuzz --hypothesis-profile=long -p no:cacheprovider": "fuzz profile",
     # development.md
-    ".venv/bin/python -m pytest": "ci",
+    ".venv/bin/python -m pytest -n auto": "ci",
     ".venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy": "ci",
     ".venv/bin/bandit -c pyproject.toml -r neuraldbg pytest_neuraldbg -ll": "ci",
     "python -m benchmarks.diagnosis && python -m benchmarks.overhead": "benchmark",
