@@ -21,8 +21,8 @@ from typing import Any
 from neuraldbg.export.inert import inert
 from neuraldbg.text import num, one_line
 
-from . import records, verdict
-from .records import RunRecord
+from .records import UNHEALTHY, RunRecord
+from .verdict import MAX_HEADLINE, headline
 
 QUIET_FOR = 5.0  # seconds a run trains before it reports progress without -v
 EVERY = 5.0  # seconds between two progress lines
@@ -45,10 +45,10 @@ def escape_property(text: str) -> str:
 
 def annotation(path: str, line: int, recs: Sequence[RunRecord]) -> str | None:
     """The ``::error`` command for a failed test with unhealthy runs (None without one)."""
-    unhealthy = [h for r in recs if r["verdict"] == records.UNHEALTHY for h in r["hypotheses"]]
+    unhealthy = [h for r in recs if r["verdict"] == UNHEALTHY for h in r["hypotheses"]]
     if not unhealthy:
         return None
-    message = inert(one_line(verdict.headline(unhealthy), verdict.MAX_HEADLINE))
+    message = inert(one_line(headline(unhealthy), MAX_HEADLINE))
     where = f"file={escape_property(path)},line={max(1, line)},title={escape_property('NeuralDBG')}"
     return f"::error {where}::{escape_data(message)}"
 
