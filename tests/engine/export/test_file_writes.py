@@ -158,30 +158,55 @@ def test_two_sessions_writing_one_folder_never_tear_a_file(tmp_path: Path) -> No
 
 
 def test_the_folder_lock_makes_writers_take_turns(tmp_path: Path) -> None:
+    """A second writer enters only once the first has left: the holder keeps the lock until told to release it (no
+    duration is measured: the second writer must not have entered while the lock is held, and must enter after)."""
+    import fcntl
+    import threading
+
     holder = subprocess.Popen(
         [
             sys.executable,
             "-c",
             textwrap.dedent(
                 """
-                import sys, time
+                import sys
                 from neuraldbg.export.files import folder_lock
                 with folder_lock(sys.argv[1]):
                     print("held", flush=True)
-                    time.sleep(1.0)
+                    sys.stdin.readline()
+                print("released", flush=True)
                 """
             ),
             str(tmp_path),
         ],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-    start = time.monotonic()
-    with folder_lock(tmp_path):
-        waited = time.monotonic() - start
+    assert holder.stdin is not None and holder.stdout is not None
+    assert holder.stdout.readline().strip() == "held"
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        with pytest.raises(BlockingIOError):  # the lock is on the folder itself
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    entered = threading.Event()
+
+    def second() -> None:
+        with folder_lock(tmp_path):
+            entered.set()
+
+    thread = threading.Thread(target=second, daemon=True)
+    thread.start()
+    assert not entered.wait(1.0), "the second writer entered while the first held the lock"
+    holder.stdin.write("go\n")
+    holder.stdin.flush()
+    assert holder.stdout.readline().strip() == "released"
+    assert entered.wait(60.0), "the second writer never entered after the first left"
+    thread.join()
     holder.wait()
-    assert waited > 0.3
+    assert not [p for p in tmp_path.iterdir()]  # no lock file left among the reports
 
 
 @pytest.fixture
