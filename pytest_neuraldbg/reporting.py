@@ -369,11 +369,9 @@ def sorted_records(state: SessionState) -> list[RunRecord]:
 def stopped_early(session: pytest.Session) -> str:
     """Why the session stopped before running every collected test (``-x``, ``--maxfail``, a plugin), or ``""``.
 
-    Under pytest-xdist the controller's session never sees ``-x``: its scheduler (the ``dsession`` plugin) keeps the
-    reason and interrupts the loop."""
+    Under pytest-xdist too: the controller's session counts the failures the workers report and sets its own
+    ``shouldfail``."""
     why = session.shouldfail or session.shouldstop
-    if not why:
-        why = getattr(session.config.pluginmanager.getplugin("dsession"), "shouldstop", False)
     return str(why) if why else ""
 
 
