@@ -233,13 +233,16 @@ def _trace_paths(given: Sequence[str]) -> tuple[list[str], bool]:
 
 
 def _explain_traces(args: argparse.Namespace) -> int:
-    from .distributed.merge import merge_traces
+    from .distributed.merge import merge_traces, rank_from_name
     from .trace import MAX_TRACE_BYTES, load
 
     paths, job = _trace_paths(args.traces)
     traces = [load(path, max_bytes=args.max_bytes or MAX_TRACE_BYTES) for path in paths]
-    if job and not all(trace.meta.get("rank") is not None for trace in traces):
-        return _explain_each(args, traces)  # a report folder: traces of separate runs, not the ranks of one job
+    ranked = [t for t in traces if t.meta.get("rank") is not None or rank_from_name(t.source) is not None]
+    if job and not ranked:
+        # no trace names a rank (in its meta or its file name): a report folder, separate runs rather than the
+        # ranks of one job; where some do, the job's rules apply (a trace without a rank is then an error)
+        return _explain_each(args, traces)
     if job:
         merged = merge_traces(traces)
         if args.mermaid:
