@@ -234,7 +234,10 @@ def _render(hypotheses: Sequence[CausalHypothesis], topo: Topology, max_hyp: int
                 node = add(_folded_label(group.folded), "evidence")
             else:
                 node = add(_group_label(group.members, topo), node_class(group.members[0], False))
-            edges.append(_edge(parent_node, node, group.relation))
+            if group.relation or group.folded:
+                edges.append(_edge(parent_node, node, group.relation))
+            else:  # part of the same fault with no causal link (the bias of a frozen weight): a plain line, no arrow
+                edges.append(f"  {parent_node} -.- {node}")
             queue += [(node, child) for child in group.children]
         lines.append("  end")
     hidden = len(hypotheses) - max_hyp

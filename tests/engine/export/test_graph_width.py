@@ -109,3 +109,18 @@ def test_several_hypotheses_are_stacked_not_side_by_side() -> None:
 def test_the_demo_graphs_are_readable_at_980_pixels(demo: str) -> None:
     pixels, nodes = drawn(DEMOS[demo].run().export_mermaid_causal_graph())
     assert pixels <= COLUMN and nodes <= 1 + 2 * MAX_CHILDREN + 1
+
+
+def test_parts_of_one_fault_without_a_causal_link_are_joined_by_a_line_not_an_arrow() -> None:
+    """A frozen weight and its frozen bias: one fault, neither causes the other, so no arrow between them."""
+    topo = Topology(order=["fc2"], types={"fc2": "Linear"}, roles={"fc2": "parametric"})
+    frozen = FailureKind.FROZEN_PARAMETERS
+    weight, bias = (
+        SemanticEvent(EventType.UPDATE, frozen, "fc2", f"fc2.{p}", 0, 39, None, "frozen", {"update_ratio": 0.0}, 0.9)
+        for p in ("weight", "bias")
+    )
+    h = CausalHypothesis(FailureKind.FROZEN_PARAMETERS, 0.9, weight, [weight, bias], "x", "y", [])
+    graph = causal_graph([h], topo)
+    assert "-->" not in graph and "  n0 -.- n1" in graph.splitlines()
+    pixels, nodes = drawn(graph)
+    assert pixels <= COLUMN and nodes == 2
