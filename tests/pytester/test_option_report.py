@@ -77,7 +77,9 @@ def test_file_names_from_node_ids_are_sanitised(report_dir: Path) -> None:
         "test_odd.py_test_odd_x_y.json",
         "test_odd.py_test_odd_x_y.mmd",
     }
-    assert len(names) == 11  # 5 runs x (.json + .mmd) + summary.md
+    assert len([n for n in names if n.endswith((".json", ".mmd"))]) == 10  # 5 runs x (.json + .mmd)
+    assert {"summary.md", "report.html"} <= set(names)
+    assert all(n.endswith((".json", ".mmd", ".png", ".svg")) for n in names if n not in ("summary.md", "report.html"))
 
 
 def test_a_session_without_watched_runs_still_writes_a_summary(pytester: pytest.Pytester) -> None:
