@@ -113,6 +113,23 @@ class DebugConfig:
     exploding_update_ratio: float = 0.5  # median update/weight ratio above this: each step rewrites the
     # weights, the learning rate is far too high (DeepDiagnosis' upper bound is 1e-1, smdebug's 10; calibrated)
 
+    # --- the loss (recorded from the backward pass, or given to observe_loss) -----------------------------------
+    loss_min_steps: int = 64  # losses needed before the curve is judged (its first eighth and last quarter then
+    # give means to within a third and a quarter of the loss's batch-to-batch spread); a shorter run is a smoke
+    # run, too short to tell a loss that is stuck from one that has not started to fall: inconclusive
+    # (calibrated: the test suite's healthy smoke runs of 30-60 steps include CNNs still at chance at step 40)
+    loss_chance_band: float = 0.05  # a classifier's loss that ends within this fraction of log(classes), the
+    # loss of predicting every class with equal probability, is at chance (calibrated on the real-programs
+    # benchmark: healthy classifiers end at most at 0.86 log C, a pair classifier of 67 % accuracy; shuffled or
+    # random labels at 0.95-1.0)
+    loss_large_update: float = 0.1  # updates of at least this fraction of the weights' norm per step (the whole
+    # model's ||dW||/||W||) are a learning rate too high for the loss to settle (DeepDiagnosis' upper bound on the
+    # update/weight ratio; healthy programs of the benchmark: at most 0.07 over their first quarter)
+    loss_trained: float = 0.5  # the per-step update ratios ||dW||/||W|| of a run add up to at least this before
+    # a loss that stays at chance or flat counts as stuck rather than not trained yet (calibrated: the healthy
+    # programs of the real-programs benchmark learn with sums of 0.4-17; a smoke run of 40 steps at the Trainer's
+    # default learning rate sums to ~0.03 and is inconclusive)
+
     # --- memory ----------------------------------------------------------------------------------------------
     max_events: int = 2000  # stored events; beyond, the earliest and the strongest are kept
     history_points: int = 256  # points kept per series (gradient norms, loss) for reports; resolution halves
@@ -160,6 +177,10 @@ _BOUNDS: dict[str, tuple[str, float, float]] = {
     "amplifying_gain": ("float", 0, math.inf),
     "stalled_ratio": ("float", 0, math.inf),
     "exploding_update_ratio": ("float", 0, math.inf),
+    "loss_min_steps": ("int", 8, math.inf),
+    "loss_chance_band": ("float", 0, 1),
+    "loss_large_update": ("float", 0, math.inf),
+    "loss_trained": ("float", 0, math.inf),
     "max_events": ("int", 10, math.inf),
     "history_points": ("int", 8, math.inf),
 }

@@ -61,6 +61,10 @@ class FailureKind(str, metaclass=_Names):
     DEGENERATE_LOSS: ClassVar[FailureKind]
     INCOMPLETE_OBSERVATION: ClassVar[FailureKind]
     LOSS_SCALE_COLLAPSE: ClassVar[FailureKind]
+    GRADIENTS_NOT_ZEROED: ClassVar[FailureKind]
+    LOSS_NOT_DECREASING: ClassVar[FailureKind]
+    UNSTABLE_LOSS: ClassVar[FailureKind]
+    LOSS_AT_CHANCE: ClassVar[FailureKind]
 
     def __new__(cls, value: str) -> FailureKind:
         found = cls._declared.get(value) if isinstance(value, str) else None
@@ -124,6 +128,10 @@ for _name in (
     "degenerate_loss",
     "incomplete_observation",
     "loss_scale_collapse",
+    "gradients_not_zeroed",
+    "loss_not_decreasing",
+    "unstable_loss",
+    "loss_at_chance",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 

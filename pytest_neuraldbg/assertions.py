@@ -239,8 +239,9 @@ def assert_learns(ndbg: Any, *, factor: float = learning.DEFAULT_FACTOR) -> None
     that it found no fault (and whether the loss is falling, only too slowly). A run that took no training step
     fails too.
 
-    The loss comes from the run's history: ``smoke_train`` records it; in your own loop call
-    ``ndbg.observe_loss(loss)`` every step. Works on a trace from :func:`neuraldbg.load` as well.
+    The loss comes from the run's history: recorded from the tensor each step's ``backward()`` starts from (no call
+    needed in your own loop), or given to ``ndbg.observe_loss(loss)``. Works on a trace from :func:`neuraldbg.load`
+    as well.
     """
     __tracebackhide__ = True
     helper = "assert_learns"
@@ -257,8 +258,9 @@ def assert_learns(ndbg: Any, *, factor: float = learning.DEFAULT_FACTOR) -> None
         _fail_to_learn(ndbg, "NeuralDBG: the run did not learn: it took no training step (0 steps observed)", [], found)
     if not points:
         raise ArgumentError(
-            f"{helper}(): this run recorded no loss, so whether it learns cannot be judged. neuraldbg.smoke_train() "
-            "records it; in your own loop call ndbg.observe_loss(loss) once per step, after computing the loss."
+            f"{helper}(): this run recorded no loss, so whether it learns cannot be judged: no backward pass started "
+            "from a loss (backward(gradient=...) starts from the output). Call ndbg.observe_loss(loss) once per "
+            "step, after computing the loss."
         )
     if len(points) < 2:
         raise ArgumentError(f"{helper}(): only one loss was recorded (step {points[0][0]}); train for 2 steps or more")

@@ -1,7 +1,9 @@
 """Command line of the real-programs benchmark.
 
-python -m benchmarks.real [--family F] [--case ID] [--jobs N] [--json PATH] [--no-loss]
-    every selected case under NeuralDBG, scored against benchmarks/real/ground_truth.json
+python -m benchmarks.real [--family F] [--case ID] [--jobs N] [--json PATH] [--observe-loss]
+    every selected case under NeuralDBG, scored against benchmarks/real/ground_truth.json: the loops as users
+    write them, with no call to NeuralDBG inside (the loss is recorded from the backward pass); --observe-loss
+    hands each step's loss to dbg.observe_loss as well
 python -m benchmarks.real --ground-truth [--write] [--family F] [--case ID] [--jobs N]
     recompute the ground truth with plain torch; check it agrees with the stored one (exit 1 if not),
     or store it (--write)
@@ -147,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", action="append", default=[], help="only this case id (repeatable)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--json", help="write every answer and the scores to this file")
-    parser.add_argument("--no-loss", action="store_true", help="do not hand the loss to dbg.observe_loss")
+    parser.add_argument(
+        "--observe-loss", action="store_true", help="also hand each step's loss to dbg.observe_loss(loss)"
+    )
     parser.add_argument("--ground-truth", action="store_true", help="recompute the ground truth with plain torch")
     parser.add_argument("--write", action="store_true", help="with --ground-truth: store it")
     parser.add_argument("--list", action="store_true", help="list the cases")
@@ -168,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = select(args.family, args.case)
     if args.ground_truth:
         return ground_truth(chosen, args.jobs, args.write)
-    return benchmark(chosen, args.jobs, not args.no_loss, args.json)
+    return benchmark(chosen, args.jobs, args.observe_loss, args.json)
 
 
 if __name__ == "__main__":

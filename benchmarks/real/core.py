@@ -129,7 +129,7 @@ class Case:
 class Session:
     """What a training loop reports to: the loss of each step, and the models it trains (``watch``)."""
 
-    def __init__(self, mode: str, observe_loss: bool = True) -> None:
+    def __init__(self, mode: str, observe_loss: bool = False) -> None:
         if mode not in ("plain", "probe", "neuraldbg"):
             raise ValueError(mode)
         self.mode = mode
@@ -141,7 +141,9 @@ class Session:
         self.relu_inputs: tuple[str, ...] = ()  # probe mode: modules whose output the program passes to F.relu
 
     def record(self, loss: torch.Tensor | float) -> None:
-        """The loop calls this once per step with its loss (as it would log it)."""
+        """The loop calls this once per step with its loss (as it would log it). Under NeuralDBG it reaches the
+        debugger only with ``observe_loss`` (``--observe-loss``): by default the debugger records the loss itself,
+        from the backward pass, as it does in a user's loop that never names it."""
         value = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
         self.losses.append(value)
         if self.mode == "neuraldbg" and self.observe_loss:

@@ -119,9 +119,12 @@ class BackwardPath:
             return
         try:
             if not self._owned_by(optimizer):
+                rec.coverage.foreign_optimizer_steps += 1
                 return
             if rec.scaler.scaler is None and rec.scaler.discover():
                 rec.adopt_scaler()
+            if id(optimizer) not in self._lr_seen and rec.clock.optimizer_steps == 0 and optimizer.state:
+                rec.coverage.warm_start = True  # it stepped before the debugger was attached
             self._fwd.close()
             self._fwd.compiled.pull()
             closure = _closure(args, kwargs)
@@ -129,6 +132,7 @@ class BackwardPath:
                 rec.fold()
             self._learning_rates(optimizer)
             if not closure:
+                rec.ledger.before_step(optimizer)
                 self._gradients_final(optimizer)
             elif rec.config.track_updates and rec.schedule.is_full(rec.clock.next_index()):
                 # the forward and backward passes may still be to come, inside the step: measure the update across
@@ -141,13 +145,18 @@ class BackwardPath:
     def on_optimizer_stepped(self, optimizer: Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """After an optimizer's step (global post-hook): a closure step is complete, its gradients final."""
         rec = self._rec
-        if not (rec.active and rec.clock.in_closure):
+        if not rec.active:
             return
         try:
-            if self._owned_by(optimizer) and rec.clock.optimizer_ends():
+            owned = self._owned_by(optimizer)
+            if not owned:
+                return
+            if rec.clock.in_closure and rec.clock.optimizer_ends():
                 self._fwd.close()
                 self.grads.adopt_snapshot()  # a closure that ran no forward pass: an ordinary step
+                rec.ledger.before_step(optimizer)
                 self._gradients_final(optimizer)
+            rec.ledger.after_step(owned)
         except Exception as exc:
             rec.fail("the optimizer step hook", exc)
 
@@ -165,6 +174,7 @@ class BackwardPath:
 
     def _gradients_final(self, optimizer: Optimizer) -> None:
         data = self._rec.pending.data
+        data.optimizers.add(id(optimizer))
         self.grads.once(self._fused_scaling(optimizer))
         if data.full:
             names: dict[int, list[str]] = {}

@@ -15,7 +15,10 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ..config import DebugConfig
+from ..stats.losses import LossTrace
 from ..stats.step import StepData
+from ..stats.training import TrainingFacts
 
 #: The trailing window the scale-collapse rule looks at: a default GradScaler (initial scale 2**16, backoff 0.5)
 #: that skips every step falls to a scale of 1 within these 16 steps.
@@ -23,6 +26,9 @@ SCALE_WINDOW = 16
 #: A scale the scaler backed off below this shrinks the loss instead of scaling it up: even unscaled, the float16
 #: gradients overflowed (or were NaN, which no scale fixes). Healthy float16 runs keep scales of about 2**8 to 2**24.
 SCALE_FLOOR = 1.0
+#: The first gradient readings of a run: a loss whose gradient is exactly zero on most of them gave none from the
+#: start (a fit that converged to an exact zero, a margin loss, had gradients first).
+EARLY_READINGS = 8
 #: Skipped steps whose numbers are kept to show (the count is exact).
 _SHOWN_SKIPS = 20
 
@@ -118,6 +124,30 @@ class Coverage:
     last_loss: float | None = None
     last_step: int = -1
     scaler: ScalerCounts | None = None  # under a GradScaler: its skipped steps and scale
+    # exactly-zero gradients, on every step where the gradient was read (fully observed steps: every parameter's;
+    # cheap steps: the head layer's gradient on a CPU, the loss gradient on a GPU)
+    gradient_readings: int = 0
+    zero_gradient_readings: int = 0
+    early_zero_readings: int = 0  # ... among the first EARLY_READINGS readings
+    zero_steps: tuple[int, int] | None = None  # (first, last) step with an exactly-zero gradient
+    # gradients carried over from the previous optimizer step (optimizer.zero_grad() missing)
+    carried_steps: int = 0
+    carried_span: tuple[int, int] | None = None
+    carried_params: tuple[str, ...] = ()
+    carried_by: str = ""
+    stepped_steps: int = 0  # steps on which an owned optimizer stepped (the occasions for a carry-over)
+    # what makes one loss curve meaningless: several objectives
+    foreign_optimizer_steps: int = 0  # steps of optimizers that hold none of the watched parameters
+    discarded_backwards: int = 0  # backward passes that reached the model and whose gradient was never applied
+    optimizer_changes: int = 0  # steps stepped by another set of owned optimizers than the step before
+    _optimizers: frozenset[int] = frozenset()
+    size_changes: int = 0  # steps whose input batch, or number of forward passes, differed from the step before
+    # (RL episodes of different lengths)
+    _input_numel: int = 0
+    _forwards: int = 0
+    warm_start: bool = False  # the optimizer had state before the first observed step (attached mid-training)
+    losses: LossTrace = field(default_factory=LossTrace)  # the loss of each step (observe_loss or recorded)
+    training: TrainingFacts = field(default_factory=TrainingFacts)  # update ratios, weights, inputs, ...
 
     def observe(self, record: StepData) -> None:
         """Count one analysed step."""
@@ -125,6 +155,25 @@ class Coverage:
         self.last_step = max(self.last_step, record.step)
         if record.loss is not None:
             self.last_loss = record.loss
+            self.losses.add(record.step, record.loss)
+        changed = False
+        if record.input_numel:
+            changed = bool(self._input_numel) and record.input_numel != self._input_numel
+            self._input_numel = record.input_numel
+        if record.forwards:
+            changed = changed or (bool(self._forwards) and record.forwards != self._forwards)
+            self._forwards = record.forwards
+        self.size_changes += changed
+        if record.optimizers:
+            self.stepped_steps += 1
+            stepped = frozenset(record.optimizers)
+            self.optimizer_changes += bool(self._optimizers) and stepped != self._optimizers
+            self._optimizers = stepped
+        if record.carried and (record.grad_carried is None or record.grad_carried > 0):
+            self.carried_steps += 1
+            self.carried_span = (self.carried_span or (record.step, record.step))[0], record.step
+            self.carried_params = self.carried_params or record.carried
+            self.carried_by = self.carried_by or record.carried_by
         if record.skipped or record.loss_scale is not None:
             if self.scaler is None:
                 self.scaler = ScalerCounts()
@@ -133,16 +182,32 @@ class Coverage:
             return
         if record.full:
             self.full_steps += 1
+            self.training.observe(record)
             if record.grad:
                 self.steps_with_gradient += 1
-                if any(v != 0.0 for v in record.grad.values()):
-                    self.steps_with_nonzero_gradient += 1
+                all_zero = all(v == 0.0 for v in record.grad.values())
+                self.steps_with_nonzero_gradient += not all_zero
+                # the loss gave nothing: every parameter's gradient and (when read) the output's are exactly zero
+                self._zero_reading(record.step, all_zero and record.target_grad in (None, 0.0))
             if record.target_grad is not None:
                 self.loss_gradient_readings += 1
                 self.zero_loss_gradient += record.target_grad == 0.0
-        elif record.head_finite is not None:  # a cheap step read one element of the head layer's gradient
+            return
+        # a cheap step: the head layer's gradient (CPU) or the loss gradient (GPU), when read
+        zero: bool | None = record.head_zero
+        if zero is None and record.target_grad is not None:
+            zero = record.target_grad == 0.0
+        if zero is not None:
             self.steps_with_gradient += 1
-            self.steps_with_nonzero_gradient += 1
+            self.steps_with_nonzero_gradient += not zero
+            self._zero_reading(record.step, zero)
+
+    def _zero_reading(self, step: int, zero: bool) -> None:
+        self.gradient_readings += 1
+        if zero:
+            self.zero_gradient_readings += 1
+            self.early_zero_readings += self.gradient_readings <= EARLY_READINGS
+            self.zero_steps = (self.zero_steps or (step, step))[0], step
 
     def failed(self, step: int, what: str) -> None:
         self.failures.append((step, what))
@@ -162,3 +227,4 @@ class RunFacts:
     trainable: int  # trainable parameters of the model
     backward_passes: int
     optimizer_steps: int
+    config: DebugConfig = field(default_factory=DebugConfig)  # the thresholds of the run

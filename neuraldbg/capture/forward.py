@@ -114,6 +114,8 @@ class ForwardPath:
         rec.coverage.forwards += 1
         if self._root is not None and not self._root.training:  # eval mode: training only if a backward follows
             self._tentative = Pending(rec.pending.data.step, self._full)
+        else:
+            rec.pending.data.forwards += 1
 
     def _target(self) -> Pending:
         return self._tentative if self._tentative is not None else self._rec.pending
@@ -154,6 +156,9 @@ class ForwardPath:
         data.output_numel = t.numel()
         if self._full:  # under autocast a GradScaler may scale gradients between backward and step
             self.autocast = self.autocast or torch.is_autocast_enabled(t.device.type)
+            data.classes = stats.class_count(output)
+            if data.classes == 1:  # one output unit: probabilities (a binary classifier's sigmoid) or not
+                self._target().put("probabilities", None, stats.in_unit_interval(t))
         cheap_cpu = not self._full and t.is_cpu and self.host_reads_are_free
         if cheap_cpu:
             self._check_ends(t)

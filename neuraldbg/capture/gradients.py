@@ -39,6 +39,7 @@ class GradientReader:
         self._probe_mean = 0.0
         self._probe_count = 0
         self._head: Param | None = None
+        self._head_bias: Param | None = None
 
     def drop(self) -> None:
         self.snapshot = self._held = None
@@ -143,12 +144,28 @@ class GradientReader:
                     weight = self._infos[layer].unit_weight or ""
                     pick = weight if weight in names and self._by_name[weight].numel <= 1 << 20 else smallest
                     self._head = self._by_name[pick]
+                    # a bias of the head layer: exactly zero only when the loss gives no gradient (a weight's
+                    # gradient is also zero when the layer's input is, behind a dead layer)
+                    biases = [n for n in names if n != pick and self._by_name[n].tensor.dim() == 1]
+                    self._head_bias = self._by_name[biases[0]] if biases else None
                     break
         return self._head
 
     def _holds(self, name: str) -> bool:
         part = self._by_name[name].local(self._by_name[name].tensor.detach())
         return part is not None and part.numel() > 0
+
+    def _zero_head(self, grad: Tensor) -> bool | None:
+        """Whether the loss gave the head layer no gradient at all on this cheap CPU step (its first element read 0):
+        the whole head gradient and its layer's bias gradient are exactly zero (CPU reads, only then). None when the
+        layer has no bias: its weight's gradient is also zero when its input is (behind a dead layer)."""
+        bias = self._head_bias
+        if bias is None or bool(grad.any()):
+            return None if bias is None else False
+        g = bias.tensor.grad
+        if g is None or not g.is_cpu or bias.piece is not None or type(g) is not Tensor:
+            return None
+        return not bool(g.any())
 
     def read_head(self, loss_scale: float = 1.0) -> None:
         """A cheap step's only look at the loss: the first element of the head layer's gradient. A non-finite loss
@@ -172,6 +189,7 @@ class GradientReader:
             value = float(grad.reshape(-1)[0]) / loss_scale
         rec = self._rec
         rec.pending.data.head_finite = math.isfinite(value)
+        rec.pending.data.head_zero = False if value != 0.0 else self._zero_head(grad)
         # an outlier batch shows as a jump of this element against its running mean: observe what follows
         magnitude = abs(value)
         if self._probe_count >= 8 and magnitude > 20 * self._probe_mean + 1e-12:

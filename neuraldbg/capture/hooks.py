@@ -10,11 +10,18 @@ model can be pickled, saved with ``torch.save`` or deep-copied while it is watch
 Full module backward hooks are deliberately not used: they raise on in-place operations downstream of the module
 (``nn.ReLU(inplace=True)``, pytorch#61519). Gradients are read from parameters at the optimizer step, and from
 tensor hooks registered on module outputs in the forward pass.
+
+Backward calls: while a debugger is attached, ``torch.autograd.backward`` (which ``Tensor.backward`` calls) is
+wrapped, so each backward pass of the process is seen from its start, with the loss it starts from, and from its
+end (:func:`on_backward_calls`): that is how the loss of a user's own loop is recorded without ``observe_loss``,
+and how gradients left over from the previous optimizer step are proved.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 from types import TracebackType
@@ -41,7 +48,7 @@ _COMPILE_WARNING = r"Using `torch.compile\(module\)` when there are global hooks
 class HookHandle:
     """Every hook of one debugger. Removing it (or leaving its ``with`` block) detaches all of them."""
 
-    def __init__(self, handles: list[RemovableHandle], quiet: tuple[Any, ...] | None = None) -> None:
+    def __init__(self, handles: list[Any], quiet: tuple[Any, ...] | None = None) -> None:
         self._handles = handles
         self._quiet = quiet  # the warnings filter installed while attached
         #: the module hook's key in torch's global table: pass it to the next :func:`attach` of the same debugger
@@ -78,19 +85,27 @@ class HookHandle:
 
 
 def attach(
-    on_module_output: ModuleHook, on_step: OptimizerHook, on_stepped: OptimizerHook, *, key: int | None = None
+    on_module_output: ModuleHook,
+    on_step: OptimizerHook,
+    on_stepped: OptimizerHook,
+    *,
+    key: int | None = None,
+    on_backward: BackwardListener | None = None,
 ) -> HookHandle:
-    """The global module forward hook (``hook(module, args, kwargs, output)``) and the optimizer step pre- and
-    post-hooks (``hook(optimizer, args, kwargs)``). Every callback must return None: nothing in the run changes.
+    """The global module forward hook (``hook(module, args, kwargs, output)``), the optimizer step pre- and
+    post-hooks (``hook(optimizer, args, kwargs)``) and, when given, a backward-call listener (see
+    :func:`on_backward_calls`). Every callback must return None: nothing in the run changes.
 
     ``key``: the :attr:`HookHandle.key` of this debugger's previous attachment. torch.compile guards on the keys
     of the global hook table; re-attaching the same callable under the same key keeps a compiled model's graphs
     valid, where a fresh key would recompile it on every ``attach()`` (and fall back to eager after 8)."""
-    handles: list[RemovableHandle] = []
+    handles: list[Any] = []
     try:
         handles.append(_module_hook(on_module_output, key))
         handles.append(register_optimizer_step_pre_hook(on_step))
         handles.append(register_optimizer_step_post_hook(on_stepped))
+        if on_backward is not None:
+            handles.append(on_backward_calls(on_backward))
     except BaseException:
         for handle in handles:
             handle.remove()
@@ -152,3 +167,100 @@ def at_backward_end(fn: Callable[[], None]) -> bool:
         return False
     queue(fn)
     return True
+
+
+# --- backward calls -----------------------------------------------------------------------------------------
+
+#: ``listener(loss)`` is called when ``torch.autograd.backward`` (``Tensor.backward`` goes through it) is about to
+#: run, with the loss the backward pass starts from (see :func:`loss_of`) or None; it returns what to call once the
+#: backward pass is over (``after(completed)``), or None.
+BackwardListener = Callable[[Tensor | None], Callable[[bool], None] | None]
+
+_backward_listeners: list[BackwardListener] = []
+_original_backward: Callable[..., Any] | None = None
+_nesting = threading.local()
+
+
+def loss_of(tensors: Any, grad_tensors: Any) -> Tensor | None:
+    """The loss a backward call starts from: a floating tensor of one element that requires a gradient, called
+    without an explicit gradient (``loss.backward()``, ``scaler.scale(loss).backward()``), or the sum of several
+    such roots (``torch.autograd.backward([l1, l2])``). None for anything else: a non-scalar root with
+    ``gradient=...`` (a vector-Jacobian product, a manual chain rule) is not a loss."""
+    roots = [tensors] if isinstance(tensors, Tensor) else list(tensors) if isinstance(tensors, (list, tuple)) else []
+    if not roots:
+        return None
+    if grad_tensors is not None:
+        given = [grad_tensors] if isinstance(grad_tensors, Tensor) else list(grad_tensors)
+        if any(g is not None for g in given):
+            return None
+    total: Tensor | None = None
+    for root in roots:
+        if not (isinstance(root, Tensor) and root.requires_grad and root.numel() == 1 and root.is_floating_point()):
+            return None
+        value = root.detach().reshape(()).float()
+        total = value if total is None else total + value
+    return total
+
+
+def _backward(*args: Any, **kwargs: Any) -> Any:
+    """``torch.autograd.backward`` while a debugger is attached: the listeners see each outermost call."""
+    original = _original_backward
+    assert original is not None
+    listeners = _backward_listeners
+    if not listeners or getattr(_nesting, "inside", False) or torch.compiler.is_compiling():
+        return original(*args, **kwargs)
+    tensors = args[0] if args else kwargs.get("tensors")
+    grads = args[1] if len(args) > 1 else kwargs.get("grad_tensors", kwargs.get("grad_variables"))
+    afters: list[Callable[[bool], None]] = []
+    try:
+        loss = loss_of(tensors, grads)
+        for listener in list(listeners):
+            after = listener(loss)
+            if after is not None:
+                afters.append(after)
+    except Exception:  # a listener's own failure; each listener reports its failures itself
+        pass
+    _nesting.inside = True
+    completed = False
+    try:
+        result = original(*args, **kwargs)
+        completed = True
+        return result
+    finally:
+        _nesting.inside = False
+        for after in afters:
+            after(completed)
+
+
+def on_backward_calls(listener: BackwardListener) -> _ListenerHandle:
+    """Call ``listener`` at every outermost ``torch.autograd.backward`` call of the process (``loss.backward()``,
+    Lightning's and the Trainer's backward, ``scaler.scale(loss).backward()``); see :data:`BackwardListener`.
+
+    ``torch.autograd.backward`` is replaced by a thin wrapper while at least one listener is registered, and put
+    back when the last one is removed (unless something replaced it meanwhile: the wrapper then stays, idle). The
+    wrapper passes every argument through unchanged; calls nested inside a backward pass (reentrant checkpointing)
+    and calls traced by torch.compile go straight to torch. ``torch.autograd.grad`` (gradient penalties) is not a
+    backward call and is not seen."""
+    global _original_backward
+    if not _backward_listeners and torch.autograd.backward is not _backward:
+        _original_backward = torch.autograd.backward
+        functools.update_wrapper(_backward, _original_backward)
+        torch.autograd.backward = _backward
+    _backward_listeners.append(listener)
+    return _ListenerHandle(listener)
+
+
+class _ListenerHandle:
+    """Removes one backward listener (and the wrapper with the last one)."""
+
+    id = None  # not in torch's table of module hooks
+
+    def __init__(self, listener: BackwardListener) -> None:
+        self._listener: BackwardListener | None = listener
+
+    def remove(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None and listener in _backward_listeners:
+            _backward_listeners.remove(listener)
+        if not _backward_listeners and torch.autograd.backward is _backward and _original_backward is not None:
+            torch.autograd.backward = _original_backward

@@ -21,12 +21,29 @@ _SCALED = frozenset({"target_grad", "out_grad", "func_dead", "delta", "weight", 
 class Pending:
     """One step being collected: host fields, plus device tensors to move in the next flush."""
 
-    __slots__ = ("data", "targets", "tensors")
+    __slots__ = ("captured", "data", "lost", "restart", "targets", "tensors")
 
     def __init__(self, step: int, full: bool) -> None:
         self.data = StepData(step, full)
         self.tensors: list[Tensor] = []
         self.targets: list[tuple[str, Any, float]] = []
+        self.captured: Tensor | None = None  # the loss whose gradient is in .grad (see capture.ledger)
+        self.lost = False  # a backward pass of that gradient started from something that is not a loss
+        self.restart = False  # a backward pass of this part found the gradients reset: earlier parts do not count
+
+    def capture(self, loss: Tensor | None, restart: bool, keep_first: bool = False) -> None:
+        """A backward pass that reached the model started from ``loss`` (None: not a loss). ``restart``: it found
+        the gradients reset (or as the last optimizer step left them), so its loss begins the sum; otherwise it
+        adds to it. ``keep_first``: inside ``optimizer.step(closure)``, a later evaluation does not replace the
+        first (the loss at the parameters the step started from)."""
+        if restart:
+            if keep_first and (self.captured is not None or self.lost):
+                return
+            self.captured, self.lost, self.restart = loss, loss is None, True
+        elif loss is None or self.lost:
+            self.captured, self.lost = None, True
+        else:
+            self.captured = loss if self.captured is None else self.captured + loss
 
     def put(self, target: str, key: Any, tensor: Tensor, extra: float = 0) -> None:
         self.targets.append((target, key, extra))
@@ -58,9 +75,11 @@ class Pending:
         """Divide a GradScaler's scale out of the loss and output gradients read so far (a scaler found only at
         the step's optimizer step, after its backward pass was read)."""
         self.tensors = [
-            t / scale if target[0] in ("target_grad", "out_grad") else t
+            t / scale if target[0] in ("target_grad", "out_grad", "captured_loss") else t
             for target, t in zip(self.targets, self.tensors)
         ]
+        if self.captured is not None:
+            self.captured = self.captured / scale
         if self.data.target_grad is not None:
             self.data.target_grad /= float(scale)
 
@@ -69,9 +88,25 @@ class Pending:
         tensors, and its host readings, keeping the worst of two readings."""
         self.tensors.extend(other.tensors)
         self.targets.extend(other.targets)
+        if other.restart:
+            self.captured, self.lost, self.restart = other.captured, other.lost, True
+        elif other.lost or self.lost:
+            self.captured, self.lost = None, self.lost or other.lost
+        elif other.captured is not None:
+            self.captured = other.captured if self.captured is None else self.captured + other.captured
         src, dst = other.data, self.data
+        dst.classes = src.classes or dst.classes
+        if src.probabilities is not None:
+            dst.probabilities = (
+                src.probabilities if dst.probabilities is None else dst.probabilities and src.probabilities
+            )
+        dst.carried = src.carried or dst.carried
+        dst.carried_by = src.carried_by or dst.carried_by
+        if src.grad_carried is not None:
+            dst.grad_carried = merge_max(dst.grad_carried, src.grad_carried)
         dst.numel.update(src.numel)
         dst.input_numel = src.input_numel or dst.input_numel
+        dst.forwards += src.forwards
         dst.output_numel = src.output_numel or dst.output_numel
         if src.output_norm is not None:
             dst.output_norm = merge_max(dst.output_norm, src.output_norm)
@@ -105,6 +140,13 @@ def assign(data: StepData, target: str, key: Any, extra: float, value: float) ->
         data.target_grad = merge_max(data.target_grad, value)
     elif target == "loss":
         data.loss = value
+        data.loss_observed = True
+    elif target == "captured_loss":
+        data.loss = value
+    elif target == "probabilities":
+        data.probabilities = value > 0 if data.probabilities is None else data.probabilities and value > 0
+    elif target == "carried":
+        data.grad_carried = merge_max(data.grad_carried, value)
     elif target == "loss_scale":
         data.loss_scale = value
     elif target == "dead":

@@ -40,6 +40,7 @@ from .backward import BackwardPath
 from .clock import StepClock, StepMode
 from .coverage import Coverage, RunFacts
 from .forward import ForwardPath
+from .ledger import GradLedger
 from .pending import Pending, assign
 from .scaler import ScalerWatch
 from .schedule import Schedule
@@ -77,6 +78,7 @@ class Recorder:
             self.clock.skip_probe = self.scaler.at_forward
         self.forward = ForwardPath(self, model, infos, order if order is not None else [])
         self.backward = BackwardPath(self, model, self.forward)
+        self.ledger = GradLedger(self)
         self._handle: hooks.HookHandle | None = None
         # one callable and one table key for every attachment: torch.compile guards on both
         self._on_output = self.forward.on_module_output
@@ -91,9 +93,14 @@ class Recorder:
             # graphs compiled while this debugger's hook was absent would never call it: compile them again
             hooks.forget_compiled_code()
         self.forward.attach()
+        self.ledger.attach()
         self.active = True
         self._handle = hooks.attach(
-            self._on_output, self.backward.on_optimizer_step, self.backward.on_optimizer_stepped, key=self._hook_key
+            self._on_output,
+            self.backward.on_optimizer_step,
+            self.backward.on_optimizer_stepped,
+            key=self._hook_key,
+            on_backward=self.ledger.before,
         )
         self._hook_key = self._handle.key
 
@@ -113,6 +120,7 @@ class Recorder:
             self.active = False
             self.forward.detach()
             self.backward.detach()
+            self.ledger.detach()
 
     @property
     def mode(self) -> StepMode:
@@ -182,9 +190,11 @@ class Recorder:
             scale = self.scaler.scale_of_finished_step()
             if scale is not None:
                 self.pending.put("loss_scale", None, scale)
-        if self.loss is not None:
+        if self.loss is not None:  # given to observe_loss: it wins over the loss recorded from the backward pass
             loss, self.loss = self.loss, None
             self.pending.put("loss", None, loss if loss.dim() == 0 else loss.float().mean())
+        elif self.pending.captured is not None and not self.pending.lost:
+            self.pending.put("captured_loss", None, self.pending.captured)
         finished = self.pending
         self.buffer.append(finished)
         self.clock.committed()
@@ -273,7 +283,7 @@ class Recorder:
 
     def run_facts(self) -> RunFacts:
         """Counts the run-level findings need: trainable parameters, backward passes, optimizer steps."""
-        return RunFacts(len(self.backward.params), self.clock.backward_passes, self.clock.optimizer_steps)
+        return RunFacts(len(self.backward.params), self.clock.backward_passes, self.clock.optimizer_steps, self.config)
 
     def scale_in_gradients(self) -> float:
         """A GradScaler's scale still in the parameter gradients outside the optimizer step: until an optimizer

@@ -16,14 +16,17 @@ from collections.abc import Iterable
 from ..config import DebugConfig
 from ..detectors.base import Detector
 from ..events import describe_events_with
-from ..reasoning.rules import SETS_OFF, CausalRule, SurgeSetsOff
+from ..reasoning.rules import LOSS_RELATION, SETS_OFF, CausalRule, ShowsInTheLoss, SurgeSetsOff
 from . import (
     dead_neurons,
     degenerate_loss,
     eval_mode_training,
     exploding_gradients,
     frozen_parameters,
+    gradients_not_zeroed,
     incomplete_observation,
+    loss_at_chance,
+    loss_not_decreasing,
     loss_scale_collapse,
     no_gradient,
     no_training_observed,
@@ -31,6 +34,7 @@ from . import (
     registry,
     saturated_activations,
     stalled_updates,
+    unstable_loss,
     vanishing_gradients,
 )
 from .base import Check, Kind, RootLane, RootPool, Series, Unregistered
@@ -50,7 +54,11 @@ BUILTIN: tuple[Kind, ...] = (
     no_gradient.NoGradient(),
     degenerate_loss.DegenerateLoss(),
     eval_mode_training.EvalModeTraining(),
+    gradients_not_zeroed.GradientsNotZeroed(),
     loss_scale_collapse.LossScaleCollapse(),
+    loss_at_chance.LossAtChance(),
+    unstable_loss.UnstableLoss(),
+    loss_not_decreasing.LossNotDecreasing(),
     incomplete_observation.IncompleteObservation(),
 )
 for _room in BUILTIN:
@@ -71,7 +79,15 @@ def rules(kinds: Iterable[Kind] | None = None) -> list[CausalRule]:
     chosen = list(rooms() if kinds is None else kinds)
     found = [resolve(rule) for k in chosen for rule in k.rules()]
     sensitive = tuple(k.kind for k in chosen if k.lr_sensitive)
-    return [*found, SurgeSetsOff("surge-sets-off", SETS_OFF, None, sensitive, same_place_joins=True)]
+    # every fault explains the loss findings it came before: they are how it shows in the loss
+    symptoms = tuple(k.kind for k in chosen if k.loss_symptom)
+    late = tuple(k.kind for k in chosen if k.late_loss_symptom)
+    faults = [k.kind for k in chosen if not (k.loss_symptom or k.inconclusive)] if symptoms or late else []
+    shows = [
+        ShowsInTheLoss(f"{kind}-shows-in-the-loss", LOSS_RELATION, kind, (*symptoms, *late), late=late)
+        for kind in faults
+    ]
+    return [*found, SurgeSetsOff("surge-sets-off", SETS_OFF, None, sensitive, same_place_joins=True), *shows]
 
 
 __all__ = [

@@ -106,6 +106,11 @@ class Kind:
     evidence: tuple[HealthState, ...] = ()
     #: May be set off in mid-run by a learning rate too high (then later surges at that rate are the same fault).
     lr_sensitive: bool = False
+    #: Its findings are how faults show in the loss (it does not fall, it climbs, it stays at chance): any fault of
+    #: the run that began before such a finding ended explains it.
+    loss_symptom: bool = False
+    #: Its findings that begin after another fault are how that fault shows in the loss (it explains them).
+    late_loss_symptom: bool = False
     #: Its explanation lists the other events of its own kind: they are part of the fault, not its effects.
     lists_own: bool = False
     #: States whose open runs a failure that follows in the same layer (or a non-finite value anywhere) confirms.

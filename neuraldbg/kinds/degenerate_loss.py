@@ -1,7 +1,11 @@
 """A degenerate loss: backward passes ran, but the gradient of the loss with respect to the model's output and every
 parameter gradient were exactly zero on every fully observed step (``cross_entropy`` on one output unit, a loss
-multiplied by 0): nothing can be learned, whatever the layers do. The exactly-zero gradients, the stalls and the
-frozen-looking parameters that follow are its effects."""
+multiplied by 0, a masked mean over an empty mask), or the gradient was exactly zero on at least half of the steps
+where it was read (at least 8): a policy gradient whose policy became deterministic, rewards or a mask that are zero
+on most batches. Cheap steps read the gradient too (the head layer's on a CPU, the loss's on a GPU), so a long run
+is judged on all its steps, not only the fully observed ones. A loss that is NaN while its gradient is exactly zero
+is a mean over an empty set. Nothing can be learned on those steps, whatever the layers do; the exactly-zero
+gradients, the stalls, the frozen-looking parameters and the NaN loss that follow are its effects."""
 
 from __future__ import annotations
 
@@ -9,13 +13,16 @@ import math
 
 from ..capture.coverage import Coverage, RunFacts
 from ..events import FailureKind, SemanticEvent
-from ..health import GradientHealth, UpdateHealth
+from ..health import ActivationHealth, GradientHealth, UpdateHealth
 from ..reasoning.rules import CausalRule, ExactlyZeroGradients
 from ..reasoning.topology import Topology
 from ..text import count, num
-from .base import Kind, RootLane, Series, run_event
+from .base import LAST_RANK, Kind, RootLane, Series, run_event
 
 KIND = FailureKind.DEGENERATE_LOSS
+
+#: Exactly-zero gradient readings that, at half of all readings or more, make a loss degenerate on most steps.
+MOSTLY_MIN = 8
 
 
 class DegenerateLoss(Kind):
@@ -24,23 +31,44 @@ class DegenerateLoss(Kind):
     tier = 0
 
     def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
-        if not (
+        readings, zeros = coverage.gradient_readings, coverage.zero_gradient_readings
+        always = (
             coverage.steps_with_gradient
             and coverage.steps_with_nonzero_gradient == 0
             and coverage.loss_gradient_readings
             and coverage.zero_loss_gradient == coverage.loss_gradient_readings
-        ):
+        )
+        mostly = zeros >= MOSTLY_MIN and 2 * zeros >= readings
+        if not (always or mostly):
             return None
-        metrics = {"steps": float(coverage.steps)}
+        metrics = {"steps": float(coverage.steps), "zero_steps": float(zeros), "readings": float(readings)}
         if coverage.last_loss is not None and math.isfinite(coverage.last_loss):
             metrics["loss"] = coverage.last_loss
-        return run_event(KIND, 0, max(coverage.last_step, 0), "", **metrics)
+        if coverage.losses.nonfinite:
+            metrics["nan_losses"] = float(coverage.losses.nonfinite)
+        if always:
+            return run_event(KIND, 0, max(coverage.last_step, 0), "", **metrics)
+        first, last = coverage.zero_steps or (0, coverage.last_step)
+        metrics["early_zero"] = float(coverage.early_zero_readings)
+        return run_event(KIND, first, max(last, coverage.last_step), "", **metrics)
+
+    late_loss_symptom = True  # zero gradients that began in mid-run: an earlier fault's doing, if there was one
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
+        if event.step_start > 0 and event.metrics.get("early_zero", 1.0) == 0:
+            # began in mid-run (none of the first readings was zero): after the faults that may have set it off
+            return RootLane(LAST_RANK, order=0)
         return RootLane(0, order=2)
 
     def rules(self) -> list[CausalRule]:
         return [
+            CausalRule(
+                "degenerate-loss-is-nan",
+                "is why the loss is NaN",
+                KIND,
+                (FailureKind.NON_FINITE,),
+                effect_states=(ActivationHealth.NON_FINITE,),
+            ),
             ExactlyZeroGradients(
                 "degenerate-loss-zeroes-gradients",
                 "zeroes the gradient of",
@@ -60,6 +88,33 @@ class DegenerateLoss(Kind):
         m = root.metrics
         loss = m.get("loss")
         value = f" (loss {num(loss)})" if loss is not None else ""
+        zeros, readings = m.get("zero_steps", 0.0), m.get("readings", 0.0)
+        if m.get("nan_losses"):
+            what = (
+                f"Degenerate loss: the loss is NaN on {count(m['nan_losses'])} steps while its gradient is exactly "
+                "zero: a mean over an empty set (a mask or an index that selects no sample, so the loss is 0/0), "
+                "from which no parameter can learn."
+            )
+            fix = (
+                "check the mask or index the loss is taken over: it selects nothing (an empty training split, a "
+                "mask built from the wrong column); guard the mean against an empty selection."
+            )
+            return what, fix
+        if readings and zeros < readings:
+            what = (
+                f"Degenerate loss: the gradient was exactly zero on {count(zeros)} of the {count(readings)} steps "
+                f"where it was read, from step {root.step_start}{value}: on those steps the loss gave nothing to "
+                "learn from. "
+                "Typical causes: a policy whose probabilities were pushed to exactly 0 and 1 (log-probability 0: a "
+                "learning rate too high for a policy gradient), rewards or a mask that are zero on most batches, or "
+                "a margin loss satisfied everywhere."
+            )
+            fix = (
+                "for a policy gradient, lower the learning rate and subtract a baseline (normalised returns); for a "
+                "masked loss, check how often the mask is empty; a margin loss that is always satisfied has "
+                "converged: stop earlier."
+            )
+            return what, fix
         what = (
             f"Degenerate loss: at all {count(m.get('steps', 0.0))} observed steps{value} the gradient of the loss "
             "with respect to the model's output is exactly zero, so no parameter can learn, whatever the layers do. "

@@ -60,8 +60,9 @@ class NonFiniteDetector(Detector):
             obs.saw(self.event_type, "")
             if not inside and not math.isfinite(data.output_norm):  # made by the model's own forward code
                 obs.findings.append(_finding(EventType.ACTIVATION, "", {"output_norm": data.output_norm}))
-        # the loss, or failing that the gradient it sends back: non-finite while the output is finite means the
-        # loss computation made it (a NaN in the forward pass shows in the outputs first)
+        # the loss, then the gradient it sends back (a finite loss may send back a NaN: sqrt(0)): non-finite while
+        # the output is finite means the loss computation made it (a NaN in the forward pass shows in the outputs
+        # first)
         head = None if data.head_finite is None else (0.0 if data.head_finite else math.nan)
         for metric, value in (
             ("loss", data.loss),
@@ -75,7 +76,9 @@ class NonFiniteDetector(Detector):
                 if not math.isfinite(value) and output_ok and not inside:
                     metrics = {metric: 0.0} if metric == "head_gradient_finite" else {metric: value}
                     obs.findings.append(_finding(EventType.LOSS, "", metrics))
-                break
+                    break
+                if metric != "loss":  # a finite loss (recorded on every step) may still send back a NaN gradient
+                    break
         return obs
 
 

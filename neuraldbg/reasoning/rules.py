@@ -152,5 +152,32 @@ class ExactlyZeroGradients(CausalRule):
         return super().covers(a, b, topo)
 
 
+@dataclass(frozen=True)
+class ShowsInTheLoss(CausalRule):
+    """A fault of kind ``cause_kind`` explains a loss that does not fall as it should (``effect_kinds``: the kinds
+    whose findings are the loss's symptoms) if it began before that finding ended: dead units, a frozen layer or
+    gradients left unzeroed are why the loss stalls, not another fault. ``late``: kinds whose findings are such a
+    symptom only when they began after the cause (a loss that stopped giving gradients in mid-run). One rule per
+    kind that is a fault."""
+
+    late: tuple[FailureKind, ...] = ()
+
+    def explains(self, cause: SemanticEvent, effect: SemanticEvent, topo: Topology) -> bool:
+        if cause.kind is not self.cause_kind or effect.kind not in self.effect_kinds:
+            return False
+        if effect.kind in self.late:
+            return cause.step_start < effect.step_start
+        return cause.step_start <= effect.step_end
+
+    def earliest_effect(self, cause: SemanticEvent) -> int | None:
+        return None
+
+    def covers(self, a: SemanticEvent, b: SemanticEvent, topo: Topology) -> bool:
+        return a.step_start <= b.step_start
+
+
+#: The relation of a fault to the loss finding it explains.
+LOSS_RELATION = "keeps the loss from falling"
+
 #: The relation of updates as large as the weights to a failure they set off.
 SETS_OFF = "set off"

@@ -21,6 +21,7 @@ class StepData:
     numel: dict[SlotKey, int] = field(default_factory=dict)
     input_norm: float | None = None
     input_numel: int = 0
+    forwards: int = 0  # forward passes of the model in training mode in this step (an RL episode: its length)
     output_norm: float | None = None
     output_numel: int = 0
     target_grad: float | None = None  # norm of d(loss)/d(model output): falls as the fit improves
@@ -42,3 +43,11 @@ class StepData:
     lr_changed: bool = False
     skipped: bool = False  # a GradScaler skipped this step's optimizer step (its scaled gradients overflowed)
     loss_scale: float | None = None  # the GradScaler's scale in this step's backward pass
+    loss_observed: bool = False  # the loss was given to observe_loss (else recorded from the backward pass)
+    head_zero: bool | None = None  # cheap CPU steps: the head layer's gradient is exactly zero everywhere
+    carried: tuple[str, ...] = ()  # parameters whose .grad still held the applied gradient when backward began
+    carried_by: str = ""  # the optimizer that applied it ("" without an optimizer)
+    grad_carried: float | None = None  # > 0: that carried gradient was not all zeros (the carry-over is proved)
+    optimizers: set[int] = field(default_factory=set)  # ids of the owned optimizers that stepped
+    classes: int = 0  # fully observed steps: the last dimension of the model's (logit) output, 0 if none
+    probabilities: bool | None = None  # ... of one unit: every output in [0, 1] (a sigmoid's probabilities)

@@ -32,6 +32,32 @@ def first_tensor(value: object) -> Tensor | None:
     return None
 
 
+def class_count(value: object) -> int:
+    """The size of the last dimension of a model's logits (a classifier's classes, a language model's vocabulary):
+    the ``logits`` of a Hugging Face output, else the first floating tensor of two or more dimensions in the output;
+    0 when there is none. Shape only: nothing is read."""
+    logits = getattr(value, "logits", None)
+    if isinstance(logits, Tensor) and logits.is_floating_point() and logits.dim() >= 2:
+        return int(logits.shape[-1])
+    if isinstance(value, Tensor):
+        return int(value.shape[-1]) if value.is_floating_point() and value.dim() >= 2 else 0
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            found = class_count(item)
+            if found:
+                return found
+    return 0
+
+
+@torch.no_grad()
+def in_unit_interval(t: Tensor) -> Tensor:
+    """1.0 when every element of ``t`` lies in [0, 1] (probabilities), else 0.0: a 0-d tensor, on ``t``'s device."""
+    t = t.detach()
+    return ((t.amin() >= 0) & (t.amax() <= 1)).float()
+
+
 #: Tensor types whose values the reductions read directly.
 _PLAIN = (Tensor, torch.nn.Parameter)
 

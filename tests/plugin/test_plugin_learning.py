@@ -194,9 +194,32 @@ def own_loop(ndbg_factory, model: nn.Module, data, *, observe: bool, steps: int 
     return ndbg
 
 
-def test_a_loop_that_does_not_record_the_loss_is_told_how_to() -> None:
-    ndbg = own_loop(fixture(), classifier(), batches()[:1], observe=False)
-    with pytest.raises(ArgumentError, match=r"call ndbg.observe_loss\(loss\) once per step"):
+def test_a_loop_that_never_names_the_loss_is_judged_on_the_loss_recorded_from_its_backward_pass() -> None:
+    torch.manual_seed(0)
+    model = classifier()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    recorded = own_loop(fixture(), model, batches()[:1], observe=False, steps=60)
+    model.load_state_dict(state)
+    observed = own_loop(fixture(), model, batches()[:1], observe=True, steps=60)
+    points, given = recorded.history.get("loss", "").points(), observed.history.get("loss", "").points()
+    assert [s for s, _ in points] == [s for s, _ in given] == list(range(60))
+    assert [v for _, v in points] == pytest.approx([v for _, v in given], rel=1e-6)
+    assert_learns(recorded)  # the one batch's loss halves within 60 steps, as with observe_loss
+
+
+def test_a_loop_whose_backward_pass_starts_from_no_loss_is_told_how_to_record_it() -> None:
+    model = classifier()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    data = batches()[:1]
+    with fixture()(model) as ndbg:
+        for _step in range(30):
+            x, y = data[0]
+            opt.zero_grad()
+            out = model(x)
+            grad = torch.autograd.grad(F.cross_entropy(out, y), out)[0]
+            out.backward(gradient=grad)  # the gradient handed in: no loss tensor reaches backward()
+            opt.step()
+    with pytest.raises(ArgumentError, match=r"Call ndbg.observe_loss\(loss\) once per step"):
         assert_learns(ndbg)
     assert isinstance(ArgumentError("x"), ValueError)  # not an AssertionError: pytest.raises(AssertionError) misses it
 

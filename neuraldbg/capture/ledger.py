@@ -1,0 +1,279 @@
+"""What each backward pass did to the watched parameters' gradients: whether it reached the model, the loss it
+started from, and whether it added to a gradient the optimizer had already applied.
+
+Seen through the wrapper of ``torch.autograd.backward`` (:func:`neuraldbg.capture.hooks.on_backward_calls`): just
+before a backward pass runs, the ``.grad`` of each tracked parameter is noted by identity and version counter (an
+attribute read, no device work); just after it, the parameters whose ``.grad`` changed are those it reached. A
+backward pass that reached none of them is another model's (the other network of a GAN) and is not this
+debugger's business.
+
+**The loss of a step** is the loss whose gradient the optimizer applies: the sum of the losses of the backward
+passes whose gradients are in ``.grad`` when the optimizer steps. A backward pass that finds the gradients reset
+(``None``, a new tensor, or zeroed in place since the last backward pass or optimizer step) begins a new sum;
+one that finds them as the last backward pass left them adds to it (gradient accumulation: micro-batch losses
+divided by the number of micro-batches, as Lightning and the Trainer do, sum to the step's mean loss). So a GAN's
+discriminator, whose ``.grad`` also receives the generator's backward pass until ``netD.zero_grad()`` clears it,
+is given ``errD_real + errD_fake``, never ``errG``. Inside ``optimizer.step(closure)`` the first sum is kept: the
+loss at the parameters the step started from, which is what ``step`` returns (LBFGS evaluates the closure several
+times). A root that is not a loss (``backward(gradient=...)``) leaves the step without a loss. The loss is kept as
+a detached 0-d tensor and read at the next flush (no host sync); a GradScaler's scale is divided out.
+
+**Gradients not zeroed.** Right after an owned optimizer's step, each tracked parameter's ``.grad`` is noted. A
+backward pass that starts while a ``.grad`` is still exactly that tensor, unmodified since (same identity, same
+version counter), adds the new gradient to the one already applied: if no reset follows before the next step
+(a GAN's ``netD.zero_grad()`` after the generator's backward pass), the optimizer steps with the sum of every
+earlier step's gradient. Exact, with no statistics: legitimate accumulation (several backward passes, then the
+step, then ``zero_grad``), ``zero_grad(set_to_none=False)``, ``model.zero_grad()``, ``p.grad = None`` and
+``p.grad.zero_()`` all reset the gradient first. Zeroing through ``p.grad.data.zero_()`` bypasses the version
+counter, so the carried gradient's largest magnitude is also measured (on the device, read at the flush): a
+carried gradient that is all zeros was reset after all. Without an optimizer object (a manual update
+``p.data.add_(p.grad, alpha=-lr)``), the anchor is the previous backward pass: the head parameter's ``.grad`` is the
+same tensor, not all zeros, while the parameter changed in between (a few of its elements compared on the device).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from ..stats.tensors import dense
+from .clock import StepMode
+
+if TYPE_CHECKING:
+    from .recorder import Recorder
+
+#: Parameters whose gradients are followed (spread over the model, the first and the last always among them): a
+#: backward pass is attributed to the model when it reaches one of them.
+TRACKED = 64
+#: Carried gradients whose largest magnitude is measured to confirm a carry-over.
+_CONFIRMED = 3
+#: Elements of the head parameter compared across a manual update.
+_SAMPLE = 16
+
+_State = tuple[Tensor, int] | None
+
+
+@dataclass(slots=True)
+class _Mark:
+    """A ``.grad`` as an optimizer step or a backward pass left it."""
+
+    grad: weakref.ref[Tensor]
+    version: int
+    after_step: bool
+
+
+class GradLedger:
+    """See the module docstring. One per recorder; :meth:`before` is its backward-call listener."""
+
+    def __init__(self, rec: Recorder) -> None:
+        self._rec = rec
+        self._tensors: list[Tensor] = []
+        self._names: list[str] = []
+        self._marks: list[_Mark | None] = []
+        self._index: dict[str, int] = {}
+        self._carry: tuple[list[str], Tensor | None] | None = None  # carried-over gradients awaiting the step
+        self._open = False  # a backward pass reached the model since its optimizer last stepped
+        self._sample: tuple[weakref.ref[Tensor], Tensor] | None = None  # manual updates: head .grad, parameter
+        self._thread = 0
+
+    def attach(self) -> None:
+        params = self._rec.backward.params
+        seen: dict[int, tuple[str, Tensor]] = {}
+        for p in params:
+            seen.setdefault(id(p.tensor), (p.name, p.tensor))
+        unique = list(seen.values())
+        if len(unique) > TRACKED:
+            step = (len(unique) - 1) / (TRACKED - 1)
+            unique = [unique[round(i * step)] for i in range(TRACKED)]
+        self._names = [n for n, _ in unique]
+        self._tensors = [t for _, t in unique]
+        self._marks = [None] * len(unique)
+        self._index = {n: i for i, n in enumerate(self._names)}
+        self._carry = None
+        self._sample = None
+        self._open = False
+        self._thread = threading.get_ident()
+
+    def detach(self) -> None:
+        self._tensors = []
+        self._marks = []
+        self._carry = None
+        self._sample = None
+
+    # --- a backward call ----------------------------------------------------------------------------------
+
+    def before(self, loss: Tensor | None) -> Callable[[bool], None] | None:
+        """A backward pass is about to run (the listener of :func:`~neuraldbg.capture.hooks.on_backward_calls`)."""
+        rec = self._rec
+        if not rec.active or not self._tensors or threading.get_ident() != self._thread:
+            return None
+        try:
+            # a compiled forward files its step at the next optimizer step: file it now, before this backward
+            # pass's loss is given to the step in progress (else the loss of step k would go to step k - 1)
+            rec.forward.compiled.pull()
+            states: list[_State] = []
+            carried: list[int] = []
+            for i, t in enumerate(self._tensors):
+                g = t.grad
+                if g is None:
+                    states.append(None)
+                    continue
+                states.append((g, g._version))
+                mark = self._marks[i]
+                if mark is not None and mark.after_step and _unchanged(mark, (g, g._version)):
+                    carried.append(i)
+            check = self._confirmation(carried) if carried else None
+            manual = self._manual_check() if rec.clock.mode is not StepMode.OPTIMIZER else None
+            return partial(self._after, loss, states, carried, check, manual)
+        except Exception as exc:
+            rec.fail("the backward-call listener", exc)
+            return None
+
+    def _confirmation(self, carried: list[int]) -> Tensor | None:
+        """The largest magnitude of a few carried gradients, on the device (0: they were zeroed through ``.data``)."""
+        small = sorted((i for i in carried if self._tensors[i].numel()), key=lambda i: self._tensors[i].numel())
+        grads = [self._tensors[i].grad for i in small[:_CONFIRMED]]
+        # local values only (a DTensor's shard): an operation on a DTensor would be a collective of its own, out of
+        # step with the ranks' backward passes
+        local = [dense(g) for g in grads if g is not None]
+        plain = [d for d in local if d is not None and d.layout is torch.strided and d.numel()]
+        if not plain:
+            return None
+        with torch.no_grad():
+            values = [torch.linalg.vector_norm(g.detach(), float("inf")).float() for g in plain]
+            largest: Tensor = torch.stack(values).amax() if len(values) > 1 else values[0]
+            return largest
+
+    def _manual_check(self) -> Tensor | None:
+        """Without an optimizer: 1 when the head parameter's ``.grad`` is the tensor the last backward pass left,
+        not all zeros, while the parameter changed since (a manual update that kept the gradient), else 0."""
+        sample = self._sample
+        if sample is None:
+            return None
+        head = self._head()
+        if head is None:
+            return None
+        g = head.grad
+        if g is None or sample[0]() is not g:
+            return None
+        local = dense(g.detach())
+        if local is None or not local.numel():
+            return None
+        with torch.no_grad():
+            changed = (_first_elements(head) != sample[1]).any()
+            nonzero = torch.linalg.vector_norm(local, float("inf")) > 0
+            carried: Tensor = (changed & nonzero).float()
+            return carried
+
+    def _head(self) -> Tensor | None:
+        head = self._rec.backward.grads.head()
+        return head.tensor if head is not None and head.piece is None else None
+
+    def _after(
+        self,
+        loss: Tensor | None,
+        states: list[_State],
+        carried: list[int],
+        check: Tensor | None,
+        manual: Tensor | None,
+        completed: bool,
+    ) -> None:
+        rec = self._rec
+        if not completed or not rec.active:
+            return
+        try:
+            reached: list[int] = []
+            fresh = False
+            for i, t in enumerate(self._tensors):
+                g = t.grad
+                before = states[i]
+                if g is None or (before is not None and before[0] is g and before[1] == g._version):
+                    continue
+                reached.append(i)
+                fresh = fresh or not _unchanged(self._marks[i], before)
+                self._marks[i] = _Mark(weakref.ref(g), g._version, False)
+            if not reached:
+                return
+            self._account(loss, reached, carried, check, fresh)
+            if manual is not None:
+                rec.pending.put("carried", None, manual)
+                head = self._rec.backward.grads.head()
+                if head is not None:
+                    rec.pending.data.carried = (head.name,)
+            if rec.clock.mode is not StepMode.OPTIMIZER:
+                head_tensor = self._head()
+                g = head_tensor.grad if head_tensor is not None else None
+                if head_tensor is None or g is None:
+                    self._sample = None
+                else:
+                    self._sample = (weakref.ref(g), _first_elements(head_tensor).clone())
+        except Exception as exc:
+            rec.fail("the backward-call listener", exc)
+
+    def _account(
+        self, loss: Tensor | None, reached: list[int], carried: list[int], check: Tensor | None, fresh: bool
+    ) -> None:
+        rec = self._rec
+        pending = rec.pending
+        on = set(reached) & set(carried)
+        if fresh and self._open and rec.clock.mode is StepMode.OPTIMIZER and not rec.clock.in_closure:
+            rec.coverage.discarded_backwards += 1  # the gradient of an earlier backward pass was never applied
+        if on and not fresh:
+            self._carry = ([self._names[i] for i in sorted(on)], check)
+        elif fresh:
+            self._carry = None
+        self._open = True
+        scale = rec.scaler.tensor()
+        if loss is not None and scale is not None:
+            loss = loss / scale
+        pending.capture(loss, restart=fresh or bool(on), keep_first=rec.clock.in_closure)
+
+    # --- optimizer steps ----------------------------------------------------------------------------------
+
+    def before_step(self, optimizer: object) -> None:
+        """An owned optimizer's step is about to use the gradients: a carry-over left in them is filed."""
+        carry, self._carry = self._carry, None
+        if carry is None:
+            return
+        names, check = carry
+        data = self._rec.pending.data
+        data.carried = tuple(names)
+        data.carried_by = type(optimizer).__name__
+        if check is not None:
+            self._rec.pending.put("carried", None, check)
+        else:
+            data.grad_carried = 1.0
+
+    def after_step(self, owned: frozenset[str]) -> None:
+        """An owned optimizer stepped: note the gradients it applied, as it left them."""
+        self._open = False
+        self._sample = None
+        for name in owned:
+            i = self._index.get(name)
+            if i is None:
+                continue
+            g = self._tensors[i].grad
+            self._marks[i] = _Mark(weakref.ref(g), g._version, True) if g is not None else None
+
+
+def _unchanged(mark: _Mark | None, state: _State) -> bool:
+    """Whether a ``.grad`` (tensor, version) is still exactly as ``mark`` noted it."""
+    return mark is not None and state is not None and mark.grad() is state[0] and mark.version == state[1]
+
+
+def _first_elements(t: Tensor) -> Tensor:
+    """A few elements of ``t`` (a view of its first row, no copy; a DTensor's local shard), to tell whether it
+    changed."""
+    row = dense(t.detach())
+    if row is None:
+        return t.new_zeros(0)
+    while row.dim() > 1:
+        row = row[0]
+    return row.reshape(-1)[:_SAMPLE] if row.dim() else row.reshape(1)

@@ -1,0 +1,70 @@
+"""A loss at chance: a classifier's loss ends within ``loss_chance_band`` of log(classes), the cross-entropy of
+predicting every class with equal probability, although gradients flow and the optimizer moves the weights.
+
+The number of classes is the last dimension of the model's (logit) output, read from its shape on fully observed
+steps (a Hugging Face output's ``logits``; one output unit is a binary classifier, log 2); the curve must start at
+or above 0.8 log(classes), where an untrained classifier's cross-entropy is, so that a regression whose output
+happens to have a last dimension is not taken for a classifier. Judged on runs of ``loss_min_steps`` losses or
+more (see :mod:`.loss_evidence`); a fault that began first (dead units, stalled updates) explains it.
+"""
+
+from __future__ import annotations
+
+from ..capture.coverage import Coverage, RunFacts
+from ..events import FailureKind, SemanticEvent
+from ..reasoning.topology import Topology
+from ..text import count, num
+from . import loss_evidence
+from .base import LAST_RANK, Kind, RootLane, Series, run_event
+
+KIND = FailureKind.LOSS_AT_CHANCE
+
+
+class LossAtChance(Kind):
+    name = KIND.value
+    title = "loss at chance"
+    run_level = True
+    loss_symptom = True
+
+    def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
+        found = loss_evidence.finding(coverage, facts.config)
+        if found is None or found[0] != self.name:
+            return None
+        curve = found[1]
+        metrics = loss_evidence.evidence(coverage, facts.config, curve)
+        return run_event(KIND, curve.start.first, curve.end.last, "", **metrics)
+
+    def lane(self, event: SemanticEvent) -> RootLane | None:
+        return RootLane(LAST_RANK, order=1)
+
+    def explain(
+        self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
+    ) -> tuple[str, str]:
+        m = root.metrics
+        classes = int(m.get("classes", 0.0))
+        chance = num(m.get("chance", 0.0))
+        if classes > 1:
+            guess = f"log({classes}) = {chance}, the loss of predicting each of the {classes} classes with equal odds"
+        else:
+            guess = f"log(2) = {chance}, the loss of a binary classifier that always answers 0.5"
+        what = (
+            f"The loss stayed at chance: over steps {int(m.get('end_from', root.step_end))}-{root.step_end} it "
+            f"averaged {num(m.get('end', 0.0))}, within {num(100 * m.get('band', 0.05))}% of {guess} (it started at "
+            f"{num(m.get('start', 0.0))}; {count(m.get('losses', 0.0))} steps). The predictions are no better than a "
+            "guess, although gradients flow and the optimizer moves the weights."
+        )
+        causes, fix = loss_evidence.ranked(m, "chance")
+        return what + causes, fix
+
+    def describe(self, event: SemanticEvent) -> str:
+        m = event.metrics
+        return f"loss at chance ({num(m.get('end', 0.0))}, log of {count(m.get('classes', 0.0))} classes)"
+
+    def label(self, event: SemanticEvent) -> str:
+        return f"loss at chance: {num(event.metrics.get('end', 0.0))}"
+
+    def effect(self, event: SemanticEvent) -> str:
+        return "a loss at chance"
+
+    def place(self, event: SemanticEvent) -> str:
+        return "the loss"

@@ -1,0 +1,401 @@
+"""What a run's loss curve says, and what the rest of the run says about why: shared by the three loss rooms
+(:mod:`.loss_not_decreasing`, :mod:`.unstable_loss`, :mod:`.loss_at_chance`). Not a kind.
+
+The loss of each step is recorded from the backward pass (or given to ``observe_loss``; see
+:mod:`neuraldbg.capture.ledger`). It is judged against its own noise, never against a fixed number: the
+batch-to-batch spread ``noise`` (from the differences of consecutive losses, which a trend hardly affects) is the
+unit. The curve's *start* is the mean of its first eighth (at least 8 losses), its *end* the mean of its last
+quarter (at least 8).
+
+* It **fell** when start - end >= noise: over the run it moved more than it moves from one batch to the next.
+* It is **flat** when it fell by less than that with confidence: the drop plus two standard errors (of window means
+  whose losses spread by ``noise``) stays below ``noise``. In between it is unclear: too short or too noisy a run to
+  tell, and nothing is said.
+* It is **climbing** when end - start is at least ``noise`` and two standard errors.
+* It **stopped** when its second half (its first third against its last third) fell, with the same confidence, by
+  less than the second half's own noise (a loss that fell tenfold jumps about tenfold less from batch to batch at
+  its end than at its start: the whole run's noise would call a loss still falling steadily stopped): a plateau (a
+  converged fit too).
+
+A loss says nothing about the training, and no loss finding is made, when it is not one objective's: another
+optimizer, holding none of the watched parameters, steps during the run (a GAN, an actor and a critic trained
+apart: the loss is measured against a model that moves); backward passes reached the model whose gradient its
+optimizer never applied (the discriminator inside the generator's loss); different sets of optimizers step on
+different steps (layers trained one by one on local losses); the loss is negative on 5 % of the steps or more
+(a policy gradient, an adversarial or a density loss: a surrogate, not a fit falling towards a floor); or the
+input batch, or the number of forward passes per step, changes on most steps (reinforcement-learning episodes: a
+sum over an episode grows with its length). A run of fewer than ``loss_min_steps`` losses is a smoke run:
+inconclusive. A loss that never got finite is the non-finite room's.
+
+What a careful engineer would look at next is in :func:`causes`: the evidence for each likely cause, ranked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..capture.coverage import Coverage
+from ..config import DebugConfig
+from ..stats.losses import LossTrace, Stretch, combine
+from ..stats.training import TrainingFacts
+from ..text import num
+
+#: Losses in each of the start and end windows, at least.
+WINDOW = 8
+#: Weights whose norm grew this many times over a run were pushed by steps too large (calibrated: healthy programs
+#: of the real-programs benchmark at most 2.0, a language model under SGD lr 20; too high learning rates 2.8-4.7).
+WEIGHT_GROWTH = 2.5
+#: Clipping that shrinks the gradients this many times is why the updates are small, not a short run.
+TINY_CLIP = 100.0
+#: A loss negative on this fraction of the steps is a surrogate objective, not a fit.
+NEGATIVE_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A run's loss curve, read. ``verdict``: ``"fell"``, ``"flat"``, ``"climbing"`` or ``"unclear"`` (neither a
+    fall of one spread nor, within two standard errors, less than that: too noisy or too short to tell)."""
+
+    losses: int
+    start: Stretch
+    end: Stretch
+    noise: float
+    verdict: str
+    stopped: bool  # the second half fell by less than its noise
+    second_half: tuple[float, float]  # the mean of the first and the last third of the second half
+    chance: float | None  # log(classes), when the output has classes and the first loss is near it
+    classes: int
+    trained: float  # the per-step update ratios, added up over the run (NaN: not measured)
+    large_updates: str  # the evidence of a learning rate too high, in words ("" when there is none)
+    band: float
+
+    @property
+    def at_chance(self) -> bool:
+        """The loss ends within the band around log(classes): the predictions are no better than a guess."""
+        c = self.chance
+        return c is not None and (1 - self.band) * c <= self.end.mean <= (1 + self.band) * c
+
+    @property
+    def above_chance(self) -> bool:
+        """The loss ends above the band around log(classes), where it began: training made the predictions worse
+        than a guess."""
+        c = self.chance
+        return c is not None and self.end.mean > (1 + self.band) * c
+
+
+def skipped(coverage: Coverage) -> str:
+    """Why the run's loss says nothing about its training ("" when it does): see the module docstring."""
+    losses = coverage.losses
+    if coverage.foreign_optimizer_steps:
+        return (
+            "another optimizer, holding none of this model's parameters, stepped during the run (a GAN, an actor "
+            "and a critic trained apart): this loss is measured against a model that moves"
+        )
+    if coverage.discarded_backwards:
+        return (
+            f"{coverage.discarded_backwards} backward passes reached this model whose gradient its optimizer never "
+            "applied (it also serves another model's loss, as a GAN's discriminator does)"
+        )
+    if coverage.optimizer_changes:
+        return "different optimizers stepped on different steps: each trains its own loss"
+    if losses.count and losses.negative >= NEGATIVE_SHARE * losses.count:
+        return (
+            f"the loss is negative on {losses.negative} of {losses.count} steps: a surrogate objective (a policy "
+            "gradient, an adversarial or a density loss), not a fit falling towards a floor"
+        )
+    if coverage.steps > 1 and coverage.size_changes > (coverage.steps - 1) / 2:
+        return (
+            "the input batch, or the number of forward passes, changes on most steps (episodes of different "
+            "lengths): the loss follows the batch, not only the model"
+        )
+    return ""
+
+
+def finding(coverage: Coverage, config: DebugConfig) -> tuple[str, Curve] | None:
+    """Which loss finding the run's curve makes, if any, with the curve: ``"loss_at_chance"`` (a classifier's loss
+    ends at log(classes)), else ``"unstable_loss"`` (it climbs, or it stopped falling while the updates are a large
+    fraction of the weights), else ``"loss_not_decreasing"`` (it fell by less than its noise). One curve makes one
+    finding at most. None also while the learning rate is still warming up (rising), for a run attached after its
+    optimizer had stepped (a flat loss may be a converged one), and when the gradients were exactly zero (a
+    degenerate loss, its own room's)."""
+    curve = read(coverage, config)
+    zeros, readings = coverage.zero_gradient_readings, coverage.gradient_readings
+    if curve is None or (readings and 2 * zeros >= readings):
+        return None
+    facts = coverage.training
+    lr0, lr1 = facts.median("lr", 0.0, 0.1), facts.median("lr", 0.9, 1.0)
+    if math.isfinite(lr0) and math.isfinite(lr1) and lr1 > 1.5 * lr0:
+        return None  # a warm-up still under way: the run has not yet trained at its learning rate
+    clip = facts.median("clip")
+    # enough training to judge a loss that stays where it began: the updates added up to the size of the weights,
+    # unless clipping to a tiny norm is why they did not (a smoke run at a small learning rate is inconclusive)
+    trained = not curve.trained < config.loss_trained or (math.isfinite(clip) and clip >= TINY_CLIP)
+    if curve.at_chance and trained:
+        return "loss_at_chance", curve
+    if curve.verdict == "climbing" or curve.above_chance:
+        return "unstable_loss", curve
+    if curve.stopped and curve.large_updates and curve.verdict != "flat" and not converged(coverage, curve):
+        return "unstable_loss", curve
+    if curve.verdict == "flat" and trained and not coverage.warm_start:
+        return "loss_not_decreasing", curve
+    return None
+
+
+def converged(coverage: Coverage, curve: Curve) -> bool:
+    """A fit that converged, not one held up: its loss fell a hundredfold, or its gradients did (a stationary
+    point; the thresholds of ``fit_loss_drop`` and of the stalled-updates room's stationary point)."""
+    if curve.start.mean > 0 and curve.end.mean <= 0.01 * curve.start.mean:
+        return True
+    facts = coverage.training
+    g0, g1 = facts.median("grad_norm", 0.0, 0.1), facts.median("grad_norm", 0.9, 1.0)
+    return math.isfinite(g0) and math.isfinite(g1) and g1 <= 0.01 * g0
+
+
+def read(coverage: Coverage, config: DebugConfig) -> Curve | None:
+    """The run's loss curve, or None when it cannot be judged: too few finite losses, a loss that was not finite
+    on some step (the non-finite room's story), or not one objective's."""
+    trace = coverage.losses
+    if trace.count < config.loss_min_steps or trace.nonfinite or skipped(coverage):
+        return None
+    start, end = _window(trace, 1 / 8), _window(trace, -1 / 4)
+    if start is None or end is None:
+        return None
+    noise = trace.noise()
+    drop = start.mean - end.mean
+    error = 2 * noise * math.sqrt(1 / start.n + 1 / end.n)  # two standard errors of the drop
+    if drop >= noise:
+        verdict = "fell"
+    elif -drop >= max(noise, error):
+        verdict = "climbing"
+    elif drop + error < noise:
+        verdict = "flat"  # confidently less than one batch-to-batch spread
+    else:
+        verdict = "unclear"
+    first_third, last_third = _window(trace, 1 / 6, 0.5), _window(trace, -1 / 6)
+    if first_third is not None and last_third is not None:
+        second = (first_third.mean, last_third.mean)
+        local = trace.local_noise(0.5)  # the second half's own spread, not the whole run's
+        spread = 2 * local * math.sqrt(1 / first_third.n + 1 / last_third.n)
+        stopped = second[0] - second[1] + spread < local
+    else:
+        second, stopped = (end.mean, end.mean), False
+    facts = coverage.training
+    classes = facts.classes
+    chance = None
+    binary = classes == 1 and facts.probabilities is True  # one output unit holding probabilities: a sigmoid's
+    if (classes > 1 or binary) and trace.first:
+        level = math.log(classes) if classes > 1 else math.log(2.0)
+        if 0.75 * level <= trace.first[0][1] <= level / 0.75:  # its first loss is an untrained classifier's
+            chance = level
+    return Curve(
+        losses=trace.count,
+        start=start,
+        end=end,
+        noise=noise,
+        verdict=verdict,
+        stopped=stopped,
+        second_half=second,
+        chance=chance,
+        classes=classes,
+        trained=_trained(facts, coverage.stepped_steps or coverage.steps),
+        large_updates=large_updates(facts, config),
+        band=config.loss_chance_band,
+    )
+
+
+def large_updates(facts: TrainingFacts, config: DebugConfig) -> str:
+    """The evidence of a learning rate too high for the loss to settle, in words, or "": updates of at least
+    ``loss_large_update`` of the weights' norm per step over the first quarter of the run, or weights whose norm
+    grew 2.5-fold (steps too large to cancel out random-walk the weights outwards; healthy programs of the
+    benchmark grow them at most 2-fold)."""
+    early = facts.median("update_ratio", 0.0, 0.25)
+    if math.isfinite(early) and early >= config.loss_large_update:
+        return f"each update changed the weights by {num(early)} of their norm over the first quarter of the run"
+    w0, w1 = facts.median("weight_norm", 0.0, 0.1), facts.median("weight_norm", 0.9, 1.0)
+    if math.isfinite(w0) and math.isfinite(w1) and w0 > 0 and w1 >= WEIGHT_GROWTH * w0:
+        return f"the weights' norm grew {num(w1 / w0)}-fold over the run ({num(w0)} to {num(w1)})"
+    return ""
+
+
+def _window(trace: LossTrace, fraction: float, offset: float = 0.0) -> Stretch | None:
+    """The losses of the first ``fraction`` of the run from ``offset`` (a negative fraction: the last ones), at
+    least :data:`WINDOW` of them (whole blocks)."""
+    blocks = trace.blocks
+    if not blocks:
+        return None
+    size = max(1, trace.size)
+    wanted = max(WINDOW, int(abs(fraction) * trace.count))
+    count = min(len(blocks), max(1, -(-wanted // size)))
+    if fraction < 0:
+        return combine(blocks[-count:])
+    first = min(int(offset * len(blocks)), len(blocks) - 1)
+    return combine(blocks[first : first + count])
+
+
+def _trained(facts: TrainingFacts, steps: int) -> float:
+    """The per-step update ratios added up over the run (their mean over the observed rows, times the steps)."""
+    ratios = [r.update_ratio for r in facts.rows if math.isfinite(r.update_ratio)]
+    return sum(ratios) / len(ratios) * steps if ratios else math.nan
+
+
+# --- the likely causes ------------------------------------------------------------------------------------
+
+
+def evidence(coverage: Coverage, config: DebugConfig, curve: Curve) -> dict[str, float]:
+    """The numbers the likely causes are ranked by, as an event's metrics (NaN values left out)."""
+    facts = coverage.training
+    values = {
+        "start": curve.start.mean,
+        "end": curve.end.mean,
+        "noise": curve.noise,
+        "losses": float(curve.losses),
+        "end_from": float(curve.end.first),
+        "first_loss": coverage.losses.first[0][1] if coverage.losses.first else math.nan,
+        "update_early": facts.median("update_ratio", 0.0, 0.25),
+        "update_late": facts.median("update_ratio", 0.75, 1.0),
+        "update_median": facts.median("update_ratio"),
+        "weight_start": facts.median("weight_norm", 0.0, 0.1),
+        "weight_end": facts.median("weight_norm", 0.9, 1.0),
+        "clip": facts.median("clip"),
+        "input_rms": facts.median("input_rms", 0.0, 0.25),
+        "trained": curve.trained,
+        "large_update": config.loss_large_update,
+        "enough_training": config.loss_trained,
+        "band": config.loss_chance_band,
+    }
+    if curve.chance is not None:
+        values.update(chance=curve.chance, classes=float(curve.classes))
+    first, last = curve.second_half
+    values.update(half_from=first, half_to=last)
+    return {k: float(v) for k, v in values.items() if math.isfinite(v)}
+
+
+@dataclass(frozen=True)
+class Cause:
+    """A likely cause of a loss that does not fall as it should: how strongly the run's evidence points at it
+    (higher first), what that evidence is, and the fix."""
+
+    weight: float
+    name: str
+    evidence: str
+    fix: str
+
+
+_LR_HIGH = "lower the learning rate (10x at a time), or add a warm-up"
+
+
+def causes(m: dict[str, float], finding: str) -> list[Cause]:
+    """The likely causes of ``finding`` (``"chance"``, ``"flat"`` or ``"unstable"``), most likely first, from an
+    event's metrics (:func:`evidence`): the update/weight ratio, the weights' norm, clipping, the input's scale."""
+    found: list[Cause] = []
+    early, late = m.get("update_early"), m.get("update_late")
+    if early is not None and early >= m.get("large_update", 0.1):
+        after = f" ({num(late)} over the last)" if late is not None else ""
+        found.append(
+            Cause(
+                3.0,
+                "learning rate too high",
+                f"each update changed the weights by {num(early)} of their norm over the first quarter of the "
+                f"run{after}",
+                _LR_HIGH,
+            )
+        )
+    w0, w1 = m.get("weight_start"), m.get("weight_end")
+    if w0 and w1 is not None:
+        if w1 >= WEIGHT_GROWTH * w0:
+            found.append(
+                Cause(
+                    2.5,
+                    "learning rate too high",
+                    f"the weights' norm grew {num(w1 / w0)}-fold over the run ({num(w0)} to {num(w1)})",
+                    _LR_HIGH,
+                )
+            )
+        elif w1 <= 0.5 * w0:
+            found.append(
+                Cause(
+                    2.8,
+                    "weight decay too strong",
+                    f"the weights shrank to {num(w1 / w0)} of their norm ({num(w0)} to {num(w1)}) while the loss did "
+                    "not fall: the decay outweighs the gradient",
+                    "lower the weight decay (1e-4 to 1e-2 is usual for AdamW, 5e-4 for SGD)",
+                )
+            )
+    clip = m.get("clip")
+    if clip is not None and clip >= TINY_CLIP:
+        found.append(
+            Cause(
+                2.9,
+                "gradient clipping to a tiny norm",
+                f"clipping made the gradients {num(clip)} times smaller than the backward pass left them",
+                "raise max_norm of clip_grad_norm_ (1.0 is usual) or remove the clipping",
+            )
+        )
+    trained = m.get("trained")
+    if trained is not None and trained < m.get("enough_training", 1.0) and finding != "unstable":
+        per_step = f" (update/weight ratio {num(m['update_median'])} per step)" if "update_median" in m else ""
+        found.append(
+            Cause(
+                2.7,
+                "learning rate too low",
+                f"the updates of the whole run added up to {num(trained)} of the weights' norm{per_step}",
+                "raise the learning rate (10x at a time), or train for more steps",
+            )
+        )
+    rms = m.get("input_rms")
+    if rms is not None and rms >= 10:
+        found.append(
+            Cause(
+                1.5,
+                "inputs not normalised",
+                f"the input batch's root-mean-square is {num(rms)} (normalised data is about 1; 0-255 pixels give "
+                "about 100)",
+                "normalise the inputs (ToTensor() scales pixels to 0-1, then Normalize(mean, std))",
+            )
+        )
+    if finding == "chance":
+        found.append(
+            Cause(
+                2.0,
+                "labels that do not match the inputs",
+                "the gradients flow and the optimizer moves the weights, yet the predictions stay a guess: nothing "
+                "in the inputs predicts the labels",
+                "check that inputs and labels are shuffled together (one permutation, or a Dataset of pairs) and "
+                "decoded the same way; look at a few (input, label) pairs",
+            )
+        )
+        found.append(
+            Cause(
+                1.0,
+                "a loss that does not fit the output",
+                "softmax before CrossEntropyLoss (which applies log_softmax itself) or a target of the wrong kind "
+                "also keep a loss near chance",
+                "give CrossEntropyLoss the raw logits and class indices; use nll_loss only after log_softmax",
+            )
+        )
+    else:
+        found.append(
+            Cause(
+                0.8,
+                "a loss that does not fit the output",
+                "a loss whose gradient does not lead to the target: softmax before CrossEntropyLoss, nll_loss on raw "
+                "logits, MSE on class indices",
+                "give CrossEntropyLoss the raw logits and class indices, nll_loss only log-probabilities, MSE only "
+                "continuous targets",
+            )
+        )
+    best: dict[str, Cause] = {}
+    for cause in found:
+        if cause.name not in best or cause.weight > best[cause.name].weight:
+            best[cause.name] = cause
+    return sorted(best.values(), key=lambda c: -c.weight)
+
+
+def ranked(m: dict[str, float], finding: str, limit: int = 3) -> tuple[str, str]:
+    """The likely causes in words, most likely first, and the fix of the first."""
+    found = causes(m, finding)
+    if not found:
+        return "", ""
+    parts = [f"({i}) {c.name}: {c.evidence}" for i, c in enumerate(found[:limit], 1)]
+    return " Likely causes, most likely first: " + "; ".join(parts) + ".", found[0].fix

@@ -1,0 +1,64 @@
+"""A loss that does not decrease: over the run it fell by less than its own batch-to-batch spread.
+
+Judged against the loss's own noise, never against a fixed number (see :mod:`.loss_evidence`): the mean of its
+first eighth against the mean of its last quarter, on runs of ``loss_min_steps`` losses or more, with one
+objective (not a GAN's, a policy gradient's or layers trained apart) and the run watched from its optimizer's
+first step (a run attached later may have converged before). A classifier's loss at chance is
+:mod:`.loss_at_chance`'s; a fault that began first explains it.
+"""
+
+from __future__ import annotations
+
+from ..capture.coverage import Coverage, RunFacts
+from ..events import FailureKind, SemanticEvent
+from ..reasoning.topology import Topology
+from ..text import count, num
+from . import loss_evidence
+from .base import LAST_RANK, Kind, RootLane, Series, run_event
+
+KIND = FailureKind.LOSS_NOT_DECREASING
+
+
+class LossNotDecreasing(Kind):
+    name = KIND.value
+    title = "loss not decreasing"
+    run_level = True
+    loss_symptom = True
+
+    def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
+        found = loss_evidence.finding(coverage, facts.config)
+        if found is None or found[0] != self.name:
+            return None
+        curve = found[1]
+        metrics = loss_evidence.evidence(coverage, facts.config, curve)
+        return run_event(KIND, curve.start.first, curve.end.last, "", **metrics)
+
+    def lane(self, event: SemanticEvent) -> RootLane | None:
+        return RootLane(LAST_RANK, order=3)
+
+    def explain(
+        self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
+    ) -> tuple[str, str]:
+        m = root.metrics
+        start, end, noise = m.get("start", 0.0), m.get("end", 0.0), m.get("noise", 0.0)
+        what = (
+            f"The loss did not decrease: over {count(m.get('losses', 0.0))} steps it went from {num(start)} (its "
+            f"first steps) to {num(end)} (steps {int(m.get('end_from', root.step_end))}-{root.step_end}), a change "
+            f"of {num(end - start)}, smaller than its batch-to-batch spread ({num(noise)}): the model is not "
+            "learning."
+        )
+        causes, fix = loss_evidence.ranked(m, "flat")
+        return what + causes, fix
+
+    def describe(self, event: SemanticEvent) -> str:
+        m = event.metrics
+        return f"loss not decreasing ({num(m.get('start', 0.0))} to {num(m.get('end', 0.0))})"
+
+    def label(self, event: SemanticEvent) -> str:
+        return f"loss flat: {num(event.metrics.get('end', 0.0))}"
+
+    def effect(self, event: SemanticEvent) -> str:
+        return "a loss that does not fall"
+
+    def place(self, event: SemanticEvent) -> str:
+        return "the loss"

@@ -1,0 +1,90 @@
+"""What the fully observed steps say about how a run trains, for the findings about its loss.
+
+:class:`TrainingFacts` keeps, for at most :data:`ROWS` fully observed steps evenly spread over the run, the numbers
+an explanation of a loss that does not fall ranks its causes by: the update/weight ratio ||dW||/||W|| of the whole
+model (the learning rate's footprint; over all parameters together, so that a tiny parameter such as a layer
+scale initialised to 1e-6 does not speak for the model), the weights' total norm (weight decay shrinks it), the
+gradients' total norm, how much clipping shrank the gradients, the input batch's root-mean-square (pixels in
+0-255 give ~100) and the learning rate; and the model output's last dimension (a classifier's classes). Host
+floats only; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from .step import StepData
+
+#: Fully observed steps kept (evenly spread: when full, every other row is dropped and rows are taken half as often).
+ROWS = 128
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    step: int
+    update_ratio: float  # ||dW|| / ||W|| over all the parameters measured (NaN: not measured)
+    weight_norm: float  # sqrt of the sum of the parameters' squared norms after the step (NaN: not measured)
+    grad_norm: float  # the total gradient norm the optimizer received (NaN: not read)
+    clip: float  # how many times smaller clipping made the gradients (1: no clipping seen)
+    input_rms: float  # NaN: no floating input
+    lr: float  # the largest learning rate that stepped the model (NaN: none)
+    finite: bool  # every gradient finite
+
+
+class TrainingFacts:
+    """See the module docstring."""
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+        self._stride = 1
+        self._offered = 0
+        self.classes = 0  # the last dimension of the model's (logit) output, when it has one
+        self.probabilities: bool | None = None  # one output unit that was always in [0, 1] (None: not read)
+        self.nonfinite_gradient_steps = 0
+
+    def observe(self, record: StepData) -> None:
+        """Take in a fully observed step that was not skipped."""
+        if record.classes:
+            self.classes = record.classes
+        if record.probabilities is not None:
+            self.probabilities = record.probabilities and self.probabilities is not False
+        finite = all(math.isfinite(v) for v in record.grad.values()) and not record.grad_nonfinite
+        self.nonfinite_gradient_steps += not finite
+        offered, self._offered = self._offered, self._offered + 1
+        if offered % self._stride:
+            return
+        moved = [(d, w) for d, w in record.update.values() if math.isfinite(d) and math.isfinite(w)]
+        weight = math.sqrt(sum(w * w for _, w in moved)) if moved else math.nan
+        delta = math.sqrt(sum(d * d for d, _ in moved)) if moved else math.nan
+        grads = [g for g in record.grad.values() if math.isfinite(g)]
+        rms = math.nan
+        if record.input_norm is not None and record.input_numel:
+            rms = record.input_norm / math.sqrt(record.input_numel)
+        self.rows.append(
+            Row(
+                step=record.step,
+                update_ratio=delta / weight if weight > 0 else math.nan,
+                weight_norm=weight,
+                grad_norm=math.sqrt(sum(g * g for g in grads)) if grads else math.nan,
+                clip=record.grad_clip_factor or 1.0,
+                input_rms=rms,
+                lr=max(record.stepped.values()) if record.stepped else math.nan,
+                finite=finite,
+            )
+        )
+        if len(self.rows) >= ROWS:
+            self.rows = self.rows[::2]
+            self._stride *= 2
+
+    def median(self, field: str, start: float = 0.0, end: float = 1.0) -> float:
+        """The median of a field over the rows between the fractions ``start`` and ``end`` of the run (NaN values
+        left out; NaN when none is left)."""
+        rows = self.rows
+        if not rows:
+            return math.nan
+        a = min(int(start * len(rows)), len(rows) - 1)
+        b = max(a + 1, math.ceil(end * len(rows)))
+        values = [v for r in rows[a:b] if math.isfinite(v := getattr(r, field))]
+        return statistics.median(values) if values else math.nan

@@ -1,0 +1,47 @@
+"""How the loss findings relate to the faults of the run: a fault that began before a loss finding explains it (the
+loss is how the fault shows), and zero gradients that began in mid-run, after every first reading was non-zero,
+are the doing of a fault that came before them."""
+
+from __future__ import annotations
+
+from neuraldbg import EventType, FailureKind, SemanticEvent
+from neuraldbg.kinds.base import run_event
+from neuraldbg.reasoning import Topology, builtin_rules, diagnose
+
+TOPO = Topology(order=["0", "1", "2"], types={}, roles={"0": "parametric", "2": "parametric"}, last_step=99)
+
+
+def dead_layer(start: int) -> SemanticEvent:
+    return SemanticEvent(
+        EventType.ACTIVATION, FailureKind.DEAD_NEURONS, "1", None, start, 99, None, "dead", {"dead_fraction": 1.0}, 0.9
+    )
+
+
+def test_gradients_not_zeroed_explain_the_unstable_loss_they_came_before():
+    cause = run_event(FailureKind.GRADIENTS_NOT_ZEROED, 1, 99, "0.weight", steps=98.0, parameters=2.0)
+    loss = run_event(FailureKind.UNSTABLE_LOSS, 0, 99, "", start=1.0, end=2.0, noise=0.1, losses=100.0)
+    hypotheses = diagnose([loss, cause], TOPO, builtin_rules())
+    assert [h.kind for h in hypotheses] == [FailureKind.GRADIENTS_NOT_ZEROED]
+    assert loss in hypotheses[0].chain
+
+
+def test_a_loss_finding_with_no_fault_before_it_is_its_own_hypothesis():
+    loss = run_event(FailureKind.LOSS_AT_CHANCE, 0, 60, "", start=2.3, end=2.3, noise=0.05, losses=61.0)
+    later = dead_layer(80)  # began after the loss finding ended: not why the loss stayed at chance
+    kinds = [h.kind for h in diagnose([loss, later], TOPO, builtin_rules())]
+    assert sorted(k.value for k in kinds) == ["dead_neurons", "loss_at_chance"]
+
+
+def test_zero_gradients_that_began_in_mid_run_are_the_doing_of_the_fault_before_them():
+    dead = dead_layer(5)
+    zero = run_event(FailureKind.DEGENERATE_LOSS, 20, 99, "", steps=100.0, zero_steps=80.0, early_zero=0.0)
+    hypotheses = diagnose([zero, dead], TOPO, builtin_rules())
+    assert hypotheses[0].kind is FailureKind.DEAD_NEURONS
+    assert zero in hypotheses[0].chain
+
+
+def test_zero_gradients_from_the_first_readings_come_first():
+    dead = dead_layer(5)
+    zero = run_event(FailureKind.DEGENERATE_LOSS, 3, 99, "", steps=100.0, zero_steps=97.0, early_zero=8.0)
+    hypotheses = diagnose([zero, dead], TOPO, builtin_rules())
+    assert hypotheses[0].kind is FailureKind.DEGENERATE_LOSS
