@@ -44,6 +44,8 @@ def test_every_unhealthy_run_has_valid_png_and_svg_pictures(out: Path) -> None:
     assert names == {
         "test_silent.py_test_dead.gradient-flow.png",
         "test_silent.py_test_dead.gradient-flow.svg",
+        "test_silent.py_test_dead.loss.png",
+        "test_silent.py_test_dead.loss.svg",
         "test_silent.py_test_dead.update-ratio.png",
         "test_silent.py_test_dead.update-ratio.svg",
     }  # the healthy run has none: pictures are for unhealthy runs unless asked
@@ -59,6 +61,9 @@ def test_each_pictures_data_is_the_runs_history(out: Path) -> None:
     trace = json.loads((out / "report" / "test_silent.py_test_dead.json").read_text("utf-8"))
     for path in drawn(out / "report"):
         data = pictures.embedded(path.read_bytes())
+        if data["picture"] == "loss":  # the loss recorded from the backward pass
+            assert data["loss"] == [[int(s), v] for s, v in trace["history"]["loss"][""]]
+            continue
         metric = {"gradient-flow": "grad_norm", "update-ratio": "update_ratio"}[data["picture"]]
         assert data["metric"] == metric
         history = trace["history"][metric]
@@ -75,7 +80,7 @@ def test_the_summary_links_the_pictures_and_the_html_report_holds_them(out: Path
     assert "![gradient-flow (png)](test_silent.py_test_dead-" in summary
     page = (out / "report" / "report.html").read_text("utf-8")
     html.parser.HTMLParser().feed(page)  # parses
-    assert page.count("data:image/svg+xml;base64,") == 2
+    assert page.count("data:image/svg+xml;base64,") == 3
     assert "Content-Security-Policy" in page and "<script" not in page
     assert "Dead neurons in &#x27;3&#x27; (ReLU)" in page and "class='node root'" in page
 

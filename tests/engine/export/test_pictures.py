@@ -132,6 +132,8 @@ def test_the_demo_draws_its_pictures_where_asked(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "pics").iterdir()) == [
         "demo-dead.gradient-flow.png",
         "demo-dead.gradient-flow.svg",
+        "demo-dead.loss.png",
+        "demo-dead.loss.svg",
         "demo-dead.update-ratio.png",
         "demo-dead.update-ratio.svg",
     ]
