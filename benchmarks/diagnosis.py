@@ -58,6 +58,9 @@ FAST = (
     "nonfinite_loss_log_zero",
     "frozen_layer_left_out_of_optimizer",
     "stalled_sgd_lr_1e-7",
+    "zerograd_missing_mlp_sgd",
+    "zerograd_missing_cnn_sgd_momentum",
+    "healthy_accumulate_then_grad_none_mlp",
 )
 
 

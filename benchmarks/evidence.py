@@ -20,7 +20,13 @@ Definitions (the ones the ground truths are written against):
 * *exploding* compares the total gradient norm with 1e3 times the loss's own gradient scale: the norm of
   d(loss)/d(output), when above 1, the smallest so far. A loss summed over N elements multiplies every gradient
   by N (its mean's gradient is below 1 in every scenario here); the loss's reduction is fixed for a run, while
-  a real explosion inflates that gradient as well, hence the smallest so far.
+  a real explosion inflates that gradient as well, hence the smallest so far;
+* a parameter's gradient is *carried over* (not zeroed) at step ``k`` when, at the start of the step's backward
+  pass (when the gradient of the model's output is computed, before any parameter of the model gets its share),
+  its ``.grad`` is exactly equal (``torch.equal``) to the non-zero gradient it held after the previous step's
+  backward pass, i.e. the one the optimizer applied, while the parameter itself changed since (the optimizer
+  stepped). Zeroed gradients (``None`` or all zeros) and accumulation over micro-batches (no step in between)
+  never match; a missing ``zero_grad()`` matches at every step.
 
 Thresholds follow the published defaults collected in ``shared/guide/DETECTION.md``.
 """
@@ -83,6 +89,7 @@ class Evidence:
     changed: dict[str, list[bool]]  # module -> whether the step's update changed any of its parameters
     frozen_by_design: list[str]  # modules whose parameters all have requires_grad=False
     init_gain: dict[str, float]  # Linear/Conv module -> weight std x sqrt(fan_in) at step 0
+    carried: list[int]  # per step: parameters whose gradient was carried over into the step's backward pass
     probed_seconds: float = 0.0  # wall time of the instrumented run
 
     @property
@@ -177,6 +184,9 @@ class _Recorder:
         self.total_update_ratio: list[float] = []
         self.changed: dict[str, list[bool]] = {n: [] for n in self.params}
         self.snapshot: dict[str, list[torch.Tensor]] | None = None
+        self.carried: list[int] = []
+        self.step_carried: int | None = None  # set at the first backward pass of the step
+        self.applied: dict[nn.Parameter, tuple[torch.Tensor, torch.Tensor]] = {}  # gradient and value at the probe
         self.handles = [model.register_forward_pre_hook(self._pre_forward)]
         self.handles += [m.register_forward_hook(self._make_hook(n, m)) for m, n in self.names.items()]
 
@@ -212,6 +222,7 @@ class _Recorder:
         if name == "":  # the model itself: note which submodule outputs it returns as they are
             if t.requires_grad:
                 t.register_hook(lambda g: self.step_loss_grad.append(_norm([g])))
+                t.register_hook(lambda g: self._start_backward())
             self.output_keys |= {k for k, o in self.outputs.items() if o is t}
             if not torch.isfinite(t).all():  # made non-finite by the model's own forward code
                 self._flag_nonfinite("", "module")
@@ -229,6 +240,27 @@ class _Recorder:
         if isinstance(module, nn.ReLU):
             self.step_zeros.setdefault(key, []).append((t == 0).float().mean().item())
 
+    # -- backward -----------------------------------------------------------------------------------------
+    def _start_backward(self) -> None:
+        """At the step's first backward pass, before any parameter of the model gets its gradient: count the
+        parameters whose .grad is still the non-zero gradient applied at the previous step, though they changed."""
+        if self.step_carried is not None:
+            return
+        carried = 0
+        with torch.no_grad():
+            for p, (grad, value) in self.applied.items():
+                if p.grad is not None and torch.equal(p.grad, grad) and not torch.equal(p, value):
+                    carried += 1
+        self.step_carried = carried
+
+    def _keep_applied(self) -> None:
+        """The gradients the optimizer is about to apply (non-zero ones), with the parameters' values."""
+        self.applied = {
+            p: (p.grad.detach().clone(), p.detach().clone())
+            for p in self.param_names
+            if p.grad is not None and bool(p.grad.detach().ne(0).any())
+        }
+
     # -- per step ------------------------------------------------------------------------------------------
     def probe(self, step: int, model: nn.Module, loss: torch.Tensor) -> None:
         value = float(loss.detach().float().item())
@@ -241,6 +273,9 @@ class _Recorder:
         self._record_updates()
         self._close_forward_stats(step)
         self.snapshot = {n: [p.detach().clone() for p in ps] for n, ps in self.params.items()}
+        self.carried.append(self.step_carried or 0)
+        self.step_carried = None
+        self._keep_applied()
         self.step = step + 1
 
     def _record_gradients(self) -> None:
@@ -346,6 +381,7 @@ def measure(scenario: Scenario) -> Evidence:
         changed=rec.changed,
         frozen_by_design=rec.frozen_by_design,
         init_gain=gains,
+        carried=rec.carried,
         probed_seconds=seconds,
     )
 
@@ -464,6 +500,11 @@ def first_stalled_step(ev: Evidence) -> int | None:
     return None
 
 
+def first_carried_step(ev: Evidence) -> int | None:
+    """First step (before the first non-finite value) whose backward pass started from carried-over gradients."""
+    return _first(n > 0 for n in ev.carried[: ev.horizon])
+
+
 def symptoms(ev: Evidence) -> dict[str, int]:
     """Every failure kind the evidence shows (before the first non-finite value), with its first step."""
     found: dict[str, int | None] = {
@@ -472,6 +513,7 @@ def symptoms(ev: Evidence) -> dict[str, int]:
         "dead_neurons": first_dead_step(ev, dead_series(ev, relu_only=True)),
         "vanishing_gradients": first_vanishing_step(ev),
         "stalled_updates": first_stalled_step(ev),
+        "gradients_not_zeroed": first_carried_step(ev),
     }
     sat = first_saturated(ev, hidden_saturation(ev))
     found["saturated_activations"] = None if sat is None else sat[0]
@@ -637,6 +679,21 @@ def _check_stalled(ev: Evidence, onset: tuple[int, int] | None) -> list[str]:
     return []
 
 
+def _check_not_zeroed(ev: Evidence, onset: tuple[int, int] | None) -> list[str]:
+    steps = [k for k, n in enumerate(ev.carried[: ev.horizon]) if n > 0]
+    if not steps:
+        return ["gradients_not_zeroed: no backward pass starts from the gradient the optimizer already applied"]
+    problems = []
+    if not _in(steps[0], onset):
+        problems.append(f"gradients_not_zeroed: first carried-over gradient at step {steps[0]}, outside {onset}")
+    span = ev.horizon - steps[0]
+    if len(steps) < max(2, span // 2):
+        problems.append(
+            f"gradients_not_zeroed: gradients carried over at only {len(steps)} of the {span} steps from {steps[0]}"
+        )
+    return problems
+
+
 def check(scenario: Scenario, ev: Evidence) -> list[str]:
     """Contradictions between the evidence and the scenario's ground truth (empty when consistent)."""
     t = scenario.truth
@@ -659,6 +716,7 @@ def check(scenario: Scenario, ev: Evidence) -> list[str]:
         "non_finite": lambda: _check_nonfinite(ev, roots, onset),
         "frozen_parameters": lambda: _check_frozen(ev, roots, onset),
         "stalled_updates": lambda: _check_stalled(ev, onset),
+        "gradients_not_zeroed": lambda: _check_not_zeroed(ev, onset),
     }
     for kind in sorted(t.kinds):
         problems += checkers[kind]()
@@ -877,6 +935,34 @@ def _(s: Scenario, ev: Evidence) -> tuple[Lines, Problems]:
 @extra("healthy_conv_batchnorm_twice")
 def _(s: Scenario, ev: Evidence) -> tuple[Lines, Problems]:
     return _cancelled_norm(s, ev, "bn_a")
+
+
+def _zero_grad_twin(s: Scenario, ev: Evidence) -> tuple[Lines, Problems]:
+    """The same run with the default loop (optimizer.zero_grad() before every backward pass) must be healthy and
+    end clearly better: the missing zero_grad is what harms."""
+    ctl = measure(dataclasses.replace(s, build=lambda: dataclasses.replace(s.build(), loop=None)))
+    fault, healthy = _loss_drop(ev), _loss_drop(ctl)
+    lines = [
+        f"   parameters carried over per step: {' '.join(str(n) for n in ev.carried[:8])} ... (of "
+        f"{len(ev.param_grad_norm)}); loss last/first {fault:.3g}; twin with zero_grad(): symptoms {symptoms(ctl)}, "
+        f"loss last/first {healthy:.3g}, never carried: {not any(ctl.carried)}"
+    ]
+    problems = []
+    if symptoms(ctl) or healthy > LOSS_DROP or any(ctl.carried):
+        problems.append("the twin with zero_grad() in the loop is not healthy")
+    if not fault > 3 * healthy:
+        problems.append(f"the missing zero_grad does not harm (loss last/first {fault:.3g} vs {healthy:.3g})")
+    return lines, problems
+
+
+@extra("zerograd_missing_mlp_sgd")
+def _(s: Scenario, ev: Evidence) -> tuple[Lines, Problems]:
+    return _zero_grad_twin(s, ev)
+
+
+@extra("zerograd_missing_cnn_sgd_momentum")
+def _(s: Scenario, ev: Evidence) -> tuple[Lines, Problems]:
+    return _zero_grad_twin(s, ev)
 
 
 # ------------------------------------------------------------------------------------------------- printing

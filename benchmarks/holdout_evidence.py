@@ -258,6 +258,25 @@ def _(s: Scenario, m: Measured) -> tuple[Lines, Problems]:
     return lines, problems
 
 
+@extra("holdout_grads_zeroed_per_epoch_gru")
+def _(s: Scenario, m: Measured) -> tuple[Lines, Problems]:
+    ctl = control(s, lambda run: setattr(run, "loop", None))
+    fault, healthy = _loss_drop(m.ev.losses), _loss_drop(ctl.losses)
+    cleared = [k for k, n in enumerate(m.ev.carried) if n == 0]
+    lines = [
+        f"   steps whose backward pass started from cleared gradients: {cleared}; loss last/first {fault:.2f}; "
+        f"control with zero_grad() at every step: symptoms {symptoms(ctl)}, loss last/first {healthy:.2f}"
+    ]
+    problems = []
+    if cleared != list(range(0, m.ev.steps, h.ZEROED_EPOCH)):
+        problems.append(f"the gradients are cleared at steps {cleared}, not once per epoch")
+    if symptoms(ctl) or healthy > 0.8:
+        problems.append(f"the control with zero_grad() at every step is not healthy ({symptoms(ctl)}, {healthy:.2f})")
+    if not fault > 2 * healthy:
+        problems.append(f"zeroing once per epoch does not harm (loss last/first {fault:.2f} vs {healthy:.2f})")
+    return lines, problems
+
+
 @extra("holdout_nonfinite_silent_clip_rms_norm")
 def _(s: Scenario, m: Measured) -> tuple[Lines, Problems]:
     run = s.build()

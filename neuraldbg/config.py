@@ -61,14 +61,21 @@ class DebugConfig:
     #  gradients are uniformly small, e.g. near convergence, silent)
     vanishing_floor: float = 1e-9  # below this a layer's gradient is vanishing whatever the other layers do,
     # unless the gradient of the loss w.r.t. the model's output is itself tiny (a converged fit)
-    exploding_norm: float = 1e3  # a layer's gradient norm above this is exploding (seed default: norm > 1e3),
-    # times the loss's own gradient scale when that is above 1: the smallest norm of d(loss)/d(output) seen so
-    # far. A loss summed over N elements makes every gradient N times larger than its mean; Adam-like optimizers
-    # do not see the difference (calibrated: a VAE with reduction="sum" trains normally with norms of 2-12k and a
-    # loss gradient of ~400; every mean-reduced scenario of the benchmark has a loss gradient below 1)
+    exploding_norm: float = 1e3  # a layer's gradient norm above this is exploding (seed default: norm > 1e3), in
+    # the run's own units: times the loss's pull on the output (half the sum of |d(loss)/d(output)|, smallest so
+    # far: the error in the targets' units for a mean-reduced loss, times the element count for a summed one, at
+    # most 1 for a mean cross-entropy) and times the rms of the input batch (smallest so far), each when above 1. A
+    # weight gradient is the gradient arriving at its layer times that layer's input, both in these units; Adam-like
+    # optimizers do not see them (calibrated: a VAE with reduction="sum" trains normally at norms of 2-12k, a
+    # super-resolution net on 0-255 pixels at 4e3-1e5, style transfer with a 1e10-weighted loss at 1e8)
+    exploding_growth: float = 100.0  # ... or above ``exploding_norm`` itself and this many times the layer's first
+    # reading: a gradient that grew a hundredfold since the run began is diverging whatever the run's units (an
+    # SGD run at a learning rate 100x too high: 5 at step 0, 1.8e3 at step 3, 1e12 at step 4; healthy runs in
+    # large units grow at most 25x, a style-transfer network learning to output 0-255 pixels; calibrated)
     exploding_hold: float = 0.1  # once a layer explodes, readings above this fraction of the threshold continue
-    # its state without confirming it (hysteresis; calibrated: a clipped GRU whose raw norm swings between 5e2
-    # and 7e3 from step to step was never one state for 5 steps, so its explosion went unreported)
+    # its state without confirming it while it comes back above the threshold within ``persistence_steps`` steps
+    # (hysteresis; calibrated: a clipped GRU whose raw norm swings between 5e2 and 7e3 from step to step was never
+    # one state for 5 steps, so its explosion went unreported), not once it has fallen and stays below
     quiet_output_rms: float = 0.3  # a tiny gradient on a layer whose output rms is below this, while a layer
     # before it and one beside it get healthy gradients, is a small-signal regime, not vanishing (derived: query
     # and key outputs of rms r give attention logits q.k/sqrt(d) spread by ~r^2, at most r^2 sqrt(d) <= 1 for
@@ -110,8 +117,12 @@ class DebugConfig:
     # --- parameter updates ---------------------------------------------------------------------------------
     stalled_ratio: float = 1e-5  # update/weight ratio ||dW||/||W|| below this is stalled
     # (DeepDiagnosis: lr*||dW||/||W|| outside [1e-5, 1e-1] is a learning-rate problem; smdebug uses 1e-8)
-    exploding_update_ratio: float = 0.5  # median update/weight ratio above this: each step rewrites the
-    # weights, the learning rate is far too high (DeepDiagnosis' upper bound is 1e-1, smdebug's 10; calibrated)
+    exploding_update_ratio: float = 0.1  # median update/weight ratio above this: each step rewrites a tenth of the
+    # weights or more, the learning rate is far too high (DeepDiagnosis' upper bound, 1e-1; smdebug's is 10). Each
+    # layer's update is measured against its weights before the step, and before the first observed step when
+    # they were smaller then (oversized updates inflate the weights they are measured against). Checked on the
+    # real-programs benchmark: healthy programs stay below 0.06 on three steps running (0.12 on a first step),
+    # learning rates 100x too high reach 0.18-1.9
 
     # --- the loss (recorded from the backward pass, or given to observe_loss) -----------------------------------
     loss_min_steps: int = 64  # losses needed before the curve is judged (its first eighth and last quarter then
@@ -163,6 +174,7 @@ _BOUNDS: dict[str, tuple[str, float, float]] = {
     "vanishing_ratio": ("float", 0, 1),
     "vanishing_floor": ("float", 0, math.inf),
     "exploding_norm": ("float", 0, math.inf),
+    "exploding_growth": ("float", 1, math.inf),
     "exploding_hold": ("float", 0, 1),
     "quiet_output_rms": ("float", 0, math.inf),
     "fit_gradient_drop": ("float", 0, 1),

@@ -42,6 +42,7 @@ from .model.layers import describe
 from .plugins import manager
 from .queries import Queries
 from .reasoning import CausalRule, Topology
+from .reasoning.topology import call_positions
 from .version import __version__
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class NeuralDbg(Queries):
         self._process: ProcessInfo | None = process_info()
         self.job: JobRun | None = None  #: the job's merged diagnosis, on rank 0 after the block (else None)
         self._gathered = False
+        self._depth = 0  # ``with`` blocks of this debugger entered and not yet left
         root = getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule wraps the real module
         if not isinstance(root, nn.Module):
             root = model
@@ -110,14 +112,20 @@ class NeuralDbg(Queries):
     # --- lifecycle ---------------------------------------------------------------------------------
 
     def __enter__(self) -> NeuralDbg:
-        if not self.attached:  # ``with watch(model) as dbg:`` is already attached
+        """Attach (unless already attached: ``with watch(model) as dbg:``). Blocks of one debugger may nest
+        (``with dbg:`` inside ``with dbg:``, a helper that opens its own block): they are counted, and only the
+        outermost block's exit detaches, so the steps after an inner block are watched too."""
+        if not self.attached:
             self.attach()
+        self._depth += 1
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._close(exc)  # the user's exception, if any, propagates unchanged
+        self._depth = max(0, self._depth - 1)
+        if self._depth == 0:
+            self._close(exc)  # the user's exception, if any, propagates unchanged
 
     def attach(self) -> NeuralDbg:
         """Install the hooks (done by ``with``); attaching again after ``close()`` continues the same run."""
@@ -145,6 +153,7 @@ class NeuralDbg(Queries):
         self._close(None)
 
     def _close(self, exc: BaseException | None) -> None:
+        self._depth = 0  # close() inside a block ends it: its exit has nothing left to detach
         was_attached = self.attached
         try:
             self._recorder.detach()
@@ -239,6 +248,7 @@ class NeuralDbg(Queries):
             roles={n: i.role.value for n, i in self._infos.items()},
             first_step=0,
             last_step=self._analyzer.last_step,
+            calls=call_positions(self._analyzer.ctx.order, order),
         )
         return self._analyzer.events(final=not self.attached), topo, self._rules
 

@@ -61,6 +61,7 @@ class FailureKind(str, metaclass=_Names):
     DEGENERATE_LOSS: ClassVar[FailureKind]
     INCOMPLETE_OBSERVATION: ClassVar[FailureKind]
     LOSS_SCALE_COLLAPSE: ClassVar[FailureKind]
+    OVERSIZED_UPDATES: ClassVar[FailureKind]
     GRADIENTS_NOT_ZEROED: ClassVar[FailureKind]
     LOSS_NOT_DECREASING: ClassVar[FailureKind]
     UNSTABLE_LOSS: ClassVar[FailureKind]
@@ -128,6 +129,7 @@ for _name in (
     "degenerate_loss",
     "incomplete_observation",
     "loss_scale_collapse",
+    "oversized_updates",
     "gradients_not_zeroed",
     "loss_not_decreasing",
     "unstable_loss",

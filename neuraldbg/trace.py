@@ -49,6 +49,7 @@ class Trace(Queries):
             roles={str(x["name"]): str(x.get("role", "other")) for x in layers},
             first_step=0,
             last_step=int(doc["meta"].get("last_step", -1)),
+            calls=dict(doc.get("calls", {})),
         )
         self.history = History.from_json(doc["history"], self.config.history_points)
         reported = {e.kind for e in self._events if e.kind is not None}

@@ -5,7 +5,19 @@
 
 from __future__ import annotations
 
-from . import attention, closure, dead, gradients, healthy, nonfinite, normalization, optimizer, saturation, scale
+from . import (
+    attention,
+    closure,
+    dead,
+    gradients,
+    healthy,
+    nonfinite,
+    normalization,
+    optimizer,
+    saturation,
+    scale,
+    zerograd,
+)
 from .base import KINDS, Batch, GroundTruth, Run, Scenario, StepProbe
 
 SCENARIOS: list[Scenario] = [
@@ -19,6 +31,7 @@ SCENARIOS: list[Scenario] = [
     *attention.SCENARIOS,
     *normalization.SCENARIOS,
     *closure.SCENARIOS,
+    *zerograd.SCENARIOS,
 ]
 
 _BY_NAME = {s.name: s for s in SCENARIOS}

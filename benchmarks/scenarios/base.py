@@ -27,6 +27,7 @@ KINDS = frozenset(
         "non_finite",
         "frozen_parameters",
         "stalled_updates",
+        "gradients_not_zeroed",
     }
 )
 

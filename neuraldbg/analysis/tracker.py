@@ -101,6 +101,9 @@ class Tracker:
         rooms = registry.rooms() if kinds is None else list(kinds)
         self._confirmable = [s for k in rooms for s in k.confirmed_by_escalation]
         self._confirming: set[FailureKind] = {k.kind for k in rooms if k.confirms_escalation}
+        # escalating runs that ended too short to count, each with the step it ended: the failure they cause may
+        # begin a step or two after them (units die once the explosion has passed through them)
+        self._recent: dict[TrackKey, tuple[_Run, int]] = {}
         # states that began while no other layer was in them: each asks the recorder to observe densely, to date
         # the state and confirm it quickly. A state already open elsewhere (a deep net whose layers cross a
         # threshold one after another) adds nothing a dense window would resolve, and would keep every step full.
@@ -121,10 +124,22 @@ class Tracker:
         for track, obs in observations:
             for f in obs.findings:
                 found.setdefault((track, f.event_type, f.layer, f.param, f.call), f)
-        if any(f.decisive and f.kind in self._confirming for f in found.values()):
-            for open_run in self._open.values():  # non-finite values confirm an explosion under way
+        # what an explosion does confirms it: a non-finite value, or units dying or saturating that begin while it
+        # lasts or within ``persistence_steps`` of its end (a gradient 1e9 times too large for two steps that
+        # kills every ReLU was no transient)
+        if self._recent:
+            self._recent = {k: (r, end) for k, (r, end) in self._recent.items() if step - end <= self._steps}
+        if any(
+            f.kind in self._confirming and (f.decisive or (not f.provisional and key not in self._open))
+            for key, f in found.items()
+        ):
+            for open_run in self._open.values():
                 if self._escalates(open_run.state):
                     open_run.confirmed = True
+            for key, (short, _) in self._recent.items():
+                short.confirmed = True
+                self.store.add(key, short.to_event(self._persistence))
+            self._recent.clear()
         for key, f in found.items():
             run: _Run | None = self._open.get(key)
             if run is not None and run.state != f.state:
@@ -165,6 +180,8 @@ class Tracker:
         self._open_tracks[key[0]] -= 1
         if run.qualifies(self._persistence, self._steps):
             self.store.add(key, run.to_event(self._persistence))
+        elif self._escalates(run.state) and run.solid:
+            self._recent[key] = (run, run.end)
 
     def events(self, final: bool = False) -> list[SemanticEvent]:
         """Every event so far, including states still holding, ordered by onset. ``final``: the run is over, so a

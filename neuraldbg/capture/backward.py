@@ -38,6 +38,7 @@ class BackwardPath:
         self._owned: dict[int, tuple[weakref.ref[Optimizer], int, frozenset[str]]] = {}
         self._last: tuple[Optimizer | None, int, frozenset[str]] = (None, -1, frozenset())
         self._lr_seen: dict[int, list[Any]] = {}  # optimizer id -> its groups' learning rates at the last step
+        self._met: set[int] = set()  # optimizers whose first observed step was looked at (see _resumed)
 
     @property
     def params(self) -> list[Param]:
@@ -63,11 +64,15 @@ class BackwardPath:
                 ends = [(target, t) for target, t in (("input", fwd.input), ("output", fwd.output)) if t is not None]
                 ends = [(target, t) for target, t in ends if t.is_floating_point()]
                 measure.all_norms(rec.pending, fwd.layer_refs(), ends, grad, scale)
+                if rec.pending.data.full and fwd.output is not None:
+                    measure.output_dead_pulled(rec.pending, fwd.output, grad)
                 fwd.release()
             else:  # cheap CPU step, already checked at the end of the forward pass
                 data = rec.pending.data
                 norm = stats.host_norm(grad)
-                data.target_grad = merge_max(data.target_grad, norm / float(scale) if scale is not None else norm)
+                if norm is not None:
+                    value = norm / float(scale) if scale is not None else norm
+                    data.target_grad = merge_max(data.target_grad, value)
             rec.clock.backward_begins()
             wanted = rec.clock.mode is not StepMode.OPTIMIZER or (rec.pending.data.full and self._look_for_clipping())
             if wanted and not hooks.at_backward_end(self._on_backward_end):
@@ -130,6 +135,10 @@ class BackwardPath:
             closure = _closure(args, kwargs)
             if rec.clock.optimizer_begins(closure):
                 rec.fold()
+            if id(optimizer) not in self._met:
+                self._met.add(id(optimizer))
+                if _trained_before(optimizer):
+                    rec.pending.data.resumed = True
             self._learning_rates(optimizer)
             if not closure:
                 rec.ledger.before_step(optimizer)
@@ -217,3 +226,11 @@ class BackwardPath:
             self._owned[id(optimizer)] = (weakref.ref(optimizer), size, owned)
         self._last = (optimizer, size, owned)
         return owned
+
+
+def _trained_before(optimizer: Optimizer) -> bool:
+    """The optimizer already holds state for a parameter at its first observed step (Adam's moments, SGD's momentum
+    buffer): the run trained before the debugger attached (a resumed run, a fine-tuning script), so the first
+    observed step is not the start of its history."""
+    state = optimizer.state
+    return any(state.get(p) for group in optimizer.param_groups for p in group["params"])

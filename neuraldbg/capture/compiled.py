@@ -74,7 +74,7 @@ class CompiledSlots:
         self._slots[name] = packed
         self._slots[_TICK] = packed[:1]
         if name == self._first_leaf:
-            inp = stats.first_tensor(args) if args else None
+            inp = stats.data_argument(args)  # the data, not a mask passed after it
             if inp is not None:
                 norm = torch.linalg.vector_norm(inp.detach().float())
                 self._slots[_INPUT] = torch.stack([norm, norm.new_tensor(float(inp.numel()))])

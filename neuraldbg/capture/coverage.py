@@ -198,8 +198,9 @@ class Coverage:
         if zero is None and record.target_grad is not None:
             zero = record.target_grad == 0.0
         if zero is not None:
-            self.steps_with_gradient += 1
-            self.steps_with_nonzero_gradient += not zero
+            if record.head_zero is not None:  # a parameter's gradient was read (the output's says nothing of them)
+                self.steps_with_gradient += 1
+                self.steps_with_nonzero_gradient += not zero
             self._zero_reading(record.step, zero)
 
     def _zero_reading(self, step: int, zero: bool) -> None:
@@ -228,3 +229,18 @@ class RunFacts:
     backward_passes: int
     optimizer_steps: int
     config: DebugConfig = field(default_factory=DebugConfig)  # the thresholds of the run
+
+
+def trained_elsewhere(coverage: Coverage, facts: RunFacts) -> bool:
+    """Whether the model was trained through parameters that are not its own: the gradient of the loss reached
+    its output (its backward passes were seen), yet on every fully observed step none of its trainable
+    parameters held a gradient and no optimizer holding them ever stepped (``torch.func.functional_call`` with
+    a dictionary of copies, which an optimizer of its own updates). A loss detached from the output never
+    reaches it; gradients cleared between ``backward()`` and an optimizer's step leave that optimizer stepping."""
+    return bool(
+        coverage.full_steps
+        and coverage.steps_with_gradient == 0
+        and facts.trainable
+        and facts.backward_passes
+        and not facts.optimizer_steps
+    )

@@ -125,6 +125,11 @@ class ForwardPath:
         t = stats.first_tensor(output)
         if t is None:
             return
+        plain = stats.readable(t)
+        if plain is not t:  # a sparse output: its norm from its values; no per-unit statistics
+            if plain is not None:
+                self.refs[self.order.key(name)] = plain
+            return
         key = self.order.key(name)
         self.refs[key] = t
         target = self._target()
@@ -147,10 +152,8 @@ class ForwardPath:
         if t is None:
             self.discard_tentative()
             return
-        inp = stats.first_tensor(args) if args else None
-        if inp is None and kwargs:
-            inp = stats.first_tensor(kwargs)
-        self.input, self.output = inp, t
+        inp = stats.data_argument(args, kwargs)  # the data, not a mask passed after it
+        self.input, self.output = stats.readable(inp) if inp is not None else None, stats.readable(t)
         data = self._target().data
         data.input_numel = inp.numel() if inp is not None else data.input_numel
         data.output_numel = t.numel()
@@ -179,10 +182,14 @@ class ForwardPath:
         then they are let go. (On a GPU every layer output is measured each step instead, read at the flush.)"""
         data = self._target().data
         value = stats.host_norm(output)
+        if value is None:
+            self.release()
+            return
         data.output_norm = merge_max(data.output_norm, value)
         if not math.isfinite(value):
-            if self.input is not None and self.input.is_floating_point():
-                data.input_norm = merge_max(data.input_norm, stats.host_norm(self.input))
+            inp = stats.host_norm(self.input) if self.input is not None else None
+            if inp is not None:
+                data.input_norm = merge_max(data.input_norm, inp)
             refs = self.layer_refs()
             if refs:
                 for key, norm in zip(refs, stats.to_host(stats.norms(list(refs.values())))):

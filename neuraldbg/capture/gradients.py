@@ -70,7 +70,21 @@ class GradientReader:
                 self.capture(loss_scale)
             else:
                 self.read_head(loss_scale)
+                self.check_finite()
             self.captured = True
+
+    def check_finite(self) -> None:
+        """A cheap step's look at what the optimizer receives: the largest magnitude of each parameter's gradient,
+        one batched reduction, moved to the host at the next flush with the step's other readings (no sync now).
+        An inf or NaN there files that gradient as non-finite at this very step (see
+        :func:`~neuraldbg.capture.pending.assign`), so it is dated where it happened, not at the next fully observed
+        step."""
+        with_grad, _ = measure.readable(self.params)  # unreadable gradients are reported by the full steps
+        if not with_grad:
+            return
+        pending = self._rec.pending
+        for (name, _, grad), largest in zip(with_grad, stats.device_largest_magnitudes([g for _, _, g in with_grad])):
+            pending.put("grad_check", name, largest, grad.numel())
 
     def capture(self, loss_scale: float = 1.0) -> None:
         """A fully observed step's gradient statistics. Read again at the optimizer step when first read at the end

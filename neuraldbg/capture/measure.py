@@ -107,6 +107,23 @@ def all_norms(
     for (target, _), value in zip(ends, values[len(keys) :]):
         pending.put(target, None, value)
     pending.put("target_grad", None, values[-1] / loss_scale if loss_scale is not None else values[-1])
+    pull = torch.linalg.vector_norm(grad.detach(), 1, dtype=torch.float32)  # sum of |d(loss)/d(output)|
+    pending.put("target_grad_sum", None, pull / loss_scale if loss_scale is not None else pull)
+
+
+def output_dead_pulled(pending: Pending, output: Tensor, grad: Tensor) -> None:
+    """Units of the model's output that are never positive on the batch while the loss pulls on them (a nonzero
+    gradient on some sample): a class logit held at 0 by a ReLU that the loss wants to move. A representation whose
+    loss leaves its zero units alone (a forward-forward layer's goodness, the square of each unit) has none. Units:
+    channels of an image-shaped output, the last dimension otherwise."""
+    if output.dim() < 2 or grad.shape != output.shape or not output.is_floating_point():
+        return
+    with torch.no_grad():
+        channel_first = output.dim() == 4
+        never = stats.never_positive(output.detach(), channel_first)
+        u = stats.unit_dim(grad, channel_first)
+        pulled = (grad.detach() != 0).movedim(u, -1).reshape(-1, grad.shape[u]).any(dim=0)
+        pending.put("output_dead_pulled", None, (never & pulled).sum(dtype=torch.float32), int(never.shape[0]))
 
 
 # --- parameter gradients ---------------------------------------------------------------------------------
@@ -208,8 +225,7 @@ def updates(pending: Pending, snapshot: stats.Snapshot) -> None:
     for name, scale, delta, weight, old in zip(snapshot.names, snapshot.scales, deltas, after, before):
         pending.put("delta", name, delta, scale)
         pending.put("weight", name, weight)
-        if old is not None:  # a sampled parameter: its old norm bounds a change the sample missed
-            pending.put("before", name, old)
+        pending.put("before", name, old)  # also bounds, for a sampled parameter, a change its sample missed
 
 
 def suspicious(record: StepData, config: DebugConfig, previous_head_grad: float | None) -> bool:

@@ -15,7 +15,19 @@ from ..stats import tensors as stats
 from ..stats.step import StepData
 
 #: Readings taken from scaled gradients (or from a step's update), meaningless once the GradScaler skipped the step.
-_SCALED = frozenset({"target_grad", "out_grad", "func_dead", "delta", "weight", "before"})
+_SCALED = frozenset(
+    {
+        "target_grad",
+        "target_grad_sum",
+        "out_grad",
+        "func_dead",
+        "delta",
+        "weight",
+        "before",
+        "grad_check",
+        "output_dead_pulled",
+    }
+)
 
 
 class Pending:
@@ -64,7 +76,9 @@ class Pending:
         self.tensors = [t for _, t in kept]
         if data.target_grad is not None and not math.isnan(data.target_grad):
             data.target_grad = None
-        for readings in (data.grad, data.grad_numel, data.out_grad, data.func_dead, data.update, data.update_parts):
+        data.target_grad_sum = None
+        readings_of_step = (data.grad, data.grad_numel, data.out_grad, data.func_dead, data.update, data.update_parts)
+        for readings in (*readings_of_step, data.update_before):
             readings.clear()
         data.grad_exact_zero.clear()
         data.grad_nonfinite.clear()
@@ -75,7 +89,7 @@ class Pending:
         """Divide a GradScaler's scale out of the loss and output gradients read so far (a scaler found only at
         the step's optimizer step, after its backward pass was read)."""
         self.tensors = [
-            t / scale if target[0] in ("target_grad", "out_grad", "captured_loss") else t
+            t / scale if target[0] in ("target_grad", "target_grad_sum", "out_grad", "captured_loss") else t
             for target, t in zip(self.targets, self.tensors)
         ]
         if self.captured is not None:
@@ -114,6 +128,8 @@ class Pending:
             dst.input_norm = merge_max(dst.input_norm, src.input_norm)
         if src.target_grad is not None:
             dst.target_grad = merge_max(dst.target_grad, src.target_grad)
+        if src.target_grad_sum is not None:
+            dst.target_grad_sum = merge_max(dst.target_grad_sum, src.target_grad_sum)
         for key, value in src.act.items():
             dst.act[key] = merge_max(dst.act.get(key), value)
 
@@ -138,6 +154,9 @@ def assign(data: StepData, target: str, key: Any, extra: float, value: float) ->
         if data.skipped and not math.isnan(value):
             return  # a skipped step's scaled loss gradient overflowed: not the loss's
         data.target_grad = merge_max(data.target_grad, value)
+    elif target == "target_grad_sum":
+        if not data.skipped:
+            data.target_grad_sum = merge_max(data.target_grad_sum, value)
     elif target == "loss":
         data.loss = value
         data.loss_observed = True
@@ -151,6 +170,8 @@ def assign(data: StepData, target: str, key: Any, extra: float, value: float) ->
         data.loss_scale = value
     elif target == "dead":
         data.dead[key] = (value, int(extra))
+    elif target == "output_dead_pulled":
+        data.output_dead_pulled = (value, int(extra))
     elif target == "func_dead":
         data.func_dead[key] = (value, int(extra))
     elif target == "saturated":
@@ -165,17 +186,22 @@ def assign(data: StepData, target: str, key: Any, extra: float, value: float) ->
         counts = data.dead if key in data.dead else data.saturated
         if key in counts:
             counts[key] = (counts[key][0], int(value))
+    elif target == "grad_check":  # a cheap step's largest gradient element: filed only when it is inf or NaN
+        if not math.isfinite(value) and not data.skipped:
+            data.grad[key] = value
+            data.grad_numel[key] = int(extra)
+            data.grad_nonfinite.add(key)
     elif target == "out_grad":
         data.out_grad[key] = merge_max(data.out_grad.get(key), value)
-    elif target in ("delta", "weight", "before"):  # one snapshot reading: delta, weight, then (sampled) before
+    elif target in ("delta", "weight", "before"):  # one snapshot reading: delta, weight, then before
         parts = data.update_parts.setdefault(key, [])
         parts.append(value)
         if target == "delta":
-            parts.append(extra)  # the sample's scale: 1 when the parameter was copied whole (no "before" follows)
-        if target == "before" or (target == "weight" and parts[1] == 1.0):
-            delta, scale, after = parts[:3]
-            before = parts[3] if len(parts) > 3 else after
+            parts.append(extra)  # the sample's scale: 1 when the parameter was copied whole
+        if target == "before":
+            delta, scale, after, before = parts[:4]
             data.update[key] = (stats.update_norm(delta, scale, after, before), after)
+            data.update_before[key] = before
             del data.update_parts[key]
     else:  # pragma: no cover - a programming error, not a user error
         raise KeyError(target)

@@ -14,7 +14,8 @@ observed (see :mod:`neuraldbg.capture.coverage`).
 
 Cost. Every step: one Python call per module call (a dictionary lookup for the model's modules), on a CPU the
 norm of the model's output at the end of the forward pass (every layer's output only when it is non-finite) and
-one element of the head layer's gradient at the optimizer step; on a GPU every layer output's norm, batched, read
+one element of the head layer's gradient and the largest element of every parameter gradient (one batched
+reduction, read at the flush) at the optimizer step; on a GPU every layer output's norm, batched, read
 at the flush; the learning rates. Fully observed steps (see :mod:`neuraldbg.capture.schedule`) add the statistics of
 :mod:`neuraldbg.capture.measure`.
 """
@@ -147,10 +148,11 @@ class Recorder:
         self.active = False
         self.forward.release()
         self.backward.grads.drop()
-        self.coverage.failed(self.clock.step, f"{where} failed with {exc!r}")
+        what = short_error(exc)
+        self.coverage.failed(self.clock.step, f"{where} failed with {what}")
         self.warn_once(
             where,
-            f"NeuralDBG stopped observing this run at step {self.clock.step}: {where} failed with {exc!r}. "
+            f"NeuralDBG stopped observing this run at step {self.clock.step}: {where} failed with {what}. "
             "Training is not affected; the verdict reports the run as incompletely observed.",
         )
 
@@ -289,3 +291,16 @@ class Recorder:
         """A GradScaler's scale still in the parameter gradients outside the optimizer step: until an optimizer
         stepped (inside ``scaler.step``, which unscales first), they are as the scaled backward pass left them."""
         return self.scaler.value() if self.scaler.active and not self.clock.stepped else 1.0
+
+
+#: How much of an exception's message an explanation quotes (PyTorch's dispatcher errors run to thousands of
+#: characters; their first sentence says what failed).
+_ERROR_CHARS = 200
+
+
+def short_error(exc: BaseException) -> str:
+    """``Type('first line of the message')``, cut to a readable length."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if len(text) > _ERROR_CHARS:
+        text = text[: _ERROR_CHARS - 3].rstrip() + "..."
+    return f"{type(exc).__name__}({text!r})"

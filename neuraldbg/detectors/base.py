@@ -110,6 +110,7 @@ class LayerGradient:
 class LayerUpdate:
     delta: float  # ||W_after - W_before|| over the layer's parameters
     weight: float  # ||W_after||
+    before: float = math.nan  # ||W_before||, when it was read
 
     @property
     def ratio(self) -> float:
@@ -146,14 +147,16 @@ class StepView:
     @cached_property
     def layer_updates(self) -> dict[str, LayerUpdate]:
         sums: dict[str, list[float]] = {}
+        before = self.data.update_before
         for name, (delta, weight) in self.data.update.items():
             layer = self.ctx.owners.get(name)
             if layer is None:
                 continue
-            acc = sums.setdefault(layer, [0.0, 0.0])
+            acc = sums.setdefault(layer, [0.0, 0.0, 0.0])
             acc[0] += delta * delta
             acc[1] += weight * weight
-        return {layer: LayerUpdate(math.sqrt(d), math.sqrt(w)) for layer, (d, w) in sums.items()}
+            acc[2] += before.get(name, math.nan) ** 2
+        return {layer: LayerUpdate(math.sqrt(d), math.sqrt(w), math.sqrt(b)) for layer, (d, w, b) in sums.items()}
 
     @cached_property
     def updates(self) -> UpdateCensus | None:
@@ -185,6 +188,7 @@ class UpdateCensus:
     moving: bool  # some parameter with a gradient changed
     stepped_ever: bool  # some optimizer stepped a parameter of the model at this or an earlier observed step
     ratios: list[float]
+    layers: list[str]  # the layer of each ratio
     lr: float | None  # the largest learning rate a parameter was stepped with at this step (None: none positive)
     lr_any: float  # the largest learning rate of this step, 0 included
 
@@ -226,8 +230,8 @@ class UpdateCensus:
                 held.append((layer, name, metrics))
         ctx.stepped_before.update(data.stepped)
         grads = view.layer_gradients
-        ratios = [
-            u.ratio
+        layers = [
+            layer
             for layer, u in view.layer_updates.items()
             if layer not in still_layers
             and layer not in idle_layers
@@ -235,6 +239,7 @@ class UpdateCensus:
             and math.isfinite(u.ratio)
             and not (layer in grads and grads[layer].exact_zero)
         ]
+        ratios = [view.layer_updates[layer].ratio for layer in layers]
         lrs = [lr for lr in data.stepped.values() if lr > 0]
         return cls(
             seen=seen,
@@ -242,6 +247,7 @@ class UpdateCensus:
             moving=any(d != 0.0 and n in data.grad for n, (d, _) in data.update.items()),
             stepped_ever=bool(ctx.stepped_before),
             ratios=ratios,
+            layers=layers,
             lr=max(lrs) if lrs else None,
             lr_any=max(data.stepped.values(), default=0.0),
         )

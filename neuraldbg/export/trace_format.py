@@ -70,7 +70,11 @@ def to_dict(
         "version": VERSION,
         "meta": {k: v for k, v in meta.items() if k not in ("config", "layers")},
         "config": meta.get("config", {}),
-        "model": {"order": list(topo.order), "layers": meta.get("layers", [])},
+        "model": {
+            "order": list(topo.order),
+            "calls": [[layer, call, position] for (layer, call), position in topo.calls.items()],
+            "layers": meta.get("layers", []),
+        },
         "events": [event_to_dict(e) for e in events],
         "hypotheses": [
             {
@@ -463,6 +467,18 @@ def parse(text: str, source: str) -> dict[str, Any]:
         reader.text(x, f"model.order[{i}]")
         for i, x in enumerate(reader.seq(reader.field(model, "order", "model"), "model.order"))
     ]
+    calls: dict[tuple[str, int], float] = {}
+    raw_calls = model.get("calls")  # absent from traces of earlier versions: later calls then follow the first
+    for i, item in enumerate(reader.seq(raw_calls, "model.calls") if raw_calls is not None else []):
+        entry = reader.seq(item, f"model.calls[{i}]")
+        if len(entry) != 3:
+            reader.fail(f"model.calls[{i}]", f"expected [layer, call, position], got {_shown(item)}")
+        layer = reader.text(entry[0], f"model.calls[{i}][0]")
+        call = reader.integer(entry[1], f"model.calls[{i}][1]")
+        position = reader.number(entry[2], f"model.calls[{i}][2]")
+        if not math.isfinite(position):
+            reader.fail(f"model.calls[{i}][2]", f"expected a finite position, got {_shown(entry[2])}")
+        calls[(layer, call)] = position
     layers = reader.layers(reader.field(model, "layers", "model"))
     for i, hyp in enumerate(reader.seq(reader.field(doc, "hypotheses", ""), "hypotheses")):
         reader.hypothesis(hyp, f"hypotheses[{i}]", len(events))
@@ -470,6 +486,7 @@ def parse(text: str, source: str) -> dict[str, Any]:
         "meta": reader.meta(doc.get("meta") if doc.get("meta") is not None else {}),
         "config": reader.config(doc.get("config") if doc.get("config") is not None else {}),
         "order": order,
+        "calls": calls,
         "layers": layers,
         "events": events,
         "history": reader.history(doc.get("history") if doc.get("history") is not None else {}),

@@ -115,7 +115,8 @@ class Kind:
     lists_own: bool = False
     #: States whose open runs a failure that follows in the same layer (or a non-finite value anywhere) confirms.
     confirmed_by_escalation: tuple[HealthState, ...] = ()
-    #: Its decisive findings confirm the open runs that :attr:`confirmed_by_escalation` names (a NaN).
+    #: Its findings confirm the open runs that :attr:`confirmed_by_escalation` names: a decisive one (a NaN) at once,
+    #: another when it begins a new state while they are open (units dying or saturating during an explosion).
     confirms_escalation: bool = False
     #: The kind that says a part of the run was not observed (a distributed job names its missing ranks with it).
     unobserved: bool = False

@@ -9,7 +9,11 @@ alarm on healthy MNIST models):
   when its pre-activation is never positive *and* its weight row receives exactly zero gradient.
 
 A layer is dead when at least ``dead_unit_fraction`` of its units are; its event is dated from when it first
-crossed ``dead_onset_fraction`` on the way (a layer dies over a few steps).
+crossed ``dead_onset_fraction`` on the way (a layer dies over a few steps). The model's output layer (a ReLU on the
+logits, after the last parametric layer) is dead from its first dead unit that the loss pulls on (a nonzero
+gradient of the loss on that output): a hidden layer loses capacity it may spare, but such a unit is an output (a
+class, a target) the model can no longer produce, and its weight row never gets a gradient again. Output units the
+loss leaves at 0 (a forward-forward layer's goodness, the square of each unit) keep the hidden layers' rule.
 
 A batch of one sample says little: a healthy unit, positive on about half of its inputs, is silent on it half the
 time, and a narrow layer often looks 70 % dead. So a dead reading stays provisional (it dates the event but does not
@@ -51,14 +55,21 @@ class DeadUnitsDetector(Detector):
         data = view.data
         if not data.dead and not data.func_dead:
             return None
-        threshold = view.ctx.config.dead_unit_fraction
-        onset = min(threshold, view.ctx.config.dead_onset_fraction)
+        ctx = view.ctx
         obs = Observation()
         for source, counts in (("module", data.dead), ("functional", data.func_dead)):
             for key, (dead, units) in counts.items():
                 norm = data.act.get(key)
                 if units <= 0 or (norm is not None and not math.isfinite(norm)):
                     continue  # non-finite outputs are the non-finite detector's business
+                # an output layer is dead from its first dead unit that the loss pulls on (the fraction of one
+                # unit); a unit the loss leaves at 0 (a representation's goodness) keeps the hidden layers' rule
+                pulled = data.output_dead_pulled
+                output = not ctx.is_hidden(key) and pulled is not None and pulled[1] == units and pulled[0] > 0
+                if output and pulled is not None:
+                    dead = min(dead, pulled[0])
+                threshold = 1 / units if output else ctx.config.dead_unit_fraction
+                onset = min(threshold, ctx.config.dead_onset_fraction)
                 obs.saw(self.event_type, key[0], call=key[1])
                 fraction = dead / units
                 per_unit = data.numel.get(key, units) / units
@@ -66,9 +77,14 @@ class DeadUnitsDetector(Detector):
                 self._held[key] = held_for
                 if fraction >= onset and dead > 0:
                     metrics = {"dead_fraction": fraction, "dead_units": dead, "units": float(units)}
+                    if output:
+                        metrics["output_layer"] = 1.0
                     if source == "functional":
                         metrics["functional"] = 1.0
-                    s = (fraction - threshold) / (1 - threshold) if threshold < 1 else 1.0
+                    if "output_layer" in metrics:  # one dead output is already a fault: strength from there on
+                        s = 0.5 + 0.5 * fraction
+                    else:
+                        s = (fraction - threshold) / (1 - threshold) if threshold < 1 else 1.0
                     obs.findings.append(
                         Finding(
                             self.event_type,
@@ -78,7 +94,7 @@ class DeadUnitsDetector(Detector):
                             metrics,
                             max(0.0, min(1.0, s)),
                             call=key[1],
-                            provisional=fraction < threshold or held_for < view.ctx.config.dead_min_observations,
+                            provisional=fraction < threshold or held_for < ctx.config.dead_min_observations,
                         )
                     )
         return obs
@@ -87,6 +103,7 @@ class DeadUnitsDetector(Detector):
 class DeadNeurons(Kind):
     name = KIND.value
     lr_sensitive = True
+    confirms_escalation = True  # units dying during an explosion or a surge: what they do
     states = (ActivationHealth.DEAD,)
     count_metrics = frozenset({"units", "dead_units"})
     check = Check(
@@ -143,6 +160,19 @@ class DeadNeurons(Kind):
                 f"{held(root, topo)}."
             )
         target = f"'{feeding}'" if feeding else "the layer before it"
+        if m.get("output_layer") == 1.0:
+            dead = round(m.get("dead_units", 0))
+            what = (
+                f"Dead output units: {dead} of the {units} outputs of {who} ({pct(frac)}) are never positive "
+                f"{held(root, topo)}, so the model outputs 0 for them on every sample and their weight rows in "
+                f"{target} receive exactly zero gradient: what those outputs stand for (a class, a target) can no "
+                "longer be learned. A ReLU-family activation on the model's output is the usual cause."
+            )
+            fix = (
+                "remove the ReLU after the last layer: CrossEntropyLoss and BCEWithLogitsLoss take raw logits; for an "
+                "output that must be non-negative use softplus, or an activation that cannot die (LeakyReLU, GELU)."
+            )
+            return what, fix
         if root.step_start > topo.first_step:
             lr = near(series, "lr", "", root.step_start)
             now = f" (now {num(lr)})" if lr is not None else ""

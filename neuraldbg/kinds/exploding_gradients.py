@@ -19,16 +19,15 @@ Evidence this kind owns (kind-less events that explain its failures):
   normalisation layer, whose job is rescaling) whose output rms is ``amplifying_gain`` times the rms of the output
   just before it in forward order (the model's input, for the first layer). Present from the first step, it
   localises an explosion to the layer whose weights are too large for its input;
-* *updates as large as the weights* (:class:`UpdateSurgeDetector`): the median update/weight ratio ||dW||/||W|| over
-  the model's layers above ``exploding_update_ratio``: every step rewrites the weights, the first sign of a learning
-  rate far too high, steps before the gradients blow up or the units die. The reasoning attaches it to the failure
-  it sets off (see :mod:`neuraldbg.reasoning.engine`); surges that set nothing off are a hypothesis of their own.
+
+Updates as large as the weights that start with or after an explosion are its consequence (the rule
+``explosion-inflates-updates``); before it they are the learning rate's (:mod:`neuraldbg.kinds.oversized_updates`).
 
 Root: the earliest acute failure (an explosion or a non-finite value, whichever comes first). An explosion present
 from the first step is rooted at the first layer amplifying its input, else at the first layer whose outputs blow
 up (an activation module is blamed on the layer feeding it); one that begins mid-run at the first exploding layer
 in forward order (the dynamics: the learning rate). Config: ``exploding_norm``, ``exploding_hold``,
-``anomalous_rms``, ``amplifying_gain``, ``exploding_update_ratio``.
+``anomalous_rms``, ``amplifying_gain``.
 """
 
 from __future__ import annotations
@@ -42,6 +41,7 @@ from ..events import EventType, FailureKind, SemanticEvent
 from ..health import ActivationHealth, GradientHealth, UpdateHealth, is_state
 from ..reasoning.rules import ONSET_TOLERANCE, CausalRule, is_update_surge
 from ..reasoning.topology import Topology
+from ..stats.step import StepData
 from ..text import num, quoted
 from .base import Check, Kind, RootLane, RootPool, Series, held, near
 
@@ -60,15 +60,37 @@ class ExplodingDetector(Detector):
     every_step = False
 
     def __init__(self) -> None:
-        self._loss_scale: float | None = None  # smallest finite, positive d(loss)/d(output) norm seen so far
+        self._loss_scale: float | None = None  # smallest finite, positive pull of the loss on the output seen
+        self._data_scale: float | None = None  # smallest finite, positive rms of the input batch seen
         self._exploding: set[str] = set()  # layers whose last reading was exploding
+        self._above: dict[str, int] = {}  # layer -> the last step its reading was above the limit
+        self._first: dict[str, float] = {}  # layer -> its first finite, positive reading (before clipping)
 
-    def _scale(self, target_grad: float | None) -> float:
-        """The loss's gradient scale: 1 for losses whose gradient w.r.t. the output is at most 1 (mean-reduced
-        losses), the smallest loss-gradient norm so far above that (sums over many elements)."""
-        if target_grad is not None and math.isfinite(target_grad) and target_grad > 0:
-            self._loss_scale = target_grad if self._loss_scale is None else min(self._loss_scale, target_grad)
+    def _scale(self, data: StepData) -> float:
+        """The run's own gradient scale: the loss's pull on the output (half the sum of |d(loss)/d(output)|: the
+        error in the units of the targets for a mean-reduced loss, times the element count for a summed one; at
+        most 1 for a mean cross-entropy) times the rms of the input batch, each counted when above 1 and taken as the
+        smallest seen so far (the reduction and the data's units are fixed for a run, while a real explosion
+        inflates the loss gradient too). A weight gradient is the product of the gradient arriving at its layer
+        and that layer's input, both in these units."""
+        # in units of the pull of a mean-reduced loss whose error is one unit everywhere (2: a mean squared error
+        # off by 1, a cross-entropy sure of the wrong class), so that normalised problems keep the plain threshold
+        pull = data.target_grad_sum / 2 if data.target_grad_sum is not None else data.target_grad
+        if pull is not None and math.isfinite(pull) and pull > 0:
+            self._loss_scale = pull if self._loss_scale is None else min(self._loss_scale, pull)
+        if data.input_norm is not None and data.input_numel > 0:
+            rms = data.input_norm / math.sqrt(data.input_numel)
+            if math.isfinite(rms) and rms > 0:
+                self._data_scale = rms if self._data_scale is None else min(self._data_scale, rms)
+        return self.loss_scale * self.data_scale
+
+    @property
+    def loss_scale(self) -> float:
         return max(1.0, self._loss_scale or 0.0)
+
+    @property
+    def data_scale(self) -> float:
+        return max(1.0, self._data_scale or 0.0)
 
     def observe(self, view: StepView) -> Observation | None:
         grads = view.layer_gradients
@@ -77,8 +99,9 @@ class ExplodingDetector(Detector):
         cfg = view.ctx.config
         top = max((g.norm for g in grads.values() if math.isfinite(g.norm)), default=0.0)
         clip = view.data.grad_clip_factor or 1.0
-        scale = self._scale(view.data.target_grad)
+        scale = self._scale(view.data)
         limit = cfg.exploding_norm * scale
+        step = view.step
         obs = Observation()
         for layer, g in grads.items():
             obs.saw(self.event_type, layer)
@@ -86,16 +109,32 @@ class ExplodingDetector(Detector):
             self._exploding.discard(layer)  # added back below while it keeps exploding
             if g.non_finite:
                 continue  # another state of this gradient (the non-finite detector's)
-            if g.norm * clip > limit or (was_exploding and g.norm * clip > limit * cfg.exploding_hold):
-                # judged before clipping: clip_grad_norm_ hides, not heals
+            raw = g.norm * clip  # judged before clipping: clip_grad_norm_ hides, not heals
+            if layer not in self._first and math.isfinite(raw) and raw > 0:
+                self._first[layer] = raw
+            # in the run's units, or grown from its own start past the plain threshold (a diverging run)
+            grown = raw > cfg.exploding_norm and raw > cfg.exploding_growth * self._first.get(layer, math.inf)
+            above = raw > limit or grown
+            if above:
+                self._above[layer] = step
+            # the hold: readings below the limit continue an explosion while it keeps coming back above it (a
+            # swinging norm), not once it has fallen and stays flat or falls further
+            held = (
+                was_exploding
+                and raw > limit * cfg.exploding_hold
+                and step - self._above.get(layer, step) < cfg.persistence_steps
+            )
+            if above or held:
                 metrics = {"grad_norm": g.norm, "max_layer_grad_norm": top}
                 if clip > 1:
-                    metrics.update(grad_norm=g.norm * clip, clipped_grad_norm=g.norm, clip_factor=clip)
-                if scale > 1:
-                    metrics["loss_gradient_scale"] = scale
-                s = strength(g.norm * clip, limit, decades=3, above=True)
+                    metrics.update(grad_norm=raw, clipped_grad_norm=g.norm, clip_factor=clip)
+                if self.loss_scale > 1:
+                    metrics["loss_gradient_scale"] = self.loss_scale
+                if self.data_scale > 1:
+                    metrics["input_scale"] = self.data_scale
+                s = strength(raw, limit if raw > limit else cfg.exploding_norm, decades=3, above=True)
                 finding = Finding(self.event_type, KIND, layer, GradientHealth.EXPLODING, metrics, s)
-                if g.norm * clip <= limit:
+                if not above:
                     finding = dataclasses.replace(finding, provisional=True)
                 obs.findings.append(finding)
                 self._exploding.add(layer)
@@ -159,32 +198,6 @@ class GainDetector(Detector):
         return obs
 
 
-class UpdateSurgeDetector(Detector):
-    """Updates as large as the weights: the median ||dW||/||W|| above ``exploding_update_ratio`` (evidence)."""
-
-    name = "update_surge"
-    track = "update"
-    event_type = EventType.UPDATE
-    every_step = False
-
-    def observe(self, view: StepView) -> Observation | None:
-        census = view.updates
-        if census is None:
-            return None
-        obs = Observation()
-        if census.at_lr_zero:
-            obs.saw(self.event_type, "")  # nothing moved: no surge (a stall, the stalled detector's)
-        elif census.ratios and (census.moving or census.stepped_ever):
-            obs.saw(self.event_type, "")
-            limit = view.ctx.config.exploding_update_ratio
-            if census.median > limit:
-                s = strength(census.median, limit, decades=2, above=True)
-                obs.findings.append(
-                    Finding(self.event_type, None, "", UpdateHealth.EXPLODING, census.ratio_metrics(), s)
-                )
-        return obs
-
-
 @dataclasses.dataclass(frozen=True)
 class AnomalyEvidence(CausalRule):
     """Activations blowing up (anomalous or amplifying layers) belong to the explosion that shows them."""
@@ -225,22 +238,20 @@ class ExplodingGradients(Kind):
     lr_sensitive = True
     lists_own = True
     states = (GradientHealth.EXPLODING,)
-    evidence = (ActivationHealth.ANOMALOUS, ActivationHealth.AMPLIFYING, UpdateHealth.EXPLODING)
-    confirmed_by_escalation = (GradientHealth.EXPLODING, UpdateHealth.EXPLODING)
+    evidence = (ActivationHealth.ANOMALOUS, ActivationHealth.AMPLIFYING)
+    confirmed_by_escalation = (GradientHealth.EXPLODING,)
     check = Check("assert_no_exploding_gradients", "exploding gradients")
 
     def detectors(self, config: DebugConfig) -> list[Detector]:
-        return [ExplodingDetector(), MagnitudeDetector(), GainDetector(), UpdateSurgeDetector()]
+        return [ExplodingDetector(), MagnitudeDetector(), GainDetector()]
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
         if event.kind is KIND:
             return RootLane(2, order=0)
-        if is_update_surge(event):  # updates as large as the weights that caused nothing else: a rate too high
-            return RootLane(9)
         return None
 
     def choose_root(self, head: SemanticEvent, pool: RootPool) -> SemanticEvent:
-        """``head``: the first exploding layer in forward order at the earliest onset, or a surge."""
+        """``head``: the first exploding layer in forward order at the earliest onset."""
         if head.kind is not KIND:
             return head
         amplifying = pool.first_evidence(ActivationHealth.AMPLIFYING)
@@ -290,16 +301,7 @@ class ExplodingGradients(Kind):
             else ""
         )
         lr = near(series, "lr", "", root.step_start)
-        if root.event_type is EventType.UPDATE:
-            lr_value = root.metrics.get("lr", lr)
-            with_lr = f" with learning rate {num(lr_value)}" if lr_value is not None else ""
-            what = (
-                f"Updates as large as the weights from step {root.step_start}{with_lr}: the median update/weight "
-                f"ratio ||dW||/||W|| is {num(root.metrics.get('median_update_ratio', math.nan))} per step "
-                "(healthy training moves weights by ~0.1% per step)." + gradients
-            )
-            fix = lower_lr(lr_value)
-        elif root.kind is None and is_state(
+        if root.kind is None and is_state(
             root.to_state, ActivationHealth.AMPLIFYING
         ):  # blowing up its input from the start
             what = (
@@ -347,12 +349,6 @@ class ExplodingGradients(Kind):
             return f"outputs blowing up (rms {num(m.get('output_rms', math.inf))})"
         if is_state(event.to_state, ActivationHealth.AMPLIFYING):
             return f"amplifies its input {num(m.get('gain', math.inf))}x"
-        if is_update_surge(event):
-            lr = m.get("lr")
-            with_lr = f", learning rate {num(lr)}" if lr is not None else ""
-            updates = "" if not event.layer and event.param is None else "updates "  # read after "the model's updates"
-            ratio = num(m.get("median_update_ratio", math.nan))
-            return f"{updates}as large as the weights (median update/weight ratio {ratio}{with_lr})"
         clipped = m.get("clipped_grad_norm")
         tail = f", clipped to {num(clipped)}" if clipped is not None else ""
         return f"gradient exploding (norm {num(m.get('grad_norm', math.inf))}{tail})"
@@ -369,8 +365,6 @@ class ExplodingGradients(Kind):
             return "outputs blowing up"
         if is_state(event.to_state, ActivationHealth.AMPLIFYING):
             return "layers amplifying their input"
-        if is_update_surge(event):
-            return "updates as large as the weights"
         return "exploding gradients"
 
 

@@ -5,7 +5,7 @@ observed, ranked after every fault."""
 
 from __future__ import annotations
 
-from ..capture.coverage import Coverage, RunFacts
+from ..capture.coverage import Coverage, RunFacts, trained_elsewhere
 from ..events import FailureKind, SemanticEvent
 from ..reasoning.topology import Topology
 from ..text import count, quoted
@@ -37,6 +37,14 @@ class IncompleteObservation(Kind):
             parts.append(
                 "no forward pass of the watched model was seen (was it called through a copy, torch.func, or "
                 "another object?): only gradients and updates were checked"
+            )
+            start = 0
+        if trained_elsewhere(coverage, facts):
+            parts.append(
+                "the backward passes reached the model's output but none of its parameters: it was run with "
+                "parameters that are not its own (torch.func.functional_call, a stateless or copied set of "
+                "parameters), and no optimizer stepped its own; the gradients and updates of the tensors that "
+                "trained were not observed, only the forward passes"
             )
             start = 0
         if not parts:

@@ -4,7 +4,7 @@ learn, whatever its layers do; the zero gradients and the stillness that follow 
 
 from __future__ import annotations
 
-from ..capture.coverage import Coverage, RunFacts
+from ..capture.coverage import Coverage, RunFacts, trained_elsewhere
 from ..events import FailureKind, SemanticEvent
 from ..health import GradientHealth, UpdateHealth
 from ..reasoning.rules import CausalRule, ExactlyZeroGradients
@@ -23,6 +23,8 @@ class NoGradient(Kind):
     def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
         if not (coverage.full_steps and coverage.steps_with_gradient == 0 and facts.trainable):
             return None
+        if trained_elsewhere(coverage, facts):
+            return None  # gradients went to other tensors: not seen, not absent (incomplete_observation)
         return run_event(
             KIND,
             0,

@@ -1,7 +1,8 @@
 """Non-finite values (inf, NaN) in the input batch, in a layer's output, in the loss or in a parameter gradient.
 
-Checked on every step (the outputs, the input, the loss and the gradient it sends back) and on every fully observed
-step (each layer's parameter gradients), and decisive: one occurrence is an event. NaN compares false with
+Checked on every step (the outputs, the input, the loss and the gradient it sends back, and whether any parameter
+gradient the optimizer receives holds an inf or a NaN) and on every fully observed step (each layer's parameter
+gradients in full), and decisive: one occurrence is an event, dated at its step. NaN compares false with
 everything, so a ``norm < threshold`` test would pass it silently; these detectors look for it explicitly.
 
 Where it appears first is where it was made: non-finite values in the input batch are a data problem at that step;
@@ -83,12 +84,15 @@ class NonFiniteDetector(Detector):
 
 
 class NonFiniteGradientDetector(Detector):
-    """A layer's parameter gradient holding inf or NaN elements (fully observed steps): a state of its gradient."""
+    """A layer's parameter gradient holding inf or NaN elements: a state of its gradient. Fully observed steps
+    read every gradient; cheap steps file only the gradients whose norm is not finite."""
 
     name = "non_finite_gradient"
     track = "gradient"
     event_type = EventType.GRADIENT
-    every_step = False
+
+    def quiet_on(self, data: StepData) -> bool:
+        return not data.grad_nonfinite
 
     def observe(self, view: StepView) -> Observation | None:
         grads = view.layer_gradients

@@ -62,6 +62,7 @@ class SaturationDetector(Detector):
 class SaturatedActivations(Kind):
     name = KIND.value
     lr_sensitive = True
+    confirms_escalation = True  # activations saturating during an explosion or a surge: what they do
     states = (ActivationHealth.SATURATED,)
     count_metrics = frozenset({"elements"})
     check = Check("assert_no_saturation", "saturated activations")

@@ -9,7 +9,12 @@ is one global stall, not every parameter frozen.
 A model whose fit has converged (:class:`~neuraldbg.detectors.base.FitProgress`), or whose gradients fell a
 hundredfold from their first values (a stationary point: a noisy regression at its least-squares optimum keeps a
 loss well above 0, but its gradients go to 0), makes small updates because it has little left to learn: that is the
-fit, not a stall. Root: after vanishing gradients, which stall updates by themselves under SGD. Config:
+fit, not a stall. Both are judged against the run's first values, so a run the debugger met mid-training (its
+optimizer already held state: a resumed run, a fine-tuning script) is judged against its own observed history: its
+updates stall when they fall tenfold below their first observed ratio and under ``stalled_ratio`` (a schedule that
+decays to nothing while watched); updates that were that small from the first observed step on are the regime the
+run was already in (late training, small gradients), which the debugger did not see begin. Root: after vanishing
+gradients, which stall updates by themselves under SGD. Config:
 ``stalled_ratio``, ``fit_gradient_drop``, ``fit_loss_drop``.
 """
 
@@ -37,6 +42,8 @@ class StalledDetector(Detector):
     def __init__(self) -> None:
         self._fit = FitProgress()
         self._first_gradient: float | None = None  # the largest layer gradient norm at the first observed step
+        self._resumed = False  # the run trained before the debugger attached
+        self._first_median: float | None = None  # the median update ratio at the first observed update
 
     def _stationary(self, view: StepView) -> bool:
         """The model's largest layer gradient fell to ``fit_gradient_drop`` squared (1 %) of its first value: the
@@ -51,6 +58,7 @@ class StalledDetector(Detector):
 
     def observe(self, view: StepView) -> Observation | None:
         fitted, stationary = self._fit.converged(view), self._stationary(view)  # both record first readings
+        self._resumed |= view.data.resumed
         converged = fitted or stationary
         census = view.updates
         if census is None:
@@ -64,7 +72,11 @@ class StalledDetector(Detector):
         elif census.ratios and (census.moving or census.stepped_ever):
             obs.saw(self.event_type, "")
             limit = view.ctx.config.stalled_ratio
-            if census.median < limit and not converged:
+            if self._first_median is None:
+                self._first_median = census.median
+            # met mid-training: small from the first observed update on is the regime it was in, not a stall
+            regime = self._resumed and census.median > 0.1 * self._first_median
+            if census.median < limit and not converged and not regime:
                 obs.findings.append(self._finding(census.ratio_metrics(), strength(census.median, limit, decades=3)))
         return obs
 

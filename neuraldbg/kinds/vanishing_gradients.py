@@ -55,6 +55,7 @@ from ..config import DebugConfig
 from ..detectors.base import Detector, Finding, FitProgress, LayerGradient, Observation, StepView, strength
 from ..events import EventType, FailureKind, SemanticEvent
 from ..health import GradientHealth, UpdateHealth
+from ..model.info import Role
 from ..reasoning.rules import CausalRule
 from ..reasoning.topology import Topology
 from ..text import num
@@ -101,7 +102,7 @@ class VanishingDetector(Detector):
                 metrics["ratio_to_max"] = g.norm / top if top > 0 else 0.0
                 vanishing[layer] = metrics
         for layer, metrics in vanishing.items():
-            if _cancelled(view, layer) or _quiet(view, layer, grads, vanishing):
+            if _cancelled(view, layer) or _quiet(view, layer, grads, vanishing) or _gated(view, layer, vanishing):
                 continue
             s = 1.0 if "exact_zero" in metrics else strength(metrics["grad_norm"], cfg.vanishing_norm, decades=6)
             obs.findings.append(Finding(self.event_type, KIND, layer, GradientHealth.VANISHING, metrics, s))
@@ -134,6 +135,45 @@ def _quiet(view: StepView, layer: str, grads: dict[str, LayerGradient], vanishin
     return any(ctx.position((other, 0)) < here for other in healthy) and any(
         other != layer and other.rpartition(".")[0] == parent for other in healthy
     )
+
+
+#: A learnable gate whose elements are this small (rms) scales its branch's output, and so the gradient of every
+#: layer in the branch, down a hundredfold or more: LayerScale (ConvNeXt, CaiT: 1e-6 to 1e-4), ReZero and SkipInit
+#: (0). PyTorch's default initialisation gives no weight that small below a fan-in of 3,333.
+GATE_RMS = 1e-2
+
+
+def _gated(view: StepView, layer: str, vanishing: Collection[str]) -> bool:
+    """A tiny (not zero) gradient in a residual branch scaled by a small learnable gate that itself learns: a
+    parameter held by a module enclosing the layer (HF ConvNeXt's ``layer_scale_parameter``) or by a module next to
+    it that is no standard layer (timm's ``LayerScale``), whose elements are below ``GATE_RMS`` and whose own
+    gradient is healthy. The branch's gradient is the gate times what it would be: small by construction, and it
+    grows as the gate does."""
+    ctx, data = view.ctx, view.data
+    g = view.layer_gradients[layer]
+    if g.exact_zero or g.norm < ctx.config.vanishing_floor:
+        return False
+    parent = layer.rpartition(".")[0]
+    holders = [name for name in ctx.infos if name and layer.startswith(name + ".")]
+    holders += [
+        name
+        for name, info in ctx.infos.items()
+        if name.rpartition(".")[0] == parent
+        and name != layer
+        and info.unit_weight is None
+        and not info.normalizes
+        and info.role is Role.PARAMETRIC
+    ]
+    for holder in holders:
+        if holder in vanishing or holder not in view.layer_gradients:
+            continue
+        for param in ctx.infos[holder].params:
+            update, numel = data.update.get(param), data.grad_numel.get(param, 0)
+            before = data.update_before.get(param)
+            weight = before if before is not None and math.isfinite(before) else (update[1] if update else None)
+            if weight is not None and numel and weight / math.sqrt(numel) < GATE_RMS:
+                return True
+    return False
 
 
 class VanishingGradients(Kind):

@@ -56,8 +56,35 @@ def _walk(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], list[tuple[str
         for attr, child in module._modules.items():
             if child is not None:
                 children.append((name if wraps(module, attr) else f"{name}.{attr}" if name else attr, child))
+        for attr, child in held_in_containers(module):
+            children.append((f"{name}.{attr}" if name else attr, child))
         stack.extend(reversed(children))
     return list(named.items()), every
+
+
+def held_in_containers(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Modules that ``module`` holds in a plain list, tuple or dict attribute, named as an ``nn.ModuleList`` or
+    ``nn.ModuleDict`` would name them (``'layers.0'``). They are not its submodules, so ``module.parameters()``,
+    ``.to()`` and ``state_dict()`` do not see them (the layers of pytorch/examples' forward-forward network, each
+    trained by an optimizer of its own; or layers meant to train that no optimizer built from
+    ``model.parameters()`` holds). They are watched all the same. Attributes whose name starts with ``_`` are
+    left alone: that is how a module is hidden on purpose (a teacher kept out of the state dict)."""
+    found: list[tuple[str, nn.Module]] = []
+    for attr, value in vars(module).items():
+        if attr.startswith("_") or not isinstance(value, (list, tuple, dict)):
+            continue
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            if isinstance(item, nn.Module) and (not isinstance(key, str) or "." not in key):
+                found.append((f"{attr}.{key}", item))
+    return found
+
+
+def unregistered(model: nn.Module) -> set[str]:
+    """The names of the modules :func:`named_modules` finds through :func:`held_in_containers` (and their own
+    submodules): modules the model uses that are not its registered submodules."""
+    registered = {id(m) for m in model.modules()}
+    return {name for name, m in _walk(model)[1] if id(m) not in registered}
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -62,18 +62,18 @@ def explain(
     if trigger is not None:
         lr_named = True
         what += (
-            f" It started right after the updates grew as large as the weights (median ||dW||/||W|| "
-            f"{num(trigger.metrics.get('median_update_ratio', math.nan))} from step {trigger.step_start}"
+            f" It started right after oversized updates (median ||dW||/||W|| "
+            f"{num(trigger.metrics.get('median_update_ratio', math.nan))} per step from step {trigger.step_start}"
             f"{_with_lr(trigger)}): the learning rate is too high."
         )
     if recurring:
         lr_named = True
         again = min(e.step_start for e in recurring)
         if is_update_surge(root) or trigger is not None:
-            what += f" The updates are as large as the weights again from step {again}."
+            what += f" Oversized updates again from step {again}."
         else:
             what += (
-                f" From step {again} the updates are as large as the weights at the learning rate in force when "
+                f" From step {again} the updates are oversized at the learning rate in force when "
                 f"it began (median ||dW||/||W|| {num(recurring[0].metrics.get('median_update_ratio', math.nan))}"
                 f"{_with_lr(recurring[0])}): the learning rate is too high."
             )

@@ -16,6 +16,9 @@ class Topology:
     roles: dict[str, str]  # layer -> role ("gated", "bounded", "parametric", "other")
     first_step: int = 0  # first observed step
     last_step: int = -1  # last observed step of the run (-1: unknown)
+    #: (layer, call) -> forward position of a later call of a layer called several times in a forward pass (a shared
+    #: activation module): just after the output that precedes it, where it runs (unknown calls: after the first)
+    calls: dict[tuple[str, int], float] = field(default_factory=dict)
     _index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     _pinned: dict[int, float] = field(default_factory=dict, repr=False, compare=False)
     _fed_by: list[int] = field(default_factory=list, repr=False, compare=False)  # position -> feeding position
@@ -40,7 +43,9 @@ class Topology:
         known = self._pinned.get(id(event))
         if known is not None:
             return known
-        return self.position(event.layer) + event.metrics.get("call", 0.0) * 1e-3
+        call = event.metrics.get("call", 0.0)
+        placed = self.calls.get((event.layer, int(call))) if call else None
+        return placed if placed is not None else self.position(event.layer) + call * 1e-3
 
     def describe(self, layer: str) -> str:
         if layer == "":
@@ -67,3 +72,20 @@ class Topology:
             self._fed_by.append(last)
         fed = self._fed_by[pos]
         return self.order[fed] if fed >= 0 else None
+
+
+def call_positions(keys: Sequence[tuple[str, int]], order: Sequence[str]) -> dict[tuple[str, int], float]:
+    """Where each later call of a layer runs, for :attr:`Topology.calls`: ``keys`` are the layer outputs of a
+    forward pass in the order they were produced, ``(layer, call)``; ``order`` the layers' first calls in that
+    order. A later call sits just after the output before it (a shared ReLU's second call right after the layer
+    it activates), so first calls keep their positions in ``order``."""
+    index = {name: i for i, name in enumerate(order)}
+    placed: dict[tuple[str, int], float] = {}
+    last = -1.0
+    for name, call in keys:
+        if call == 0:
+            last = float(index.get(name, last))
+        else:
+            last += 1e-2
+            placed[(name, call)] = last
+    return placed

@@ -25,12 +25,14 @@ class StepData:
     output_norm: float | None = None
     output_numel: int = 0
     target_grad: float | None = None  # norm of d(loss)/d(model output): falls as the fit improves
+    target_grad_sum: float | None = None  # sum of |d(loss)/d(model output)|: the loss's pull in the output's units
     head_grad: float | None = None  # gradient norm of the last parametric layer (fully observed steps)
     head_finite: bool | None = None  # its gradient's first element is finite: on cheap steps, the loss was
     grad_clip_factor: float | None = None  # total gradient norm after backward / at the optimizer step, when > 1
     loss: float | None = None
     dead: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # (dead units, units)
     func_dead: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # never positive, zero grad
+    output_dead_pulled: tuple[float, int] | None = None  # model output units never positive that the loss pulls on
     saturated: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # (saturated, elements)
     out_grad: dict[SlotKey, float] = field(default_factory=dict)  # norm of d(loss)/d(layer output)
     grad: dict[str, float] = field(default_factory=dict)  # parameter -> gradient norm
@@ -38,11 +40,13 @@ class StepData:
     grad_exact_zero: set[str] = field(default_factory=set)
     grad_nonfinite: set[str] = field(default_factory=set)  # has inf/NaN elements (not a norm overflow)
     update: dict[str, tuple[float, float]] = field(default_factory=dict)  # parameter -> (||dW||, ||W||)
+    update_before: dict[str, float] = field(default_factory=dict)  # parameter -> ||W|| before the step
     update_parts: dict[str, list[float]] = field(default_factory=dict, repr=False)  # readings being assembled
     stepped: dict[str, float] = field(default_factory=dict)  # parameter -> lr of the group that stepped it
     lr_changed: bool = False
     skipped: bool = False  # a GradScaler skipped this step's optimizer step (its scaled gradients overflowed)
     loss_scale: float | None = None  # the GradScaler's scale in this step's backward pass
+    resumed: bool = False  # an optimizer met at this step already held state: the run trained before it was watched
     loss_observed: bool = False  # the loss was given to observe_loss (else recorded from the backward pass)
     head_zero: bool | None = None  # cheap CPU steps: the head layer's gradient is exactly zero everywhere
     carried: tuple[str, ...] = ()  # parameters whose .grad still held the applied gradient when backward began

@@ -32,6 +32,42 @@ def first_tensor(value: object) -> Tensor | None:
     return None
 
 
+def data_argument(args: tuple[object, ...], kwargs: dict[str, object] | None = None) -> Tensor | None:
+    """The input batch of a model call: its first tensor argument (positional first, then keyword), when it is
+    floating point; None when that first tensor is not (token ids, indices: their values are never non-finite).
+
+    Later arguments are not data: an additive attention mask (``nn.Transformer.generate_square_subsequent_mask``,
+    ``-inf`` above the diagonal) is passed after the tokens it masks, and its ``-inf`` is how masking works."""
+    for value in (*args, *(kwargs or {}).values()):
+        found = _first_any(value)
+        if found is not None:
+            return found if found.is_floating_point() else None
+    return None
+
+
+def _first_any(value: object) -> Tensor | None:
+    """The first tensor of any dtype in a value (tensor, PackedSequence, tuple, list, dict)."""
+    if isinstance(value, Tensor):
+        return value
+    data = getattr(value, "data", None)  # PackedSequence
+    if isinstance(data, Tensor):
+        return data
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            found = _first_any(item)
+            if found is not None:
+                return found
+    return None
+
+
+def readable(t: Tensor) -> Tensor | None:
+    """``t`` itself when it is a plain strided tensor, else :func:`dense` of it (sparse tensors: their values;
+    None for a meta tensor or a subclass that cannot be read)."""
+    return dense(t)
+
+
 def class_count(value: object) -> int:
     """The size of the last dimension of a model's logits (a classifier's classes, a language model's vocabulary):
     the ``logits`` of a Hugging Face output, else the first floating tensor of two or more dimensions in the output;
@@ -132,13 +168,32 @@ def _grouped_norms(tensors: Sequence[Tensor]) -> list[Tensor]:
     return [r for r in out if r is not None]
 
 
-def host_norm(t: Tensor) -> float:
-    """The L2 norm of a tensor as a Python float (a host read: on a GPU, a sync; used on CPU tensors). A
-    half-precision tensor is reduced in float32: the norm of float16 values overflows at 65504 long before any
-    of them does (a scaled loss gradient, an autocast output)."""
+def device_largest_magnitudes(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """:func:`largest_magnitudes` left on the device (0-d tensors, read at a flush): one
+    ``torch._foreach_norm(..., inf)`` per device and dtype; inf or NaN exactly when the tensor holds an inf or a NaN
+    (an L2 norm overflows on large finite values). Every tensor must be plain and strided (see :func:`dense`)."""
+    out: list[Tensor | None] = [None] * len(tensors)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.device, t.dtype), []).append(i)
     with torch.no_grad():
-        dtype = torch.float32 if t.dtype in _LOW_PRECISION else None
-        return float(torch.linalg.vector_norm(t.detach(), dtype=dtype))
+        for idx in groups.values():
+            for i, r in zip(idx, torch._foreach_norm([tensors[i] for i in idx], math.inf)):
+                out[i] = r
+    return [r for r in out if r is not None]
+
+
+def host_norm(t: Tensor) -> float | None:
+    """The L2 norm of a tensor as a Python float (a host read: on a GPU, a sync; used on CPU tensors); None when its
+    values cannot be read here (see :func:`dense`; a sparse tensor is read through its values). A half-precision
+    tensor is reduced in float32: the norm of float16 values overflows at 65504 long before any of them does (a
+    scaled loss gradient, an autocast output)."""
+    with torch.no_grad():
+        plain = readable(t)
+        if plain is None:
+            return None
+        dtype = torch.float32 if plain.dtype in _LOW_PRECISION else None
+        return float(torch.linalg.vector_norm(plain.detach(), dtype=dtype))
 
 
 def unit_dim(t: Tensor, channel_first: bool) -> int:
@@ -214,9 +269,9 @@ class Snapshot:
     """What the optimizer will do to some parameters, measured without copying them all.
 
     Before the step: a copy of an evenly strided sample of at most ``sample`` elements per parameter (the whole
-    parameter when it is smaller: then its change is exact), and the norm of each sampled parameter (one batched
-    reduction). After the step, :meth:`changes` gives per parameter the sample change's norm, the new norm and,
-    for sampled parameters, the old norm, all batched; :func:`update_norm` turns them into ||dW||: the sample's
+    parameter when it is smaller: then its change is exact), and the norm of each parameter (one batched
+    reduction). After the step, :meth:`changes` gives per parameter the sample change's norm, the new norm and the
+    old norm, all batched; :func:`update_norm` turns them into ||dW||: the sample's
     change scaled to the whole parameter or, when the sample did not change but the norm did (a sparse update the
     sample missed), the change of the norm, which bounds ||dW|| from below. A parameter is unchanged (exactly 0)
     only when its sample and its norm both are.
@@ -229,20 +284,15 @@ class Snapshot:
             views = [_sample(p, sample) for p in self._params]
             self._samples = [v for v, _ in views]
             self.scales = [s for _, s in views]
-            self._sampled = [i for i, s in enumerate(self.scales) if s != 1.0]
-            self._before = norms([self._params[i] for i in self._sampled]) if self._sampled else []
+            self._before = norms(self._params) if self._params else []  # every parameter's norm before the step
             self._copies = list(torch._foreach_mul(self._samples, 1.0)) if self._samples else []  # one copy
 
-    def changes(self) -> tuple[list[Tensor], list[Tensor], list[Tensor | None]]:
-        """(sample change norms, norms after, norms before or None for parameters copied whole), each one 0-d
-        tensor per parameter."""
+    def changes(self) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+        """(sample change norms, norms after, norms before), each one 0-d tensor per parameter."""
         with torch.no_grad():
             after = norms(self._params)
             deltas = norms(list(torch._foreach_sub(self._samples, self._copies)))
-        before: list[Tensor | None] = [None] * len(self._params)
-        for i, value in zip(self._sampled, self._before):
-            before[i] = value
-        return deltas, after, before
+        return deltas, after, list(self._before)
 
 
 def _sample(p: Tensor, limit: int) -> tuple[Tensor, float]:

@@ -40,6 +40,7 @@ MEASURED_BY_DEFAULT = {
     "holdout_exploding_grads_never_zeroed_unet",
     "holdout_exploding_gru_lm_clipped",
     "holdout_frozen_block_unfrozen_after_optimizer",
+    "holdout_grads_zeroed_per_epoch_gru",
     "holdout_nonfinite_nan_regression_labels",
     "holdout_nonfinite_silent_clip_rms_norm",
     "holdout_saturated_tanh_raw_pcm_conv1d",

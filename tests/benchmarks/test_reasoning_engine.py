@@ -146,7 +146,7 @@ def pick(left: list[SemanticEvent], topo: Topology) -> tuple[SemanticEvent | Non
     if other:
         return (o := first(other)), o.kind  # type: ignore[union-attr]
     surges = [e for e in left if is_update_surge(e)]
-    return first(surges), K.EXPLODING_GRADIENTS
+    return first(surges), K.OVERSIZED_UPDATES  # updates as large as the weights that set nothing off
 
 
 def engine(

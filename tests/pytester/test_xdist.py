@@ -84,4 +84,4 @@ def test_two_workers_give_the_same_outcomes_properties_and_files_as_one_process(
     assert "| xfailed | ❌ unhealthy (expected: xfail) |" in summary
     health = (parallel_out / "health.xml").read_text("utf-8")
     assert health == (serial_out / "health.xml").read_text("utf-8")
-    assert health.count("<testcase ") == 6 * 8  # per run: seven layer-level checks and "observed"
+    assert health.count("<testcase ") == 6 * 9  # per run: eight layer-level checks and "observed"

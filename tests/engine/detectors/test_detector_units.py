@@ -161,8 +161,8 @@ def update_step(
 
 def observe_updates(steps: list[StepData]) -> list[list[Finding]]:
     """What the detectors of what the optimizer did (frozen parameters, stalls, surges) find at each step."""
-    from neuraldbg.kinds.exploding_gradients import UpdateSurgeDetector
     from neuraldbg.kinds.frozen_parameters import FrozenDetector
+    from neuraldbg.kinds.oversized_updates import UpdateSurgeDetector
     from neuraldbg.kinds.stalled_updates import StalledDetector
 
     detectors, ctx = [FrozenDetector(), StalledDetector(), UpdateSurgeDetector()], update_context()
@@ -227,8 +227,8 @@ def test_when_nothing_moves_at_all_it_is_one_stall_of_the_model_not_every_parame
         ({"0": 1e-7, "2": 1e-6, "4": 1.0}, "stalled", 1 / 3),  # median 1e-6: one decade below
         ({"0": 1e-6, "2": 1e-5, "4": 1.0}, None, None),  # median at the threshold: not below it
         ({"0": 1e-3, "2": 1e-2, "4": 1e-1}, None, None),  # a healthy spread
-        ({"0": 0.5, "2": 0.5, "4": 0.01}, None, None),  # median at the exploding threshold: not above it
-        ({"0": 5.0, "2": 50.0, "4": 0.01}, "exploding", 0.5),  # median 5: one decade above 0.5, of two
+        ({"0": 0.1, "2": 0.1, "4": 0.01}, None, None),  # median at the oversized threshold: not above it
+        ({"0": 1.0, "2": 10.0, "4": 0.01}, "exploding", 0.5),  # median 1: one decade above 0.1, of two
     ],
 )
 def test_the_median_update_ratio_over_the_layers_decides_a_stall_or_an_update_surge(ratios, state, strength):
@@ -240,7 +240,10 @@ def test_the_median_update_ratio_over_the_layers_decides_a_stall_or_an_update_su
     ordered = sorted(ratios.values())
     assert (finding.layer, finding.state) == ("", state)
     assert finding.kind is (FailureKind.STALLED_UPDATES if state == "stalled" else None)
-    assert finding.metrics == {"median_update_ratio": ordered[1], "max_update_ratio": ordered[2], "lr": 0.2}
+    expected = {"median_update_ratio": ordered[1], "max_update_ratio": ordered[2], "lr": 0.2}
+    if state == "exploding":  # oversized updates say how large the gradients were meanwhile
+        expected["max_layer_grad_norm"] = 1.0
+    assert finding.metrics == expected
     assert finding.strength == pytest.approx(strength)
 
 

@@ -382,7 +382,7 @@ def surge(start: int, end: int, lr: float = 50.0) -> SemanticEvent:
         ),
         (
             surge(0, 4),
-            "the model's updates: as large as the weights (median update/weight ratio 1, learning rate 50), steps 0-4",
+            "the model's updates: oversized (median update/weight ratio 1, learning rate 50), steps 0-4",
         ),
         (
             run_event(FailureKind.DEGENERATE_LOSS, loss=0.0),
@@ -435,11 +435,13 @@ def test_one_learning_rate_is_one_fault_and_another_learning_rate_another():
         surge(30, 33, lr=500.0),  # after a jump to 500
     ]
     hypotheses = diagnose(events, TOPO, builtin_rules())
-    assert [(h.kind, h.root.step_start) for h in hypotheses] == [(D, 2), (E, 30)]
+    assert [(h.kind, h.root.step_start) for h in hypotheses] == [(D, 2), (FailureKind.OVERSIZED_UPDATES, 30)]
     dead = hypotheses[0]
     assert [e.step_start for e in dead.chain if e.kind is None] == [0, 20]
-    assert "(median ||dW||/||W|| 1 from step 0, learning rate 50): the learning rate is too high" in dead.explanation
-    assert "as large as the weights again from step 20" in dead.explanation
+    assert "(median ||dW||/||W|| 1 per step from step 0, learning rate 50): the learning rate is too high" in (
+        dead.explanation
+    )
+    assert "Oversized updates again from step 20" in dead.explanation
     assert "learning rate 500" in hypotheses[1].explanation
 
 
@@ -451,7 +453,7 @@ def test_a_surge_at_the_learning_rate_in_force_when_units_died_belongs_to_their_
 
     (h,) = diagnose(events, TOPO, builtin_rules(), history(50.0))
     assert h.kind is D and h.chain[1] is events[1]
-    assert "From step 8 the updates are as large as the weights at the learning rate in force" in h.explanation
+    assert "From step 8 the updates are oversized at the learning rate in force" in h.explanation
     assert "learning rate 50): the learning rate is too high" in h.explanation
     assert h.suggestion.startswith("lower the learning rate (now 50)")
     assert len(diagnose(events, TOPO, builtin_rules(), history(0.01))) == 2  # another rate: another fault

@@ -1,0 +1,219 @@
+"""Oversized updates: every optimizer step rewrites the weights, the sign of a learning rate far too high.
+
+**Updates as large as the weights** (:class:`UpdateSurgeDetector`): on fully observed steps, the median over the
+model's layers of ||dW|| / ||W|| above ``exploding_update_ratio`` (healthy training moves weights by ~0.1 % per
+step). What changes a layer by half its size every step is the learning rate, whatever the gradients do: under
+Adam-like optimizers an update is about the learning rate per element however large or small the gradient, so a
+learning rate far too high shows here while the gradients stay modest.
+
+The weight norm a step is measured against is the layer's norm before the step: oversized updates inflate the
+weights they are measured against (Adam at a learning rate of 5 moves every element of a layer initialised at 0.02
+by ~5 at its first step: 250x its weights, and 1x the weights after the step).
+
+Large updates are not oversized when they make the fit better: a small model starting far from its solution (a
+linear regression from PyTorch's init, a tiny net under Adam at 0.1) moves its weights by more than their own size
+in its first steps, and its loss falls all the way; pytorch/examples' word language model trains with plain SGD at
+a learning rate of 20 (clipped to 0.25), moving its layers by 10-40 % a step while its loss falls, noisily. So a
+run of updates above the ratio counts only once the fit got worse while they lasted (the loss the loop reports, or
+else the gradient of the loss with respect to the model's output, risen beyond its own noise): a learning rate
+100x too high overshoots, and the loss rises (1.4 -> 377 for a tiny BERT at 5, 4.2 -> 6.7 for a tiny GPT-2 at 0.1,
+3.8 -> 4.7 for a transformer at 0.05) before it settles at chance. Until then its findings are provisional (they
+date the event, but do not confirm it).
+
+The surge is evidence (an event without a kind of its own): the reasoning attaches it to the failure it sets off
+(units dying, saturating, gradients exploding, values overflowing after it: :mod:`neuraldbg.reasoning.engine`,
+"one learning rate, one fault"), whose explanation then names the learning rate. Surges that set nothing off are a
+hypothesis of this kind. Root: after every other fault (rank 9). Config: ``exploding_update_ratio``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+
+from ..config import DebugConfig
+from ..detectors.base import Detector, Finding, Observation, StepView, strength
+from ..events import EventType, FailureKind, SemanticEvent
+from ..health import UpdateHealth
+from ..reasoning.rules import is_update_surge
+from ..reasoning.topology import Topology
+from ..text import num, pct, quoted
+from .base import Check, Kind, RootLane, Series
+
+KIND = FailureKind.OVERSIZED_UPDATES
+
+
+class UpdateSurgeDetector(Detector):
+    """Oversized updates: the median ||dW||/||W|| above ``exploding_update_ratio`` (evidence), each layer's update
+    measured against its weights before the step, while the fit gets worse: see the module docstring."""
+
+    name = "update_surge"
+    track = "update"
+    event_type = EventType.UPDATE
+    every_step = False
+
+    def __init__(self) -> None:
+        self._start: tuple[str, float] | None = None  # the fit's signal when the current large updates began
+        self._since: list[float] = []  # ... and at each of their steps after the first
+        self._worse = False  # ... which made it worse
+        self._calm: dict[str, deque[float]] = {"loss": deque(), "loss_gradient": deque()}  # readings before it
+
+    def observe(self, view: StepView) -> Observation | None:
+        census = view.updates
+        if census is None:
+            return None
+        obs = Observation()
+        if census.at_lr_zero:
+            obs.saw(self.event_type, "")  # nothing moved: no surge (a stall, the stalled detector's)
+            return obs
+        if not (census.ratios and (census.moving or census.stepped_ever)):
+            return obs
+        obs.saw(self.event_type, "")
+        median, top = self._ratios(view, census.layers, census.ratios)
+        limit = view.ctx.config.exploding_update_ratio
+        if median <= limit:
+            self._start, self._worse = None, False
+            self._calm_step(view)
+            return obs
+        worse = self._getting_worse(view)
+        metrics = census.ratio_metrics()
+        metrics["median_update_ratio"] = median
+        metrics["max_update_ratio"] = max(top, metrics["max_update_ratio"])
+        grads = [g.norm for g in view.layer_gradients.values() if math.isfinite(g.norm)]
+        if grads:
+            metrics["max_layer_grad_norm"] = max(grads)
+        if worse and self._start is not None and self._start[0] and self._since:
+            metrics[f"{self._start[0]}_before"] = self._start[1]
+            metrics[f"{self._start[0]}_during"] = statistics.fmean(self._since)
+        s = strength(median, limit, decades=2, above=True)
+        finding = Finding(self.event_type, None, "", UpdateHealth.EXPLODING, metrics, s, provisional=not worse)
+        obs.findings.append(finding)
+        return obs
+
+    def _ratios(self, view: StepView, layers: list[str], fallback: list[float]) -> tuple[float, float]:
+        """(median, largest) of each layer's ||dW|| over its norm before this step."""
+        updates = view.layer_updates
+        ratios: list[float] = []
+        for layer in layers:
+            u = updates[layer]
+            before = u.before if math.isfinite(u.before) and u.before > 0 else u.weight
+            ratio = u.delta / before if before > 0 else u.ratio
+            if math.isfinite(ratio):
+                ratios.append(ratio)
+        ratios = sorted(ratios or fallback)
+        middle = len(ratios) // 2
+        median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+        return median, ratios[-1]
+
+    def _getting_worse(self, view: StepView) -> bool:
+        """Whether the fit got worse while these large updates lasted: the loss (when the loop reports it), else the
+        gradient of the loss with respect to the output, averaged over their steps after the first, above where it
+        stood before them by more than twice the average's standard error (a batch's loss varies from step to step;
+        a loss that rises is pushed up). Where it stood: the mean of the last readings before them when there are a
+        few, else the reading at their first step (which that step's update has not changed yet). Once worse, the
+        run of large updates counts to its end. A run without either reading is judged by the updates alone."""
+        readings = self._readings(view)
+        if self._start is None:
+            name = next(iter(readings), None)
+            if name is None:
+                self._start = ("", math.nan)
+                return True
+            before = self._calm[name]
+            reference = statistics.fmean(before) if len(before) >= _CALM_READINGS else readings[name]
+            self._start, self._since = (name, reference), []
+            return False
+        name, reference = self._start
+        if not name:
+            return True
+        value = readings.get(name)
+        if value is not None:
+            self._since.append(value)
+        since = self._since
+        if not self._worse and len(since) >= 2:
+            error = statistics.stdev(since) / math.sqrt(len(since))
+            self._worse = statistics.fmean(since) - reference > 2 * error
+        return self._worse
+
+    def _readings(self, view: StepView) -> dict[str, float]:
+        data = view.data
+        signals = (("loss", data.loss), ("loss_gradient", data.target_grad))
+        return {name: v for name, v in signals if v is not None and not math.isnan(v)}
+
+    def _calm_step(self, view: StepView) -> None:
+        """A step without large updates: its readings are where the fit stands."""
+        for name, value in self._readings(view).items():
+            self._calm.setdefault(name, deque(maxlen=_CALM_READINGS)).append(value)
+
+
+#: Readings before a run of large updates that say where the fit stood (fewer: the run's first reading does).
+_CALM_READINGS = 4
+
+
+class OversizedUpdates(Kind):
+    name = KIND.value
+    states = ()
+    evidence = (UpdateHealth.EXPLODING,)
+    confirmed_by_escalation = (UpdateHealth.EXPLODING,)
+    check = Check("assert_healthy", "oversized updates")
+
+    def detectors(self, config: DebugConfig) -> list[Detector]:
+        return [UpdateSurgeDetector()]
+
+    def lane(self, event: SemanticEvent) -> RootLane | None:
+        # updates as large as the weights that caused nothing else: a learning rate far too high
+        return RootLane(9) if is_update_surge(event) else None
+
+    def explain(
+        self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
+    ) -> tuple[str, str]:
+        lr = root.metrics.get("lr")
+        with_lr = f" with learning rate {num(lr)}" if lr is not None else ""
+        m = root.metrics
+        what = (
+            f"Oversized updates from step {root.step_start}{with_lr}: each step moves the weights by "
+            f"{_share(m.get('median_update_ratio', math.nan))} (the median ||dW||/||W|| over the layers; healthy "
+            "training moves them by about 0.1% of their size per step)"
+        )
+        for signal, words in (("loss", "the loss"), ("loss_gradient", "the gradient of the loss")):
+            if f"{signal}_before" in m:
+                what += (
+                    f", and the fit got worse meanwhile: {words} rose from {num(m[f'{signal}_before'])} to "
+                    f"{num(m[f'{signal}_during'])} on average"
+                )
+                break
+        what += "."
+        exploding = [e for e in rest if e.kind is not None and e.event_type is EventType.GRADIENT]
+        if exploding:
+            layers = sorted({e.layer for e in exploding}, key=topo.position)
+            what += f" Gradients are large too in {quoted(layers)}."
+        elif root.metrics.get("max_layer_grad_norm") is not None:
+            what += f" The gradients stay modest (largest {num(root.metrics['max_layer_grad_norm'])})."
+        return what, lower_lr(lr)
+
+    def describe(self, event: SemanticEvent) -> str:
+        m = event.metrics
+        lr = m.get("lr")
+        with_lr = f", learning rate {num(lr)}" if lr is not None else ""
+        updates = "" if not event.layer and event.param is None else "updates "  # read after "the model's updates"
+        return f"{updates}oversized (median update/weight ratio {num(m.get('median_update_ratio', math.nan))}{with_lr})"
+
+    def label(self, event: SemanticEvent) -> str:
+        return f"oversized updates: {num(event.metrics.get('median_update_ratio', math.nan))}"
+
+    def effect(self, event: SemanticEvent) -> str:
+        return "oversized updates"
+
+
+def _share(ratio: float) -> str:
+    """'18% of their size', '12x their size'."""
+    return f"{num(ratio)}x their size" if ratio >= 1 else f"{pct(ratio)} of their size"
+
+
+def lower_lr(lr: float | None) -> str:
+    """The fix for a learning rate far too high."""
+    now = f" (now {num(lr)})" if lr is not None else ""
+    return (
+        f"lower the learning rate{now}, e.g. 10x smaller, or warm it up over the first steps; with Adam-like "
+        "optimizers each step moves every weight by about the learning rate, whatever the gradients are."
+    )
