@@ -1,4 +1,5 @@
-"""Command line: ``neuraldbg demo``, ``neuraldbg explain TRACE.json`` and ``neuraldbg explain RANK_TRACES...``.
+"""Command line: ``neuraldbg demo``, ``neuraldbg explain TRACE.json``, ``neuraldbg explain RANK_TRACES...`` (or a
+report folder of separate runs' traces) and ``neuraldbg report TRACE... -o report.html``.
 
 Exit codes: 0 healthy (or, for ``demo``, the demo was diagnosed as expected; for a job, every rank reported and
 none shows a failure), 1 failures found (or a demo was misdiagnosed, or a rank of the job is missing), 2 usage or
@@ -36,6 +37,20 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--list", action="store_true", help="list the demos and exit")
     demo.add_argument("--no-graph", action="store_true", help="do not print the Mermaid graph")
     demo.add_argument("--save", metavar="PATH", help="also write the trace JSON to PATH")
+    demo.add_argument(
+        "--pictures",
+        metavar="DIR",
+        help="also draw the run's pictures (gradient flow, loss, update ratio; PNG and SVG) into DIR "
+        '(needs matplotlib: pip install "pytest-neuraldbg[plots]")',
+    )
+
+    report = sub.add_parser("report", help="write a self-contained HTML report of one or more trace files")
+    report.add_argument("traces", nargs="+", metavar="TRACE", help="trace files written by NeuralDbg.save()")
+    report.add_argument("-o", "--output", required=True, metavar="FILE", help="the HTML file to write")
+    report.add_argument("--no-pictures", action="store_true", help="leave the pictures out")
+    report.add_argument(
+        "--max-bytes", type=_positive_int, default=None, metavar="N", help="read trace files of up to N bytes"
+    )
 
     explain = sub.add_parser(
         "explain",
@@ -76,6 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "demo":
         return _demo(args)
+    if args.command == "report":
+        return _guarded("report", _report, args)
     return _explain(args)
 
 
@@ -112,6 +129,8 @@ def _demo(args: argparse.Namespace) -> int:
         if args.save:
             path = args.save if len(names) == 1 else args.save.replace(".json", f"-{name}.json")
             print(f"\ntrace written to {dbg.save(path)}")
+        if args.pictures:
+            status = max(status, _pictures(dbg, args.pictures, name))
         top = hypotheses[0] if hypotheses else None
         ok = (top is None) if demo.expected is None else (top is not None and top.kind is demo.expected)
         if ok and top is not None and demo.expected_layer is not None:
@@ -124,24 +143,65 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _say(text: str, stream: TextIO | None = None) -> None:
-    """Print text that may hold anything a trace held (lone surrogates from a layer name) without failing."""
+    """Print text that may hold anything a trace held without failing and without acting on the terminal: control
+    and bidirectional characters and lone surrogates become visible escapes (only the text's own line feeds stay)."""
+    from .export.inert import inert
+
     stream = stream if stream is not None else sys.stdout
     encoding = getattr(stream, "encoding", None) or "utf-8"
-    stream.write(text.encode(encoding, "backslashreplace").decode(encoding, "replace") + "\n")
+    stream.write(inert(text, lines=True).encode(encoding, "backslashreplace").decode(encoding, "replace") + "\n")
+
+
+def _pictures(dbg: Any, folder: str, name: str) -> int:
+    """Draw a demo's pictures into ``folder``; a usage error without matplotlib."""
+    from .export import pictures
+    from .export.files import OutputError
+
+    if not pictures.available():
+        print(f"neuraldbg demo: --pictures needs matplotlib: {pictures.INSTALL_HINT}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        written = pictures.draw(dbg, folder, f"demo-{name}")
+    except OutputError as exc:
+        _say(f"neuraldbg demo: {exc}", sys.stderr)
+        return EXIT_USAGE
+    for path in written:
+        print(f"picture written to {path}")
+    return EXIT_HEALTHY
+
+
+def _report(args: argparse.Namespace) -> int:
+    """``neuraldbg report TRACE... -o report.html``: exit 0 when every run is healthy, 1 when one is not."""
+    from .export import html, pictures
+    from .export.files import write_atomic
+    from .trace import MAX_TRACE_BYTES, load
+
+    traces = [load(path, max_bytes=args.max_bytes or MAX_TRACE_BYTES) for path in _trace_paths(args.traces)[0]]
+    runs = [html.run_page(trace, trace.source, pictures=not args.no_pictures) for trace in traces]
+    note = "" if args.no_pictures or pictures.available() else f"Pictures need matplotlib: {pictures.INSTALL_HINT}"
+    write_atomic(args.output, html.page(runs, note=note))
+    _say(f"report written to {args.output} ({len(runs)} run{'' if len(runs) == 1 else 's'})")
+    return EXIT_FAILURES if any(r.verdict != "healthy" for r in runs) else EXIT_HEALTHY
 
 
 def _explain(args: argparse.Namespace) -> int:
+    return _guarded("explain", _explain_traces, args)
+
+
+def _guarded(command: str, run: Any, args: argparse.Namespace) -> int:
+    """Run a command over trace files: a bad file or output path is a usage error (2), a bug an internal one (3)."""
     from .errors import TraceError
+    from .export.files import OutputError
 
     try:
-        return _explain_traces(args)
-    except TraceError as exc:
-        _say(f"neuraldbg explain: {exc}", sys.stderr)
+        return int(run(args))
+    except (TraceError, OutputError) as exc:
+        _say(f"neuraldbg {command}: {exc}", sys.stderr)
         return EXIT_USAGE
     except Exception as exc:  # a bug: never exit 1, which says the training run failed
         first = (str(exc).splitlines() or [""])[0]
         _say(
-            f"neuraldbg explain: internal error, a bug in NeuralDBG (please report it with the trace): "
+            f"neuraldbg {command}: internal error, a bug in NeuralDBG (please report it with the trace): "
             f"{type(exc).__name__}: {first}",
             sys.stderr,
         )
@@ -173,11 +233,16 @@ def _trace_paths(given: Sequence[str]) -> tuple[list[str], bool]:
 
 
 def _explain_traces(args: argparse.Namespace) -> int:
-    from .distributed.merge import merge_traces
+    from .distributed.merge import merge_traces, rank_from_name
     from .trace import MAX_TRACE_BYTES, load
 
     paths, job = _trace_paths(args.traces)
     traces = [load(path, max_bytes=args.max_bytes or MAX_TRACE_BYTES) for path in paths]
+    ranked = [t for t in traces if t.meta.get("rank") is not None or rank_from_name(t.source) is not None]
+    if job and not ranked:
+        # no trace names a rank (in its meta or its file name): a report folder, separate runs rather than the
+        # ranks of one job; where some do, the job's rules apply (a trace without a rank is then an error)
+        return _explain_each(args, traces)
     if job:
         merged = merge_traces(traces)
         if args.mermaid:
@@ -196,6 +261,21 @@ def _explain_traces(args: argparse.Namespace) -> int:
     else:
         _say(trace.report())
     return EXIT_FAILURES if hypotheses else EXIT_HEALTHY
+
+
+def _explain_each(args: argparse.Namespace, traces: Sequence[Any]) -> int:
+    """Traces of separate runs (``--neuraldbg-report``'s folder): each explained in turn; exit 1 when one is
+    unhealthy."""
+    unhealthy = False
+    if args.json:
+        _say(json.dumps([_trace_json(t, t.hypotheses()) for t in traces], indent=2))
+        return EXIT_FAILURES if any(t.hypotheses() for t in traces) else EXIT_HEALTHY
+    for i, trace in enumerate(traces):
+        hypotheses = trace.hypotheses()
+        unhealthy = unhealthy or bool(hypotheses)
+        _say(("\n" if i else "") + f"=== {trace.source}")
+        _say(trace.export_mermaid_causal_graph() if args.mermaid else trace.report())
+    return EXIT_FAILURES if unhealthy else EXIT_HEALTHY
 
 
 def _trace_json(trace: Any, hypotheses: Sequence[Any]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .config import DebugConfig
@@ -78,52 +78,73 @@ _NOT_REGULAR = (
 )
 
 
-def _refuse_unless_regular(shown: str, mode: int, via_link: bool) -> None:
+#: How a reader reports a problem with a file: given the problem in words (``is a FIFO ...``), the exception to raise.
+Failure = Callable[[str], Exception]
+
+
+def _refuse_unless_regular(fail: Failure, what: str, mode: int, via_link: bool) -> None:
     if stat.S_ISREG(mode):
         return
     if stat.S_ISDIR(mode):
-        raise TraceError(f"{shown}: is a directory, expected a JSON trace file")
-    what = next((name for test, name in _NOT_REGULAR if test(mode)), "not a regular file")
+        raise fail(f"is a directory, expected a JSON {what} file")
+    kind = next((name for test, name in _NOT_REGULAR if test(mode)), "not a regular file")
     link = " (through a symbolic link)" if via_link else ""
-    raise TraceError(f"{shown}: is {what}{link}, not a regular file; expected a JSON trace file")
+    raise fail(f"is {kind}{link}, not a regular file; expected a JSON {what} file")
 
 
-def read_text(source: str, max_bytes: int = MAX_TRACE_BYTES) -> str:
-    """The text of a trace file, read without blocking and without reading more than ``max_bytes``."""
+_TRACE_LIMIT_HINT = " (raise the limit with load(path, max_bytes=N) or neuraldbg explain --max-bytes N)"
+
+
+def read_text(
+    source: str,
+    max_bytes: int = MAX_TRACE_BYTES,
+    *,
+    what: str = "trace",
+    fail: Failure | None = None,
+    limit_hint: str = _TRACE_LIMIT_HINT,
+) -> str:
+    """The text of a JSON file from anywhere, read without blocking and without reading more than ``max_bytes``.
+
+    The one guarded reader of the project (traces, and the plugin's baselines): only a regular file is opened, a
+    FIFO, a device or a link to one is refused before opening. ``what`` names the kind of file in messages; ``fail``
+    turns a problem into the exception raised (default: a :class:`TraceError` naming the file).
+    """
     shown = printable(source)
+    if fail is None:
+
+        def fail(problem: str) -> Exception:
+            return TraceError(f"{shown}: {problem}")
+
     via_link = os.path.islink(source)
-    info = _os_call(shown, via_link, os.stat, source)  # follows symbolic links: what open() would reach
-    _refuse_unless_regular(shown, info.st_mode, via_link)
+    info = _os_call(fail, what, via_link, os.stat, source)  # follows symbolic links: what open() would reach
+    _refuse_unless_regular(fail, what, info.st_mode, via_link)
     if info.st_size > max_bytes:
-        raise TraceError(
-            f"{shown}: is {info.st_size} bytes, more than the {max_bytes} a trace may have "
-            f"(raise the limit with load(path, max_bytes=N) or neuraldbg explain --max-bytes N)"
-        )
+        raise fail(f"is {info.st_size} bytes, more than the {max_bytes} a {what} may have{limit_hint}")
     # O_NONBLOCK: should the path be swapped for a FIFO after the check above, opening it does not block
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
-    fd = _os_call(shown, via_link, os.open, source, flags)
+    fd = _os_call(fail, what, via_link, os.open, source, flags)
     with os.fdopen(fd, "rb") as fh:
-        _refuse_unless_regular(shown, os.fstat(fh.fileno()).st_mode, via_link)
-        data: bytes = _os_call(shown, via_link, fh.read, max_bytes + 1)  # a file of unknown size (/proc) stops here
+        _refuse_unless_regular(fail, what, os.fstat(fh.fileno()).st_mode, via_link)
+        data: bytes = _os_call(fail, what, via_link, fh.read, max_bytes + 1)  # a file of unknown size (/proc) stops
     if len(data) > max_bytes:
-        raise TraceError(f"{shown}: holds more than the {max_bytes} bytes a trace may have")
+        raise fail(f"holds more than the {max_bytes} bytes a {what} may have")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise TraceError(f"{shown}: not a text file ({exc.reason} at byte {exc.start}); expected JSON") from None
+        raise fail(f"not a text file ({exc.reason} at byte {exc.start}); expected JSON") from None
 
 
-def _os_call(shown: str, via_link: bool, call: Any, *args: Any) -> Any:
-    """``call(*args)``, with the operating system's refusals as TraceError lines."""
+def _os_call(fail: Failure, what: str, via_link: bool, call: Any, *args: Any) -> Any:
+    """``call(*args)``, with the operating system's refusals as ``fail`` lines."""
     try:
         return call(*args)
     except (FileNotFoundError, NotADirectoryError):
         dangling = " (a symbolic link to nothing)" if via_link else ""
-        raise TraceError(f"{shown}: no such trace file{dangling}") from None
+        raise fail(f"no such {what} file{dangling}") from None
     except OSError as exc:
-        raise TraceError(f"{shown}: cannot read the trace file: {exc.strerror or exc}") from None
+        raise fail(f"cannot read the {what} file: {exc.strerror or exc}") from None
     except ValueError:  # os.stat and os.open refuse a NUL character in the path
-        raise TraceError(f"{shown}: not a valid file name (it contains a NUL character)") from None
+        raise fail("not a valid file name (it contains a NUL character)") from None
 
 
 def load(path: str | os.PathLike[str], plugins: Iterable[Any] = (), *, max_bytes: int = MAX_TRACE_BYTES) -> Trace:

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
 from neuraldbg.errors import did_you_mean
+from neuraldbg.export.inert import inert, inert_data
 from neuraldbg.kinds import registry
 from neuraldbg.kinds.base import Check
 from neuraldbg.text import pct
@@ -71,7 +72,8 @@ def _note_asserted(ndbg: Any, hypotheses: Sequence[HypothesisRecord]) -> None:
 def _fail(ndbg: Any, first_line: str, hypotheses: Sequence[HypothesisRecord]) -> NoReturn:
     __tracebackhide__ = True
     _note_asserted(ndbg, hypotheses)
-    raise AssertionError(verdict.failure_text(first_line, hypotheses))
+    shown: list[HypothesisRecord] = [inert_data(h) for h in hypotheses]  # names as visible escapes, one line each
+    raise AssertionError(verdict.failure_text(inert(first_line), shown))
 
 
 def assert_healthy(ndbg: Any, *, ignore: Iterable[Any] = ()) -> None:
@@ -80,11 +82,15 @@ def assert_healthy(ndbg: Any, *, ignore: Iterable[Any] = ()) -> None:
     That includes the run-level kinds: a run that took no training step, got no gradient, trained in eval mode,
     had a loss that cannot teach, or was not fully observed is not healthy, whatever its layers did.
     ``ignore`` takes :class:`~neuraldbg.FailureKind` members or strings (``"frozen_parameters"``), e.g. to
-    accept frozen layers of a fine-tuned model.
+    accept frozen layers of a fine-tuned model; on a run of the fixture, the gate and the reports then ignore those
+    kinds too.
     """
     __tracebackhide__ = True
     hypotheses = _hypotheses(ndbg, "assert_healthy")
     skip = kind_names(ignore, "assert_healthy", (h["kind"] for h in hypotheses))
+    note = getattr(ndbg, "note_ignored", None)
+    if skip and callable(note):
+        note(skip)  # what the test ignored, the gate and the reports ignore too
     found = [h for h in hypotheses if h["kind"] not in skip]
     if found:
         _fail(ndbg, verdict.headline(found), found)
@@ -278,11 +284,12 @@ def _fail_to_learn(
 ) -> NoReturn:
     __tracebackhide__ = True
     parts = [first_line]
+    shown: list[HypothesisRecord] = [inert_data(h) for h in found]  # names as visible escapes, one line each
     if points:
         parts.append(f"Loss curve (step: loss): {learning.curve(points)}")
-    if found:
-        parts.append(verdict.headline(found, "Why, according to NeuralDBG: training is unhealthy"))
-        parts += [verdict.describe(h, i if len(found) > 1 else None) for i, h in enumerate(found, 1)]
+    if shown:
+        parts.append(verdict.headline(shown, "Why, according to NeuralDBG: training is unhealthy"))
+        parts += [verdict.describe(h, i if len(shown) > 1 else None) for i, h in enumerate(shown, 1)]
     elif drop is not None and drop.fell_by >= SLOW_BUT_FALLING:
         parts.append(
             f"NeuralDBG found no training fault in this run, and the loss is falling ({drop.fell_by:.3g}x), only "
@@ -296,4 +303,4 @@ def _fail_to_learn(
             "function and the targets, or train for more steps."
         )
     _note_asserted(ndbg, found)
-    raise AssertionError("\n\n".join(parts))
+    raise AssertionError(inert("\n\n".join(parts), lines=True))

@@ -202,10 +202,9 @@ def _rank_main(rank: int, job: _Job) -> None:
 
 
 def _write(path: str, text: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    from neuraldbg.export.files import write_atomic
+
+    write_atomic(path, text)
 
 
 def _check_positive(name: str, value: Any, integer: bool = False) -> None:

@@ -58,6 +58,8 @@ class NeuralDbgFixture:
         self._runs: list[tuple[str, Any]] = []
         self._devices: dict[str, str | None] = {}  # run name -> device type of its model when watched
         self._origins: dict[str, dict[str, Any]] = {}  # run name -> smoke_train's seed and steps
+        self.config: Any = None  # the pytest config of the test (for progress lines), None outside a test
+        self.nodeid = ""
 
     @classmethod
     def for_item(cls, item: pytest.Item, session: Settings) -> NeuralDbgFixture:
@@ -75,7 +77,9 @@ class NeuralDbgFixture:
             settings=settings,
             location=(str(item.path), item.location[1] + 1 if item.location[1] is not None else 1),
         )
-        return cls(settings, engine, check)
+        fixture = cls(settings, engine, check)
+        fixture.config, fixture.nodeid = item.config, item.nodeid
+        return fixture
 
     # --- watching ------------------------------------------------------------------------------------
 
@@ -192,7 +196,18 @@ class NeuralDbgFixture:
         if overfit:
             origin["overfit"] = True
         self._origins[self._runs[-1][0]] = origin
-        return train(dbg, model, data, loss_fn, optimizer=optimizer, steps=total, seed=seed, overfit=overfit)
+        progress = None
+        if self.config is not None:
+            from .ci import Progress
+
+            label = self.nodeid if len(self._runs) == 1 else f"{self.nodeid} [run {self._runs[-1][0]}]"
+            progress = Progress(self.config, label, total)
+        train(
+            dbg, model, data, loss_fn, optimizer=optimizer, steps=total, seed=seed, overfit=overfit, progress=progress
+        )
+        if progress is not None and progress.lines:
+            progress.finish([h.summary() for h in dbg.hypotheses()])
+        return dbg
 
     # --- baselines -----------------------------------------------------------------------------------
 

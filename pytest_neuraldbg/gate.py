@@ -11,7 +11,9 @@ helper (``assert_no_dead_neurons``, ``assert_healthy``, ``assert_learns``, ...) 
 on a run's failure and the test passed anyway, the test caught that error on purpose
 (``with pytest.raises(AssertionError, match=...)``): those failures are the test's subject, not a surprise, and
 the gate counts only the others. ``assert not ndbg.explain_failure()`` inside ``pytest.raises`` is not seen
-this way (nothing tells the plugin it raised); use a helper there, or the marker.
+this way (nothing tells the plugin it raised); use a helper there, or the marker. Likewise the kinds a test
+accepted with ``assert_healthy(ignore=[...])`` (the fine-tuning pattern: frozen layers on purpose) are accepted by
+the gate.
 """
 
 from __future__ import annotations
@@ -62,12 +64,13 @@ def combined(first: str, second: str) -> str:
 
 
 def unexpected(recs: Sequence[RunRecord]) -> list[RunRecord]:
-    """The unhealthy runs, each with only the failures no assertion helper of the (passing) test raised on."""
+    """The unhealthy runs, each with only the failures no assertion helper of the (passing) test raised on and
+    whose kind the test did not ignore (``assert_healthy(ignore=...)``)."""
     out = []
     for rec in recs:
         if rec["verdict"] != records.UNHEALTHY:
             continue
-        left = [h for h in rec["hypotheses"] if not h.get("asserted")]
+        left = [h for h in rec["hypotheses"] if not h.get("asserted") and not h.get("ignored")]
         if left:
             kept = rec.copy()
             kept["hypotheses"] = left

@@ -1,19 +1,23 @@
 """The training-health JUnit file of ``--neuraldbg-junit=PATH``, written with the ``junit-xml`` package.
 
-One test suite ``neuraldbg``. Per watched run, one test case per layer-level check (vanishing gradients,
-exploding gradients, dead neurons, saturated activations, non-finite values, frozen parameters, stalled
-updates), named after the failure kind, and one case ``observed`` that fails on any run-level failure (no
-training step observed, no gradient, training in eval mode, a degenerate loss, an incomplete observation):
-such a run says nothing about its layers, so it cannot pass as observed. Per test with a baseline, one case
-``baseline`` that fails on a regression, a missing or invalid file, or a test that watched no run. The class
-name is the test's node id (with the run's name when it watched several).
+One test suite ``neuraldbg``. Per watched run, one test case per layer-level kind (vanishing gradients, exploding
+gradients, dead neurons, saturated activations, non-finite values, frozen parameters, stalled updates, and the
+kinds of plugins), named after the kind, and one case ``observed`` for the run-level kinds (no training step
+observed, no gradient, training in eval mode, a degenerate loss, an incomplete observation). Per test with a
+baseline, one case ``baseline``. The class name is the test's node id (with the run's name when it watched several).
 
-Cases agree with the test outcomes: every case carries its test's outcome as ``status``; the failing checks of
-a test that is an expected failure (``xfail``) are ``skipped`` with "expected failure (xfail)", as pytest's
-own JUnit writes that test, and so are those whose every failure an assertion helper of the passing test
-raised on and the test caught ("expected by the test"). A failing case carries the one-line verdict as its
-message and the explanation, causal chain and Mermaid graph as its text: junit-xml flattens multi-line
-property values, and no JUnit viewer renders Mermaid anyway.
+One failing case per fault: a case fails when a hypothesis of the run has the case's kind as its *root cause*; the
+failures it caused (a dead ReLU's vanishing gradients upstream) are part of that case's text, not failures of their
+own. A run with a run-level failure observed nothing its layer checks could judge: they are skipped, with the
+reason. Every case's ``status`` says what happened to that case (``passed``, ``failed``, ``skipped``, ``error``),
+not what happened to its test.
+
+Failures that are not surprises are skipped with the reason: those of an expected failure (``xfail``), those an
+assertion helper of the passing test raised on and the test caught ("expected by the test"), the kinds the test
+ignored (``assert_healthy(ignore=...)``), and every failure of a test whose gate is off
+(``@pytest.mark.neuraldbg(gate="off")``). A failing case carries the one-line verdict as its message and the
+explanation and causal chain as its text; its ``system-out`` holds the causal graph (Mermaid) and, where pictures
+were drawn, GitLab's ``[[ATTACHMENT|path]]`` lines for them.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 
 from . import records, verdict
 from .outcomes import BaselineResult, Outcomes
-from .records import RunRecord
+from .records import HypothesisRecord, RunRecord
 
 OBSERVED = "observed"  # the case of the run-level kinds
 BASELINE = "baseline"  # the case of a test's baseline
@@ -45,39 +49,70 @@ def checks(record: Mapping[str, Any]) -> list[tuple[str, tuple[str, ...], str]]:
     return [*layer, (OBSERVED, run, "run-level failure")]
 
 
-def _judge(case: Any, outcome: str, first_line: str, text: str, expected_by_test: bool) -> None:
-    """A failure, or a skip that says why the failure was expected (and by whom)."""
+def _judge(case: Any, outcome: str, first_line: str, text: str, why_expected: str) -> None:
+    """A failure, or a skip that says why the failure was expected (and by whom); the case's status says which."""
     if outcome == "xfailed":
         case.add_skipped_info(message=f"expected failure (xfail): {first_line}", output=text)
-    elif outcome == "passed" and expected_by_test:
-        case.add_skipped_info(message=f"expected by the test: {first_line}", output=text)
+    elif why_expected:
+        case.add_skipped_info(message=f"{why_expected}: {first_line}", output=text)
     else:
         case.add_failure_info(message=first_line, output=text, failure_type="TrainingHealth")
+    case.status = "skipped" if case.is_skipped() else "failed"
 
 
-def _case(record: RunRecord, label: str, check: tuple[str, tuple[str, ...], str], outcome: str) -> Any:
+def _expected(record: RunRecord, found: Sequence[HypothesisRecord], outcome: str) -> str:
+    """Why the failures of a case are no surprise (a skip's reason), or ``""``."""
+    if record.get("gate") == "off":
+        return 'not gated: the test turned the gate off (gate="off")'
+    if all(h.get("ignored") for h in found):
+        return "ignored by the test (assert_healthy(ignore=...))"
+    if outcome == "passed" and all(h.get("asserted") or h.get("ignored") for h in found):
+        return "expected by the test"
+    return ""
+
+
+def _case(
+    record: RunRecord, label: str, check: tuple[str, tuple[str, ...], str], outcome: str, attachments: Sequence[str]
+) -> Any:
     name, kinds, what = check
-    case = _junit_xml().TestCase(
-        name, classname=label, file=str(record["nodeid"]).split("::", 1)[0], status=outcome or None
-    )
+    case = _junit_xml().TestCase(name, classname=label, file=str(record["nodeid"]).split("::", 1)[0])
+    case.status = "passed"
     if record["verdict"] == records.ERROR:
         case.add_error_info(message=str(record.get("error", "error")), error_type="NeuralDbgError")
+        case.status = "error"
         return case
-    found = [h for h in record["hypotheses"] if verdict.involves(h, kinds)]
+    found = [h for h in record["hypotheses"] if h["kind"] in kinds]  # this case's faults: their root is its kind
+    run_level = [h for h in record["hypotheses"] if verdict.run_level(h["kind"])]
+    if not found and run_level and name != OBSERVED:
+        case.add_skipped_info(message=f"not observed: {verdict.headline(run_level, 'NeuralDBG: run-level failure')}")
+        case.status = "skipped"
+        return case
     if found:
         first_line = verdict.kind_headline(found, kinds, what)
-        text = verdict.failure_text(first_line, found, [f"Causal graph (Mermaid):\n{record['mermaid']}"])
-        _judge(case, outcome, first_line, text, all(h.get("asserted") for h in found))
+        text = verdict.failure_text(first_line, found)
+        _judge(case, outcome, first_line, text, _expected(record, found, outcome))
+        if case.status == "failed":
+            case.stdout = system_out(record, attachments)
     return case
 
 
+def system_out(record: RunRecord, attachments: Sequence[str] = ()) -> str:
+    """What a viewer shows as the failing case's output: the causal graph (Mermaid) and GitLab's attachment lines
+    for the run's pictures."""
+    lines = [f"[[ATTACHMENT|{path}]]" for path in attachments]
+    if record.get("mermaid"):
+        lines += ["NeuralDBG causal graph (Mermaid):", str(record["mermaid"])]
+    return "\n".join(lines)
+
+
 def _baseline_case(nodeid: str, result: BaselineResult, outcome: str) -> Any:
-    case = _junit_xml().TestCase(BASELINE, classname=nodeid, file=nodeid.split("::", 1)[0], status=outcome or None)
+    case = _junit_xml().TestCase(BASELINE, classname=nodeid, file=nodeid.split("::", 1)[0], status="passed")
     if result.failed:
         text = result.text or "\n".join([f"NeuralDBG baseline {result.status}: {result.path}", *result.lines])
-        _judge(case, outcome, text.split("\n", 1)[0], text, False)
+        _judge(case, outcome, text.split("\n", 1)[0], text, "")
     elif result.status == "not written":
         case.add_skipped_info(message=f"baseline not written: the test did not pass ({result.path})")
+        case.status = "skipped"
     return case
 
 
@@ -86,8 +121,11 @@ def report(
     *,
     outcomes: Outcomes | None = None,
     baselines: Mapping[str, BaselineResult] | None = None,
+    attachments: Mapping[int, Sequence[str]] | None = None,
 ) -> str:
-    """The XML document: every run checked for every failure kind, and every test's baseline."""
+    """The XML document: every run checked for every failure kind, and every test's baseline. ``attachments``: per
+    record (by ``id``), its picture files as the JUnit reader should find them (GitLab: relative to the project)."""
+    attachments = attachments or {}
     junit_xml = _junit_xml()
     outcome_of = outcomes.of if outcomes is not None else (lambda _: "")
     baselines = dict(baselines or {})
@@ -95,7 +133,13 @@ def report(
     for r in recs:
         per_test[r["nodeid"]] = per_test.get(r["nodeid"], 0) + 1
     cases = [
-        _case(r, records.run_label(r, per_test[r["nodeid"]]), check, outcome_of(str(r["nodeid"])))
+        _case(
+            r,
+            records.run_label(r, per_test[r["nodeid"]]),
+            check,
+            outcome_of(str(r["nodeid"])),
+            attachments.get(id(r), ()),
+        )
         for r in recs
         for check in checks(r)
     ]

@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from neuraldbg.text import printable
+
 from .errors import PluginError
 
 GATES = ("fail", "warn", "off")
@@ -151,6 +153,17 @@ def parse_relative(value: Any) -> float:
     return number
 
 
+PICTURES = ("unhealthy", "all", "off")
+
+
+def parse_pictures(value: Any) -> str:
+    """``unhealthy`` (pictures of unhealthy runs), ``all`` (of every run) or ``off``."""
+    text = str(value).strip().lower()
+    if text not in PICTURES:
+        raise OptionError(f"expected one of {', '.join(PICTURES)}", _hint(text, PICTURES))
+    return text
+
+
 def parse_path(value: Any) -> str:
     text = str(value).strip()
     if not text:
@@ -216,6 +229,14 @@ OPTIONS: tuple[Option, ...] = (
         "DIR",
         parse_path,
         is_path=True,
+    ),
+    Option(
+        "pictures",
+        "with --neuraldbg-report: draw pictures of the unhealthy runs (gradient flow over layers and steps, loss, "
+        "update ratio; PNG and SVG, linked from summary.md and report.html) with unhealthy, of every run with all, "
+        'none with off (default unhealthy; needs matplotlib: pip install "pytest-neuraldbg[plots]")',
+        "unhealthy|all|off",
+        parse_pictures,
     ),
     Option(
         "junit",
@@ -289,6 +310,7 @@ class Settings:
     persistence: int | None = None
     gate: str = "off"
     report: Path | None = None
+    pictures: str = "unhealthy"
     junit: Path | None = None
     steps: int = DEFAULT_STEPS
     update_baselines: bool = False
@@ -380,6 +402,7 @@ def resolve(config: pytest.Config, env: Mapping[str, str] | None = None) -> Sett
     env = os.environ if env is None else env
     try:
         check_environment(env)
+        check_ini_keys(config)
     except OptionError as exc:
         raise pytest.UsageError(f"neuraldbg: {exc}") from None
     values: dict[str, Any] = {}
@@ -398,9 +421,69 @@ def resolve(config: pytest.Config, env: Mapping[str, str] | None = None) -> Sett
             from_ini = source == ini_source and not source.endswith(OVERRIDE)  # -o is typed where pytest runs
             base = config.inipath.parent if from_ini and config.inipath is not None else config.invocation_params.dir
             value = base / Path(value).expanduser()
+            check_output(option, value, source)
         values[option.name] = value
         sources[option.name] = source
     return Settings(**values, sources=sources)
+
+
+def check_output(option: Option, path: Path, source: str) -> None:
+    """An output path that cannot be written is a usage error now, before any test runs (as pytest's own options
+    are), not a traceback after the last test: ``--neuraldbg-report`` must be a folder (or be creatable as one),
+    ``--neuraldbg-junit`` a regular file in one; the nearest folder that exists must be writable."""
+    import stat
+
+    def refuse(problem: str) -> None:
+        raise pytest.UsageError(f"neuraldbg: {source}: cannot write {option.name} to {printable(str(path))}: {problem}")
+
+    folder = path if option.name == "report" else path.parent
+    if option.name != "report":
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            mode = None
+        if mode is not None and stat.S_ISDIR(mode):
+            refuse("it is a directory; expected the path of a file")
+        if mode is not None and not stat.S_ISREG(mode):
+            refuse("it is not a regular file (a device, a FIFO or a link); expected the path of a regular file")
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        if existing.is_symlink():
+            refuse(f"{printable(str(existing))} is a symbolic link to nothing")
+        existing = existing.parent
+    if not existing.is_dir():
+        refuse(f"{printable(str(existing))} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        refuse(f"the folder {printable(str(existing))} is not writable")
+
+
+def _ini_keys(config: pytest.Config) -> list[str]:
+    """The keys of the ini file. pytest has no public listing: ``config.inicfg`` (deprecated in pytest 9, read with
+    its warning silenced), else the attribute behind it; none when neither exists."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        found = getattr(config, "inicfg", None)
+    if found is None:
+        found = getattr(config, "_inicfg", None)
+    try:
+        return [str(key) for key in found or {}]
+    except TypeError:
+        return []
+
+
+def check_ini_keys(config: pytest.Config) -> None:
+    """An ini key in the plugin's namespace (``neuraldbg_*``) that names no setting is a typo: :class:`OptionError`
+    naming it, its file and the closest key (``neuraldbg_gat`` -> ``neuraldbg_gate``), as for flags and variables."""
+    known = [option.ini for option in OPTIONS]
+    keys = _ini_keys(config)
+    overrides = [str(o).split("=", 1)[0].strip() for o in getattr(config.option, "override_ini", None) or []]
+    where = config.inipath.name if config.inipath is not None else "the configuration"
+    for key in [*keys, *overrides]:
+        if key.lower().startswith("neuraldbg_") and key not in known:
+            origin = f"ini {key} (-o override)" if key in overrides else f"ini {key} in {where}"
+            raise OptionError(f"{origin}: unknown key{_hint(key, known)}; expected one of {', '.join(known)}")
 
 
 def check_environment(env: Mapping[str, str]) -> None:

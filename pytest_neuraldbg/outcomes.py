@@ -42,6 +42,7 @@ class Outcomes:
 
     counts: dict[str, int] = field(default_factory=dict)
     tests: dict[str, str] = field(default_factory=dict)
+    messages: dict[str, str] = field(default_factory=dict)  # a failed test's failure: its first report's message
 
     def add(self, report: Any) -> None:
         found = category(report)
@@ -49,6 +50,8 @@ class Outcomes:
             return
         self.counts[found] = self.counts.get(found, 0) + 1
         nodeid = str(report.nodeid)
+        if found in BAD and nodeid not in self.messages:
+            self.messages[nodeid] = failure_message(report)
         if found == "error" or self.tests.get(nodeid) != "error":
             self.tests[nodeid] = found
 
@@ -63,6 +66,23 @@ class Outcomes:
             if n:
                 parts.append(f"{n} {'errors' if key == 'error' and n != 1 else key}")
         return ", ".join(parts)
+
+
+#: Longest failure text kept for a report, in characters.
+MAX_MESSAGE = 2000
+
+
+def failure_message(report: Any) -> str:
+    """The failure of a test report as people read it: pytest's crash message with its location, else the start of
+    the failure text."""
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    text = str(getattr(crash, "message", "") or "") or str(
+        getattr(report, "longreprtext", "") or getattr(report, "longrepr", "") or ""
+    )
+    if len(text) > MAX_MESSAGE:
+        text = text[: MAX_MESSAGE - 1] + "…"
+    where = f"{crash.path}:{crash.lineno}" if crash is not None and getattr(crash, "path", None) else ""
+    return f"{text}\n({where})" if where else text
 
 
 @dataclass(frozen=True)

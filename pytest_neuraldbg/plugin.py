@@ -88,8 +88,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     recs = reporting.report_records(item, state) if call.when == "call" else []
     report = yield
     gate.show(report, call)
-    reporting.annotate(report, recs)
+    raised = call.excinfo.value if call.excinfo is not None else None
+    crashed = isinstance(raised, Exception) and not isinstance(raised, AssertionError)  # not pytest.fail/skip
+    crash = type(raised).__name__ if crashed else ""
+    reporting.annotate(report, recs, crash)
     if call.when == "call":
+        if reporting.junit_output_wanted(item.config):
+            found = [reporting.attachments(rec, state, item.config.rootpath) for rec in recs]
+            reporting.add_output(item, report, recs, found)
         reporting.annotate_baseline(report, item)
     return report
 
@@ -114,6 +120,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """Remove stale baselines when asked, write the report files: once, on the controller (not an xdist worker)."""
     if not hasattr(session.config, "workerinput"):
         state = session.config.stash[SESSION_KEY]
+        state.stopped = reporting.stopped_early(session)
         reporting.remove_stale(state, session.config.rootpath)
         reporting.write_files(state)
 

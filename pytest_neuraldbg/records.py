@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, TypedDict, cast
 
+from neuraldbg.export.inert import encodable, encodable_data, inert, inert_data
 from neuraldbg.text import json_number
 
 HEALTHY = "healthy"
@@ -48,9 +49,11 @@ class _Hypothesis(TypedDict):
 
 class HypothesisRecord(_Hypothesis, total=False):
     """A :class:`~neuraldbg.CausalHypothesis` as plain data; ``asserted``: an assertion helper of the test failed on
-    it (set once the test's run is summarised)."""
+    it; ``ignored``: the test ignored its kind (``assert_healthy(ignore=...)``). Both set once the test's run is
+    summarised."""
 
     asserted: bool
+    ignored: bool
 
 
 class ChartSeries(TypedDict):
@@ -70,11 +73,24 @@ class _Run(TypedDict):
     kinds: list[str]  # the failure kinds the run was checked for
 
 
+class KeyNumbers(TypedDict, total=False):
+    """A run in a few numbers: its final loss, and the smallest and largest gradient norm among its layers at the
+    last step that recorded one (``[layer, norm]``)."""
+
+    final_loss: float | str
+    grad_step: int
+    grad_min: list[str | float]
+    grad_max: list[str | float]
+
+
 class RunRecord(_Run, total=False):
     """One watched run of a test, as it crosses from an xdist worker to the controller."""
 
     verdict: str  # HEALTHY, UNHEALTHY or ERROR
+    gate: str  # the test's gate: fail, warn or off
+    numbers: KeyNumbers
     grad_chart: list[ChartSeries]
+    pictures: list[str]  # the run's picture files, by name, in the report folder
     trace: dict[str, Any]  # the JSON trace, when the report folder keeps traces
     error: str  # why the run could not be summarised (verdict ERROR)
 
@@ -154,6 +170,32 @@ def grad_chart_series(dbg: Any, hypotheses: list[Any]) -> list[ChartSeries]:
     return out
 
 
+def key_numbers(dbg: Any) -> KeyNumbers:
+    """The run's final loss and, at the last step any layer recorded a gradient norm, the smallest and the largest
+    norm among the layers (with their names); what it did not record is left out."""
+    history = getattr(dbg, "history", None)
+    out: KeyNumbers = {}
+    if history is None:
+        return out
+    loss = history.get("loss", "")
+    if loss is not None and len(loss):
+        out["final_loss"] = json_number(loss.points()[-1][1])
+    finals = {}
+    for layer in history.layers("grad_norm"):
+        points = history.get("grad_norm", layer).points()
+        if points:
+            finals[layer] = points[-1]
+    if finals:
+        step = max(int(s) for s, _ in finals.values())
+        at_step = {layer: float(v) for layer, (s, v) in finals.items() if int(s) == step}
+        low = min(at_step, key=lambda layer: at_step[layer])
+        high = max(at_step, key=lambda layer: at_step[layer])
+        out["grad_step"] = step
+        out["grad_min"] = [low, json_number(at_step[low])]
+        out["grad_max"] = [high, json_number(at_step[high])]
+    return out
+
+
 def _nearest_parametric(root: str, order: list[str], parametric: list[str]) -> str | None:
     if not root:
         return None
@@ -167,7 +209,7 @@ def _nearest_parametric(root: str, order: list[str], parametric: list[str]) -> s
     return before[-1] if before else (after[0] if after else None)
 
 
-def summarise(dbg: Any, *, nodeid: str, run: str, include_trace: bool = False) -> RunRecord:
+def summarise(dbg: Any, *, nodeid: str, run: str, include_trace: bool = False, gate: str = "") -> RunRecord:
     """The record of one watched run. Never raises: a failure of the engine becomes an ``error`` record.
 
     Each hypothesis says whether an assertion helper of the test failed on it (``asserted``): when the test
@@ -177,23 +219,45 @@ def summarise(dbg: Any, *, nodeid: str, run: str, include_trace: bool = False) -
     try:
         hypotheses = list(dbg.hypotheses())
         asserted = set(getattr(dbg, "asserted", ()))  # failures an assertion helper raised on (see watched.py)
+        ignored = set(getattr(dbg, "ignored", ()))  # kinds the test ignored (assert_healthy(ignore=...))
         found = [hypothesis_dict(h) for h in hypotheses]
         for h in found:
             h["asserted"] = key(h) in asserted
+            if h["kind"] in ignored:
+                h["ignored"] = True
+        if gate:
+            record["gate"] = gate
         record["verdict"] = UNHEALTHY if hypotheses else HEALTHY
         record["steps"] = int(dbg.steps)
         record["kinds"] = list(dbg.checked_kinds())
         record["hypotheses"] = found
         record["mermaid"] = dbg.export_mermaid_causal_graph()
         record["grad_chart"] = grad_chart_series(dbg, hypotheses) if hypotheses else []
+        record["numbers"] = key_numbers(dbg)
         if include_trace:
             record["trace"] = dbg.to_dict()
-        # plain builtins only: xdist's serialiser refuses str subclasses such as torch's TorchVersion
-        return cast(RunRecord, json.loads(json.dumps(record, allow_nan=False)))
+        return _plain(record)
     except Exception as exc:  # reports must never break the test run they describe
-        record["verdict"] = ERROR
-        record["error"] = f"NeuralDBG could not summarise this run: {exc!r}"
-        return record
+        failed: RunRecord = {"nodeid": nodeid, "run": run, "steps": 0, "hypotheses": [], "mermaid": "", "kinds": []}
+        failed["verdict"] = ERROR
+        failed["error"] = f"NeuralDBG could not summarise this run: {exc!r}"
+        return _plain(failed)
+
+
+def _plain(record: RunRecord) -> RunRecord:
+    """The record as plain builtins (xdist's serialiser refuses str subclasses such as torch's TorchVersion) whose
+    text is inert (see :mod:`neuraldbg.export.inert`): names from the model, whatever they hold, reach every report
+    as visible escapes, and no string holds a lone surrogate that an encoder (the report files, xdist's channel)
+    would refuse. The node id stays as pytest gave it (reports match outcomes by it); the trace is data, kept as it
+    is but for lone surrogates."""
+    data = json.loads(json.dumps(record, allow_nan=False))
+    keep = {key: data.pop(key) for key in ("nodeid", "mermaid", "trace") if key in data}
+    out = inert_data(data)
+    out["nodeid"] = encodable(keep["nodeid"])
+    out["mermaid"] = inert(keep.get("mermaid", ""), lines=True)
+    if "trace" in keep:
+        out["trace"] = encodable_data(keep["trace"])
+    return cast(RunRecord, out)
 
 
 def run_label(record: RunRecord, runs_in_test: int = 1) -> str:

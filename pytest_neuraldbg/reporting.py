@@ -15,7 +15,11 @@ from typing import Any
 
 import pytest
 
+from neuraldbg.export.inert import inert
+from neuraldbg.text import num, one_line
+
 from . import baseline, outcomes, records, verdict
+from .ci import annotation, on_github
 from .names import MAX_NAME, digest, portable_name
 from .records import RunRecord
 from .state import FIXTURE_KEY, RECORDS_KEY, SESSION_KEY, SessionState
@@ -40,11 +44,62 @@ def record_item(item: pytest.Item, state: SessionState) -> list[RunRecord]:
     fixture = item.stash.get(FIXTURE_KEY, None)
     runs = fixture.named_runs if fixture is not None else []
     keep_trace = state.settings.report is not None
-    recs = [records.summarise(dbg, nodeid=item.nodeid, run=name, include_trace=keep_trace) for name, dbg in runs]
+    # the gate, when the test's own marker set it (gate="off": the test does not want its training judged)
+    marked = fixture is not None and fixture.settings.source("gate").startswith("marker")
+    gate = fixture.settings.gate if fixture is not None and marked else ""
+    recs = [
+        records.summarise(dbg, nodeid=item.nodeid, run=name, include_trace=keep_trace, gate=gate) for name, dbg in runs
+    ]
+    for (_, dbg), rec in zip(runs, recs):
+        draw_pictures(dbg, rec, state)
     for rec in recs:
         item.user_properties.extend(user_properties(rec, several=len(recs) > 1))
     item.stash[RECORDS_KEY] = recs
     return recs
+
+
+def picture_stem(record: RunRecord) -> str:
+    """The file-name stem of a run's pictures: the test's portable name, its run, and a hash of both, so that every
+    worker names a run alike and no two runs share a name."""
+    key = f"{record['nodeid']}::{record['run']}"
+    return f"{safe_name(str(record['nodeid']), 80)}-{digest(key)}"
+
+
+def draw_pictures(dbg: Any, record: RunRecord, state: SessionState) -> None:
+    """With a report folder, draw the run's pictures there (on the worker that ran it): for an unhealthy run, or
+    every run with ``--neuraldbg-pictures=all``. Never fails the test: a problem is said in the record's error."""
+    settings = state.settings
+    wanted = settings.pictures == "all" or (settings.pictures == "unhealthy" and record["verdict"] == records.UNHEALTHY)
+    if settings.report is None or not wanted:
+        return
+    from neuraldbg.export import pictures
+
+    if not pictures.available():
+        return
+    try:
+        written = pictures.draw(dbg, settings.report, picture_stem(record))
+    except Exception as exc:  # a report must never break the test it describes: said as a warning
+        import warnings
+
+        from neuraldbg.errors import NeuralDbgWarning
+
+        record["pictures"] = []
+        warnings.warn(
+            NeuralDbgWarning(f"NeuralDBG could not draw the pictures of this run: {inert(repr(exc))}"), stacklevel=2
+        )
+        return
+    record["pictures"] = [path.name for path in written]
+
+
+def attachments(record: RunRecord, state: SessionState, root: Path) -> list[str]:
+    """A run's PNG pictures as a JUnit reader finds them: relative to the project's root when below it."""
+    if state.settings.report is None:
+        return []
+    return [
+        baseline.shown(state.settings.report / name, root)
+        for name in record.get("pictures", [])
+        if name.endswith(".png")
+    ]
 
 
 def report_records(item: pytest.Item, state: SessionState) -> list[RunRecord]:
@@ -55,33 +110,94 @@ def report_records(item: pytest.Item, state: SessionState) -> list[RunRecord]:
 
 
 def user_properties(record: RunRecord, several: bool = False) -> list[tuple[str, str]]:
-    """``neuraldbg.verdict``, ``.explanation``, ``.chain`` (JSON) and ``.mermaid`` for pytest's ``--junitxml``.
+    """Short lines for pytest's ``--junitxml``, which viewers show as a table: ``neuraldbg.verdict`` and, for an
+    unhealthy run, ``neuraldbg.root`` (kind and layer of the first hypothesis), ``neuraldbg.onset`` (its step) and a
+    one-line ``neuraldbg.explanation``; for a run that could not be analysed, the error. The graph and the chain,
+    which are many lines, go to the failing test's output (:func:`system_out`).
 
     A test that watched several runs gets one group per run, each led by ``neuraldbg.run``.
     """
-    chain = [{k: v for k, v in h.items() if k != "explanation"} for h in record["hypotheses"]]
-    props = [
-        ("neuraldbg.verdict", str(record["verdict"])),
-        ("neuraldbg.explanation", str(record.get("error", "")) or verdict.explanation(record["hypotheses"])),
-        ("neuraldbg.chain", json.dumps(chain, allow_nan=False)),
-        ("neuraldbg.mermaid", str(record["mermaid"])),
-    ]
+    props = [("neuraldbg.verdict", str(record["verdict"]))]
+    hypotheses = record["hypotheses"]
+    if record["verdict"] == records.ERROR:
+        props.append(("neuraldbg.explanation", one_line(str(record.get("error", "")), PROPERTY_LIMIT)))
+    elif hypotheses:
+        first = hypotheses[0]
+        more = f" (+{len(hypotheses) - 1} more)" if len(hypotheses) > 1 else ""
+        where = f"'{first['layer']}'" if first["layer"] else "the model"
+        props += [
+            ("neuraldbg.root", f"{first['kind']} at {where}{more}"),
+            ("neuraldbg.onset", f"step {first['step']}"),
+            ("neuraldbg.explanation", one_line(str(first["explanation"]), PROPERTY_LIMIT)),
+        ]
     return [("neuraldbg.run", str(record["run"])), *props] if several else props
 
 
-def section_text(recs: Sequence[RunRecord]) -> str:
-    """The explanation of every unhealthy run of a test, for its report section."""
+#: Longest property value, in characters (viewers show properties in a table cell).
+PROPERTY_LIMIT = 300
+#: The key of the report section that pytest's JUnit writes into the case's ``<system-out>`` (with ``junit_logging``
+#: ``system-out``, ``out-err`` or ``all``): pytest counts every section named "Captured stdout ..." as output, and
+#: writes it from the teardown report, which carries the sections an item added during its call.
+OUTPUT_KEY = "stdout neuraldbg"
+
+
+def system_out(recs: Sequence[RunRecord], attachments: Sequence[Sequence[str]] = ()) -> str:
+    """The multi-line part of a failing test's JUnit case, for each unhealthy run: GitLab's ``[[ATTACHMENT|path]]``
+    lines for its pictures, its causal chain, and its causal graph (Mermaid)."""
+    parts = []
+    for i, rec in enumerate(recs):
+        if rec["verdict"] != records.UNHEALTHY:
+            continue
+        lines = [f"[[ATTACHMENT|{path}]]" for path in (attachments[i] if i < len(attachments) else ())]
+        lines.append(f"NeuralDBG run {rec['run']}: {verdict.headline(rec['hypotheses'])}")
+        for h in rec["hypotheses"]:
+            lines += verdict.chain_lines(h)
+        lines += ["Causal graph (Mermaid):", str(rec["mermaid"])]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def junit_output_wanted(config: pytest.Config) -> bool:
+    """Whether pytest's ``--junitxml`` writes test output into ``<system-out>`` (``junit_logging``)."""
+    if not getattr(config.option, "xmlpath", None):
+        return False
+    return str(config.getini("junit_logging")) in ("system-out", "out-err", "all")
+
+
+def section_text(recs: Sequence[RunRecord], crash: str = "") -> str:
+    """The explanation of every unhealthy run of a test, for its report section. ``crash``: the exception the test
+    raised (not an assertion): a run that observed nothing then says so, rather than blame the training loop."""
     parts = []
     for rec in recs:
         label = f"run {rec['run']}: " if len(recs) > 1 else ""
-        if rec["verdict"] == records.UNHEALTHY:
+        if crash and rec["verdict"] == records.UNHEALTHY and _observed_nothing(rec):
+            parts.append(
+                f"{label}NeuralDBG has no verdict on this run: the test raised {crash} after {rec['steps']} "
+                "observed training steps, before the run could be judged."
+            )
+        elif rec["verdict"] == records.UNHEALTHY:
             parts.append(verdict.failure_text(label + verdict.headline(rec["hypotheses"]), rec["hypotheses"]))
         elif rec["verdict"] == records.ERROR:
             parts.append(label + str(rec.get("error")))
     return "\n\n".join(parts)
 
 
-def annotate(report: pytest.TestReport, recs: list[RunRecord]) -> None:
+def add_output(
+    item: pytest.Item, report: pytest.TestReport, recs: list[RunRecord], attachments: Sequence[Sequence[str]] = ()
+) -> None:
+    """A failed test's unhealthy runs: their chain, graph and picture attachments as output of its JUnit case (not
+    shown again in the terminal, whose failure text already explains them)."""
+    text = system_out(recs, attachments) if report.failed else ""
+    if text:
+        item.add_report_section("call", OUTPUT_KEY, text)
+
+
+def _observed_nothing(record: RunRecord) -> bool:
+    """Whether every finding of a run is about the run as a whole (nothing observed, no gradient, ...)."""
+    return all(verdict.run_level(h["kind"]) for h in record["hypotheses"])
+
+
+def annotate(report: pytest.TestReport, recs: list[RunRecord], crash: str = "") -> None:
     """Attach the records to the call report and explain its unhealthy runs, unless its failure already does.
 
     A failed test gets the explanation in its failure itself (a section of the traceback), so the terminal and
@@ -96,7 +212,7 @@ def annotate(report: pytest.TestReport, recs: list[RunRecord]) -> None:
     unhealthy = [r for r in recs if r["verdict"] == records.UNHEALTHY]
     if report.failed and _carries_explanations(report, unhealthy):
         return
-    text = section_text(recs)
+    text = section_text(recs, crash)
     longrepr: Any = report.longrepr
     if report.failed and hasattr(longrepr, "addsection"):  # a traceback: the explanation becomes its last section
         longrepr.addsection(SECTION, text)
@@ -203,7 +319,13 @@ class Collector:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.state.outcomes.add(report)
         if report.when == "call":
-            self.state.records.extend(getattr(report, ATTRIBUTE, None) or [])
+            recs = getattr(report, ATTRIBUTE, None) or []
+            self.state.records.extend(recs)
+            if report.failed and on_github():
+                path, line = report.location[0], (report.location[1] or 0) + 1
+                found = annotation(path, line, recs)
+                if found is not None:
+                    self.state.annotations.append(found)
             self.state.baseline_notes.extend(getattr(report, BASELINE_ATTRIBUTE, None) or [])
 
     @pytest.hookimpl(optionalhook=True)
@@ -244,6 +366,15 @@ def sorted_records(state: SessionState) -> list[RunRecord]:
     return sorted(state.records, key=lambda r: (str(r["nodeid"]), str(r["run"])))
 
 
+def stopped_early(session: pytest.Session) -> str:
+    """Why the session stopped before running every collected test (``-x``, ``--maxfail``, a plugin), or ``""``.
+
+    Under pytest-xdist too: the controller's session counts the failures the workers report and sets its own
+    ``shouldfail``."""
+    why = session.shouldfail or session.shouldstop
+    return str(why) if why else ""
+
+
 def remove_stale(state: SessionState, root: Path) -> None:
     """With ``--neuraldbg-remove-stale-baselines``: delete the stale baseline files (controller only)."""
     if not state.settings.remove_stale_baselines:
@@ -255,7 +386,10 @@ def remove_stale(state: SessionState, root: Path) -> None:
 
 
 def write_files(state: SessionState) -> None:
-    """Write ``--neuraldbg-report`` and ``--neuraldbg-junit`` outputs (controller only)."""
+    """Write ``--neuraldbg-report`` and ``--neuraldbg-junit`` outputs (controller only), each file atomically, the
+    report folder's files under its lock (see :mod:`neuraldbg.export.files`)."""
+    from neuraldbg.export.files import folder_lock
+
     from . import junit, markdown
 
     settings = state.settings
@@ -263,35 +397,96 @@ def write_files(state: SessionState) -> None:
     results = outcomes.baseline_results(state.baseline_notes)
     if settings.report is not None:
         directory = settings.report
-        directory.mkdir(parents=True, exist_ok=True)
-        for rec, stem in zip(recs, file_names(recs)):
-            if rec.get("trace") is not None:
-                _write(directory / f"{stem}.json", json.dumps(rec["trace"], indent=1, allow_nan=False) + "\n")
-            if rec.get("mermaid"):
-                _write(directory / f"{stem}.mmd", rec["mermaid"] + "\n")
-        summary = markdown.summary(recs, gate=settings.gate, outcomes=state.outcomes, baselines=results)
-        state.written.append(_write(directory / "summary.md", summary))
+        with folder_lock(directory):
+            for rec, stem in zip(recs, file_names(recs)):
+                if rec.get("trace") is not None:
+                    _write(directory / f"{stem}.json", json.dumps(rec["trace"], indent=1, allow_nan=False) + "\n")
+                if rec.get("mermaid"):
+                    _write(directory / f"{stem}.mmd", rec["mermaid"] + "\n")
+            drawn = {id(rec): rec.get("pictures", []) for rec in recs if rec.get("pictures")}
+            summary = markdown.summary(
+                recs,
+                gate=settings.gate,
+                outcomes=state.outcomes,
+                baselines=results,
+                stopped=state.stopped,
+                pictures=drawn,
+                note=pictures_note(state, recs),
+            )
+            state.written.append(_write(directory / "summary.md", summary))
+            state.written.append(_write(directory / "report.html", html_report(state, recs)))
     if settings.junit is not None:
-        settings.junit.parent.mkdir(parents=True, exist_ok=True)
-        state.written.append(_write(settings.junit, junit.report(recs, outcomes=state.outcomes, baselines=results)))
+        root = settings.junit.parent
+        found = {id(rec): attachments(rec, state, root) for rec in recs}
+        text = junit.report(recs, outcomes=state.outcomes, baselines=results, attachments=found)
+        state.written.append(_write(settings.junit, text))
+
+
+def pictures_note(state: SessionState, recs: Sequence[RunRecord]) -> str:
+    """What the reports say when pictures were due and matplotlib is missing; else ``""``."""
+    from neuraldbg.export import pictures
+
+    due = state.settings.pictures == "all" or any(r["verdict"] == records.UNHEALTHY for r in recs)
+    if state.settings.pictures == "off" or not due or pictures.available():
+        return ""
+    return f"Pictures of the runs (gradient flow, loss, update ratio) need matplotlib: {pictures.INSTALL_HINT}"
+
+
+def html_report(state: SessionState, recs: Sequence[RunRecord]) -> str:
+    """``report.html``: every run of the session with its explanations, pictures and causal graph, in one file."""
+    from neuraldbg.export import html
+
+    from . import markdown
+
+    assert state.settings.report is not None
+    pages = []
+    for rec, label in zip(recs, markdown.labels(recs)):
+        found = [html.Hypothesis(h["summary"], h["explanation"], verdict.chain_lines(h)[1:]) for h in rec["hypotheses"]]
+        page = html.RunPage(label, str(rec["verdict"]), found, str(rec.get("mermaid", "")))
+        page.note = str(rec.get("error", ""))
+        numbers = rec.get("numbers") or {}
+        page.numbers = f"{rec['steps']} steps" + (
+            f", final loss {num(float(numbers['final_loss']))}" if "final_loss" in numbers else ""
+        )
+        for name in rec.get("pictures", []):
+            if name.endswith(".svg"):
+                try:
+                    page.pictures.append((name, (state.settings.report / name).read_bytes()))
+                except OSError:
+                    continue
+        pages.append(page)
+    return html.page(pages, intro=f"pytest, whole session: {state.outcomes.text() or 'no test ran'}.",
+                     note=pictures_note(state, recs))  # fmt: skip
 
 
 def _write(path: Path, text: str) -> Path:
-    path.write_text(text, encoding="utf-8")
-    return path
+    from neuraldbg.export.files import write_atomic
+
+    return write_atomic(path, text)
+
+
+def _line(reporter: Any, text: str, **markup: bool) -> None:
+    """One line of the terminal summary: names and ids in it are inert (no control or bidirectional character
+    reaches the terminal, see :mod:`neuraldbg.export.inert`)."""
+    reporter.write_line(inert(text), **markup)
 
 
 def terminal_summary(reporter: Any, state: SessionState) -> None:
-    """The ``neuraldbg`` block: counts, then one line per unhealthy run, baselines, then the files written."""
+    """The ``neuraldbg`` block: counts, then one line per unhealthy run, baselines, then the files written. Under
+    GitHub Actions, the workflow annotations of the failed unhealthy tests come first (see :mod:`.ci`)."""
+    for line in state.annotations:
+        reporter.write_line(line)
     recs = sorted_records(state)
     if not recs and not state.written and not state.baseline_notes and not state.stale:
         return
     reporter.write_sep("=", "neuraldbg")
+    if state.stopped:
+        _line(reporter, f"the session stopped early ({state.stopped}): tests after it did not run", yellow=True)
     if recs:
         _runs_summary(reporter, state, recs)
     baseline_summary(reporter, state)
     for path in state.written:
-        reporter.write_line(f"neuraldbg: wrote {path}")
+        _line(reporter, f"neuraldbg: wrote {path}")
 
 
 def baseline_summary(reporter: Any, state: SessionState) -> None:
@@ -306,36 +501,37 @@ def baseline_summary(reporter: Any, state: SessionState) -> None:
             counts[value] = counts.get(value, 0) + 1
         order = [*outcomes.BASELINE_ORDER, "unchanged", "matched"]
         listed = ", ".join(f"{counts[s]} {s}" for s in sorted(counts, key=order.index))
-        reporter.write_line(f"baselines: {listed}")
+        _line(reporter, f"baselines: {listed}")
     for nodeid, value in status.items():
         notes = per_test[nodeid]
         if value == "improved":
             lines = [line for n in notes for line in n["lines"]]
             more = f"; +{len(lines) - 3} more" if len(lines) > 3 else ""
-            reporter.write_line(f"baseline improved {nodeid}: {'; '.join(lines[:3])}{more}", green=True)
-            reporter.write_line(f"  keep the improvement: {baseline.update_command(nodeid)}")
+            _line(reporter, f"baseline improved {nodeid}: {'; '.join(lines[:3])}{more}", green=True)
+            _line(reporter, f"  keep the improvement: {baseline.update_command(nodeid)}")
         elif value in ("created", "updated"):
-            reporter.write_line(f"baseline {value}: {notes[0]['path']} ({nodeid})")
+            _line(reporter, f"baseline {value}: {notes[0]['path']} ({nodeid})")
         elif value == "not written":
-            reporter.write_line(f"baseline not written for {nodeid}: the test did not pass", yellow=True)
+            _line(reporter, f"baseline not written for {nodeid}: the test did not pass", yellow=True)
     for path, test in sorted(state.stale.items()):
         if path in state.removed:
-            reporter.write_line(f"removed stale baseline: {path} (no test {test})")
+            _line(reporter, f"removed stale baseline: {path} (no test {test})")
         else:
-            reporter.write_line(f"stale baseline: {path} (no test {test})", yellow=True)
+            _line(reporter, f"stale baseline: {path} (no test {test})", yellow=True)
     if len(state.removed) < len(state.stale):
-        reporter.write_line(
+        _line(
+            reporter,
             f"  remove them with {baseline.REMOVE_STALE_FLAG}, or rename them after a renamed test and run "
-            f"{baseline.UPDATE_FLAG}"
+            f"{baseline.UPDATE_FLAG}",
         )
 
 
 def _runs_summary(reporter: Any, state: SessionState, recs: list[RunRecord]) -> None:
     unhealthy = [r for r in recs if r["verdict"] == records.UNHEALTHY]
     errors = [r for r in recs if r["verdict"] == records.ERROR]
-    counts = f"{len(recs)} watched runs: {len(unhealthy)} unhealthy"
+    counts = f"{len(recs)} watched run{'' if len(recs) == 1 else 's'}: {len(unhealthy)} unhealthy"
     counts += f", {len(errors)} not analysed" if errors else ""
-    reporter.write_line(f"{counts} (gate: {state.settings.gate})")
+    _line(reporter, f"{counts} (gate: {state.settings.gate})")
     per_test: dict[str, int] = {}
     for r in recs:
         per_test[r["nodeid"]] = per_test.get(r["nodeid"], 0) + 1
@@ -345,6 +541,6 @@ def _runs_summary(reporter: Any, state: SessionState, recs: list[RunRecord]) -> 
             h["summary"] + (" (asserted by the test)" if expected and h.get("asserted") else "")
             for h in r["hypotheses"]
         )
-        reporter.write_line(f"UNHEALTHY {records.run_label(r, per_test[r['nodeid']])}: {found}", red=True)
+        _line(reporter, f"UNHEALTHY {records.run_label(r, per_test[r['nodeid']])}: {found}", red=True)
     for r in errors:
-        reporter.write_line(f"ERROR {records.run_label(r, per_test[r['nodeid']])}: {r.get('error')}", yellow=True)
+        _line(reporter, f"ERROR {records.run_label(r, per_test[r['nodeid']])}: {r.get('error')}", yellow=True)

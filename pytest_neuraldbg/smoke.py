@@ -205,8 +205,11 @@ def train(
     steps: int,
     seed: int = 0,
     overfit: bool = False,
+    progress: Callable[[int, Any], None] | None = None,
 ) -> Any:
     """Train ``model`` for ``steps`` optimizer steps under ``dbg`` and return ``dbg``, closed.
+
+    ``progress``: called after each step with the step's number (from 1) and its loss tensor.
 
     Each step: ``zero_grad``, ``loss_fn(model(inputs), targets)``, ``observe_loss``, ``backward``, ``step``.
     Inputs that are a tuple or a dict are unpacked into the model's arguments; tensors are moved to the model's
@@ -226,13 +229,15 @@ def train(
         model.train()
         try:
             with dbg:
-                for _ in range(steps):
+                for step in range(steps):
                     inputs, targets = _split(next(source))
                     opt.zero_grad(set_to_none=True)
                     loss = _checked_loss(loss_fn(_forward(model, _to(inputs, device)), _to(targets, device)))
                     dbg.observe_loss(loss)
                     loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch
                     opt.step()
+                    if progress is not None:
+                        progress(step + 1, loss.detach())
         finally:
             model.train(was_training)
     return dbg

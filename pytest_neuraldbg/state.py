@@ -28,6 +28,8 @@ class SessionState:
     stale: dict[str, str] = field(default_factory=dict)  # stale baseline file -> "test_x in test_mod.py"
     removed: list[str] = field(default_factory=list)  # stale baseline files deleted (--neuraldbg-remove-stale-...)
     outcomes: Outcomes = field(default_factory=Outcomes)  # pytest's counts, and each test's outcome
+    annotations: list[str] = field(default_factory=list)  # GitHub Actions workflow commands for failed tests
+    stopped: str = ""  # why the session stopped before its last test (-x, --maxfail), or ""
 
 
 SESSION_KEY = pytest.StashKey[SessionState]()

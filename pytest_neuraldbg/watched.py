@@ -22,15 +22,21 @@ class WatchedDbg(NeuralDbg):
     ``asserted`` holds the failures (kind, root layer, onset step) an assertion helper raised its
     ``AssertionError`` on. A test that passes although such an error was raised caught it on purpose
     (``with pytest.raises(AssertionError): assert_no_dead_neurons(ndbg)``): the gate does not fail it again.
+    ``ignored`` holds the kinds ``assert_healthy(ignore=...)`` accepted: the gate accepts them too.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.asserted: set[tuple[str, str, int]] = set()
+        self.ignored: set[str] = set()
 
     def note_asserted(self, keys: Iterable[tuple[str, str, int]]) -> None:
         """Called by the assertion helpers just before they raise on these failures."""
         self.asserted.update(keys)
+
+    def note_ignored(self, kinds: Iterable[str]) -> None:
+        """Called by ``assert_healthy(ignore=...)``: the test accepts these kinds, so the gate and the reports do."""
+        self.ignored.update(kinds)
 
     def hypotheses(self) -> Hypotheses:
         """Ranked causal hypotheses, most likely first; empty when training looks healthy."""

@@ -64,6 +64,8 @@ class BackwardPath:
                 ends = [(target, t) for target, t in (("input", fwd.input), ("output", fwd.output)) if t is not None]
                 ends = [(target, t) for target, t in ends if t.is_floating_point()]
                 measure.all_norms(rec.pending, fwd.layer_refs(), ends, grad, scale)
+                if fwd.others:
+                    rec.pending.put("arguments_nan", None, stats.nan_flag(fwd.others))
                 if rec.pending.data.full and fwd.output is not None:
                     measure.output_dead_pulled(rec.pending, fwd.output, grad)
                 fwd.release()

@@ -45,6 +45,7 @@ class ForwardPath:
         self.refs: dict[SlotKey, Tensor] = {}  # layer outputs of a fully observed step
         self._seen: list[tuple[str, Any]] = []  # raw layer outputs of a cheap step, looked at only if needed
         self.input: Tensor | None = None
+        self.others: list[Tensor] = []  # the call's other floating arguments (see stats.other_floats)
         self.output: Tensor | None = None
         self.never_positive: dict[SlotKey, Tensor] = {}  # functionally activated layers: units never positive
         # Per-unit statistics of many outputs of one shape are taken together at the end of a full forward pass
@@ -200,6 +201,7 @@ class ForwardPath:
             return
         inp = stats.data_argument(args, kwargs)  # the data, not a mask passed after it
         self.input, self.output = stats.readable(inp) if inp is not None else None, stats.readable(t)
+        self.others = stats.other_floats(args, kwargs, inp)  # labels handed to a model that computes its loss
         data = self._target().data
         data.input_numel = inp.numel() if inp is not None else data.input_numel
         data.output_numel = t.numel()
@@ -236,6 +238,8 @@ class ForwardPath:
             inp = stats.host_norm(self.input) if self.input is not None else None
             if inp is not None:
                 data.input_norm = merge_max(data.input_norm, inp)
+            if self.others and math.isnan(float(stats.nan_flag(self.others))):
+                data.input_norm = math.nan  # NaN labels (or other data) handed to the model with its input
             refs = self.layer_refs()
             if refs:
                 for key, norm in zip(refs, stats.to_host(stats.norms(list(refs.values())))):
@@ -264,6 +268,7 @@ class ForwardPath:
         self.input = self.output = None
         self._deferred.clear()
         self._versions.clear()
+        self.others = []
 
     def next_step(self) -> None:
         self.never_positive.clear()

@@ -202,6 +202,11 @@ def _input(data: StepData, key: Any, extra: float, value: float) -> None:
     data.input_norm = merge_max(data.input_norm, value)
 
 
+def _arguments_nan(data: StepData, key: Any, extra: float, value: float) -> None:
+    if math.isnan(value):  # a NaN among the call's other arguments: the data is bad (see stats.nan_flag)
+        data.input_norm = math.nan
+
+
 def _output(data: StepData, key: Any, extra: float, value: float) -> None:
     data.output_norm = merge_max(data.output_norm, value)
 
@@ -305,6 +310,7 @@ def _before(data: StepData, key: Any, extra: float, value: float) -> None:
 _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "act": _act,
     "input": _input,
+    "arguments_nan": _arguments_nan,
     "output": _output,
     "target_grad": _target_grad,
     "target_grad_sum": _target_grad_sum,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..export.mermaid import CLASSES, escape, label
+from ..export.mermaid import CLASSES, Nodes, escape, label
 from ..kinds import registry
 from ..text import ranks_text
 
@@ -23,17 +23,11 @@ def job_graph(job: JobDiagnosis) -> str:
         *CLASSES,
         "  classDef missing fill:#ffffff,stroke:#7f8c8d,stroke-dasharray:5 5,color:#000",
     ]
-    classes: dict[str, list[str]] = {}
+    nodes = Nodes(lines)
     group_node: dict[tuple[int, ...], str] = {}
-    counter = 0
 
     def node(text: str, css: str) -> str:
-        nonlocal counter
-        name = f"n{counter}"
-        counter += 1
-        lines.append(f"  {name}{text}")
-        classes.setdefault(css, []).append(name)
-        return name
+        return nodes.add(text, css, "  ")
 
     def ranks_label(ranks: tuple[int, ...]) -> str:
         if len(ranks) == job.world_size and job.world_size > 1:
@@ -60,6 +54,5 @@ def job_graph(job: JobDiagnosis) -> str:
     if len(job.missing) > MAX_JOB_FINDINGS:
         node(label(f"… {len(job.missing) - MAX_JOB_FINDINGS} more ranks sent nothing"), "missing")
     lines.extend(edges)
-    for name, nodes in classes.items():
-        lines.append(f"  class {','.join(nodes)} {name}")
+    lines += nodes.class_lines()
     return "\n".join(lines)

@@ -8,14 +8,15 @@ from typing import Any
 
 from ..kinds import registry
 from ..reasoning.hypothesis import CausalHypothesis
+from .inert import inert
 
 
 def verdict(hypotheses: Sequence[CausalHypothesis], meta: dict[str, Any]) -> str:
     steps = meta.get("steps_observed", 0)
-    model = meta.get("model", "model")
+    model = inert(str(meta.get("model", "model")))
     if not hypotheses:
         return f"NeuralDBG: healthy - no training failure in {steps} observed steps of {model}."
-    kinds = ", ".join(dict.fromkeys(h.kind.value for h in hypotheses))
+    kinds = inert(", ".join(dict.fromkeys(h.kind.value for h in hypotheses)))
     if all(registry.room(h.kind).inconclusive for h in hypotheses):  # about what was observed, not the training
         return (
             f"NeuralDBG: INCONCLUSIVE - {kinds} in {steps} observed steps of {model}: the run was not fully "
@@ -28,9 +29,11 @@ def verdict(hypotheses: Sequence[CausalHypothesis], meta: dict[str, Any]) -> str
 
 
 def report(hypotheses: Sequence[CausalHypothesis], meta: dict[str, Any], width: int = 100) -> str:
+    """The verdict and each hypothesis, for a terminal: names from the model are inert (control and bidirectional
+    characters as visible escapes, see :mod:`neuraldbg.export.inert`), so no name can erase or fake a line."""
     lines = [verdict(hypotheses, meta)]
     for i, h in enumerate(hypotheses, start=1):
         lines.append("")
-        lines.append(f"{i}. {h.summary()}")
-        lines.extend(textwrap.wrap(h.explanation, width=width, initial_indent="   ", subsequent_indent="   "))
+        lines.append(f"{i}. {inert(h.summary())}")
+        lines.extend(textwrap.wrap(inert(h.explanation), width=width, initial_indent="   ", subsequent_indent="   "))
     return "\n".join(lines)

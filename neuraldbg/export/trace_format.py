@@ -12,12 +12,12 @@ path of the field and what was expected, so that a trace that loads answers ever
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import math
 import os
 import re
-import tempfile
 from collections.abc import Sequence
 from math import isfinite as _finite
 from typing import Any, NoReturn
@@ -31,6 +31,7 @@ from ..reasoning.hypothesis import CausalHypothesis
 from ..reasoning.topology import Topology
 from ..stats.history import History
 from ..text import json_number, printable
+from .files import write_atomic
 
 FORMAT = "neuraldbg-trace"
 VERSION = 1
@@ -95,21 +96,13 @@ def to_dict(
 
 
 def write(path: str | os.PathLike[str], data: dict[str, Any]) -> str:
-    """Write atomically (a temporary file renamed into place), so a crash never leaves half a trace."""
-    target = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(target))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".neuraldbg-", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1, allow_nan=False)
-            fh.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return target
+    """Write atomically (see :mod:`neuraldbg.export.files`), so a crash never leaves half a trace; only a regular file
+    is replaced (a device, a FIFO or a symbolic link is refused with :class:`~neuraldbg.export.files.OutputError`)."""
+    text = io.StringIO()
+    json.dump(data, text, indent=1, allow_nan=False)
+    text.write("\n")
+    write_atomic(path, text.getvalue())
+    return os.fspath(path)
 
 
 # --- reading -----------------------------------------------------------------------------------------
@@ -410,32 +403,54 @@ class _Reader:
         return history
 
 
+class UnsafeJson(ValueError):
+    """JSON text that :func:`guarded_loads` refuses; the message says why, without the file's name."""
+
+
+def guarded_loads(
+    text: str,
+    what: str = "trace",
+    *,
+    max_depth: int = MAX_DEPTH,
+    max_digits: int = MAX_DIGITS,
+    finite: bool = False,
+) -> Any:
+    """``json.loads`` for text from anywhere: refused before parsing when empty, nested deeper than ``max_depth`` or
+    holding a number of more than ``max_digits`` digits; a bare ``NaN`` or ``Infinity`` is refused, and with
+    ``finite`` a number too large for a float (``1e400``) too. Raises :class:`UnsafeJson` saying what was found and
+    what a NeuralDBG ``what`` (``trace``, ``baseline``) holds."""
+    if not text.strip():
+        raise UnsafeJson(f"the file is empty; expected a NeuralDBG JSON {what}")
+    structure = outside_strings(text)
+    depth = nesting_depth(structure)
+    if depth > max_depth:
+        raise UnsafeJson(f"JSON nested {depth} levels deep; a NeuralDBG {what} nests at most {max_depth}")
+    if longest_digit_run_exceeds(structure, max_digits):  # Python parses long integers in quadratic time,
+        raise UnsafeJson(  # and refuses those past 4300 digits
+            f"a number with more than {max_digits} digits in a row; no field of a {what} holds one"
+        )
+    try:
+        doc = json.loads(text, parse_constant=_parse_constant)
+    except json.JSONDecodeError as exc:
+        hint = " (the file looks truncated)" if exc.pos >= len(text.rstrip()) - 1 else ""
+        raise UnsafeJson(f"not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}{hint}") from None
+    except _BadNumber as exc:
+        raise UnsafeJson(str(exc)) from None
+    where = _non_finite(doc) if finite else None
+    if where is not None:
+        raise UnsafeJson(f"{where.lstrip('.') or 'top level'}: a number too large for a float; a {what} holds none")
+    return doc
+
+
 def parse(text: str, source: str) -> dict[str, Any]:
     """Parse and check trace JSON; returns the parts a Trace reads, events decoded into SemanticEvent objects.
 
     Raises TraceError (one line: the file, the JSON path, what was expected) for anything malformed.
     """
     reader = _Reader(source)
-    if not text.strip():
-        raise TraceError(f"{reader.source}: the file is empty; expected a NeuralDBG JSON trace")
-    structure = outside_strings(text)
-    depth = nesting_depth(structure)
-    if depth > MAX_DEPTH:
-        raise TraceError(
-            f"{reader.source}: JSON nested {depth} levels deep; a NeuralDBG trace nests at most {MAX_DEPTH}"
-        )
-    if longest_digit_run_exceeds(structure, MAX_DIGITS):  # Python parses long integers in quadratic time,
-        raise TraceError(  # and refuses those past 4300 digits
-            f"{reader.source}: a number with more than {MAX_DIGITS} digits in a row; no field of a trace holds one"
-        )
     try:
-        doc = json.loads(text, parse_constant=_parse_constant)
-    except json.JSONDecodeError as exc:
-        hint = " (the file looks truncated)" if exc.pos >= len(text.rstrip()) - 1 else ""
-        raise TraceError(
-            f"{reader.source}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}{hint}"
-        ) from None
-    except _BadNumber as exc:
+        doc = guarded_loads(text, "trace")
+    except UnsafeJson as exc:
         raise TraceError(f"{reader.source}: {exc}") from None
     doc = reader.obj(doc, "")
     if doc.get("format") != FORMAT:

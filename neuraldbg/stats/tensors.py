@@ -74,6 +74,44 @@ def _first_any(value: object) -> Tensor | None:
     return None
 
 
+def other_floats(args: tuple[object, ...], kwargs: dict[str, object] | None, data: Tensor | None) -> list[Tensor]:
+    """The floating-point tensors among a model call's arguments other than its data argument (labels handed to a
+    model that computes its own loss, masks, extra features), at most eight, plain strided ones only."""
+    found: list[Tensor] = []
+
+    def walk(value: object) -> None:
+        if len(found) >= 8:
+            return
+        if isinstance(value, Tensor):
+            if (
+                value is not data
+                and value.is_floating_point()
+                and type(value) in _PLAIN
+                and value.layout is torch.strided
+            ):
+                found.append(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                walk(item)
+
+    walk(args)
+    walk(kwargs or {})
+    return found
+
+
+def nan_flag(tensors: Sequence[Tensor]) -> Tensor:
+    """NaN (on the device) when any of ``tensors`` holds a NaN, else 0: a NaN is never how a mask works (an additive
+    mask's ``-inf`` is), so a NaN among a model call's arguments is bad data however the call names it."""
+    with torch.no_grad():
+        flags = torch.stack([torch.isnan(t.detach()).any() for t in tensors])
+        return torch.where(
+            flags.any(), torch.tensor(math.nan, device=flags.device), torch.tensor(0.0, device=flags.device)
+        )
+
+
 def readable(t: Tensor) -> Tensor | None:
     """``t`` itself when it is a plain strided tensor, else :func:`dense` of it (sparse tensors: their values;
     None for a meta tensor or a subclass that cannot be read)."""

@@ -195,7 +195,9 @@ def compare_run(name: str, base: Mapping[str, Any], now: Mapping[str, Any], tole
 
 
 def _natural(name: str) -> tuple[Any, ...]:
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+    """Sort key: runs of ASCII digits as numbers (``'fc2'`` before ``'fc10'``); every other character, ``'²'`` or
+    ``'٣'`` included, as text (``str.isdigit`` is true for ``'²'``, which ``int`` refuses)."""
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(re.split(r"([0-9]+)", name)))
 
 
 def environment_differences(base: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:

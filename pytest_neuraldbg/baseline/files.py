@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from neuraldbg.export.trace_format import MAX_STEP
+from neuraldbg.text import cut
 
 from ..errors import PluginError
 from .summary import LAYER_METRICS, POINTS, RUN_METRICS
@@ -48,59 +51,108 @@ def _dump(value: Any, depth: int) -> str:
 
 
 def write(path: Path, doc: Mapping[str, Any]) -> str:
-    """Write ``doc`` atomically; returns ``"created"``, ``"updated"`` or ``"unchanged"`` (not rewritten)."""
+    """Write ``doc`` atomically (see :mod:`neuraldbg.export.files`); returns ``"created"``, ``"updated"`` or
+    ``"unchanged"`` (not rewritten). Only a regular file is replaced: another thing at ``path`` is a
+    :class:`BaselineError`."""
+    from neuraldbg.export.files import OutputError, write_atomic
+
     text = dumps(doc)
     try:
-        old = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        old = None
+        old = _read(path)
+    except BaselineError:
+        old = ""  # unreadable or invalid: replaced by the valid document
     if old == text:
         return "unchanged"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as out:
-            out.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+        write_atomic(path, text)
+    except OutputError as exc:
+        raise BaselineError(str(exc)) from None
     return "created" if old is None else "updated"
 
 
-def load(path: Path) -> dict[str, Any] | None:
-    """The baseline at ``path``, checked; None when there is no file. Raises :class:`BaselineError`."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+#: Largest baseline file read: 16 MiB. A baseline holds five numbers per metric and layer: a 1,000-layer model
+#: writes about 400 KB. The cap bounds what a hostile or mistaken file costs to read.
+MAX_BASELINE_BYTES = 16 * 1024 * 1024
+#: Largest magnitude of a stored number: far beyond any gradient norm, loss or ratio, far below a float's limit.
+MAX_MAGNITUDE = 1e300
+
+
+def _read(path: Path) -> str | None:
+    """The file's text through the trace reader's guards (regular files only, bounded); None when it is absent."""
+    from neuraldbg.trace import read_text
+
+    if not os.path.lexists(path):
         return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BaselineError(f"cannot be read: {exc}") from None
+    return read_text(
+        os.fspath(path), MAX_BASELINE_BYTES, what="baseline", fail=BaselineError, limit_hint=" (is it a baseline?)"
+    )
+
+
+def read_document(path: Path) -> Any:
+    """The JSON at ``path``, read through the guards (not yet checked as a baseline); None when there is no file.
+    Raises :class:`BaselineError`."""
+    from neuraldbg.export.trace_format import UnsafeJson, guarded_loads
+
+    text = _read(path)
+    if text is None:
+        return None
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BaselineError(f"is not valid JSON: {exc}") from None
+        return guarded_loads(text, "baseline", finite=True)
+    except UnsafeJson as exc:
+        problem = str(exc)
+        raise BaselineError(
+            f"is {problem}" if problem.startswith("not ") else f"is not a valid baseline: {problem}"
+        ) from None
+
+
+def load(path: Path) -> dict[str, Any] | None:
+    """The baseline at ``path``, checked; None when there is no file. Raises :class:`BaselineError` (one line: what
+    is wrong, where, and what was expected) for a file that is not a regular file, too large, too deeply nested,
+    not JSON, or holding a number that is not finite or out of bounds."""
+    doc = read_document(path)
+    if doc is None:
+        return None
     validate(doc)
     return dict(doc)
 
 
+def _step(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP
+
+
+def _label(key: str) -> str:
+    """A key of the file in a JSON path of a message: as it is when printable, else escaped; at most 60 characters."""
+    return cut(key if key.isprintable() else ascii(key), 60)
+
+
+def _short(value: Any) -> str:
+    """A value in an error message: a repr of at most 60 characters (a file may hold anything)."""
+    return cut(ascii(value), 60)
+
+
+def _bounded(value: Any) -> bool:
+    """A finite JSON number within :data:`MAX_MAGNITUDE` (a non-finite value is stored as a string)."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and abs(value) <= MAX_MAGNITUDE
+    )
+
+
 def _numbers(value: Any) -> bool:
     ok = ("nan", "inf", "-inf")
-    return (
-        isinstance(value, list)
-        and len(value) == len(POINTS)
-        and all((isinstance(v, (int, float)) and not isinstance(v, bool)) or v in ok for v in value)
-    )
+    return isinstance(value, list) and len(value) == len(POINTS) and all(_bounded(v) or v in ok for v in value)
 
 
 def validate(doc: Any) -> None:
     """Raise :class:`BaselineError` saying what is wrong where (a JSON path) and what was expected."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-        raise BaselineError(f'is not a NeuralDBG baseline: expected "format": {FORMAT!r}, got {got!r}')
+        raise BaselineError(f'is not a NeuralDBG baseline: expected "format": {_short(FORMAT)}, got {_short(got)}')
     version = doc.get("version")
     if not isinstance(version, int) or isinstance(version, bool):
-        raise BaselineError(f'has no valid "version": expected {VERSION}, got {version!r}')
+        raise BaselineError(f'has no valid "version": expected {VERSION}, got {_short(version)}')
     if version > VERSION:
         raise BaselineError(
             f"was written by a newer pytest-neuraldbg (format version {version}; this one reads {VERSION}): "
@@ -112,34 +164,37 @@ def validate(doc: Any) -> None:
     if not isinstance(runs, dict):
         raise BaselineError(f"runs: expected an object of runs by name, got {type(runs).__name__}")
     for name, run in runs.items():
-        where = f"runs.{name}"
+        where = f"runs.{_label(name)}"
         if not isinstance(run, dict):
             raise BaselineError(f"{where}: expected an object, got {type(run).__name__}")
         at = run.get("at_step")
-        if not (isinstance(at, list) and len(at) == len(POINTS) and all(isinstance(s, int) for s in at)):
-            raise BaselineError(f"{where}.at_step: expected a list of {len(POINTS)} step numbers, got {at!r}")
+        if not (isinstance(at, list) and len(at) == len(POINTS) and all(_step(s) for s in at)):
+            raise BaselineError(f"{where}.at_step: expected a list of {len(POINTS)} step numbers, got {_short(at)}")
         layers = run.get("layers")
         if not isinstance(layers, dict):
             raise BaselineError(f"{where}.layers: expected an object of layers, got {type(layers).__name__}")
         for layer, metrics in layers.items():
+            at_layer = f"{where}.layers.{_label(layer)}"
             if not isinstance(metrics, dict):
-                raise BaselineError(f"{where}.layers.{layer}: expected an object of metrics")
+                raise BaselineError(f"{at_layer}: expected an object of metrics")
             for metric, values in metrics.items():
                 if metric not in LAYER_METRICS:
                     raise BaselineError(
-                        f"{where}.layers.{layer}.{metric}: unknown metric; expected one of {', '.join(LAYER_METRICS)}"
+                        f"{at_layer}.{_label(metric)}: unknown metric; expected one of {', '.join(LAYER_METRICS)}"
                     )
                 if not _numbers(values):
                     raise BaselineError(
-                        f"{where}.layers.{layer}.{metric}: expected a list of {len(POINTS)} numbers, got {values!r}"
+                        f"{at_layer}.{metric}: expected a list of {len(POINTS)} numbers, got {_short(values)}"
                     )
         for metric in RUN_METRICS:
             if metric in run and not _numbers(run[metric]):
-                raise BaselineError(f"{where}.{metric}: expected a list of {len(POINTS)} numbers, got {run[metric]!r}")
+                got = _short(run[metric])
+                raise BaselineError(f"{where}.{metric}: expected a list of {len(POINTS)} numbers, got {got}")
         found = run.get("verdicts")
         if not isinstance(found, list) or not all(
             isinstance(v, dict) and isinstance(v.get("kind"), str) and isinstance(v.get("layer"), str) for v in found
         ):
-            raise BaselineError(f'{where}.verdicts: expected a list of {{"kind": ..., "layer": ...}}, got {found!r}')
+            expected = 'a list of {"kind": ..., "layer": ...}'
+            raise BaselineError(f"{where}.verdicts: expected {expected}, got {_short(found)}")
         if not isinstance(run.get("environment"), dict):
             raise BaselineError(f"{where}.environment: expected an object")

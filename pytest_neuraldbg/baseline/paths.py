@@ -14,15 +14,16 @@ DIRECTORY = "__neuraldbg__"
 def file_name(test_id: str) -> str:
     """The baseline file name of a test: ``TestA::test_b[x-1]`` -> ``TestA.test_b[x-1].json``.
 
-    The ``::`` between class and test becomes ``.`` (class and function names hold no ``.``, so no other id reads
-    the same); in a parameter id letters, digits and ``. _ - [ ] = + , @`` are kept, and an id with anything else
+    The ``::`` between class and test becomes ``.``; a test name that holds a ``.`` itself (an item a plugin
+    collected, such as ``a.b`` beside ``a::b``) ends with a hash of the test id, so no two ids share a file; in a
+    parameter id letters, digits and ``. _ - [ ] = + , @`` are kept, and an id with anything else
     ends with a hash of the test id, so ``test[a::b]``, ``test[a/b]`` and ``test[a.b]`` stay distinct, and every
     worker of a session names a test alike without asking the others. Long names are cut and hashed; Windows
     device names get a leading ``_``.
     """
     head, bracket, params = test_id.partition("[")
     text = head.replace("::", ".") + bracket + params
-    return portable_name(text, keep="[]=+,@", strip=". ", distinct=True, key=test_id) + ".json"
+    return portable_name(text, keep="[]=+,@", strip=". ", distinct=True, key=test_id, changed="." in head) + ".json"
 
 
 def locate(item: pytest.Item) -> tuple[Path, str]:

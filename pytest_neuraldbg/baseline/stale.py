@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
+import glob
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from .files import BaselineError, read_document
 from .paths import DIRECTORY, directory_for, file_name
 
 
@@ -27,15 +28,32 @@ def stale_files(tests: Iterable[tuple[Path, str]], partial: Callable[[Path], boo
         for path in sorted(directory.glob("*.json")):
             if path.name not in names[module]:
                 out.append((path, _written_for(path)))
+    collected = {directory_for(module) for module in names}
+    for folder in sorted({directory.parent for directory in collected}):
+        out += _of_deleted_modules(folder, collected)
+    return out
+
+
+def _of_deleted_modules(folder: Path, collected: set[Path]) -> list[tuple[Path, str]]:
+    """The baseline files in ``folder`` (a ``__neuraldbg__``) of test modules that no longer exist beside it (no file
+    of that stem): every test of theirs is gone, whatever this session selected."""
+    if not folder.is_dir():
+        return []
+    out: list[tuple[Path, str]] = []
+    for directory in sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink() and p not in collected):
+        if any(p.is_file() for p in folder.parent.glob(glob.escape(directory.name) + ".*")):
+            continue  # its module (test_x.py, or a file another collector reads) is still there
+        out += [(path, _written_for(path)) for path in sorted(directory.glob("*.json"))]
     return out
 
 
 def _written_for(path: Path) -> str:
     """The test id stored in the file when it matches the file's name (not a copy); else the name's stem."""
     try:
-        test = json.loads(path.read_text(encoding="utf-8")).get("test")
-    except (OSError, ValueError, AttributeError):
-        test = None
+        doc = read_document(path)
+    except BaselineError:
+        doc = None
+    test = doc.get("test") if isinstance(doc, dict) else None
     return test if isinstance(test, str) and file_name(test) == path.name else path.stem
 
 

@@ -163,9 +163,11 @@ def test_the_gate_reports_and_baselines_see_runs_watched_by_a_callback(
     rows = {line.split("`")[1]: line for line in summary.splitlines() if line.startswith("| `test_project.py::")}
     healthy, left_out = rows["test_project.py::test_healthy"], rows["test_project.py::test_left_out"]
     assert healthy.startswith("| `test_project.py::test_healthy` | passed | ✅ healthy |")
-    assert healthy.endswith(f"| {steps} | - |")
+    assert healthy.endswith("| - | - | - | ✅ matched |")
+    assert f"- ✅ `test_project.py::test_healthy`: {steps} steps, " in summary
     assert left_out.startswith("| `test_project.py::test_left_out` | **failed** | ❌ unhealthy |")
-    assert f"| {steps} | frozen\\_parameters at '{escaped}'" in left_out
+    assert f"| frozen\\_parameters | `{layer}` | 0 |" in left_out
+    assert f"**frozen\\_parameters at '{escaped}' from step 0" in summary
     properties = junit_properties(pytester.path / "junit.xml")
     assert properties["test_healthy"]["neuraldbg.verdict"] == "healthy"
     assert properties["test_left_out"]["neuraldbg.verdict"] == "unhealthy"

@@ -268,7 +268,7 @@ def test_the_file_is_pretty_sorted_json_with_short_lists_on_one_line(tmp_path: P
 @pytest.mark.parametrize(
     ("content", "problem"),
     [
-        ("{oops", "is not valid JSON: Expecting property name enclosed in double quotes"),
+        ("{oops", "is not valid JSON at line 1, column 2: Expecting property name enclosed in double quotes"),
         ("[]", "is not a NeuralDBG baseline: expected \"format\": 'pytest-neuraldbg baseline', got 'list'"),
         ('{"format": "pytest-neuraldbg baseline", "version": 9, "runs": {}}', "was written by a newer"),
         ('{"format": "pytest-neuraldbg baseline", "version": 0, "runs": {}}', "has format version 0"),
@@ -524,6 +524,8 @@ def test_a_bad_file_fails_with_the_file_the_problem_and_the_fix(tmp_path: Path) 
 
 def test_stale_files_are_those_no_collected_or_deselected_test_uses(tmp_path: Path) -> None:
     module, other = tmp_path / "test_a.py", tmp_path / "test_b.py"
+    module.touch()  # both modules exist: the folder of a deleted module is stale whatever was collected
+    other.touch()
     directory = baseline.directory_for(module)
     directory.mkdir(parents=True)
     for name in ("test_kept", "test_deselected", "test_gone[1]"):

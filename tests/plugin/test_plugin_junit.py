@@ -45,7 +45,7 @@ def test_a_run_level_failure_fails_the_observed_case_and_no_layer_check() -> Non
         failure.get("message")
         == "NeuralDBG: run-level failure - no_gradient at the model from step 0 (confidence 1.00)"
     )
-    assert len(found) == 8  # seven layer-level checks and "observed"
+    assert len(found) >= 8  # every layer-level check and "observed" (main added kinds since)
 
 
 def test_failures_of_an_xfailed_test_or_asserted_by_a_passing_test_are_skipped_with_the_reason() -> None:
@@ -60,7 +60,9 @@ def test_failures_of_an_xfailed_test_or_asserted_by_a_passing_test_are_skipped_w
     assert xfail is not None and xfail.get("message", "").startswith("expected failure (xfail): NeuralDBG: dead")
     assert caught is not None and caught.get("message", "").startswith("expected by the test: NeuralDBG: dead")
     assert found["t.py::test_gate::dead_neurons"].find("failure") is not None
-    assert {c.get("status") for n, c in found.items() if "test_xfail" in n} == {"xfailed"}
+    statuses = {n.rsplit("::", 1)[1]: c.get("status") for n, c in found.items() if "test_xfail" in n}
+    assert statuses.pop("dead_neurons") == "skipped"  # each case's status is its own result
+    assert set(statuses.values()) == {"passed"}
 
 
 def test_each_tests_baseline_is_a_case_that_fails_on_what_fails_the_test() -> None:

@@ -41,7 +41,7 @@ def test_every_option_has_a_flag_an_ini_key_and_an_environment_variable() -> Non
         "NEURALDBG_GRAD_TOLERANCE",
     )
     assert set(names) == {
-        *("preset", "persistence", "gate", "report", "junit", "steps"),
+        *("preset", "persistence", "gate", "report", "pictures", "junit", "steps"),
         *("update_baselines", "remove_stale_baselines", "grad_tolerance", "fraction_tolerance", "loss_tolerance"),
     }
 

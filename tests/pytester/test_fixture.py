@@ -23,7 +23,7 @@ def test_a_healthy_smoke_test_passes_and_its_run_is_reported_healthy(project: py
     )
     result = project.runpytest()
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*= neuraldbg =*", "1 watched runs: 0 unhealthy (gate: off)"])
+    result.stdout.fnmatch_lines(["*= neuraldbg =*", "1 watched run: 0 unhealthy (gate: off)"])
 
 
 def test_a_hand_written_loop_is_watched_and_its_dead_relu_reported(project: pytest.Pytester) -> None:

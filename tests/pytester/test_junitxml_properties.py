@@ -1,8 +1,8 @@
-"""pytest's own ``--junitxml``: each watched run's verdict, explanation, chain and Mermaid graph as properties."""
+"""pytest's own ``--junitxml``: each watched run's verdict, root, onset and explanation as short properties; the
+chain and the Mermaid graph of an unhealthy run in its failing case's ``<system-out>``."""
 
 from __future__ import annotations
 
-import json
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -20,43 +20,46 @@ def test_two(neuraldbg):
 @pytest.fixture
 def cases(project: pytest.Pytester) -> dict[str, ET.Element]:
     project.makepyfile(test_silent=SILENT_TESTS, test_two=TWO_RUNS)
-    result = project.runpytest("--junitxml=junit.xml", "--neuraldbg-gate")
+    result = project.runpytest("--junitxml=junit.xml", "--neuraldbg-gate", "-o", "junit_logging=system-out")
     result.assert_outcomes(passed=1, failed=2)
     assert "record_property" not in result.stdout.str()  # no xunit2 warning: properties go in directly
     return junit_cases(project.path / "junit.xml")
 
 
-def test_an_unhealthy_run_has_its_verdict_explanation_and_mermaid_as_properties(cases: dict[str, ET.Element]) -> None:
-    props = dict(properties(cases["test_silent::test_dead"]))
-    assert list(props) == ["neuraldbg.verdict", "neuraldbg.explanation", "neuraldbg.chain", "neuraldbg.mermaid"]
-    assert props["neuraldbg.verdict"] == "unhealthy"
-    assert props["neuraldbg.explanation"].startswith("Dead neurons in '3' (ReLU), fed by '2' (Linear)")
-    assert props["neuraldbg.mermaid"].startswith("flowchart TD\n")  # multi-line values read back exactly
-    render_mermaid(props["neuraldbg.mermaid"])
-
-
-def test_the_chain_property_is_json_with_layers_and_steps(cases: dict[str, ET.Element]) -> None:
-    chain = json.loads(dict(properties(cases["test_silent::test_dead"]))["neuraldbg.chain"])
-    assert [h["kind"] for h in chain] == ["dead_neurons"]
-    root, *effects = chain[0]["chain"]
-    assert (root["kind"], root["layer"], root["step_start"], root["metrics"]["dead_fraction"]) == (
-        "dead_neurons",
-        "3",
-        0,
-        1.0,
+def test_an_unhealthy_run_has_short_properties_and_its_graph_in_the_output(cases: dict[str, ET.Element]) -> None:
+    case = cases["test_silent::test_dead"]
+    props = dict(properties(case))
+    assert list(props) == ["neuraldbg.verdict", "neuraldbg.root", "neuraldbg.onset", "neuraldbg.explanation"]
+    assert (props["neuraldbg.verdict"], props["neuraldbg.root"], props["neuraldbg.onset"]) == (
+        "unhealthy",
+        "dead_neurons at '3'",
+        "step 0",
     )
-    assert {(e["layer"], e["kind"], e["relation"]) for e in effects} == {
-        ("0", "vanishing_gradients", "zeroes the gradient of"),
-        ("2", "vanishing_gradients", "zeroes the gradient of"),
+    assert props["neuraldbg.explanation"].startswith("Dead neurons in '3' (ReLU), fed by '2' (Linear)")
+    assert all("\n" not in value and len(value) <= 300 for value in props.values())  # lines a person reads
+    output = case.find("system-out")
+    assert output is not None and output.text is not None
+    graph = output.text.split("Causal graph (Mermaid):\n", 1)[1].split("\n\n")[0]
+    assert graph.startswith("flowchart TD\n")
+    render_mermaid(graph)
+
+
+def test_the_chain_is_in_the_output_with_layers_relations_and_steps(cases: dict[str, ET.Element]) -> None:
+    output = cases["test_silent::test_dead"].find("system-out")
+    assert output is not None and output.text is not None
+    chain = output.text.split("Causal chain (root first):\n", 1)[1].split("Causal graph")[0].splitlines()
+    assert chain[0].startswith("  root '3': 100% of 16 units dead (never positive), steps 0-")
+    assert {line.split("(", 1)[-1] for line in chain[1:]} >= {
+        "'3' zeroes the gradient of '0')",
+        "'3' zeroes the gradient of '2')",
     }
 
 
 def test_a_healthy_run_says_so(cases: dict[str, ET.Element]) -> None:
-    props = dict(properties(cases["test_silent::test_healthy"]))
-    assert props["neuraldbg.verdict"] == "healthy"
-    assert (props["neuraldbg.explanation"], props["neuraldbg.chain"]) == ("", "[]")
-    assert "No training failure detected" in props["neuraldbg.mermaid"]
-    assert cases["test_silent::test_healthy"].find("failure") is None
+    case = cases["test_silent::test_healthy"]
+    assert properties(case) == [("neuraldbg.verdict", "healthy")]  # no graph, no chain for a healthy run
+    output = case.find("system-out")  # pytest's own, empty: no graph, no chain
+    assert case.find("failure") is None and "flowchart" not in (output.text or "" if output is not None else "")
 
 
 def test_the_failure_text_carries_the_explanation_behind_a_one_line_verdict(cases: dict[str, ET.Element]) -> None:
@@ -71,8 +74,9 @@ def test_the_failure_text_carries_the_explanation_behind_a_one_line_verdict(case
 def test_a_test_with_several_runs_gets_one_group_of_properties_per_run(cases: dict[str, ET.Element]) -> None:
     props = properties(cases["test_two::test_two"])
     assert [name for name, _ in props] == [
-        *("neuraldbg.run", "neuraldbg.verdict", "neuraldbg.explanation", "neuraldbg.chain", "neuraldbg.mermaid"),
-    ] * 2
+        *("neuraldbg.run", "neuraldbg.verdict"),
+        *("neuraldbg.run", "neuraldbg.verdict", "neuraldbg.root", "neuraldbg.onset", "neuraldbg.explanation"),
+    ]
     assert [value for name, value in props if name in ("neuraldbg.run", "neuraldbg.verdict")] == [
         "good",
         "healthy",

@@ -150,7 +150,7 @@ def test_an_xfail_test_that_trains_an_unhealthy_model_and_asserts_nothing_is_xfa
     project.makepyfile(test_xfail=XFAIL_TESTS.format(marker=marker, kind="dead"))
     result = project.runpytest("--neuraldbg-gate", "-rx", "--junitxml=junit.xml")
     result.assert_outcomes(xfailed=1)
-    result.stdout.fnmatch_lines(["1 watched runs: 1 unhealthy (gate: fail)", "XFAIL test_xfail.py::test_dead*"])
+    result.stdout.fnmatch_lines(["1 watched run: 1 unhealthy (gate: fail)", "XFAIL test_xfail.py::test_dead*"])
     case = junit_cases(project.path / "junit.xml")["test_xfail::test_dead"]
     assert case.find("failure") is None and case.find("skipped") is not None
 
@@ -233,7 +233,7 @@ def test_a_baseline_failure_of_a_healthy_run_is_the_tests_only_failure_under_the
     result = project.runpytest("--neuraldbg-gate")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
-        ["NeuralDBG baseline __neuraldbg__/test_both/test_marked.json is not valid JSON: *", "FAILED *"]
+        ["NeuralDBG baseline __neuraldbg__/test_both/test_marked.json is not valid JSON*", "FAILED *"]
     )
     assert "NeuralDBG gate:" not in result.stdout.str()
 

@@ -35,17 +35,18 @@ def test_summary_md_has_the_table_the_explanation_and_collapsed_graphs(report_di
         "## NeuralDBG training health\n\n**No test watching training failed, but 1 of 5 watched runs are unhealthy** "
         "(runs: 1 of 5 unhealthy; gate: off).\n\npytest, whole session: 5 passed.\n"
     )
-    assert "| Test | Outcome | Training | Baseline | Steps | Failure hypotheses |" in summary
-    assert (
-        "| `test_silent.py::test_dead` | passed | ❌ unhealthy | - | 30 | dead\\_neurons at '3' from step 0 (conf"
-    ) in summary
-    assert "| `test_silent.py::test_healthy` | passed | ✅ healthy | - | 30 | - |" in summary
+    assert "| Test | Outcome | Training | Kind | Layer | Step | Baseline |" in summary
+    assert "| `test_silent.py::test_dead` | passed | ❌ unhealthy | dead\\_neurons | `3` | 0 | - |" in summary
+    assert "| `test_silent.py::test_healthy` | passed | ✅ healthy | - | - | - | - |" in summary
+    assert "- ✅ `test_silent.py::test_healthy`: 30 steps, final loss " in summary  # key numbers, one line
     assert summary.count("| passed | ✅ healthy |") == 4
     assert "### ❌ `test_silent.py::test_dead`" in summary
     assert "Dead neurons in '3' (ReLU), fed by '2' (Linear)" in summary
     assert "<details><summary>Causal graph</summary>\n\n```mermaid\nflowchart TD" in summary
     assert "```mermaid\n%%{init:" in summary and "xychart-beta" in summary
-    assert "Lines: 🔵 first layer '0' · 🔴 '2' (feeds root '3') · 🟢 last layer '4'." in summary
+    # the first layer's and the root's feeder's zero norms would hide each other: one line, both labels
+    assert "Lines: 🔵 first layer '0' = '2' (feeds root '3') · 🔴 last layer '4'." in summary
+    assert '  x-axis "step" 0 --> 29' in summary  # the whole 30-step run
     assert len(summary) < 65_536
 
 
@@ -76,7 +77,9 @@ def test_file_names_from_node_ids_are_sanitised(report_dir: Path) -> None:
         "test_odd.py_test_odd_x_y.json",
         "test_odd.py_test_odd_x_y.mmd",
     }
-    assert len(names) == 11  # 5 runs x (.json + .mmd) + summary.md
+    assert len([n for n in names if n.endswith((".json", ".mmd"))]) == 10  # 5 runs x (.json + .mmd)
+    assert {"summary.md", "report.html"} <= set(names)
+    assert all(n.endswith((".json", ".mmd", ".png", ".svg")) for n in names if n not in ("summary.md", "report.html"))
 
 
 def test_a_session_without_watched_runs_still_writes_a_summary(pytester: pytest.Pytester) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -131,8 +132,15 @@ def test_the_graph_renders_in_real_mermaid_for_any_layer_name():
     events, topo = dead_chain(names, dead_at=len(names) - 1)
     graph = causal_graph(diagnose(events, topo, builtin_rules()), topo)
     svg = mermaidx.render(graph).svg()
-    assert "ünïcödé→β" in svg
     assert "Parse error" not in svg
+    # victims of one cause are one node that names the first and the last; every name, as the root, is drawn
+    for name in NASTY:
+        events, topo = dead_chain(["in", name, "out", "act"], dead_at=3)
+        events[0] = replace(events[0], layer=name)
+        named = mermaidx.render(causal_graph(diagnose(events, topo, builtin_rules()), topo)).svg()
+        assert "Parse error" not in named
+    events, topo = dead_chain(["0", "ünïcödé→β"], dead_at=1)
+    assert "ünïcödé→β" in mermaidx.render(causal_graph(diagnose(events, topo, builtin_rules()), topo)).svg()
 
 
 def test_the_golden_and_the_summarised_graphs_render_in_real_mermaid():
@@ -177,7 +185,11 @@ def test_a_mermaid_directive_in_a_layer_name_or_relation_neither_applies_nor_bre
     tame = mermaidx.render(hostile_graph([f"layer{i}" for i in range(len(DIRECTIVES))], "kills")).svg()
     assert style_of(hostile) == style_of(tame)  # no theme, font or CSS came from the names
     assert "rgb(255, 0, 0)" not in hostile and "ff0000" not in style_of(hostile)
-    assert "a%%{b" in hostile and "}%%" in hostile and "x:::root" in hostile  # shown as text, literally
+    for name in ("a%%{b", "}%%", "x:::root"):  # each name, drawn as the root, is shown as text, literally
+        events, topo = dead_chain(["in", "x", "out", "act"], dead_at=3)
+        events[0] = replace(events[0], layer=name)
+        svg = mermaidx.render(causal_graph(diagnose(events, topo, builtin_rules()), topo)).svg()
+        assert name in svg and style_of(svg) == style_of(tame)
 
 
 def test_a_run_level_finding_is_drawn_in_words_as_a_node_of_the_run():
@@ -196,5 +208,5 @@ def test_a_run_level_finding_is_drawn_in_words_as_a_node_of_the_run():
             F.mse_loss(model(torch.randn(8, 4)), torch.randn(8, 1)).backward()
             opt.step()
     graph = dbg.export_mermaid_causal_graph()
-    assert """["the run<br>trained in eval mode (5 steps: '1' (Dropout))<br>steps 0-4"]""" in graph
+    assert """["the run<br>trained in eval mode (5 steps: '1'<br>(Dropout))<br>steps 0-4"]""" in graph  # wrapped
     assert "exploding" not in graph and "model<br>" not in graph
