@@ -2,6 +2,7 @@
 
     python -m benchmarks.overhead            # the figures of docs/cost.md (about 2 minutes on 2 CPU cores)
     python -m benchmarks.overhead --quick    # a smoke run
+    python -m benchmarks.overhead --peers    # NeuralDBG next to other monitors instead (benchmarks/peers.py)
 
 For each model, identical copies (same initial weights, same batches) are trained in alternating blocks of
 steps: one plain, one per preset under NeuralDbg. A debugger is attached for its own blocks only (its optimizer
@@ -305,7 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the memory run")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile table")
+    parser.add_argument("--peers", action="store_true", help="only the table of benchmarks.peers")
     args = parser.parse_args(argv)
+    if args.peers:
+        from . import peers
+
+        peers.table(args.model, args.quick)
+        return 0
     if args.threads:
         torch.set_num_threads(args.threads)
     rounds, warmup = (6, 40) if args.quick else (40, 300)

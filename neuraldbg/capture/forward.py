@@ -48,6 +48,15 @@ class ForwardPath:
         self.others: list[Tensor] = []  # the call's other floating arguments (see stats.other_floats)
         self.output: Tensor | None = None
         self.never_positive: dict[SlotKey, Tensor] = {}  # functionally activated layers: units never positive
+        # Per-unit statistics of many outputs of one shape are taken together at the end of a full forward pass
+        # (one reduction per shape, see measure.layer_outputs) rather than in each hook. The first full forward
+        # measures in the hooks and learns which layers have such company and which outputs are modified in place
+        # downstream (their version changes before the forward ends): those are measured in their hooks always.
+        self._learned = False
+        self._batched: set[SlotKey] = set()  # layers whose per-unit statistics wait for the end of the forward
+        self._deferred: list[measure.Deferred] = []
+        self._versions: list[tuple[SlotKey, Tensor, int]] = []  # outputs whose in-place changes are watched
+        self._groups: dict[tuple[object, ...], list[SlotKey]] = {}  # the learning forward's per-unit layers
         self._prev_channel_first = False
         self.autocast = False
         self.host_reads_are_free = True
@@ -139,16 +148,53 @@ class ForwardPath:
         # autocast is read inside the forward pass: some wrappers (accelerate) enter it inside model.forward only
         self.autocast = self.autocast or torch.is_autocast_enabled(t.device.type)
         follows_conv = spec.role is not Role.PARAMETRIC and self._prev_channel_first
-        measure.layer_output(target, key, spec, t, spec.channel_first or t.dim() >= 4 or follows_conv, self._config)
+        channel_first = spec.channel_first or t.dim() >= 4 or follows_conv
+        if key in self._batched:
+            self._deferred.append((target, key, spec, t, channel_first))
+            self._versions.append((key, t, t._version))
+        else:
+            measure.layer_output(target, key, spec, t, channel_first, self._config)
+            if not self._learned and measure.per_unit(spec):
+                self._versions.append((key, t, t._version))
+                group = (spec.role, spec.center, spec.radius, channel_first, t.shape, t.dtype, t.device)
+                self._groups.setdefault(group, []).append(key)
         if spec.unit_layer and key[1] == 0 and not (self.order.complete and self.order.activated_by_module(key)):
             self.never_positive[key] = stats.never_positive(t, spec.channel_first)
         if self._config.output_gradients and t.requires_grad:
             hooks.on_gradient(t, partial(self._rec.backward.on_output_gradient, key))
         self._prev_channel_first = spec.channel_first or t.dim() >= 4
 
+    def measure_deferred(self) -> None:
+        """A full forward pass ended: the per-unit statistics that waited for it, in one batch. An output modified in
+        place since its hook is not measured (its reading would describe the modified values) and its layer is
+        measured in its hook from then on; the first full forward learns which layers wait (see __init__)."""
+        versions, self._versions = self._versions, []
+        deferred, self._deferred = self._deferred, []
+        changed = {key for key, t, version in versions if t._version != version}
+        if not self._learned and versions:
+            self._learned = True
+            batched = {
+                key
+                for (_, _, _, _, shape, dtype, _), keys in self._groups.items()
+                if len(keys) >= stats.MIN_GROUP
+                and dtype is torch.float32
+                and isinstance(shape, torch.Size)
+                and 0 < shape.numel() <= stats.STACK_LIMIT
+                for key in keys
+            }
+            self._batched = batched - changed
+            self._groups = {}
+        elif changed:
+            self._batched -= changed
+            deferred = [entry for entry in deferred if entry[1] not in changed]
+        if deferred:
+            measure.layer_outputs(deferred, self._config)
+
     def _end(self, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         """The model's own forward returned: check a cheap CPU step's output now, and hook its gradient."""
         self._open = False
+        if self._versions:
+            self.measure_deferred()
         t = stats.first_tensor(output)
         if t is None:
             self.discard_tentative()
@@ -203,6 +249,8 @@ class ForwardPath:
     def close(self) -> None:
         """The backward pass or the optimizer step began: a forward still open (submodules called directly) ends."""
         self._open = False
+        if self._versions:
+            self.measure_deferred()
 
     def layer_refs(self) -> dict[SlotKey, Tensor]:
         """Every layer output of this forward pass (tensors on full steps, raw outputs on cheap ones)."""
@@ -218,6 +266,8 @@ class ForwardPath:
         self.refs.clear()
         self._seen.clear()
         self.input = self.output = None
+        self._deferred.clear()
+        self._versions.clear()
         self.others = []
 
     def next_step(self) -> None:

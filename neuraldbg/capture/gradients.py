@@ -31,9 +31,12 @@ class GradientReader:
         self._track_updates = rec.config.track_updates
         self.params: list[Param] = [p for p in naming.parameters(model) if p.requires_grad]
         self._by_name = {p.name: p for p in self.params}
-        self.raw: list[Tensor] | None = None  # gradient norms at the end of backward (fully observed steps)
+        # gradient norms at the end of backward (fully observed steps): a 1-d tensor, or 0-d ones on several devices
+        self.raw: Tensor | list[Tensor] | None = None
         self.snapshot: stats.Snapshot | None = None
         self._held: stats.Snapshot | None = None  # taken before a closure step, for the step it will serve
+        # what a snapshot copies, by the parameters it is of, kept while they keep their storage
+        self._plans: dict[tuple[str, ...], stats.SnapshotPlan] = {}
         self.captured = False
         self.clip_seen = False
         self._probe_mean = 0.0
@@ -49,7 +52,7 @@ class GradientReader:
         self.captured = False
         self.raw = None
 
-    def raw_norms(self, loss_scale: Tensor | None = None) -> list[Tensor] | None:
+    def raw_norms(self, loss_scale: Tensor | None = None) -> Tensor | list[Tensor] | None:
         """The gradient norms as the backward pass left them, ``loss_scale`` (a GradScaler's scale, still in them)
         divided out. None under autocast without a known scaler: an unknown scale may sit between them and the
         optimizer."""
@@ -59,8 +62,10 @@ class GradientReader:
         grads = [g for _, _, g in with_grad]
         if not grads:
             return None
-        norms = stats.norms(grads)
-        return norms if loss_scale is None else [n / loss_scale for n in norms]
+        norms = stats.norm_readings(grads)
+        if loss_scale is None:
+            return norms
+        return norms / loss_scale if isinstance(norms, Tensor) else [n / loss_scale for n in norms]
 
     def once(self, loss_scale: float = 1.0) -> None:
         """Read the step's gradients, once per step (several optimizers may step in one iteration). ``loss_scale``:
@@ -103,7 +108,7 @@ class GradientReader:
             )
         if not with_grad:
             return
-        raw, self.raw = self.raw or [], None
+        raw, self.raw = self.raw, None
         measure.gradients(pending.data, with_grad, raw, loss_scale)
         self.clip_seen |= pending.data.grad_clip_factor is not None
         head = self.head()
@@ -120,9 +125,19 @@ class GradientReader:
     def take_snapshot(self, params: list[Param], held: bool = False) -> None:
         """Copy what measures the update of these parameters (before the optimizer changes them): the part this
         process holds of each."""
-        parts = [(p.name, p.local(p.tensor.detach())) for p in params]
-        kept = [(name, d) for name, d in parts if d is not None and d.numel()]
-        snapshot = stats.Snapshot([n for n, _ in kept], [d for _, d in kept])
+        key = tuple(p.name for p in params)
+        plan = self._plans.get(key)
+        # a plan kept from step to step holds views of parameters held whole; one of sharded parameters (whose
+        # storage FSDP frees and reallocates) is made for each step
+        if plan is None or not plan.valid_for([p.tensor for p in params]):
+            parts = [(p.name, p.local(p.tensor.detach())) for p in params]
+            kept = [(name, d) for name, d in parts if d is not None and d.numel()]
+            plan = stats.SnapshotPlan([n for n, _ in kept], [d for _, d in kept])
+            if len(kept) == len(params) and all(p.whole for p in params):
+                if len(self._plans) >= 8:
+                    self._plans.clear()
+                self._plans[key] = plan
+        snapshot = plan.take()
         if held:
             self._held = snapshot
         else:

@@ -9,6 +9,7 @@ they run; :mod:`neuraldbg.stats.tensors` holds the reductions themselves.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ from ..model.info import LayerInfo, Role
 from ..model.shards import Param
 from ..stats import tensors as stats
 from ..stats.step import SlotKey, StepData
-from .pending import Pending
+from .pending import Entry, Pending
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,40 @@ def layer_output(
         pending.put("dead", key, dead, stats.unit_count(t, channel_first))
     elif spec.role is Role.BOUNDED and spec.radius > 0:
         pending.put("saturated", key, stats.saturated_count(t, spec.center, spec.radius), t.numel())
+
+
+def per_unit(spec: LayerSpec) -> bool:
+    """Whether :func:`layer_output` measures anything of a layer of this spec."""
+    return spec.role is Role.GATED or (spec.role is Role.BOUNDED and spec.radius > 0)
+
+
+Deferred = tuple[Pending, SlotKey, LayerSpec, Tensor, bool]  # (step, layer, spec, output, channel_first)
+
+
+def layer_outputs(entries: Sequence[Deferred], config: DebugConfig) -> None:
+    """:func:`layer_output` of many layers at once: outputs of one shape, role and bound (at least
+    :data:`~neuraldbg.stats.tensors.MIN_GROUP` of them, each at most ``STACK_LIMIT`` elements, float32) are
+    stacked and reduced together, one reduction per shape instead of one per layer; the others one by one."""
+    groups: dict[tuple[object, ...], list[Deferred]] = {}
+    for entry in entries:
+        pending, _, spec, t, cf = entry
+        group = (id(pending), spec.role, spec.center, spec.radius, cf, t.shape, t.dtype, t.device)
+        groups.setdefault(group, []).append(entry)
+    for group_entries in groups.values():
+        pending, _, spec, t, cf = group_entries[0]
+        if len(group_entries) < stats.MIN_GROUP or t.numel() > stats.STACK_LIMIT or t.dtype is not torch.float32:
+            for pending, key, spec, t, cf in group_entries:
+                layer_output(pending, key, spec, t, cf, config)
+            continue
+        stacked = torch.stack([e[3].detach() for e in group_entries])
+        if spec.role is Role.GATED:
+            units = float(stats.unit_count(t, cf))
+            counts = stats.dead_units_stacked(stacked, cf, config.dead_sample_fraction)
+            pending.put_vector([("dead", e[1], units) for e in group_entries], counts)
+        else:
+            total = float(t.numel())
+            counts = stats.saturated_stacked(stacked, spec.center, spec.radius)
+            pending.put_vector([("saturated", e[1], total) for e in group_entries], counts)
 
 
 @torch.no_grad()
@@ -98,15 +133,16 @@ def all_norms(
     grad: Tensor,
     loss_scale: Tensor | None = None,
 ) -> None:
-    """Every layer output's norm, the input's and the output's, and the loss gradient's, batched. ``loss_scale``:
-    a GradScaler's scale in ``grad``, divided out (on the device)."""
-    keys = list(refs)
-    values = stats.norms([*(refs[k] for k in keys), *(t for _, t in ends), grad])
-    for key, value in zip(keys, values):
-        pending.put("act", key, value)
-    for (target, _), value in zip(ends, values[len(keys) :]):
-        pending.put(target, None, value)
-    pending.put("target_grad", None, values[-1] / loss_scale if loss_scale is not None else values[-1])
+    """Every layer output's norm, the input's and the output's, and the loss gradient's, batched (one reduction
+    per shape of many small outputs, see :class:`~neuraldbg.stats.tensors.NormPlan`), and the loss gradient's L1
+    norm (the loss's pull on the output). ``loss_scale``: a GradScaler's scale in ``grad``, divided out (on the
+    device)."""
+    entries: list[Entry] = [("act", key, 0) for key in refs]
+    entries += [(target, None, 0) for target, _ in ends]
+    values = stats.norm_readings([*refs.values(), *(t for _, t in ends), grad])
+    n = len(entries)
+    pending.put_vector(entries, values[:n])
+    pending.put("target_grad", None, values[n] / loss_scale if loss_scale is not None else values[n])
     pull = torch.linalg.vector_norm(grad.detach(), 1, dtype=torch.float32)  # sum of |d(loss)/d(output)|
     pending.put("target_grad_sum", None, pull / loss_scale if loss_scale is not None else pull)
 
@@ -150,7 +186,7 @@ def readable(params: Sequence[Param]) -> tuple[list[tuple[str, Param, Tensor]], 
 def gradients(
     data: StepData,
     with_grad: Sequence[tuple[str, Param, Tensor]],
-    raw: Sequence[Tensor],
+    raw: Tensor | Sequence[Tensor] | None,
     loss_scale: float = 1.0,
 ) -> None:
     """Gradient norms as the optimizer receives them, exact zeros, non-finite elements, and how much smaller they
@@ -160,7 +196,7 @@ def gradients(
     its element count is the whole's. ``loss_scale``: the GradScaler scale still in ``with_grad`` (read before the
     scaler unscaled them), divided out (``raw`` comes unscaled)."""
     grads = [g for _, _, g in with_grad]
-    values = stats.to_host([*stats.norms(grads), *raw])
+    values = stats.host_values(stats.norm_readings(grads), raw)
     values, raw_values = values[: len(grads)], values[len(grads) :]
     if loss_scale != 1.0:
         values = [v / loss_scale for v in values]
@@ -220,12 +256,28 @@ def clip_factor(at_step: Sequence[float], after_backward: Sequence[float]) -> fl
 
 
 def updates(pending: Pending, snapshot: stats.Snapshot) -> None:
-    """File what the optimizer did to the snapshotted parameters (read at the flush)."""
-    deltas, after, before = snapshot.changes()
-    for name, scale, delta, weight, old in zip(snapshot.names, snapshot.scales, deltas, after, before):
-        pending.put("delta", name, delta, scale)
-        pending.put("weight", name, weight)
-        pending.put("before", name, old)  # also bounds, for a sampled parameter, a change its sample missed
+    """File what the optimizer did to the snapshotted parameters (read at the flush): every change, then every
+    new norm, then every old norm (which also bounds, for a sampled parameter, a change its sample missed), in
+    that order (see :func:`~neuraldbg.capture.pending.assign`)."""
+    deltas, after, before = snapshot.readings()
+    plan = snapshot.plan
+    entries = _UPDATE_ENTRIES.get(plan)
+    if entries is None:
+        entries = (
+            [("delta", name, scale) for name, scale in zip(plan.names, plan.scales)],
+            [("weight", name, 0) for name in plan.names],
+            [("before", name, 0) for name in plan.names],
+        )
+        _UPDATE_ENTRIES[plan] = entries
+    pending.put_vector(entries[0], deltas)
+    pending.put_vector(entries[1], after)
+    pending.put_vector(entries[2], before)
+
+
+#: The filing entries of a snapshot plan's readings, kept while the plan is.
+_UPDATE_ENTRIES: weakref.WeakKeyDictionary[stats.SnapshotPlan, tuple[list[Entry], list[Entry], list[Entry]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def suspicious(record: StepData, config: DebugConfig, previous_head_grad: float | None) -> bool:

@@ -1,12 +1,14 @@
-"""One step being collected: host fields, plus 0-d device tensors moved to the host at the next flush.
+"""One step being collected: host fields, plus device tensors moved to the host at the next flush.
 
 :class:`Pending` holds the step in progress (a :class:`~neuraldbg.stats.step.StepData` and the device tensors that
-still have to be filed into it); :func:`assign` files a flushed value into its field.
+still have to be filed into it: 0-d tensors of one reading each, and 1-d tensors of many readings, one per element);
+:func:`assign` files a flushed value into its field.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import Tensor
@@ -30,15 +32,20 @@ _SCALED = frozenset(
 )
 
 
+Entry = tuple[str, Any, float]  # (target, key, extra): where a reading is filed (see :func:`assign`)
+
+
 class Pending:
     """One step being collected: host fields, plus device tensors to move in the next flush."""
 
-    __slots__ = ("captured", "data", "lost", "restart", "targets", "tensors")
+    __slots__ = ("captured", "data", "lost", "restart", "targets", "tensors", "vectors", "vtargets")
 
     def __init__(self, step: int, full: bool) -> None:
         self.data = StepData(step, full)
         self.tensors: list[Tensor] = []
-        self.targets: list[tuple[str, Any, float]] = []
+        self.targets: list[Entry] = []
+        self.vectors: list[Tensor] = []  # 1-d tensors of readings, filed after the 0-d ones, in order
+        self.vtargets: list[Sequence[Entry]] = []  # ... each with the entry of each of its elements
         self.captured: Tensor | None = None  # the loss whose gradient is in .grad (see capture.ledger)
         self.lost = False  # a backward pass of that gradient started from something that is not a loss
         self.restart = False  # a backward pass of this part found the gradients reset: earlier parts do not count
@@ -61,6 +68,33 @@ class Pending:
         self.targets.append((target, key, extra))
         self.tensors.append(tensor)
 
+    def put_vector(self, entries: Sequence[Entry], values: Tensor | Sequence[Tensor]) -> None:
+        """File ``values[i]`` as ``entries[i]``: a 1-d tensor (one transfer with the rest at the flush) or, for
+        readings on several devices, 0-d tensors (see :func:`~neuraldbg.stats.tensors.norm_readings`)."""
+        if isinstance(values, Tensor):
+            if entries:
+                self.vtargets.append(entries)
+                self.vectors.append(values)
+        else:
+            self.targets.extend(entries)
+            self.tensors.extend(values)
+
+    @property
+    def recorded(self) -> bool:
+        """Whether any device reading was filed."""
+        return bool(self.tensors or self.vectors)
+
+    def file(self, scalars: Sequence[float], vectors: Sequence[float]) -> None:
+        """File the host values of :attr:`tensors`, then of the elements of :attr:`vectors`, in order."""
+        data = self.data
+        for (target, key, extra), value in zip(self.targets, scalars):
+            _ASSIGN[target](data, key, extra, value)
+        i = 0
+        for entries in self.vtargets:
+            for (target, key, extra), value in zip(entries, vectors[i : i + len(entries)]):
+                _ASSIGN[target](data, key, extra, value)
+            i += len(entries)
+
     def skip(self) -> None:
         """The GradScaler skipped this step: drop what was read from its scaled gradients (overflow, not the model's
         gradients) and its update (there was none). A NaN loss gradient is kept (see :func:`assign`): scaling
@@ -74,6 +108,11 @@ class Pending:
         ]
         self.targets = [target for target, _ in kept]
         self.tensors = [t for _, t in kept]
+        # the readings of a vector are kept or dropped together (and divided together by unscale): a vector
+        # mixes only targets these two treat alike, the first stands for all
+        vkept = [(entries, v) for entries, v in zip(self.vtargets, self.vectors) if entries[0][0] not in _SCALED]
+        self.vtargets = [entries for entries, _ in vkept]
+        self.vectors = [v for _, v in vkept]
         if data.target_grad is not None and not math.isnan(data.target_grad):
             data.target_grad = None
         data.target_grad_sum = None
@@ -92,6 +131,10 @@ class Pending:
             t / scale if target[0] in ("target_grad", "target_grad_sum", "out_grad", "captured_loss") else t
             for target, t in zip(self.targets, self.tensors)
         ]
+        self.vectors = [
+            v / scale if entries[0][0] in ("target_grad", "target_grad_sum", "out_grad", "captured_loss") else v
+            for entries, v in zip(self.vtargets, self.vectors)
+        ]
         if self.captured is not None:
             self.captured = self.captured / scale
         if self.data.target_grad is not None:
@@ -102,6 +145,8 @@ class Pending:
         tensors, and its host readings, keeping the worst of two readings."""
         self.tensors.extend(other.tensors)
         self.targets.extend(other.targets)
+        self.vectors.extend(other.vectors)
+        self.vtargets.extend(other.vtargets)
         if other.restart:
             self.captured, self.lost, self.restart = other.captured, other.lost, True
         elif other.lost or self.lost:
@@ -144,67 +189,147 @@ def merge_max(old: float | None, new: float) -> float:
 
 
 def assign(data: StepData, target: str, key: Any, extra: float, value: float) -> None:
-    if target == "act":
-        data.act[key] = merge_max(data.act.get(key), value)
-    elif target == "input":
-        data.input_norm = merge_max(data.input_norm, value)
-    elif target == "arguments_nan":  # a NaN among the call's other arguments: the data is bad (see stats.nan_flag)
-        if math.isnan(value):
-            data.input_norm = math.nan
-    elif target == "output":
-        data.output_norm = merge_max(data.output_norm, value)
-    elif target == "target_grad":
-        if data.skipped and not math.isnan(value):
-            return  # a skipped step's scaled loss gradient overflowed: not the loss's
-        data.target_grad = merge_max(data.target_grad, value)
-    elif target == "target_grad_sum":
-        if not data.skipped:
-            data.target_grad_sum = merge_max(data.target_grad_sum, value)
-    elif target == "loss":
-        data.loss = value
-        data.loss_observed = True
-    elif target == "captured_loss":
-        data.loss = value
-    elif target == "probabilities":
-        data.probabilities = value > 0 if data.probabilities is None else data.probabilities and value > 0
-    elif target == "carried":
-        data.grad_carried = merge_max(data.grad_carried, value)
-    elif target == "loss_scale":
-        data.loss_scale = value
-    elif target == "dead":
-        data.dead[key] = (value, int(extra))
-    elif target == "output_dead_pulled":
-        data.output_dead_pulled = (value, int(extra))
-    elif target == "func_dead":
-        data.func_dead[key] = (value, int(extra))
-    elif target == "saturated":
-        data.saturated[key] = (value, int(extra))
-    elif target == "numel":  # a compiled step's output size
-        data.numel[key] = int(value)
-    elif target == "output_numel":
-        data.output_numel = int(value)
-    elif target == "input_numel":
-        data.input_numel = int(value)
-    elif target == "units":  # a compiled step's unit count, filed right after its dead or saturated count
-        counts = data.dead if key in data.dead else data.saturated
-        if key in counts:
-            counts[key] = (counts[key][0], int(value))
-    elif target == "grad_check":  # a cheap step's largest gradient element: filed only when it is inf or NaN
-        if not math.isfinite(value) and not data.skipped:
-            data.grad[key] = value
-            data.grad_numel[key] = int(extra)
-            data.grad_nonfinite.add(key)
-    elif target == "out_grad":
-        data.out_grad[key] = merge_max(data.out_grad.get(key), value)
-    elif target in ("delta", "weight", "before"):  # one snapshot reading: delta, weight, then before
-        parts = data.update_parts.setdefault(key, [])
-        parts.append(value)
-        if target == "delta":
-            parts.append(extra)  # the sample's scale: 1 when the parameter was copied whole
-        if target == "before":
-            delta, scale, after, before = parts[:4]
-            data.update[key] = (stats.update_norm(delta, scale, after, before), after)
-            data.update_before[key] = before
-            del data.update_parts[key]
-    else:  # pragma: no cover - a programming error, not a user error
-        raise KeyError(target)
+    """File one flushed reading into its field (``extra``: what the reading is counted over, or a sample's scale)."""
+    _ASSIGN[target](data, key, extra, value)
+
+
+def _act(data: StepData, key: Any, extra: float, value: float) -> None:
+    old = data.act.get(key)
+    data.act[key] = value if old is None else merge_max(old, value)
+
+
+def _input(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.input_norm = merge_max(data.input_norm, value)
+
+
+def _arguments_nan(data: StepData, key: Any, extra: float, value: float) -> None:
+    if math.isnan(value):  # a NaN among the call's other arguments: the data is bad (see stats.nan_flag)
+        data.input_norm = math.nan
+
+
+def _output(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.output_norm = merge_max(data.output_norm, value)
+
+
+def _target_grad(data: StepData, key: Any, extra: float, value: float) -> None:
+    if data.skipped and not math.isnan(value):
+        return  # a skipped step's scaled loss gradient overflowed: not the loss's
+    data.target_grad = merge_max(data.target_grad, value)
+
+
+def _target_grad_sum(data: StepData, key: Any, extra: float, value: float) -> None:
+    if not data.skipped:
+        data.target_grad_sum = merge_max(data.target_grad_sum, value)
+
+
+def _loss(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.loss = value
+    data.loss_observed = True
+
+
+def _captured_loss(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.loss = value
+
+
+def _probabilities(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.probabilities = value > 0 if data.probabilities is None else data.probabilities and value > 0
+
+
+def _carried(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.grad_carried = merge_max(data.grad_carried, value)
+
+
+def _loss_scale(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.loss_scale = value
+
+
+def _dead(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.dead[key] = (value, int(extra))
+
+
+def _output_dead_pulled(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.output_dead_pulled = (value, int(extra))
+
+
+def _func_dead(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.func_dead[key] = (value, int(extra))
+
+
+def _saturated(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.saturated[key] = (value, int(extra))
+
+
+def _numel(data: StepData, key: Any, extra: float, value: float) -> None:  # a compiled step's output size
+    data.numel[key] = int(value)
+
+
+def _output_numel(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.output_numel = int(value)
+
+
+def _input_numel(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.input_numel = int(value)
+
+
+def _units(data: StepData, key: Any, extra: float, value: float) -> None:
+    # a compiled step's unit count, filed right after its dead or saturated count
+    counts = data.dead if key in data.dead else data.saturated
+    if key in counts:
+        counts[key] = (counts[key][0], int(value))
+
+
+def _grad_check(data: StepData, key: Any, extra: float, value: float) -> None:
+    # a cheap step's largest gradient element: filed only when it is inf or NaN
+    if not math.isfinite(value) and not data.skipped:
+        data.grad[key] = value
+        data.grad_numel[key] = int(extra)
+        data.grad_nonfinite.add(key)
+
+
+def _out_grad(data: StepData, key: Any, extra: float, value: float) -> None:
+    old = data.out_grad.get(key)
+    data.out_grad[key] = value if old is None else merge_max(old, value)
+
+
+def _delta(data: StepData, key: Any, extra: float, value: float) -> None:
+    # one snapshot reading: delta, weight, then before; ``extra`` is the sample's scale (1 when the parameter was
+    # copied whole)
+    data.update_parts[key] = [value, extra]
+
+
+def _weight(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.update_parts[key].append(value)
+
+
+def _before(data: StepData, key: Any, extra: float, value: float) -> None:
+    delta, scale, after = data.update_parts.pop(key)
+    data.update[key] = (stats.update_norm(delta, scale, after, value), after)
+    data.update_before[key] = value
+
+
+_ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
+    "act": _act,
+    "input": _input,
+    "arguments_nan": _arguments_nan,
+    "output": _output,
+    "target_grad": _target_grad,
+    "target_grad_sum": _target_grad_sum,
+    "loss": _loss,
+    "captured_loss": _captured_loss,
+    "probabilities": _probabilities,
+    "carried": _carried,
+    "loss_scale": _loss_scale,
+    "dead": _dead,
+    "output_dead_pulled": _output_dead_pulled,
+    "func_dead": _func_dead,
+    "saturated": _saturated,
+    "numel": _numel,
+    "output_numel": _output_numel,
+    "input_numel": _input_numel,
+    "units": _units,
+    "grad_check": _grad_check,
+    "out_grad": _out_grad,
+    "delta": _delta,
+    "weight": _weight,
+    "before": _before,
+}

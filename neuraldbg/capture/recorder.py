@@ -42,7 +42,7 @@ from .clock import StepClock, StepMode
 from .coverage import Coverage, RunFacts
 from .forward import ForwardPath
 from .ledger import GradLedger
-from .pending import Pending, assign
+from .pending import Pending
 from .scaler import ScalerWatch
 from .schedule import Schedule
 
@@ -218,7 +218,10 @@ class Recorder:
             for part in (*self.buffer, self.pending) if self.clock.mode is StepMode.UNKNOWN else (self.pending,):
                 part.unscale(scale)
             raw = self.backward.grads.raw
-            self.backward.grads.raw = [n / scale for n in raw] if raw else raw
+            if isinstance(raw, Tensor):
+                self.backward.grads.raw = raw / scale
+            elif raw:
+                self.backward.grads.raw = [n / scale for n in raw]
         held = self.clock.provisional
         if not held or self.clock.mode is not StepMode.UNKNOWN:
             return
@@ -249,12 +252,15 @@ class Recorder:
         if not self.buffer:
             return
         buffer, self.buffer = self.buffer, []
-        values = stats.to_host(t for p in buffer for t in p.tensors)
-        i = 0
+        scalars = [t for p in buffer for t in p.tensors]
+        vectors = [v for p in buffer for v in p.vectors]
+        values = stats.to_host_parts(scalars, vectors)
+        i, j = 0, len(scalars)
         for part in buffer:
-            for (target, key, extra), value in zip(part.targets, values[i : i + len(part.tensors)]):
-                assign(part.data, target, key, extra, value)
+            n = sum(len(entries) for entries in part.vtargets)
+            part.file(values[i : i + len(part.tensors)], values[j : j + n])
             i += len(part.tensors)
+            j += n
         records = [p.data for p in buffer]
         suspicious = False
         for record in records:
@@ -273,7 +279,8 @@ class Recorder:
         if self.active:
             try:
                 self.forward.discard_tentative()
-                if self.clock.finish(bool(self.pending.tensors)):
+                self.forward.close()  # a forward still open: what waited for its end is measured now
+                if self.clock.finish(self.pending.recorded):
                     self.backward.grads.once(self.scale_in_gradients())
                     self.commit()
                 self.flush()

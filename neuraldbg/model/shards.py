@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from ..stats import tensors as stats
 
 _FLAT_FIELDS = ("_param_infos", "_numels", "_shard_param_infos")
+_PLAIN = (Tensor, nn.Parameter)
 
 
 class Param:
@@ -57,6 +58,11 @@ class Param:
         if isinstance(self.tensor, nn.parameter.UninitializedParameter):
             return 0
         return int(self.tensor.numel())
+
+    @property
+    def whole(self) -> bool:
+        """This process holds the whole parameter as a plain tensor (no shard, piece or view of a flat one)."""
+        return self.piece is None and self._numel is None and type(self.tensor) in _PLAIN
 
     @property
     def requires_grad(self) -> bool:

@@ -1,4 +1,4 @@
-"""Cheap tensor statistics, computed on the tensors' own device under ``torch.no_grad()``.
+"""Cheap tensor statistics, computed on the tensors' own device without recording anything for autograd.
 
 Nothing here moves data to the host: every function returns small tensors, and :func:`to_host` moves a whole
 batch of them in one transfer (one ``.tolist()`` per device), never one ``.item()`` per layer.
@@ -8,11 +8,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from operator import attrgetter, methodcaller
 
 import torch
 from torch import Tensor
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+_FLOAT32 = frozenset({torch.float32})
+_dtype = attrgetter("dtype")
+_shape = attrgetter("shape")
+_contiguous = methodcaller("is_contiguous")
+# grad mode switched by a direct call: ``torch.no_grad()`` costs a few Python calls, paid on every hook call
+_set_grad_enabled = torch._C._set_grad_enabled
+
+
+def all_float32(tensors: Sequence[Tensor]) -> bool:
+    """Whether every tensor is float32 (the common case, reduced without any cast)."""
+    return set(map(_dtype, tensors)) <= _FLOAT32
 
 
 def first_tensor(value: object) -> Tensor | None:
@@ -175,13 +187,17 @@ def norms(tensors: Sequence[Tensor]) -> list[Tensor]:
     tensors one by one. Every tensor must be plain and strided (see :func:`dense`). This runs in every fully
     observed step's hot path, so the common case (one device, float32) takes a short way.
     """
-    with torch.no_grad():
-        if all(t.dtype is torch.float32 for t in tensors):
+    grad = torch.is_grad_enabled()
+    _set_grad_enabled(False)
+    try:
+        if all_float32(tensors):
             try:
                 return list(torch._foreach_norm(list(tensors)))
             except RuntimeError:  # tensors on several devices
                 pass
         return _grouped_norms(tensors)
+    finally:
+        _set_grad_enabled(grad)
 
 
 def _grouped_norms(tensors: Sequence[Tensor]) -> list[Tensor]:
@@ -226,12 +242,13 @@ def host_norm(t: Tensor) -> float | None:
     values cannot be read here (see :func:`dense`; a sparse tensor is read through its values). A half-precision
     tensor is reduced in float32: the norm of float16 values overflows at 65504 long before any of them does (a
     scaled loss gradient, an autocast output)."""
-    with torch.no_grad():
-        plain = readable(t)
-        if plain is None:
-            return None
-        dtype = torch.float32 if plain.dtype in _LOW_PRECISION else None
-        return float(torch.linalg.vector_norm(plain.detach(), dtype=dtype))
+    plain = readable(t)
+    if plain is None:
+        return None
+    # on a detached tensor nothing is recorded for autograd: no grad-mode switch needed
+    return float(
+        torch.linalg.vector_norm(plain.detach(), dtype=torch.float32 if plain.dtype in _LOW_PRECISION else None)
+    )
 
 
 def unit_dim(t: Tensor, channel_first: bool) -> int:
@@ -241,13 +258,13 @@ def unit_dim(t: Tensor, channel_first: bool) -> int:
     return 1 if channel_first else t.dim() - 1
 
 
-@torch.no_grad()
 def dead_units(t: Tensor, channel_first: bool, sample_fraction: float) -> Tensor:
     """Number of units active (> 0) on at most ``sample_fraction`` of the samples, as a 0-d float32 tensor.
 
     A sample is one element of the batch (dim 0); a unit of a conv map is active on a sample when it is
     positive anywhere on that sample's map, so sparse but healthy feature detectors are not called dead.
     """
+    t = t.detach()  # nothing below is recorded for autograd
     if t.dim() < 2:  # no batch dimension: every element is a unit, observed on one sample
         return (t <= 0).sum(dtype=torch.float32)
     u = unit_dim(t, channel_first)
@@ -266,41 +283,252 @@ def unit_count(t: Tensor, channel_first: bool) -> int:
     return t.numel() if t.dim() < 2 else int(t.shape[unit_dim(t, channel_first)])
 
 
-@torch.no_grad()
 def never_positive(t: Tensor, channel_first: bool) -> Tensor:
     """Boolean per unit: the unit's output is <= 0 on every element of the batch (a pre-activation that a
     following ReLU would zero everywhere)."""
+    t = t.detach()
     if t.dim() < 2:
         return (t <= 0).reshape(-1)
     u = unit_dim(t, channel_first)
     return t.movedim(u, -1).reshape(-1, t.shape[u]).amax(dim=0) <= 0
 
 
-@torch.no_grad()
 def zero_gradient_units(grad: Tensor) -> Tensor:
     """Boolean per output unit (row of a weight's gradient): the unit received exactly zero gradient."""
-    rows = grad.reshape(grad.shape[0], -1)
+    rows = grad.detach().reshape(grad.shape[0], -1)
     low, high = torch.aminmax(rows, dim=1)
     return (low == 0) & (high == 0)
 
 
-@torch.no_grad()
 def saturated_count(t: Tensor, center: float, radius: float) -> Tensor:
     """Number of elements with ``|t - center| >= radius`` (at or beyond a saturating bound), as float32."""
+    t = t.detach()
     d = t - center if center else t
     return (d.abs() >= radius).sum(dtype=torch.float32)
 
 
-@torch.no_grad()
 def largest_magnitudes(tensors: Sequence[Tensor]) -> list[float]:
     """max |t| of each tensor, moved to the host in one transfer: 0 only for an exactly-zero tensor (a norm of 0
     can also be an underflow), non-finite only when an element is (a norm of inf can also be an overflow)."""
     if not tensors:
         return []
-    with torch.no_grad():
-        if all(t.dtype is torch.float32 for t in tensors):
-            return to_host(torch._foreach_norm(list(tensors), math.inf))
-        return to_host([torch.linalg.vector_norm(t.float(), math.inf) for t in tensors])
+    readings = norm_readings(tensors, math.inf)
+    return readings.tolist() if isinstance(readings, Tensor) else to_host(readings)
+
+
+# --- many tensors at once ---------------------------------------------------------------------------------------
+#
+# On a CPU every kernel launch costs a few microseconds of dispatch whatever the tensor's size, and the
+# ``torch._foreach_*`` functions run one kernel per tensor there. A model of many small layers (200 Linear(32, 32)
+# layers: 402 parameter tensors, 400 layer outputs) would pay that per tensor several times per fully observed
+# step. Tensors of one shape are reduced together instead: one ``torch.stack`` and one reduction per shape,
+# whatever their number. The results are bit for bit those of one reduction per tensor (same kernel, same order:
+# only contiguous tensors are stacked, a strided one is reduced in its own order).
+
+#: Tensors of one shape are stacked and reduced together in groups of at least this many (below, a stack, a
+#: reduction and a reordering cost about what ``_foreach_norm`` does) ...
+MIN_GROUP = 8
+#: ... each of at most this many elements (above, the reduction's own arithmetic dominates and the copy a stack
+#: makes would cost more than the launches it saves).
+STACK_LIMIT = 1 << 16
+
+_PLANS: dict[tuple[tuple[torch.Size, ...], tuple[bool, ...]], NormPlan] = {}
+
+
+class NormPlan:
+    """How to take a norm of each tensor of a list of fixed shapes in few kernel launches: contiguous float32
+    tensors of one shape (at least :data:`MIN_GROUP` of them, each at most :data:`STACK_LIMIT` elements) are
+    stacked and reduced in one call per shape; the others go through one ``_foreach_norm``. Plans are kept by the
+    list's shapes and contiguity."""
+
+    def __init__(self, shapes: Sequence[torch.Size], contiguous: Sequence[bool]) -> None:
+        groups: dict[torch.Size, list[int]] = {}
+        for i, (shape, plain) in enumerate(zip(shapes, contiguous)):
+            if plain:
+                groups.setdefault(shape, []).append(i)
+        self.stacked = [
+            idx for shape, idx in groups.items() if len(idx) >= MIN_GROUP and 0 < math.prod(shape) <= STACK_LIMIT
+        ]
+        taken = {i for idx in self.stacked for i in idx}
+        self.singles = [i for i in range(len(shapes)) if i not in taken]
+        order = [i for idx in self.stacked for i in idx] + self.singles
+        inverse = [0] * len(order)
+        for position, i in enumerate(order):
+            inverse[i] = position
+        self._inverse = None if order == list(range(len(order))) else torch.tensor(inverse)
+        self._on: dict[torch.device, Tensor] = {}
+
+    @staticmethod
+    def of(tensors: Sequence[Tensor]) -> NormPlan:
+        shapes, contiguous = tuple(map(_shape, tensors)), tuple(map(_contiguous, tensors))
+        plan = _PLANS.get((shapes, contiguous))
+        if plan is None:
+            if len(_PLANS) >= 64:
+                _PLANS.clear()
+            plan = _PLANS[(shapes, contiguous)] = NormPlan(shapes, contiguous)
+        return plan
+
+    def norms(self, tensors: Sequence[Tensor], ord: float = 2.0) -> Tensor:
+        """One float32 norm per tensor (float32 tensors on one device), as one 1-d tensor in input order."""
+        parts: list[Tensor] = []
+        for idx in self.stacked:
+            stacked = torch.stack([tensors[i] for i in idx])
+            parts.append(torch.linalg.vector_norm(stacked.view(len(idx), -1), ord, dim=1))
+        if self.singles:
+            parts.append(torch.stack(torch._foreach_norm([tensors[i] for i in self.singles], ord)))
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        inverse = self._inverse
+        if inverse is None:
+            return out
+        on = self._on.get(out.device)
+        if on is None:
+            on = self._on[out.device] = inverse.to(out.device)
+        return out[on]
+
+
+def norm_readings(tensors: Sequence[Tensor], ord: float = 2.0) -> Tensor | list[Tensor]:
+    """A norm of each tensor (L2 by default, ``math.inf`` for the largest magnitude) in float32, in as few kernel
+    launches as possible: one 1-d tensor, or a list of 0-d tensors when they lie on several devices (each device
+    reduces its own). Half-precision tensors are reduced in float32 (a float16 L2 norm overflows at 65504)."""
+    grad = torch.is_grad_enabled()
+    _set_grad_enabled(False)
+    try:
+        if len(tensors) and all_float32(tensors):
+            try:
+                if len(tensors) < MIN_GROUP:  # no group to stack: one _foreach_norm
+                    return torch.stack(torch._foreach_norm(list(tensors), ord))
+                return NormPlan.of(tensors).norms(tensors, ord)
+            except RuntimeError:  # tensors on several devices
+                pass
+        if ord == 2.0:
+            values = norms(tensors)
+        else:
+            values = [torch.linalg.vector_norm(t if t.is_floating_point() else t.float(), ord).float() for t in tensors]
+        try:
+            return torch.stack(values) if values else torch.zeros(0)
+        except RuntimeError:  # several devices
+            return values
+    finally:
+        _set_grad_enabled(grad)
+
+
+def dead_units_stacked(s: Tensor, channel_first: bool, sample_fraction: float) -> Tensor:
+    """:func:`dead_units` of each of ``k`` outputs of one shape stacked as ``s`` (``[k, *shape]``): a 1-d tensor."""
+    s = s.detach()
+    k, dims = s.shape[0], s.dim() - 1
+    if dims < 2:
+        return (s.reshape(k, -1) <= 0).sum(dim=1, dtype=torch.float32)
+    u = (1 if channel_first and dims > 2 else dims - 1) + 1
+    other = [d for d in range(2, s.dim()) if d != u]
+    per_sample = s.amax(dim=other) if other else s  # [k, batch, units]
+    allowed = int(sample_fraction * per_sample.shape[1])
+    if allowed == 0:
+        return (per_sample.amax(dim=1) <= 0).sum(dim=1, dtype=torch.float32)
+    active = (per_sample > 0).sum(dim=1, dtype=torch.int32)
+    return (active <= allowed).sum(dim=1, dtype=torch.float32)
+
+
+def saturated_stacked(s: Tensor, center: float, radius: float) -> Tensor:
+    """:func:`saturated_count` of each of ``k`` outputs of one shape stacked as ``s``: a 1-d tensor."""
+    s = s.detach()
+    d = s - center if center else s
+    return (d.abs() >= radius).reshape(s.shape[0], -1).sum(dim=1, dtype=torch.float32)
+
+
+#: Elements of a parameter a snapshot copies at most (an evenly strided sample of a bigger one).
+SAMPLE = 1 << 16
+
+
+class SnapshotPlan:
+    """Which elements of some parameters a :class:`Snapshot` copies, and how, fixed once for a list of parameters.
+
+    Each parameter contributes an evenly strided sample of at most ``sample`` elements (the whole parameter when
+    it is smaller: then its change is exact). When there are at least :data:`MIN_GROUP` of them, all float32 on
+    one device, the samples are *packed*: one ``torch.cat`` copies them all, ordered by size (parameters copied
+    whole first, then sampled ones), so the change of every parameter of one size is one row of one reduction.
+    A plan holds views of the parameters: it stays valid while they keep their storage (:meth:`valid_for`), so
+    the caller can keep it from step to step (``param.data = ...`` replaces the storage and asks for a new one).
+    """
+
+    def __init__(self, names: Sequence[str], params: Sequence[Tensor], sample: int = SAMPLE) -> None:
+        detached = [p.detach() for p in params]
+        views = [_sample(p, sample) for p in detached]
+        self.names = list(names)
+        self.scales = [scale for _, scale in views]
+        self.params = detached
+        self.sampled = [i for i, scale in enumerate(self.scales) if scale != 1.0]
+        self._ptrs = [p.data_ptr() for p in detached]
+        flat = [v.view(-1) if v.dim() != 1 and v.is_contiguous() else v for v, _ in views]
+        device = flat[0].device if flat else None
+        self.packed = (
+            len(flat) >= MIN_GROUP and all_float32(flat) and all(v.dim() == 1 and v.device == device for v in flat)
+        )
+        # packed order: whole parameters by size, then sampled ones by size
+        order = sorted(range(len(flat)), key=lambda i: (self.scales[i] != 1.0, flat[i].numel()))
+        self._views = flat if not self.packed else [flat[i] for i in order]
+        sizes = [flat[i].numel() for i in order]
+        self._whole = len(flat) - len(self.sampled)
+        self._sampled_packed = order[self._whole :]  # the sampled parameters, in packed order
+        self._segments: list[tuple[int, int]] = []  # (count, size) of consecutive packed samples of one size
+        for size in sizes:
+            if self._segments and self._segments[-1][1] == size:
+                self._segments[-1] = (self._segments[-1][0] + 1, size)
+            else:
+                self._segments.append((1, size))
+        inverse = [0] * len(order)
+        for position, i in enumerate(order):
+            inverse[i] = position
+        self._inverse = torch.tensor(inverse, device=device) if self.packed and order != sorted(order) else None
+
+    def valid_for(self, params: Sequence[Tensor]) -> bool:
+        """The same parameters, with the same storage (``param.data = ...`` replaces it)."""
+        return len(params) == len(self._ptrs) and all(p.data_ptr() == ptr for p, ptr in zip(params, self._ptrs))
+
+    def take(self) -> Snapshot:
+        """Copy the parameters' samples now (before the optimizer step)."""
+        return Snapshot(self.names, self.params, plan=self)
+
+    def pack(self) -> Tensor:
+        return torch.cat(self._views)
+
+    def segment_norms(self, packed: Tensor, count: int) -> Tensor:
+        """The norm of each of the first ``count`` packed samples, in packed order."""
+        parts: list[Tensor] = []
+        singles: list[int] = []
+        offset = done = 0
+        for n, size in self._segments:
+            if done >= count:
+                break
+            n = min(n, count - done)
+            if n > 1:
+                if singles:
+                    parts.append(_split_norms(packed, offset - sum(singles), singles))
+                    singles = []
+                parts.append(torch.linalg.vector_norm(packed[offset : offset + n * size].view(n, size), dim=1))
+            else:
+                singles.append(size)
+            offset += n * size
+            done += n
+        if singles:
+            parts.append(_split_norms(packed, offset - sum(singles), singles))
+        if not parts:
+            return packed.new_zeros(0)
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def weight_norms(self, packed: Tensor) -> Tensor:
+        """The norm of every parameter, in :attr:`names` order, given a :meth:`pack` taken now: a parameter copied
+        whole reads its packed copy, a sampled one the whole parameter."""
+        weights = self.segment_norms(packed, self._whole)
+        if self.sampled:
+            whole = norm_readings([self.params[i] for i in self._sampled_packed])
+            assert isinstance(whole, Tensor)  # packed parameters lie on one device
+            weights = torch.cat([weights, whole])
+        return weights[self._inverse] if self._inverse is not None else weights
+
+
+def _split_norms(packed: Tensor, start: int, sizes: list[int]) -> Tensor:
+    pieces = torch.split(packed[start : start + sum(sizes)], sizes)
+    return torch.stack(torch._foreach_norm(list(pieces)))
 
 
 class Snapshot:
@@ -308,29 +536,65 @@ class Snapshot:
 
     Before the step: a copy of an evenly strided sample of at most ``sample`` elements per parameter (the whole
     parameter when it is smaller: then its change is exact), and the norm of each parameter (one batched
-    reduction). After the step, :meth:`changes` gives per parameter the sample change's norm, the new norm and the
+    reduction). After the step, :meth:`readings` gives per parameter the sample change's norm, the new norm and the
     old norm, all batched; :func:`update_norm` turns them into ||dW||: the sample's
     change scaled to the whole parameter or, when the sample did not change but the norm did (a sparse update the
     sample missed), the change of the norm, which bounds ||dW|| from below. A parameter is unchanged (exactly 0)
-    only when its sample and its norm both are.
+    only when its sample and its norm both are. ``plan``: a :class:`SnapshotPlan` of these parameters kept from
+    an earlier step (see there).
     """
 
-    def __init__(self, names: Sequence[str], params: Sequence[Tensor], sample: int = 65536) -> None:
-        self.names = list(names)
-        with torch.no_grad():
-            self._params = [p.detach() for p in params]
-            views = [_sample(p, sample) for p in self._params]
-            self._samples = [v for v, _ in views]
-            self.scales = [s for _, s in views]
-            self._before = norms(self._params) if self._params else []  # every parameter's norm before the step
-            self._copies = list(torch._foreach_mul(self._samples, 1.0)) if self._samples else []  # one copy
+    def __init__(
+        self,
+        names: Sequence[str],
+        params: Sequence[Tensor],
+        sample: int = SAMPLE,
+        plan: SnapshotPlan | None = None,
+    ) -> None:
+        plan = plan if plan is not None else SnapshotPlan(names, params, sample)
+        self.plan = plan
+        self.names = plan.names
+        self.scales = plan.scales
+        grad = torch.is_grad_enabled()
+        _set_grad_enabled(False)
+        try:
+            # every parameter's norm before the step (a sampled one's also bounds a change its sample missed),
+            # reduced as its norm after the step will be: an unchanged parameter reads the same norm twice
+            self._before: Tensor | list[Tensor]
+            if plan.packed:
+                self._copy: Tensor | list[Tensor] = plan.pack()
+                self._before = plan.weight_norms(self._copy)
+            else:
+                self._copy = list(torch._foreach_mul(plan._views, 1.0)) if plan._views else []  # one copy
+                self._before = norm_readings(plan.params) if plan.params else []
+        finally:
+            _set_grad_enabled(grad)
+
+    def readings(self) -> tuple[Tensor | list[Tensor], Tensor | list[Tensor], Tensor | list[Tensor]]:
+        """(sample change norms, norms after, norms before) of every parameter in :attr:`names` order: 1-d
+        tensors, or lists of 0-d tensors for parameters on several devices."""
+        plan = self.plan
+        grad = torch.is_grad_enabled()
+        _set_grad_enabled(False)
+        try:
+            if isinstance(self._copy, Tensor):
+                after = plan.pack()
+                deltas = plan.segment_norms(after - self._copy, len(plan.names))
+                if plan._inverse is not None:
+                    deltas = deltas[plan._inverse]
+                return deltas, plan.weight_norms(after), self._before
+            return (
+                norm_readings(list(torch._foreach_sub(plan._views, self._copy))),
+                norm_readings(plan.params) if plan.params else [],
+                self._before,
+            )
+        finally:
+            _set_grad_enabled(grad)
 
     def changes(self) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
-        """(sample change norms, norms after, norms before), each one 0-d tensor per parameter."""
-        with torch.no_grad():
-            after = norms(self._params)
-            deltas = norms(list(torch._foreach_sub(self._samples, self._copies)))
-        return deltas, after, list(self._before)
+        """:meth:`readings` as one 0-d tensor per parameter: (sample change norms, norms after, norms before)."""
+        deltas, after, before = self.readings()
+        return list(deltas), list(after), list(before)
 
 
 def _sample(p: Tensor, limit: int) -> tuple[Tensor, float]:
@@ -348,6 +612,35 @@ def update_norm(sample_delta: float, scale: float, after: float, before: float) 
     if sample_delta > 0 or math.isnan(sample_delta):
         return sample_delta * scale
     return abs(after - before)
+
+
+def host_values(*readings: Tensor | Sequence[Tensor] | None) -> list[float]:
+    """The values of several :func:`norm_readings` results (None: none), in order, in one transfer per device."""
+    parts = [r for r in readings if r is not None]
+    vectors = [r for r in parts if isinstance(r, Tensor)]
+    if len(vectors) == len(parts):
+        try:
+            return list((torch.cat(vectors) if len(vectors) > 1 else vectors[0]).tolist()) if vectors else []
+        except RuntimeError:  # several devices
+            pass
+    flat: list[Tensor] = []
+    for r in parts:
+        flat.extend(r.unbind(0) if isinstance(r, Tensor) else r)
+    return to_host(flat)
+
+
+def to_host_parts(scalars: Sequence[Tensor], vectors: Sequence[Tensor]) -> list[float]:
+    """0-d tensors, then the elements of 1-d tensors, moved to the host in one transfer (one per device)."""
+    if not vectors:
+        return to_host(scalars)
+    try:
+        parts = [torch.stack(list(scalars)), *vectors] if scalars else list(vectors)
+        return list(torch.cat(parts).tolist()) if len(parts) > 1 else list(parts[0].tolist())
+    except RuntimeError:  # several devices (or dtypes torch.cat does not promote)
+        out = to_host(scalars)
+        for v in vectors:
+            out.extend(v.tolist())
+        return out
 
 
 def to_host(tensors: Iterable[Tensor]) -> list[float]:

@@ -1,0 +1,151 @@
+"""This checkout's overhead next to an earlier revision's, side by side in one process.
+
+    python -m benchmarks.against 9b93c58                  # tiny, MLP, CNN, transformer, deep
+    python -m benchmarks.against 9b93c58 --model deep
+
+The package of REVISION (``git archive``) is imported next to this checkout's as ``ndbg_base`` (its imports are
+relative). For each model, fresh copies (same initial weights, same batches, one torch thread) train 50 steps: a
+plain one, then, in rotating order, the old and the new package under the default and the full preset; every
+watched copy's final parameters must equal the plain copy's bit for bit. Ratios are a watched run's thread CPU
+time over the plain run of the same repeat (attach and close included, ``hypotheses()`` not), median over
+repeats. A steady-state pair follows: after 100 untimed steps, blocks of each copy alternate (default preset,
+attached for its own blocks only), median of the block ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+import neuraldbg
+
+from .overhead import CASES, Case, _fixture
+
+REPEATS = {"tiny": 30, "mlp": 6, "cnn": 4, "transformer": 6, "deep": 8}
+
+
+def _train(
+    case: Case, state: dict[str, torch.Tensor], batches: list[Any], pkg: ModuleType | None, preset: str
+) -> tuple[float, list[torch.Tensor]]:
+    model = case.build()
+    model.load_state_dict(state)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    dbg = pkg.NeuralDbg(model, preset=preset) if pkg else None
+    torch.manual_seed(1)  # dropout draws the same masks in every copy
+    t0 = time.thread_time()
+    if dbg:
+        dbg.attach()
+    for i in range(50):
+        x, y = batches[i % len(batches)]
+        opt.zero_grad(set_to_none=True)
+        case.loss(model(x), y).backward()
+        opt.step()
+    if dbg:
+        dbg.close()
+    return time.thread_time() - t0, [p.detach().clone() for p in model.parameters()]
+
+
+def first50(case: Case, base: ModuleType) -> dict[str, float]:
+    state, batches = _fixture(case)
+    variants = [
+        ("old", base, "default"),
+        ("new", neuraldbg, "default"),
+        ("old full", base, "full"),
+        ("new full", neuraldbg, "full"),
+    ]
+    ratios: dict[str, list[float]] = {v[0]: [] for v in variants}
+    for r in range(REPEATS[case.build.__name__]):
+        plain, reference = _train(case, state, batches, None, "")
+        for name, pkg, preset in variants[r % 4 :] + variants[: r % 4]:
+            t, params = _train(case, state, batches, pkg, preset)
+            if not all(torch.equal(a, b) for a, b in zip(reference, params, strict=True)):
+                raise AssertionError(f"{name}: the watched training differs from the plain one")
+            ratios[name].append(t / plain)
+    return {k: statistics.median(v) for k, v in ratios.items()}
+
+
+def steady(case: Case, base: ModuleType, rounds: int = 20) -> dict[str, float]:
+    state, batches = _fixture(case)
+    copies = []
+    for pkg in (None, base, neuraldbg):
+        model = case.build()
+        model.load_state_dict(state)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        copies.append((model, opt, pkg.NeuralDbg(model) if pkg else None))
+
+    def block(copy: Any, start: int, n: int) -> float:
+        model, opt, dbg = copy
+        t0 = time.thread_time()
+        if dbg:
+            dbg.attach()
+        for i in range(start, start + n):
+            x, y = batches[i % len(batches)]
+            opt.zero_grad(set_to_none=True)
+            case.loss(model(x), y).backward()
+            opt.step()
+        if dbg:
+            dbg.close()
+        return (time.thread_time() - t0) / n
+
+    for c in copies:
+        block(c, 0, 100)
+    times: list[list[float]] = [[], [], []]
+    step = 100
+    for r in range(rounds):
+        for k in [(r + j) % 3 for j in range(3)]:
+            times[k].append(block(copies[k], step, case.block))
+        step += case.block
+    return {
+        name: statistics.median(t / p for t, p in zip(times[k], times[0], strict=True))
+        for k, name in ((1, "old"), (2, "new"))
+    }
+
+
+def load_base(revision: str, folder: Path) -> ModuleType:
+    root = Path(__file__).resolve().parent.parent
+    archive = subprocess.run(["git", "archive", revision, "neuraldbg"], cwd=root, check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
+    (folder / "neuraldbg").rename(folder / "ndbg_base")
+    sys.path.insert(0, str(folder))
+    return importlib.import_module("ndbg_base")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("revision", help="the git revision to compare with")
+    parser.add_argument("--model", choices=list(REPEATS), action="append", help="only these models")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        base = load_base(args.revision, Path(tmp))
+        print(f"{args.revision} (old) vs this checkout (new), 1 thread, load average {os.getloadavg()[0]:.1f}")
+        print()
+        print("| model | first 50, old | new | full preset first 50, old | new | steady, old | new |")
+        print("|---|---|---|---|---|---|---|")
+        for case in CASES:
+            short = case.build.__name__
+            if args.model and short not in args.model:
+                continue
+            f, s = first50(case, base), steady(case, base)
+            print(
+                f"| {short} | {f['old']:.2f}x | {f['new']:.2f}x | {f['old full']:.2f}x | {f['new full']:.2f}x |"
+                f" {s['old']:.2f}x | {s['new']:.2f}x |",
+                flush=True,
+            )
+        print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""The whole smoke test: a pytest file of 10 smoke-training tests under the plugin against the same as plain loops.
+
+    python -m benchmarks.smoke_file              # 5 rounds (about 2 minutes on 2 cores)
+    python -m benchmarks.smoke_file --rounds 3
+
+Two files are written to a temporary folder: ``test_smoke_watched.py`` (5 MLP and 5 CNN tests, each the
+``neuraldbg`` fixture + ``smoke_train`` for 50 steps + ``assert_finite``, ``assert_parameters_update`` and
+``assert_healthy``) and ``test_smoke_plain.py`` (the same models, batches, optimizer, seed and steps in a plain
+loop that records every loss, with the plain equivalents of the first two assertions: every loss finite, every
+parameter changed). Each round runs both files in fresh pytest processes (one torch thread, the order alternating
+between rounds; the plain file with the plugin disabled, ``-p no:neuraldbg``, as in a project without it) and
+reads two figures: the CPU time of the test loop (every test's setup, call and teardown, from a ``conftest.py``
+hook) and the CPU time of the whole process (interpreter and pytest start-up, imports and the plugin's
+session-end reporting included). Printed: the median over rounds of each ratio, watched over plain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+COMMON = '''
+import math
+
+import torch
+from torch import nn
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def cnn():
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10),
+    )
+
+
+def batches(kind, seed):
+    g = torch.Generator().manual_seed(seed)
+    if kind == "mlp":
+        return [(torch.randn(32, 32, generator=g), torch.randint(0, 10, (32,), generator=g)) for _ in range(8)]
+    return [(torch.randn(16, 3, 16, 16, generator=g), torch.randint(0, 10, (16,), generator=g)) for _ in range(8)]
+
+
+def plain_train(model, data, loss_fn, steps=50, seed=0):
+    """What smoke_train does, without the debugger: seeded, Adam lr 1e-3, every loss recorded."""
+    torch.manual_seed(seed)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    losses = []
+    model.train()
+    for i in range(steps):
+        x, y = data[i % len(data)]
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        losses.append(float(loss))
+        loss.backward()
+        opt.step()
+    return losses
+'''
+
+WATCHED = """
+import pytest
+import torch.nn.functional as F
+
+from pytest_neuraldbg import assert_finite, assert_healthy, assert_parameters_update
+from smoke_common import batches, cnn, mlp
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_mlp(neuraldbg, seed):
+    run = neuraldbg.smoke_train(mlp(), batches("mlp", seed), F.cross_entropy, steps=50)
+    assert_finite(run)
+    assert_parameters_update(run)
+    assert_healthy(run)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_cnn(neuraldbg, seed):
+    run = neuraldbg.smoke_train(cnn(), batches("cnn", seed), F.cross_entropy, steps=50)
+    assert_finite(run)
+    assert_parameters_update(run)
+    assert_healthy(run)
+"""
+
+PLAIN = """
+import math
+
+import pytest
+import torch.nn.functional as F
+
+from smoke_common import batches, cnn, mlp, plain_train
+
+
+def check(model, kind, seed):
+    before = [p.detach().clone() for p in model.parameters()]
+    losses = plain_train(model, batches(kind, seed), F.cross_entropy)
+    assert all(math.isfinite(v) for v in losses)
+    assert all(not b.equal(p) for b, p in zip(before, model.parameters()))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_mlp(seed):
+    check(mlp(), "mlp", seed)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_cnn(seed):
+    check(cnn(), "cnn", seed)
+"""
+
+CONFTEST = """
+import os
+import time
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtestloop(session):
+    t0 = time.process_time()
+    yield
+    with open(os.environ["SMOKE_TIMES"], "a") as fh:
+        fh.write(f"{time.process_time() - t0} {session.testsfailed}\\n")
+"""
+
+
+def write(folder: Path) -> None:
+    (folder / "smoke_common.py").write_text(COMMON)
+    (folder / "test_smoke_watched.py").write_text(WATCHED)
+    (folder / "test_smoke_plain.py").write_text(PLAIN)
+    (folder / "conftest.py").write_text(CONFTEST)
+
+
+def run_file(folder: Path, name: str) -> tuple[float, float]:
+    """(CPU seconds of the test loop, CPU seconds of the whole pytest process) of one file."""
+    times = folder / "times.txt"
+    times.unlink(missing_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", SMOKE_TIMES=str(times), PYTHONDONTWRITEBYTECODE="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(folder), str(Path.cwd()), env.get("PYTHONPATH", "")])
+    env.pop("PYTEST_ADDOPTS", None)
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    if name == "test_smoke_plain.py":
+        args += ["-p", "no:neuraldbg"]
+    args.append(name)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(args, cwd=folder, env=env, capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    loop, failed = times.read_text().split()
+    if done.returncode != 0 or int(failed):
+        raise RuntimeError(f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    process = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return float(loop), process
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of both files (default 5)")
+    args = parser.parse_args(argv)
+    loops: list[float] = []
+    processes: list[float] = []
+    plain_loop: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        write(folder)
+        for round_ in range(args.rounds):
+            order = ["test_smoke_plain.py", "test_smoke_watched.py"]
+            figures = {name: run_file(folder, name) for name in (order if round_ % 2 == 0 else order[::-1])}
+            (pl, pp), (wl, wp) = figures["test_smoke_plain.py"], figures["test_smoke_watched.py"]
+            loops.append(wl / pl)
+            processes.append(wp / pp)
+            plain_loop.append(pl)
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"10 smoke tests (5 MLP, 5 CNN, 50 steps each), {args.rounds} rounds, load average {load}")
+    print()
+    print("| what | plain file | watched / plain (median) | range |")
+    print("|---|---|---|---|")
+    print(
+        f"| the tests (setup, call, teardown) | {statistics.median(plain_loop):.2f} s CPU |"
+        f" {statistics.median(loops):.2f}x | {min(loops):.2f}-{max(loops):.2f}x |"
+    )
+    print(
+        f"| the whole pytest process | - | {statistics.median(processes):.2f}x |"
+        f" {min(processes):.2f}-{max(processes):.2f}x |"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""The speed benchmarks run and measure what they say: the peers' hand-written bound, the GPU script without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks import gpu, peers
+from benchmarks.overhead import CASES
+
+
+def test_the_hand_written_bound_hooks_every_leaf_once_and_takes_every_gradients_norm():
+    case = next(c for c in CASES if c.build.__name__ == "tiny")
+    state = case.build().state_dict()
+    copy = peers.Copy(case, state, peers.Bound)
+    bound = copy.monitor
+    assert isinstance(bound, peers.Bound)
+    copy.monitor.attach()
+    assert sum(len(m._forward_hooks) for m in copy.model.modules()) == 3  # Linear, ReLU, Linear
+    g = torch.Generator().manual_seed(0)
+    copy.train([case.batch(g)], 1)
+    want = [p.grad.norm() for p in copy.model.parameters() if p.grad is not None]
+    torch.testing.assert_close(torch.stack(bound.norms), torch.stack(want))
+    copy.monitor.detach()
+    assert sum(len(m._forward_hooks) for m in copy.model.modules()) == 0
+
+
+def test_the_first_steps_table_has_a_ratio_for_every_monitor_and_the_debuggers_attach_and_diagnosis():
+    case = next(c for c in CASES if c.build.__name__ == "tiny")
+    kinds = [peers.Monitor, peers.Debugger, peers.Bound]
+    result = peers.first(case, kinds, repeats=2, n=5)
+    assert result["plain"] == 1.0
+    assert result["neuraldbg"] > 0 and result["bound"] > 0
+    assert result["attach_ms"] > 0 and result["diagnosis_ms"] > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: the script measures instead")
+def test_the_gpu_script_says_there_is_no_gpu_and_succeeds(capsys: pytest.CaptureFixture[str]):
+    assert gpu.main([]) == 0
+    assert "no CUDA device" in capsys.readouterr().out
