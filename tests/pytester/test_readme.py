@@ -160,6 +160,10 @@ COMMANDS = {
     "python -m benchmarks.diagnosis": "benchmark",
     "python -m benchmarks.evidence": "benchmark",
     "python -m benchmarks.holdout_evidence": "benchmark",
+    "python -m benchmarks.overhead --peers": "benchmark",
+    "python -m benchmarks.smoke_file": "benchmark",
+    "python -m benchmarks.against REVISION": "benchmark",
+    "python -m benchmarks.gpu": "benchmark",
     ".venv/bin/python -m pytest tests/fuzz --hypothesis-profile=long -p no:cacheprovider": "fuzz profile",
     # development.md
     ".venv/bin/python -m pytest -n auto": "ci",
