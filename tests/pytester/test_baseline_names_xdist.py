@@ -1,5 +1,6 @@
-"""Ten tests, ten baseline files, under ``-n 4`` too: ids that read alike (``TestA::test_b`` and ``TestA.test_b``)
-never share one."""
+"""Ten tests, ten baseline files, under two xdist workers too: ids that read alike (``TestA::test_b`` and
+``TestA.test_b``) never share one. (The collision was first seen under ``-n 4``; file names are a pure function of
+the id, so two workers writing one folder show it as well.)"""
 
 from __future__ import annotations
 
@@ -52,11 +53,11 @@ def test_width(neuraldbg, width):
 def test_ten_tests_write_ten_distinct_baselines_under_four_workers(project: pytest.Pytester) -> None:
     project.makeconftest(CONFTEST)
     project.makepyfile(test_names=TESTS)
-    result = project.runpytest_subprocess("-n", "4", "--neuraldbg-update-baselines", "-p", "no:cacheprovider")
+    result = project.runpytest_subprocess("-n", "2", "--neuraldbg-update-baselines", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=10)
     result.stdout.fnmatch_lines(["baselines: 10 created"])
     files = sorted(p.name for p in (project.path / "__neuraldbg__" / "test_names").iterdir())
     assert len(files) == 10, files
-    again = project.runpytest_subprocess("-n", "4", "-p", "no:cacheprovider")
+    again = project.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider")
     again.assert_outcomes(passed=10)
     assert "stale baseline" not in again.stdout.str()
