@@ -10,32 +10,19 @@ more (see :mod:`.loss_evidence`); a fault that began first (dead units, stalled 
 
 from __future__ import annotations
 
-from ..capture.coverage import Coverage, RunFacts
 from ..events import FailureKind, SemanticEvent
 from ..reasoning.topology import Topology
 from ..text import count, num
 from . import loss_evidence
-from .base import LAST_RANK, Kind, RootLane, Series, run_event
+from .base import Series
 
 KIND = FailureKind.LOSS_AT_CHANCE
 
 
-class LossAtChance(Kind):
+class LossAtChance(loss_evidence.LossKind):
     name = KIND.value
     title = "loss at chance"
-    run_level = True
-    loss_symptom = True
-
-    def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
-        found = loss_evidence.finding(coverage, facts.config)
-        if found is None or found[0] != self.name:
-            return None
-        curve = found[1]
-        metrics = loss_evidence.evidence(coverage, facts.config, curve)
-        return run_event(KIND, curve.start.first, curve.end.last, "", **metrics)
-
-    def lane(self, event: SemanticEvent) -> RootLane | None:
-        return RootLane(LAST_RANK, order=1)
+    loss_order = 1
 
     def explain(
         self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
@@ -65,6 +52,3 @@ class LossAtChance(Kind):
 
     def effect(self, event: SemanticEvent) -> str:
         return "a loss at chance"
-
-    def place(self, event: SemanticEvent) -> str:
-        return "the loss"

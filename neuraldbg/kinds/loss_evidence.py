@@ -35,11 +35,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..capture.coverage import Coverage
+from ..capture.coverage import Coverage, RunFacts
 from ..config import DebugConfig
+from ..events import SemanticEvent
 from ..stats.losses import LossTrace, Stretch, combine
 from ..stats.training import TrainingFacts
 from ..text import num
+from .base import LAST_RANK, Kind, RootLane, run_event
 
 #: Losses in each of the start and end windows, at least.
 WINDOW = 8
@@ -399,3 +401,30 @@ def ranked(m: dict[str, float], finding: str, limit: int = 3) -> tuple[str, str]
         return "", ""
     parts = [f"({i}) {c.name}: {c.evidence}" for i, c in enumerate(found[:limit], 1)]
     return " Likely causes, most likely first: " + "; ".join(parts) + ".", found[0].fix
+
+
+class LossKind(Kind):
+    """What the loss-level rooms share: a run-level symptom of the loss, found when :func:`finding` gives the
+    room's name, its event holding the :func:`evidence`, ranked after every fault in the order ``loss_order``."""
+
+    run_level = True
+    loss_symptom = True
+    #: Its place among the loss findings (in the last root lane).
+    loss_order = 0
+
+    def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
+        found = finding(coverage, facts.config)
+        if found is None or found[0] != self.name:
+            return None
+        curve = found[1]
+        return self.event(curve, evidence(coverage, facts.config, curve))
+
+    def event(self, curve: Curve, metrics: dict[str, float]) -> SemanticEvent:
+        """The room's event for ``curve`` (a room adds its own metrics or detail here)."""
+        return run_event(self.kind, curve.start.first, curve.end.last, "", **metrics)
+
+    def lane(self, event: SemanticEvent) -> RootLane | None:
+        return RootLane(LAST_RANK, order=self.loss_order)
+
+    def place(self, event: SemanticEvent) -> str:
+        return "the loss"

@@ -9,32 +9,19 @@ first step (a run attached later may have converged before). A classifier's loss
 
 from __future__ import annotations
 
-from ..capture.coverage import Coverage, RunFacts
 from ..events import FailureKind, SemanticEvent
 from ..reasoning.topology import Topology
 from ..text import count, num
 from . import loss_evidence
-from .base import LAST_RANK, Kind, RootLane, Series, run_event
+from .base import Series
 
 KIND = FailureKind.LOSS_NOT_DECREASING
 
 
-class LossNotDecreasing(Kind):
+class LossNotDecreasing(loss_evidence.LossKind):
     name = KIND.value
     title = "loss not decreasing"
-    run_level = True
-    loss_symptom = True
-
-    def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
-        found = loss_evidence.finding(coverage, facts.config)
-        if found is None or found[0] != self.name:
-            return None
-        curve = found[1]
-        metrics = loss_evidence.evidence(coverage, facts.config, curve)
-        return run_event(KIND, curve.start.first, curve.end.last, "", **metrics)
-
-    def lane(self, event: SemanticEvent) -> RootLane | None:
-        return RootLane(LAST_RANK, order=3)
+    loss_order = 3
 
     def explain(
         self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
@@ -59,6 +46,3 @@ class LossNotDecreasing(Kind):
 
     def effect(self, event: SemanticEvent) -> str:
         return "a loss that does not fall"
-
-    def place(self, event: SemanticEvent) -> str:
-        return "the loss"

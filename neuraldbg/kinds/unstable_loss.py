@@ -11,12 +11,11 @@ explains it.
 
 from __future__ import annotations
 
-from ..capture.coverage import Coverage, RunFacts
 from ..events import FailureKind, SemanticEvent
 from ..reasoning.topology import Topology
 from ..text import count, num
 from . import loss_evidence
-from .base import LAST_RANK, Kind, RootLane, Series, run_event
+from .base import Series, run_event
 
 KIND = FailureKind.UNSTABLE_LOSS
 
@@ -24,24 +23,15 @@ KIND = FailureKind.UNSTABLE_LOSS
 CLIMBING, ABOVE_CHANCE, STOPPED = 1.0, 2.0, 3.0
 
 
-class UnstableLoss(Kind):
+class UnstableLoss(loss_evidence.LossKind):
     name = KIND.value
     title = "unstable loss"
-    run_level = True
-    loss_symptom = True
+    loss_order = 2
     lr_sensitive = True
 
-    def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
-        found = loss_evidence.finding(coverage, facts.config)
-        if found is None or found[0] != self.name:
-            return None
-        curve = found[1]
-        metrics = loss_evidence.evidence(coverage, facts.config, curve)
+    def event(self, curve: loss_evidence.Curve, metrics: dict[str, float]) -> SemanticEvent:
         metrics["shape"] = CLIMBING if curve.verdict == "climbing" else ABOVE_CHANCE if curve.above_chance else STOPPED
         return run_event(KIND, curve.start.first, curve.end.last, curve.large_updates, **metrics)
-
-    def lane(self, event: SemanticEvent) -> RootLane | None:
-        return RootLane(LAST_RANK, order=2)
 
     def explain(
         self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
@@ -85,6 +75,3 @@ class UnstableLoss(Kind):
 
     def effect(self, event: SemanticEvent) -> str:
         return "an unstable loss"
-
-    def place(self, event: SemanticEvent) -> str:
-        return "the loss"
