@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-#: Failure kinds a ground-truth set may name: today's public kinds and those the engine is gaining.
+#: Failure kinds a ground-truth set may name, written apart from the engine (today the same set as its registry's).
 KINDS = frozenset(
     {
         "vanishing_gradients",
@@ -40,7 +40,6 @@ KINDS = frozenset(
         "degenerate_loss",
         "incomplete_observation",
         "loss_scale_collapse",
-        # coming soon
         "gradients_not_zeroed",
         "loss_not_decreasing",
         "unstable_loss",
