@@ -136,8 +136,7 @@ def draw(source: Any, folder: str | Path, stem: str, *, formats: Sequence[str] =
     marks = marks_of(source)
     written: list[Path] = []
     for name, data in pictures_data(source, marks).items():
-        for fmt in formats:
-            payload = render(name, data, marks, fmt)
+        for fmt, payload in render_formats(name, data, marks, formats).items():
             written.append(write_atomic(Path(folder) / f"{stem}.{name}.{fmt}", payload))
     return written
 
@@ -159,6 +158,13 @@ def pictures_data(source: Any, marks: Marks) -> dict[str, Any]:
 
 def render(name: str, data: Any, marks: Marks, fmt: str) -> bytes:
     """One picture as PNG or SVG bytes, deterministic, with its data as JSON in the file's description."""
+    return render_formats(name, data, marks, (fmt,))[fmt]
+
+
+def render_formats(name: str, data: Any, marks: Marks, formats: Sequence[str]) -> dict[str, bytes]:
+    """One picture in each of ``formats``, from one figure: it is built and laid out once (constrained layout
+    measures every label, the costliest part of a save), then the layout is frozen for the other formats, which
+    then draw once each instead of twice."""
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -167,6 +173,7 @@ def render(name: str, data: Any, marks: Marks, fmt: str) -> bytes:
     embedded.update({"root": marks.layer, "onset": marks.step})
     description = json.dumps(embedded, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
     style = {"svg.hashsalt": SALT, "svg.fonttype": "path", "font.size": 9, "path.simplify": False}
+    drawn: dict[str, bytes] = {}
     with matplotlib.rc_context(cast(Any, style)), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a glyph a layer name uses and no font has: drawn as a box, not a warning
         figure = Figure(figsize=SIZE, dpi=DPI, layout="constrained")
@@ -176,14 +183,18 @@ def render(name: str, data: Any, marks: Marks, fmt: str) -> bytes:
             _heat_map(figure, axes, name, data, marks)
         else:
             _loss_curve(axes, data, marks)
-        out = io.BytesIO()
-        metadata: dict[str, Any] = (
-            {"Software": None, "Description": description}
-            if fmt == "png"
-            else {"Date": None, "Creator": None, "Description": description}
-        )
-        figure.savefig(out, format=fmt, dpi=DPI, metadata=metadata)
-    return out.getvalue()
+        figure.draw_without_rendering()  # the layout, once
+        figure.set_layout_engine("none")
+        for fmt in formats:
+            out = io.BytesIO()
+            metadata: dict[str, Any] = (
+                {"Software": None, "Description": description}
+                if fmt == "png"
+                else {"Date": None, "Creator": None, "Description": description}
+            )
+            figure.savefig(out, format=fmt, dpi=DPI, metadata=metadata)
+            drawn[fmt] = out.getvalue()
+    return drawn
 
 
 def _points_json(points: Sequence[tuple[int, float]]) -> list[list[Any]]:
