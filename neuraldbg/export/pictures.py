@@ -163,10 +163,11 @@ def render(name: str, data: Any, marks: Marks, fmt: str) -> bytes:
 
 def render_formats(name: str, data: Any, marks: Marks, formats: Sequence[str]) -> dict[str, bytes]:
     """One picture in each of ``formats``, from one figure: it is built and laid out once (constrained layout
-    measures every label, the costliest part of a save), then the layout is frozen for the other formats, which
-    then draw once each instead of twice."""
+    measures every label in a draw of its own), then each format is printed by its canvas straight from that
+    layout, one draw each (``savefig`` would lay the figure out again before every format)."""
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.backends.backend_svg import FigureCanvasSVG
     from matplotlib.figure import Figure
 
     embedded = {"picture": name, **(data.as_json() if isinstance(data, Grid) else {"loss": _points_json(data)})}
@@ -187,12 +188,14 @@ def render_formats(name: str, data: Any, marks: Marks, formats: Sequence[str]) -
         figure.set_layout_engine("none")
         for fmt in formats:
             out = io.BytesIO()
-            metadata: dict[str, Any] = (
-                {"Software": None, "Description": description}
-                if fmt == "png"
-                else {"Date": None, "Creator": None, "Description": description}
-            )
-            figure.savefig(out, format=fmt, dpi=DPI, metadata=metadata)
+            if fmt == "png":
+                png: Any = FigureCanvasAgg(figure)  # matplotlib's printers are untyped
+                png.print_png(out, metadata={"Software": None, "Description": description})
+            elif fmt == "svg":
+                svg: Any = FigureCanvasSVG(figure)
+                svg.print_svg(out, metadata={"Date": None, "Creator": None, "Description": description})
+            else:
+                raise ValueError(f"picture format {fmt!r}: expected one of {', '.join(FORMATS)}")
             drawn[fmt] = out.getvalue()
     return drawn
 

@@ -149,3 +149,13 @@ def test_the_docs_picture_is_what_its_documented_command_draws(tmp_path: Path) -
     for name in ("demo-dead.gradient-flow.png", "demo-dead.gradient-flow.svg"):
         committed = (root / "docs" / "images" / name).read_bytes()
         assert pictures.embedded(committed) == pictures.embedded((tmp_path / name).read_bytes())
+
+
+def test_one_figure_gives_both_formats_and_an_unknown_format_is_named() -> None:
+    points = [(0, 1.0), (1, 0.5), (2, 0.25)]
+    both = pictures.render_formats("loss", points, pictures.Marks(), ("png", "svg"))
+    assert both["png"].startswith(b"\x89PNG") and b"<svg" in both["svg"]
+    assert both["png"] == pictures.render("loss", points, pictures.Marks(), "png")  # alone or together: the same
+    assert both["svg"] == pictures.render("loss", points, pictures.Marks(), "svg")
+    with pytest.raises(ValueError, match="'gif'"):
+        pictures.render("loss", points, pictures.Marks(), "gif")
