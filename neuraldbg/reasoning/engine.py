@@ -78,6 +78,7 @@ def diagnose(
             for i in same_lr.scan():
                 pool.claim_index(i)
                 chain.append(pool.events[i])
+        root, kind, chain = _learning_rate_first(root, kind, chain, couplings)
         closure.run(root, kind, chain, couplings, also=chain[1:])  # the surges explain what they set off too
         head, rest = chain[0], chain[1:]
         rest.sort(key=lambda e: (e.step_start, topo.event_position(e)))
@@ -128,6 +129,29 @@ def _learning_rate_evidence(
         if points:  # the learning rate in force when the failure began
             return min(points, key=lambda p: (abs(p[0] - root.step_start), p[0]))[1]
     return None
+
+
+def _learning_rate_first(
+    root: SemanticEvent, kind: FailureKind, chain: list[SemanticEvent], couplings: list[Coupling]
+) -> tuple[SemanticEvent, FailureKind, list[SemanticEvent]]:
+    """The root and kind of the hypothesis: the learning rate's, rooted at its first surge, when ``root`` is a
+    failure a learning rate too high brings about (:attr:`~neuraldbg.kinds.Kind.surge_victim`) that began long
+    after surges at the learning rate in force then had come and gone (the chain holds them: they recur at its
+    rate, and none set it off); else ``root`` and ``kind`` unchanged.
+
+    A failure that a surge set off (it began while the updates were oversized or right after) stays the
+    hypothesis: the layer that broke at that moment is where the damage is, and its explanation names the
+    learning rate that set it off. One that began long after is no moment's doing: the updates were oversized,
+    and made the fit worse, before it, at the learning rate that was still in force when it began; that
+    learning rate is the fault, and the failure one of its consequences."""
+    if not registry.room(kind).surge_victim or any(c.relation == SETS_OFF and c.effect is root for c in couplings):
+        return root, kind, chain
+    first = min((e for e in chain[1:] if is_update_surge(e)), key=lambda e: e.step_start, default=None)
+    room = registry.room_of(first) if first is not None and first.step_start <= root.step_start else None
+    if first is None or room is None:
+        return root, kind, chain
+    couplings.insert(0, Coupling(first, root, SETS_OFF))
+    return first, room.kind, [first, root, *(e for e in chain[1:] if e is not first)]
 
 
 class _Pool:
