@@ -23,7 +23,9 @@ date the event, but do not confirm it).
 The surge is evidence (an event without a kind of its own): the reasoning attaches it to the failure it sets off
 (units dying, saturating, gradients exploding, values overflowing after it: :mod:`neuraldbg.reasoning.engine`,
 "one learning rate, one fault"), whose explanation then names the learning rate. Surges that set nothing off are a
-hypothesis of this kind. Root: after every other fault (rank 9). Config: ``exploding_update_ratio``.
+hypothesis of this kind, and so are the failures of a layer that began long after surges at the learning rate still
+in force then had come and gone (:attr:`~neuraldbg.kinds.Kind.surge_victim`: units dying, saturating). Root: after
+every other fault (rank 9). Config: ``exploding_update_ratio``.
 """
 
 from __future__ import annotations

@@ -21,9 +21,11 @@ stand (:meth:`~neuraldbg.kinds.Kind.lane`); the built-in kinds stand in this ord
 From each root the causal rules collect the events it explains, transitively; claimed events leave the pool and
 the next root is chosen among what is left. One learning rate is one fault: updates as large as the weights
 that came before a failure set it off, every other such surge at the same learning rate joins it, and the
-surges explain the other failures they set off. Hypotheses are ranked by their kind's tier (nothing can be learned:
-no training observed, no gradient, a degenerate loss; then faults; last, an incomplete observation, a caveat), then
-confidence, onset and forward order.
+surges explain the other failures they set off. A failure a learning rate too high brings about (dead units,
+saturation) that began long after the surges at the learning rate still in force had come and gone is that
+learning rate's doing: the hypothesis is then the surges', rooted at the first (:func:`_learning_rate_first`).
+Hypotheses are ranked by their kind's tier (nothing can be learned: no training observed, no gradient, a degenerate
+loss; then faults; last, an incomplete observation, a caveat), then confidence, onset and forward order.
 
 Cost: events are sorted once into lanes (:mod:`.index`); each root is the head of a lane; a rule tries a cause
 only when no cause it tried before covers it (``CausalRule.covers``), scans candidates from the earliest step an

@@ -74,9 +74,9 @@ def test_units_dying_long_after_the_first_oversized_updates_are_the_learning_rat
     _, plain, _, _ = train(0.1, seed, watch=False)
     _, healthy, healthy_ratios, healthy_dead = twin
 
-    # plain torch: the debugger changed nothing; the first steps rewrite the weights (healthy: under 5 %, 2 % at its first step), the
-    # loss jumps tenfold and falls back, units of the second ReLU die over the run (none in the twin) and the fit
-    # ends far worse than the twin's
+    # plain torch: the debugger changed nothing; the first steps rewrite the weights (healthy: under 5 %, 2 % at
+    # its first step), the loss jumps tenfold and falls back, units of the second ReLU die over the run (none in
+    # the twin) and the fit ends far worse than the twin's
     assert losses == plain
     assert ratios[0] > 1.0 and min(ratios[:4]) > 0.1 and max(healthy_ratios) < 0.05
     assert losses[1] > 5 * losses[0] and min(losses[2:8]) < 2 * losses[0]

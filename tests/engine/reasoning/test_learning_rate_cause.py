@@ -12,7 +12,7 @@ from neuraldbg import EventType, FailureKind, SemanticEvent
 from neuraldbg.reasoning import Topology, builtin_rules, diagnose
 
 D, S, E = FailureKind.DEAD_NEURONS, FailureKind.SATURATED_ACTIVATIONS, FailureKind.EXPLODING_GRADIENTS
-O = FailureKind.OVERSIZED_UPDATES
+OU = FailureKind.OVERSIZED_UPDATES
 TOPO = Topology(
     order=["0", "1", "2", "3", "4"], types={}, roles={"0": "parametric", "2": "parametric", "4": "parametric"}
 )
@@ -45,7 +45,7 @@ def lr_history(rate: float):
 def test_a_failure_long_after_the_surges_at_its_learning_rate_is_that_learning_rates_fault(failure):
     first, late = surge(0, 7), failure(48)
     (h,) = diagnose([late, first], TOPO, builtin_rules(), lr_history(0.1))
-    assert h.kind is O and h.root is first
+    assert h.kind is OU and h.root is first
     assert h.chain == [first, late]
     assert [(c.cause, c.relation, c.effect) for c in h.couplings] == [(first, "set off", late)]
     assert "Oversized updates from step 0 with learning rate 0.1" in h.explanation
@@ -58,7 +58,7 @@ def test_a_failure_long_after_the_surges_at_its_learning_rate_is_that_learning_r
 def test_every_surge_at_that_learning_rate_joins_it_and_the_first_is_the_root():
     events = [dead(48), surge(30, 31), surge(0, 7)]
     (h,) = diagnose(events, TOPO, builtin_rules(), lr_history(0.1))
-    assert h.kind is O and h.root is events[2]
+    assert h.kind is OU and h.root is events[2]
     assert events[0] in h.chain and events[1] in h.chain
 
 
@@ -79,13 +79,13 @@ def test_a_failure_before_any_surge_stays_its_own_root():
 def test_a_failure_present_from_the_first_step_was_there_before_any_update():
     death, first = dead(0), surge(0, 7)
     hypotheses = diagnose([death, first], TOPO, builtin_rules(), lr_history(0.1))
-    assert {(h.kind, id(h.root)) for h in hypotheses} == {(D, id(death)), (O, id(first))}
+    assert {(h.kind, id(h.root)) for h in hypotheses} == {(D, id(death)), (OU, id(first))}
 
 
 def test_a_failure_at_another_learning_rate_is_another_fault():
     death, first = dead(48), surge(0, 7, lr=0.1)
     hypotheses = diagnose([death, first], TOPO, builtin_rules(), lr_history(0.001))
-    assert {(h.kind, id(h.root)) for h in hypotheses} == {(D, id(death)), (O, id(first))}
+    assert {(h.kind, id(h.root)) for h in hypotheses} == {(D, id(death)), (OU, id(first))}
 
 
 def test_an_explosion_long_after_the_surges_stays_an_explosion():
@@ -97,5 +97,5 @@ def test_an_explosion_long_after_the_surges_stays_an_explosion():
 def test_only_exploding_gradients_read_as_large_gradients_in_the_learning_rates_explanation():
     vanishing = SemanticEvent(EventType.GRADIENT, FailureKind.VANISHING_GRADIENTS, "0", None, 48, 95, None, "vanishing")
     (h,) = diagnose([surge(0, 7), dead(48), vanishing], TOPO, builtin_rules(), lr_history(0.1))
-    assert h.kind is O and vanishing in h.chain
+    assert h.kind is OU and vanishing in h.chain
     assert "Gradients are large too" not in h.explanation
