@@ -49,7 +49,15 @@ from ..kinds.base import RootLane
 from .explain import explain
 from .hypothesis import CausalHypothesis, Coupling
 from .index import Claims, Lane, RangeMax
-from .rules import ONSET_TOLERANCE, SETS_OFF, SURGE_LOOKBACK, CausalRule, is_update_surge, same_place
+from .rules import (
+    LOSS_RELATION,
+    ONSET_TOLERANCE,
+    SETS_OFF,
+    SURGE_LOOKBACK,
+    CausalRule,
+    is_update_surge,
+    same_place,
+)
 from .topology import Topology
 
 Series = Callable[[str, str], list[tuple[int, float]]]
@@ -74,6 +82,7 @@ def diagnose(
         pool.claim(root)
         chain: list[SemanticEvent] = [root]
         couplings: list[Coupling] = []
+        root, kind, chain = _surge_before_the_loss(root, kind, pool, chain, couplings)
         lr = _learning_rate_evidence(root, kind, pool, topo, series, chain, couplings)
         same_lr = pool.surges_with(lr) if lr is not None else None
         if same_lr is not None:  # one learning rate, one fault: its other surges join it
@@ -131,6 +140,27 @@ def _learning_rate_evidence(
         if points:  # the learning rate in force when the failure began
             return min(points, key=lambda p: (abs(p[0] - root.step_start), p[0]))[1]
     return None
+
+
+def _surge_before_the_loss(
+    root: SemanticEvent, kind: FailureKind, pool: _Pool, chain: list[SemanticEvent], couplings: list[Coupling]
+) -> tuple[SemanticEvent, FailureKind, list[SemanticEvent]]:
+    """The root and kind of the hypothesis: the learning rate's, rooted at the first unclaimed surge, when ``root``
+    is a loss finding (its kind's room is a :attr:`~neuraldbg.kinds.Kind.loss_symptom`) and that surge began no
+    later than the loss finding did (up to the detection tolerance): updates as large as the weights that made the
+    fit worse from the start are why the loss climbs, stops or stays at chance, as any fault that came first is
+    (rules.ShowsInTheLoss). Else ``root`` and ``kind`` unchanged. Surges stand after the loss findings among roots
+    (they explain the failures of layers first), so this is where they claim the loss they spoilt."""
+    if not registry.room(kind).loss_symptom:
+        return root, kind, chain
+    i = pool.cause_surge(root.step_start + ONSET_TOLERANCE, _NO_BOUND)
+    room = registry.room_of(pool.events[i]) if i is not None else None
+    if i is None or room is None:
+        return root, kind, chain
+    surge = pool.events[i]
+    pool.claim_index(i)
+    couplings.append(Coupling(surge, root, LOSS_RELATION))
+    return surge, room.kind, [surge, root]
 
 
 def _learning_rate_first(

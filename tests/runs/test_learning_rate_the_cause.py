@@ -101,3 +101,47 @@ def test_the_same_program_at_its_own_learning_rate_is_silent(twin):
     dbg, losses, _, _ = twin
     assert statistics.fmean(losses[-16:]) < 0.3 * losses[0]  # plain torch: it learns
     assert dbg is not None and dbg.hypotheses() == []
+
+
+# --- the loss it spoilt ---------------------------------------------------------------------------------------
+
+
+def softmax_regression(lr: float) -> tuple[NeuralDbg, list[float], list[float]]:
+    """A linear classifier (64 features, 10 classes) under Adam for 64 steps: (debugger, losses, the weight's
+    ||dW||/||W|| per step), by plain torch."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 10))
+    teacher = torch.randn(64, 10, generator=torch.Generator().manual_seed(2001))
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    losses: list[float] = []
+    ratios: list[float] = []
+    with NeuralDbg(model) as dbg:
+        for step in range(64):
+            x = torch.randn(64, 64, generator=torch.Generator().manual_seed(100_003 + step))
+            y = (x @ teacher).argmax(dim=1)
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            before = model[0].weight.detach().clone()
+            optimizer.step()
+            ratios.append(float((model[0].weight.detach() - before).norm() / before.norm()))
+            losses.append(loss.item())
+    return dbg, losses, ratios
+
+
+def test_a_loss_that_climbs_from_the_first_oversized_updates_is_the_learning_rates_finding():
+    dbg, losses, ratios = softmax_regression(1.0)
+    twin, twin_losses, twin_ratios = softmax_regression(1e-2)
+    # plain torch: the first steps move the weight by more than a fifth of its norm (the twin: a tenth at its second
+    # step, less from then on), the loss climbs from 2.5 to above 5 and ends far above the twin's, which learns
+    assert min(ratios[:5]) > 0.2 and max(twin_ratios[2:]) < 0.1
+    assert statistics.fmean(losses[4:12]) > 2 * losses[0]
+    assert statistics.fmean(losses[-16:]) > 2 * statistics.fmean(twin_losses[-16:])
+    assert statistics.fmean(twin_losses[-16:]) < 0.5 * twin_losses[0]
+
+    (h,) = dbg.hypotheses()
+    assert h.kind is FailureKind.OVERSIZED_UPDATES and h.root.step_start == 0
+    loss_findings = [e for e in h.chain if e.kind in (FailureKind.UNSTABLE_LOSS, FailureKind.LOSS_NOT_DECREASING)]
+    assert loss_findings and "learning rate 1" in h.explanation
+    assert h.suggestion.startswith("lower the learning rate (now 1)")
+    assert twin.hypotheses() == []

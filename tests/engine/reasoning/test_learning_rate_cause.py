@@ -99,3 +99,30 @@ def test_only_exploding_gradients_read_as_large_gradients_in_the_learning_rates_
     (h,) = diagnose([surge(0, 7), dead(48), vanishing], TOPO, builtin_rules(), lr_history(0.1))
     assert h.kind is OU and vanishing in h.chain
     assert "Gradients are large too" not in h.explanation
+
+
+# --- the loss it spoilt ---------------------------------------------------------------------------------------
+
+
+def loss_finding(kind: FailureKind = FailureKind.UNSTABLE_LOSS, start: int = 0) -> SemanticEvent:
+    from neuraldbg.kinds.base import run_event
+
+    return run_event(kind, start, 95, "", start=4.9, end=1.9, noise=2.1, losses=96.0, shape=3.0)
+
+
+@pytest.mark.parametrize(
+    "kind", [FailureKind.UNSTABLE_LOSS, FailureKind.LOSS_AT_CHANCE, FailureKind.LOSS_NOT_DECREASING]
+)
+def test_a_loss_finding_that_began_with_the_surges_is_the_learning_rates_doing(kind):
+    first, loss, again = surge(0, 7), loss_finding(kind), surge(30, 33)
+    (h,) = diagnose([loss, again, first], TOPO, builtin_rules())
+    assert h.kind is OU and h.root is first
+    assert loss in h.chain and again in h.chain
+    assert [(c.cause, c.relation, c.effect) for c in h.couplings] == [(first, "keeps the loss from falling", loss)]
+    assert h.suggestion.startswith("lower the learning rate (now 0.1)")
+
+
+def test_a_loss_finding_that_began_before_any_surge_stays_its_own_root():
+    loss, late = loss_finding(start=0), surge(60, 64)
+    hypotheses = diagnose([loss, late], TOPO, builtin_rules())
+    assert hypotheses[0].kind is FailureKind.UNSTABLE_LOSS and hypotheses[0].root is loss
