@@ -24,8 +24,9 @@ The surge is evidence (an event without a kind of its own): the reasoning attach
 (units dying, saturating, gradients exploding, values overflowing after it: :mod:`neuraldbg.reasoning.engine`,
 "one learning rate, one fault"), whose explanation then names the learning rate. Surges that set nothing off are a
 hypothesis of this kind, and so are the failures of a layer that began long after surges at the learning rate still
-in force then had come and gone (:attr:`~neuraldbg.kinds.Kind.surge_victim`: units dying, saturating). Root: after
-every other fault (rank 9). Config: ``exploding_update_ratio``.
+in force then had come and gone (:attr:`~neuraldbg.kinds.Kind.surge_victim`: units dying, saturating) and the loss
+findings that began no earlier than the surges (the loss they spoilt). Root: after every other fault (rank 9).
+Config: ``exploding_update_ratio``.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ the next root is chosen among what is left. One learning rate is one fault: upda
 that came before a failure set it off, every other such surge at the same learning rate joins it, and the
 surges explain the other failures they set off. A failure a learning rate too high brings about (dead units,
 saturation) that began long after the surges at the learning rate still in force had come and gone is that
-learning rate's doing: the hypothesis is then the surges', rooted at the first (:func:`_learning_rate_first`).
+learning rate's doing: the hypothesis is then the surges', rooted at the first (:func:`_learning_rate_first`);
+so is a loss finding that began no earlier than surges that set nothing else off (:func:`_surge_before_the_loss`).
 Hypotheses are ranked by their kind's tier (nothing can be learned: no training observed, no gradient, a degenerate
 loss; then faults; last, an incomplete observation, a caveat), then confidence, onset and forward order.
 
