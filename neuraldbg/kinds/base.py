@@ -106,6 +106,11 @@ class Kind:
     evidence: tuple[HealthState, ...] = ()
     #: May be set off in mid-run by a learning rate too high (then later surges at that rate are the same fault).
     lr_sensitive: bool = False
+    #: What a learning rate too high does to the layers: when it began long after updates as large as the weights
+    #: (that made the fit worse) had come and gone at the learning rate still in force then, the learning rate is
+    #: the fault, rooted at the first such surge, and this failure one of its consequences (one set off by a surge,
+    #: while or right after it, stays the hypothesis and names the learning rate: see the reasoning engine).
+    surge_victim: bool = False
     #: Its findings are how faults show in the loss (it does not fall, it climbs, it stays at chance): any fault of
     #: the run that began before such a finding ended explains it.
     loss_symptom: bool = False

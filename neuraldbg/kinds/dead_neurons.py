@@ -103,6 +103,7 @@ class DeadUnitsDetector(Detector):
 class DeadNeurons(Kind):
     name = KIND.value
     lr_sensitive = True
+    surge_victim = True
     confirms_escalation = True  # units dying during an explosion or a surge: what they do
     states = (ActivationHealth.DEAD,)
     count_metrics = frozenset({"units", "dead_units"})

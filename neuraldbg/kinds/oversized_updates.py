@@ -23,7 +23,10 @@ date the event, but do not confirm it).
 The surge is evidence (an event without a kind of its own): the reasoning attaches it to the failure it sets off
 (units dying, saturating, gradients exploding, values overflowing after it: :mod:`neuraldbg.reasoning.engine`,
 "one learning rate, one fault"), whose explanation then names the learning rate. Surges that set nothing off are a
-hypothesis of this kind. Root: after every other fault (rank 9). Config: ``exploding_update_ratio``.
+hypothesis of this kind, and so are the failures of a layer that began long after surges at the learning rate still
+in force then had come and gone (:attr:`~neuraldbg.kinds.Kind.surge_victim`: units dying, saturating) and the loss
+findings that began no earlier than the surges (the loss they spoilt). Root: after every other fault (rank 9).
+Config: ``exploding_update_ratio``.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from collections import deque
 from ..config import DebugConfig
 from ..detectors.base import Detector, Finding, Observation, StepView, strength
 from ..events import EventType, FailureKind, SemanticEvent
-from ..health import UpdateHealth
+from ..health import GradientHealth, UpdateHealth, is_state
 from ..reasoning.rules import is_update_surge
 from ..reasoning.topology import Topology
 from ..text import num, pct, quoted
@@ -110,7 +113,10 @@ class UpdateSurgeDetector(Detector):
         """Whether the fit got worse while these large updates lasted: the loss (when the loop reports it), else the
         gradient of the loss with respect to the output, averaged over their steps after the first, above where it
         stood before them by more than twice the average's standard error (a batch's loss varies from step to step;
-        a loss that rises is pushed up). Where it stood: the mean of the last readings before them when there are a
+        a loss that rises is pushed up). A reading that stays positive is compared on a log scale, where a loss moves
+        by factors: one step that throws the loss tenfold up, followed by steps that bring it back towards where it
+        was, is a fit made worse, not noise that hides a rise (an MLP under Adam at 0.1: 2.3, then 24.8, 6.9, 3.9,
+        3.2). Where it stood: the mean of the last readings before them when there are a
         few, else the reading at their first step (which that step's update has not changed yet). Once worse, the
         run of large updates counts to its end. A run without either reading is judged by the updates alone."""
         readings = self._readings(view)
@@ -131,6 +137,8 @@ class UpdateSurgeDetector(Detector):
             self._since.append(value)
         since = self._since
         if not self._worse and len(since) >= 2:
+            if reference > 0 and min(since) > 0:  # a positive loss moves by factors: compared on a log scale
+                since, reference = [math.log(v) for v in since], math.log(reference)
             error = statistics.stdev(since) / math.sqrt(len(since))
             self._worse = statistics.fmean(since) - reference > 2 * error
         return self._worse
@@ -183,7 +191,7 @@ class OversizedUpdates(Kind):
                 )
                 break
         what += "."
-        exploding = [e for e in rest if e.kind is not None and e.event_type is EventType.GRADIENT]
+        exploding = [e for e in rest if e.kind is not None and is_state(e.to_state, GradientHealth.EXPLODING)]
         if exploding:
             layers = sorted({e.layer for e in exploding}, key=topo.position)
             what += f" Gradients are large too in {quoted(layers)}."

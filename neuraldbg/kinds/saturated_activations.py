@@ -20,7 +20,7 @@ from ..health import ActivationHealth, GradientHealth, is_state
 from ..reasoning.rules import CausalRule
 from ..reasoning.topology import Topology
 from ..text import num, pct
-from .base import Check, Kind, RootLane, Series, held
+from .base import Check, Kind, RootLane, Series, held, near
 
 KIND = FailureKind.SATURATED_ACTIVATIONS
 
@@ -62,6 +62,7 @@ class SaturationDetector(Detector):
 class SaturatedActivations(Kind):
     name = KIND.value
     lr_sensitive = True
+    surge_victim = True
     confirms_escalation = True  # activations saturating during an explosion or a surge: what they do
     states = (ActivationHealth.SATURATED,)
     count_metrics = frozenset({"elements"})
@@ -107,11 +108,21 @@ class SaturatedActivations(Kind):
             low = min(shrunk, key=lambda e: e.metrics.get("grad_norm", math.inf))
             what += f" Gradient norm falls to {num(low.metrics.get('grad_norm', 0.0))} at '{low.layer}'."
         target = f"'{feeding}'" if feeding else "the previous layer"
-        fix = (
-            f"the inputs of the activation are too large - scale down the initialisation of {target} (Xavier/Glorot "
-            "for tanh and sigmoid), normalise the inputs, add a normalisation layer before the activation, or use a "
-            "non-saturating activation (ReLU, GELU)."
-        )
+        if root.step_start > topo.first_step:  # not so at the start: training grew the activation's inputs
+            lr = near(series, "lr", "", root.step_start)
+            now = f" (now {num(lr)})" if lr is not None else ""
+            fix = (
+                f"lower the learning rate{now} or clip gradients: the activation was not saturated at the start, "
+                f"and from step {root.step_start} the updates of {target} had grown its inputs past its bounds; a "
+                "normalisation layer before the activation, or a non-saturating activation (ReLU, GELU), keeps them "
+                "in range."
+            )
+        else:
+            fix = (
+                f"the inputs of the activation are too large - scale down the initialisation of {target} "
+                "(Xavier/Glorot for tanh and sigmoid), normalise the inputs, add a normalisation layer before the "
+                "activation, or use a non-saturating activation (ReLU, GELU)."
+            )
         return what, fix
 
     def describe(self, event: SemanticEvent) -> str:

@@ -21,9 +21,12 @@ stand (:meth:`~neuraldbg.kinds.Kind.lane`); the built-in kinds stand in this ord
 From each root the causal rules collect the events it explains, transitively; claimed events leave the pool and
 the next root is chosen among what is left. One learning rate is one fault: updates as large as the weights
 that came before a failure set it off, every other such surge at the same learning rate joins it, and the
-surges explain the other failures they set off. Hypotheses are ranked by their kind's tier (nothing can be learned:
-no training observed, no gradient, a degenerate loss; then faults; last, an incomplete observation, a caveat), then
-confidence, onset and forward order.
+surges explain the other failures they set off. A failure a learning rate too high brings about (dead units,
+saturation) that began long after the surges at the learning rate still in force had come and gone is that
+learning rate's doing: the hypothesis is then the surges', rooted at the first (:func:`_learning_rate_first`);
+so is a loss finding that began no earlier than surges that set nothing else off (:func:`_surge_before_the_loss`).
+Hypotheses are ranked by their kind's tier (nothing can be learned: no training observed, no gradient, a degenerate
+loss; then faults; last, an incomplete observation, a caveat), then confidence, onset and forward order.
 
 Cost: events are sorted once into lanes (:mod:`.index`); each root is the head of a lane; a rule tries a cause
 only when no cause it tried before covers it (``CausalRule.covers``), scans candidates from the earliest step an
@@ -47,7 +50,15 @@ from ..kinds.base import RootLane
 from .explain import explain
 from .hypothesis import CausalHypothesis, Coupling
 from .index import Claims, Lane, RangeMax
-from .rules import ONSET_TOLERANCE, SETS_OFF, SURGE_LOOKBACK, CausalRule, is_update_surge, same_place
+from .rules import (
+    LOSS_RELATION,
+    ONSET_TOLERANCE,
+    SETS_OFF,
+    SURGE_LOOKBACK,
+    CausalRule,
+    is_update_surge,
+    same_place,
+)
 from .topology import Topology
 
 Series = Callable[[str, str], list[tuple[int, float]]]
@@ -72,12 +83,14 @@ def diagnose(
         pool.claim(root)
         chain: list[SemanticEvent] = [root]
         couplings: list[Coupling] = []
+        root, kind, chain = _surge_before_the_loss(root, kind, pool, chain, couplings)
         lr = _learning_rate_evidence(root, kind, pool, topo, series, chain, couplings)
         same_lr = pool.surges_with(lr) if lr is not None else None
         if same_lr is not None:  # one learning rate, one fault: its other surges join it
             for i in same_lr.scan():
                 pool.claim_index(i)
                 chain.append(pool.events[i])
+        root, kind, chain = _learning_rate_first(root, kind, chain, couplings)
         closure.run(root, kind, chain, couplings, also=chain[1:])  # the surges explain what they set off too
         head, rest = chain[0], chain[1:]
         rest.sort(key=lambda e: (e.step_start, topo.event_position(e)))
@@ -128,6 +141,50 @@ def _learning_rate_evidence(
         if points:  # the learning rate in force when the failure began
             return min(points, key=lambda p: (abs(p[0] - root.step_start), p[0]))[1]
     return None
+
+
+def _surge_before_the_loss(
+    root: SemanticEvent, kind: FailureKind, pool: _Pool, chain: list[SemanticEvent], couplings: list[Coupling]
+) -> tuple[SemanticEvent, FailureKind, list[SemanticEvent]]:
+    """The root and kind of the hypothesis: the learning rate's, rooted at the first unclaimed surge, when ``root``
+    is a loss finding (its kind's room is a :attr:`~neuraldbg.kinds.Kind.loss_symptom`) and that surge began no
+    later than the loss finding did (up to the detection tolerance): updates as large as the weights that made the
+    fit worse from the start are why the loss climbs, stops or stays at chance, as any fault that came first is
+    (rules.ShowsInTheLoss). Else ``root`` and ``kind`` unchanged. Surges stand after the loss findings among roots
+    (they explain the failures of layers first), so this is where they claim the loss they spoilt."""
+    if not registry.room(kind).loss_symptom:
+        return root, kind, chain
+    i = pool.cause_surge(root.step_start + ONSET_TOLERANCE, _NO_BOUND)
+    room = registry.room_of(pool.events[i]) if i is not None else None
+    if i is None or room is None:
+        return root, kind, chain
+    surge = pool.events[i]
+    pool.claim_index(i)
+    couplings.append(Coupling(surge, root, LOSS_RELATION))
+    return surge, room.kind, [surge, root]
+
+
+def _learning_rate_first(
+    root: SemanticEvent, kind: FailureKind, chain: list[SemanticEvent], couplings: list[Coupling]
+) -> tuple[SemanticEvent, FailureKind, list[SemanticEvent]]:
+    """The root and kind of the hypothesis: the learning rate's, rooted at its first surge, when ``root`` is a
+    failure a learning rate too high brings about (:attr:`~neuraldbg.kinds.Kind.surge_victim`) that began long
+    after surges at the learning rate in force then had come and gone (the chain holds them: they recur at its
+    rate, and none set it off); else ``root`` and ``kind`` unchanged.
+
+    A failure that a surge set off (it began while the updates were oversized or right after) stays the
+    hypothesis: the layer that broke at that moment is where the damage is, and its explanation names the
+    learning rate that set it off. One that began long after is no moment's doing: the updates were oversized,
+    and made the fit worse, before it, at the learning rate that was still in force when it began; that
+    learning rate is the fault, and the failure one of its consequences."""
+    if not registry.room(kind).surge_victim or any(c.relation == SETS_OFF and c.effect is root for c in couplings):
+        return root, kind, chain
+    first = min((e for e in chain[1:] if is_update_surge(e)), key=lambda e: e.step_start, default=None)
+    room = registry.room_of(first) if first is not None and first.step_start <= root.step_start else None
+    if first is None or room is None:
+        return root, kind, chain
+    couplings.insert(0, Coupling(first, root, SETS_OFF))
+    return first, room.kind, [first, root, *(e for e in chain[1:] if e is not first)]
 
 
 class _Pool:
