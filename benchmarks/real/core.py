@@ -45,6 +45,7 @@ KINDS = frozenset(
         "unstable_loss",
         "loss_at_chance",
         "oversized_updates",
+        "activation_before_loss",
     }
 )
 
