@@ -67,6 +67,7 @@ class FailureKind(str, metaclass=_Names):
     UNSTABLE_LOSS: ClassVar[FailureKind]
     LOSS_AT_CHANCE: ClassVar[FailureKind]
     ACTIVATION_BEFORE_LOSS: ClassVar[FailureKind]
+    UNNORMALISED_INPUTS: ClassVar[FailureKind]
 
     def __new__(cls, value: str) -> FailureKind:
         found = cls._declared.get(value) if isinstance(value, str) else None
@@ -136,6 +137,7 @@ for _name in (
     "unstable_loss",
     "loss_at_chance",
     "activation_before_loss",
+    "unnormalised_inputs",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 

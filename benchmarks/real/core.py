@@ -46,6 +46,7 @@ KINDS = frozenset(
         "loss_at_chance",
         "oversized_updates",
         "activation_before_loss",
+        "unnormalised_inputs",
     }
 )
 

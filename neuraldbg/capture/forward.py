@@ -134,6 +134,14 @@ class ForwardPath:
         else:
             rec.pending.data.forwards += 1
 
+    def input_layer(self) -> LayerInfo | None:
+        """The first layer of the forward order that owns parameters or normalises: the one the input meets."""
+        for name, _ in self.order.keys:
+            info = self._infos.get(name)
+            if name and info is not None and (info.numel or info.normalizes):
+                return info
+        return None
+
     def _note_node(self, name: str, output: Any) -> None:
         """Note which layer's output the graph node of ``output`` is (an attribute read: nothing is computed)."""
         t = stats.first_tensor(output)

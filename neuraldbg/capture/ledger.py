@@ -254,7 +254,12 @@ class GradLedger:
         functional activation, the layer whose output it took)."""
         rec = self._rec
         self._loss_checks -= 1
-        found = loss_graph.activated_input(roots)
+        graph = loss_graph.read(roots)
+        if graph.loss and not rec.coverage.classifier_loss:
+            first = rec.forward.input_layer()
+            rec.coverage.classifier_loss = graph.loss
+            rec.coverage.input_layer_normalizes = first is not None and first.normalizes
+        found = graph.activated
         nodes = rec.forward.nodes or {}
         if found is not None:
             layer = nodes.get(found.node) or nodes.get(found.below, "")

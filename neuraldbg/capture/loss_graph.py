@@ -1,12 +1,13 @@
-"""What the loss's autograd graph says about the model output it was computed from: a loss that normalises its
-input itself (``cross_entropy`` and ``nll_loss`` after ``log_softmax``, ``binary_cross_entropy_with_logits``) given
-values an activation already squashed or cut (a softmax, a ReLU, a sigmoid) instead of raw logits.
+"""What the loss's autograd graph says about the model output it was computed from: whether the loss normalises
+logits itself (``cross_entropy`` and ``nll_loss`` after ``log_softmax``, ``binary_cross_entropy_with_logits``: a
+classifier's loss), and whether it was given values an activation already squashed or cut (a softmax, a ReLU, a
+sigmoid) instead of raw logits.
 
-Read from the graph's node types alone, as a backward pass begins: a walk of at most :data:`BUDGET` nodes from the
-loss towards the model, which stops at the first such loss node and looks through the nodes that only reshape a
-tensor (a view, a transpose, ``contiguous``) to the node that produced its input. No tensor value is read and
-nothing runs on the device. The node objects are compared by identity only while the graph is alive (the loss
-holds it), never kept.
+Read from the graph's node types alone, once a backward pass that reached the model is done (the loss still holds
+its graph): a walk of at most :data:`BUDGET` nodes from the loss towards the model, which stops at the first such
+loss node and looks through the nodes that only reshape a tensor (a view, a transpose, ``contiguous``) to the node
+that produced its input. No tensor value is read and nothing runs on the device. The node objects are compared by
+identity only while the graph is alive, never kept.
 """
 
 from __future__ import annotations
@@ -64,28 +65,41 @@ class ActivatedInput:
     below: int
 
 
-def activated_input(losses: list[Tensor]) -> ActivatedInput | None:
-    """The activation between the model's logits and a loss that normalises them itself, or None (see the module
-    docstring). ``losses``: the roots of one backward call."""
+@dataclass(frozen=True, slots=True)
+class LossGraph:
+    """What one backward call's graph says: the loss that normalises logits it found (``""``: none), and the
+    activation before it, if any."""
+
+    loss: str
+    activated: ActivatedInput | None
+
+
+def read(losses: list[Tensor]) -> LossGraph:
+    """The first loss node that normalises logits, from ``losses`` (the roots of one backward call), and the
+    activation between it and the model's logits (see the module docstring)."""
     queue = [t.grad_fn for t in losses if t.grad_fn is not None]
     seen = {id(n) for n in queue}
     looked = 0
+    first = ""
     while queue and looked < BUDGET:
         node = queue.pop(0)
         looked += 1
         name = type(node).__name__
         if name in NORMALISING:
+            first = first or NORMALISING[name]
             found = _producer(node)
             if found is not None:
                 kind = ACTIVATIONS.get(type(found).__name__)
                 if kind is not None:
-                    return ActivatedInput(NORMALISING[name], kind, id(found), id(_first_input(found)))
+                    return LossGraph(
+                        NORMALISING[name], ActivatedInput(NORMALISING[name], kind, id(found), id(_first_input(found)))
+                    )
             continue  # the model lies below this loss node: nothing further up is the loss's
         for nxt, _ in node.next_functions:
             if nxt is not None and id(nxt) not in seen:
                 seen.add(id(nxt))
                 queue.append(nxt)
-    return None
+    return LossGraph(first, None)
 
 
 def _first_input(node: object) -> object:

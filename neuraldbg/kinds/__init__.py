@@ -36,6 +36,7 @@ from . import (
     registry,
     saturated_activations,
     stalled_updates,
+    unnormalised_inputs,
     unstable_loss,
     vanishing_gradients,
 )
@@ -59,6 +60,7 @@ BUILTIN: tuple[Kind, ...] = (
     eval_mode_training.EvalModeTraining(),
     gradients_not_zeroed.GradientsNotZeroed(),
     activation_before_loss.ActivationBeforeLoss(),
+    unnormalised_inputs.UnnormalisedInputs(),
     loss_scale_collapse.LossScaleCollapse(),
     loss_at_chance.LossAtChance(),
     unstable_loss.UnstableLoss(),
