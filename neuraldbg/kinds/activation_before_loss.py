@@ -54,7 +54,9 @@ class ActivationBeforeLoss(Kind):
         )
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
-        return RootLane(0, order=5) if event.kind is self.kind else None
+        # right after dead units: output units a ReLU on the logits killed are that ReLU's dead neurons, whose
+        # explanation already says to remove it; before saturation and every later rank
+        return RootLane(3.5) if event.kind is self.kind else None
 
     def set_off_by_surge(self, root: SemanticEvent) -> bool:
         return False  # the program computes its loss this way from the first step
