@@ -213,7 +213,7 @@ class GradLedger:
             if not reached:
                 return
             self._account(loss, reached, carried, check, fresh)
-            if self._loss_checks and roots:
+            if self._loss_checks:
                 self._check_loss(roots)
             if manual is not None:
                 rec.pending.put("carried", None, manual)
@@ -254,7 +254,7 @@ class GradLedger:
         functional activation, the layer whose output it took)."""
         rec = self._rec
         self._loss_checks -= 1
-        graph = loss_graph.read(roots)
+        graph = loss_graph.read(roots)  # no roots (a backward pass from a given gradient, not a loss): nothing
         if graph.loss and not rec.coverage.classifier_loss:
             first = rec.forward.input_layer()
             rec.coverage.classifier_loss = graph.loss
