@@ -28,6 +28,7 @@ KINDS = frozenset(
         "frozen_parameters",
         "stalled_updates",
         "gradients_not_zeroed",
+        "unnormalised_inputs",
     }
 )
 
