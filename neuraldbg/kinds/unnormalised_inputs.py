@@ -2,9 +2,9 @@
 pixels give about 100) while the model's loss normalises logits itself (cross-entropy: a classifier, whose logits
 must come out near unit scale), and the first layer the input meets is no normalisation layer.
 
-Its first layer must then absorb the input's scale: its pre-activations, its weight gradients and the logits at
-initialisation are that many times larger (a first cross-entropy of 6 log(classes) in the real-programs
-benchmark's MLP), and the net learns the scale before the task. Judged on the input of the fully observed steps
+Its first layer must then absorb the input's scale: its pre-activations and weight gradients are that many times
+larger (and, without a normalisation further on, the logits at initialisation: a first cross-entropy of 6
+log(classes) in the real-programs benchmark's MLP), and its updates must undo the scale before they learn the task. Judged on the input of the fully observed steps
 of the first quarter of the run (see :class:`~neuraldbg.stats.training.TrainingFacts`) and on the loss's autograd
 graph (:mod:`neuraldbg.capture.loss_graph`). A model whose output is on its input's scale (super-resolution,
 style transfer on 0-255 images, a regression on raw values) is not a classifier and is not judged here; a model
@@ -64,8 +64,9 @@ class UnnormalisedInputs(Kind):
             f"Unnormalised inputs: the input batch's root-mean-square is {num(rms)} (normalised data is about 1; "
             f"0-255 pixels give about 100) from step {root.step_start}, fed to a classifier (its loss, "
             f"{root.detail or 'cross-entropy'}, expects logits near unit scale) whose first layer is no "
-            "normalisation layer. That layer's pre-activations and weight gradients, and the logits at the start, "
-            f"are about {num(rms)} times too large: the model spends its training learning the input's scale."
+            f"normalisation layer. That layer's pre-activations and weight gradients are about {num(rms)} times "
+            "larger than on normalised data, and its updates must first undo the input's scale before they learn "
+            "the task."
         )
         fix = (
             "normalise the inputs: scale pixels to 0-1 (ToTensor()) and standardise them (Normalize(mean, std)); "
