@@ -32,6 +32,7 @@ _BINARY = "binary_cross_entropy_with_logits"
 class ActivationBeforeLoss(Kind):
     name = KIND.value
     title = "activation before the loss"
+    run_level = True  # about the program's loss as a whole (its event still names the layer of the activation)
 
     def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
         found = coverage.activated_loss
