@@ -28,7 +28,6 @@ KINDS = frozenset(
         "frozen_parameters",
         "stalled_updates",
         "gradients_not_zeroed",
-        "unnormalised_inputs",
     }
 )
 

@@ -1158,7 +1158,7 @@ SCENARIOS: list[Scenario] = [
         "divided by 32768): the first tanh is pinned at +-1 from step 0.",
         truth=c.truth(
             ["saturated_activations"],
-            may_also=["vanishing_gradients", "unnormalised_inputs"],  # relabelled: the raw PCM itself
+            may_also=["vanishing_gradients"],
             roots=["conv1", "act1"],
             onset=(0, 0),
             evidence="act1 is 100% saturated (|tanh| > 0.995) at every step while act2 and act3 stay at 0%",

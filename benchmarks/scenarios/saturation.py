@@ -112,7 +112,7 @@ SCENARIOS = [
         "embedding: the embedding's tanh is saturated from step 0.",
         truth=c.truth(
             ["saturated_activations"],
-            may_also=(*_SAT_SIDE_EFFECTS, "unnormalised_inputs"),  # the raw inputs themselves
+            may_also=_SAT_SIDE_EFFECTS,
             roots=["embed", "embed_act"],
             onset=(0, 0),
             evidence="'embed_act' has nearly all outputs beyond |0.995| at every step",
@@ -140,7 +140,7 @@ SCENARIOS = [
         "255: the first sigmoid layer is pinned at 0 or 1 from step 0.",
         truth=c.truth(
             ["saturated_activations"],
-            may_also=(*_SAT_SIDE_EFFECTS, "unnormalised_inputs"),  # the raw inputs themselves
+            may_also=_SAT_SIDE_EFFECTS,
             roots=["1", "2"],
             onset=(0, 0),
             evidence="sigmoid '2' has nearly all outputs outside [0.0025, 0.9975] at every step",
