@@ -66,6 +66,8 @@ class FailureKind(str, metaclass=_Names):
     LOSS_NOT_DECREASING: ClassVar[FailureKind]
     UNSTABLE_LOSS: ClassVar[FailureKind]
     LOSS_AT_CHANCE: ClassVar[FailureKind]
+    ACTIVATION_BEFORE_LOSS: ClassVar[FailureKind]
+    UNNORMALISED_INPUTS: ClassVar[FailureKind]
 
     def __new__(cls, value: str) -> FailureKind:
         found = cls._declared.get(value) if isinstance(value, str) else None
@@ -134,6 +136,8 @@ for _name in (
     "loss_not_decreasing",
     "unstable_loss",
     "loss_at_chance",
+    "activation_before_loss",
+    "unnormalised_inputs",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 

@@ -45,6 +45,8 @@ KINDS = frozenset(
         "unstable_loss",
         "loss_at_chance",
         "oversized_updates",
+        "activation_before_loss",
+        "unnormalised_inputs",
     }
 )
 

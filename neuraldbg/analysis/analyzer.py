@@ -37,7 +37,8 @@ class Analyzer:
         self.ctx = Context(config, infos, order, owner_of_params(infos))
         self.detectors = list(detectors)
         self._every_step = [d for d in self.detectors if d.every_step]
-        self._run_kinds = [k for k in kinds if k.run_level]
+        # run-level kinds, and layer kinds that also judge the run as a whole (a stall over the whole run)
+        self._run_kinds = [k for k in kinds if k.run_level or type(k).run_finding is not Kind.run_finding]
         self.tracker = Tracker(config, kinds)
         self.history = History(config.history_points)
         self.steps_observed = 0

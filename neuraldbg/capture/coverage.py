@@ -146,6 +146,11 @@ class Coverage:
     _input_numel: int = 0
     _forwards: int = 0
     warm_start: bool = False  # the optimizer had state before the first observed step (attached mid-training)
+    # an activation between the logits and a loss that normalises them itself (capture/loss_graph.py):
+    # (activation, loss, layer, step), layer "" when no watched layer's output is it or its input
+    activated_loss: tuple[str, str, str, int] | None = None
+    classifier_loss: str = ""  # the loss normalises logits itself (cross_entropy, ...): the model is a classifier
+    input_layer_normalizes: bool = False  # the first layer the input meets is a normalisation layer
     losses: LossTrace = field(default_factory=LossTrace)  # the loss of each step (observe_loss or recorded)
     training: TrainingFacts = field(default_factory=TrainingFacts)  # update ratios, weights, inputs, ...
 

@@ -60,6 +60,9 @@ class ForwardPath:
         self._prev_channel_first = False
         self.autocast = False
         self.host_reads_are_free = True
+        # while the loss's graph is still to be checked (see loss_graph): the graph node of each layer's output,
+        # by identity, to the layer's name (the first layer whose output it is); None: not wanted
+        self.nodes: dict[int, str] | None = None
 
     def attach(self) -> None:
         model = self._model()
@@ -96,6 +99,8 @@ class ForwardPath:
         try:
             if not self._open:
                 self._begin()
+            if self.nodes is not None and name:
+                self._note_node(name, output)
             if not name:
                 self._end(args, kwargs, output)
             elif not self._full:
@@ -121,11 +126,28 @@ class ForwardPath:
         self._prev_channel_first = False
         self._full = rec.pending.data.full
         self.autocast = False
+        if self.nodes is not None:
+            self.nodes = {}
         rec.coverage.forwards += 1
         if self._root is not None and not self._root.training:  # eval mode: training only if a backward follows
             self._tentative = Pending(rec.pending.data.step, self._full)
         else:
             rec.pending.data.forwards += 1
+
+    def input_layer(self) -> LayerInfo | None:
+        """The first layer of the forward order that owns parameters or normalises: the one the input meets."""
+        for name, _ in self.order.keys:
+            info = self._infos.get(name)
+            if name and info is not None and (info.numel or info.normalizes):
+                return info
+        return None
+
+    def _note_node(self, name: str, output: Any) -> None:
+        """Note which layer's output the graph node of ``output`` is (an attribute read: nothing is computed)."""
+        t = stats.first_tensor(output)
+        node = t.grad_fn if t is not None else None
+        if node is not None and self.nodes is not None:
+            self.nodes.setdefault(id(node), name)
 
     def _target(self) -> Pending:
         return self._tentative if self._tentative is not None else self._rec.pending

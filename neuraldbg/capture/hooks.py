@@ -214,12 +214,15 @@ def _backward(*args: Any, **kwargs: Any) -> Any:
     afters: list[Callable[[bool], None]] = []
     try:
         loss = loss_of(tensors, grads)
+        _nesting.roots = tensors if loss is not None else None  # for backward_roots(), during the listeners only
         for listener in list(listeners):
             after = listener(loss)
             if after is not None:
                 afters.append(after)
     except Exception:  # a listener's own failure; each listener reports its failures itself
         pass
+    finally:
+        _nesting.roots = None
     _nesting.inside = True
     completed = False
     try:
@@ -230,6 +233,15 @@ def _backward(*args: Any, **kwargs: Any) -> Any:
         _nesting.inside = False
         for after in afters:
             after(completed)
+
+
+def backward_roots() -> list[Tensor]:
+    """Inside a backward listener: the loss tensors the backward call starts from, undetached (their autograd
+    graph), when :func:`loss_of` found a loss in them; ``[]`` otherwise."""
+    roots = getattr(_nesting, "roots", None)
+    if roots is None:
+        return []
+    return [roots] if isinstance(roots, Tensor) else [r for r in roots if isinstance(r, Tensor)]
 
 
 def on_backward_calls(listener: BackwardListener) -> _ListenerHandle:

@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from ..stats.tensors import dense
+from . import hooks, loss_graph
 from .clock import StepMode
 
 if TYPE_CHECKING:
@@ -56,6 +57,9 @@ TRACKED = 64
 _CONFIRMED = 3
 #: Elements of the head parameter compared across a manual update.
 _SAMPLE = 16
+#: Backward passes reaching the model whose loss graph is checked for an activation before the loss (the first
+#: ones: a loop computes its loss the same way every step).
+LOSS_CHECKS = 4
 
 _State = tuple[Tensor, int] | None
 
@@ -82,6 +86,7 @@ class GradLedger:
         self._open = False  # a backward pass reached the model since its optimizer last stepped
         self._sample: tuple[weakref.ref[Tensor], Tensor] | None = None  # manual updates: head .grad, parameter
         self._thread = 0
+        self._loss_checks = 0
 
     def attach(self) -> None:
         params = self._rec.backward.params
@@ -100,12 +105,16 @@ class GradLedger:
         self._sample = None
         self._open = False
         self._thread = threading.get_ident()
+        self._loss_checks = LOSS_CHECKS
+        self._rec.forward.nodes = {}
 
     def detach(self) -> None:
         self._tensors = []
         self._marks = []
         self._carry = None
         self._sample = None
+        self._loss_checks = 0
+        self._rec.forward.nodes = None
 
     # --- a backward call ----------------------------------------------------------------------------------
 
@@ -131,7 +140,8 @@ class GradLedger:
                     carried.append(i)
             check = self._confirmation(carried) if carried else None
             manual = self._manual_check() if rec.clock.mode is not StepMode.OPTIMIZER else None
-            return partial(self._after, loss, states, carried, check, manual)
+            roots = hooks.backward_roots() if self._loss_checks else []
+            return partial(self._after, loss, states, carried, check, manual, roots)
         except Exception as exc:
             rec.fail("the backward-call listener", exc)
             return None
@@ -183,6 +193,7 @@ class GradLedger:
         carried: list[int],
         check: Tensor | None,
         manual: Tensor | None,
+        roots: list[Tensor],
         completed: bool,
     ) -> None:
         rec = self._rec
@@ -202,6 +213,8 @@ class GradLedger:
             if not reached:
                 return
             self._account(loss, reached, carried, check, fresh)
+            if self._loss_checks:
+                self._check_loss(roots)
             if manual is not None:
                 rec.pending.put("carried", None, manual)
                 head = self._rec.backward.grads.head()
@@ -234,6 +247,26 @@ class GradLedger:
         if loss is not None and scale is not None:
             loss = loss / scale
         pending.capture(loss, restart=fresh or bool(on), keep_first=rec.clock.in_closure)
+
+    def _check_loss(self, roots: list[Tensor]) -> None:
+        """One of the first backward passes that reached the model: an activation between its logits and a loss
+        that normalises them itself is noted in the coverage, with the layer whose output it is (or, for a
+        functional activation, the layer whose output it took)."""
+        rec = self._rec
+        self._loss_checks -= 1
+        graph = loss_graph.read(roots)  # no roots (a backward pass from a given gradient, not a loss): nothing
+        if graph.loss and not rec.coverage.classifier_loss:
+            first = rec.forward.input_layer()
+            rec.coverage.classifier_loss = graph.loss
+            rec.coverage.input_layer_normalizes = first is not None and first.normalizes
+        found = graph.activated
+        nodes = rec.forward.nodes or {}
+        if found is not None:
+            layer = nodes.get(found.node) or nodes.get(found.below, "")
+            rec.coverage.activated_loss = (found.activation, found.loss, layer, rec.pending.data.step)
+            self._loss_checks = 0
+        if not self._loss_checks:
+            rec.forward.nodes = None
 
     # --- optimizer steps ----------------------------------------------------------------------------------
 

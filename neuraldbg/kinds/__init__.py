@@ -18,6 +18,7 @@ from ..detectors.base import Detector
 from ..events import describe_events_with
 from ..reasoning.rules import LOSS_RELATION, SETS_OFF, CausalRule, ShowsInTheLoss, SurgeSetsOff
 from . import (
+    activation_before_loss,
     dead_neurons,
     degenerate_loss,
     eval_mode_training,
@@ -35,6 +36,7 @@ from . import (
     registry,
     saturated_activations,
     stalled_updates,
+    unnormalised_inputs,
     unstable_loss,
     vanishing_gradients,
 )
@@ -57,6 +59,8 @@ BUILTIN: tuple[Kind, ...] = (
     degenerate_loss.DegenerateLoss(),
     eval_mode_training.EvalModeTraining(),
     gradients_not_zeroed.GradientsNotZeroed(),
+    activation_before_loss.ActivationBeforeLoss(),
+    unnormalised_inputs.UnnormalisedInputs(),
     loss_scale_collapse.LossScaleCollapse(),
     loss_at_chance.LossAtChance(),
     unstable_loss.UnstableLoss(),

@@ -147,7 +147,8 @@ class Kind:
         return []
 
     def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
-        """For a run-level kind: its finding over what was observed of the run so far, or None."""
+        """For a run-level kind: its finding over what was observed of the run so far, or None. A layer kind that
+        overrides it is asked too (a judgement of the whole run besides its layers' states)."""
         return None
 
     # --- where it stands ---------------------------------------------------------------------------------

@@ -121,14 +121,10 @@ def finding(coverage: Coverage, config: DebugConfig) -> tuple[str, Curve] | None
     finding at most. None also while the learning rate is still warming up (rising), for a run attached after its
     optimizer had stepped (a flat loss may be a converged one), and when the gradients were exactly zero (a
     degenerate loss, its own room's)."""
-    curve = read(coverage, config)
-    zeros, readings = coverage.zero_gradient_readings, coverage.gradient_readings
-    if curve is None or (readings and 2 * zeros >= readings):
+    curve = judged(coverage, config)
+    if curve is None:
         return None
     facts = coverage.training
-    lr0, lr1 = facts.median("lr", 0.0, 0.1), facts.median("lr", 0.9, 1.0)
-    if math.isfinite(lr0) and math.isfinite(lr1) and lr1 > 1.5 * lr0:
-        return None  # a warm-up still under way: the run has not yet trained at its learning rate
     clip = facts.median("clip")
     # enough training to judge a loss that stays where it began: the updates added up to the size of the weights,
     # unless clipping to a tiny norm is why they did not (a smoke run at a small learning rate is inconclusive)
@@ -142,6 +138,21 @@ def finding(coverage: Coverage, config: DebugConfig) -> tuple[str, Curve] | None
     if curve.verdict == "flat" and trained and not coverage.warm_start:
         return "loss_not_decreasing", curve
     return None
+
+
+def judged(coverage: Coverage, config: DebugConfig) -> Curve | None:
+    """The run's curve (:func:`read`) when it can say how the run trained: None also while the learning rate is
+    still warming up (rising: the run has not yet trained at its learning rate) and when the gradients were
+    exactly zero on half the readings or more (a degenerate loss, its own room's)."""
+    curve = read(coverage, config)
+    zeros, readings = coverage.zero_gradient_readings, coverage.gradient_readings
+    if curve is None or (readings and 2 * zeros >= readings):
+        return None
+    facts = coverage.training
+    lr0, lr1 = facts.median("lr", 0.0, 0.1), facts.median("lr", 0.9, 1.0)
+    if math.isfinite(lr0) and math.isfinite(lr1) and lr1 > 1.5 * lr0:
+        return None
+    return curve
 
 
 def converged(coverage: Coverage, curve: Curve) -> bool:

@@ -16,21 +16,63 @@ decays to nothing while watched); updates that were that small from the first ob
 run was already in (late training, small gradients), which the debugger did not see begin. Root: after vanishing
 gradients, which stall updates by themselves under SGD. Config:
 ``stalled_ratio``, ``fit_gradient_drop``, ``fit_loss_drop``.
+
+**A run too small to train** (:meth:`StalledUpdates.run_finding`): each step may move the weights by more than
+``stalled_ratio`` and the run still stall, when its steps add up to almost nothing. Judged over the whole run from its
+loss curve (:mod:`.loss_evidence`, the runs it is judged on) and the model's update/weight ratios ||dW||/||W||: the
+ratios of the run's steps add up to less than :data:`RUN_SHARE` of ``loss_trained`` (the weights moved by a few
+percent of their norm in all), while the loss shows that the model has not trained: it stayed at chance (log of the
+classes), it is flat, or its second half still fell by :data:`STILL_FALLING` of its whole fall or more (no plateau
+in sight). A learning rate far too low, or clipping to a tiny norm under SGD, does that; a fit that converged
+(its loss fell a hundredfold, or its gradients did) or a run met mid-training is not judged.
 """
 
 from __future__ import annotations
 
 import math
 
+from ..capture.coverage import Coverage, RunFacts
 from ..config import DebugConfig
 from ..detectors.base import Detector, Finding, FitProgress, Observation, StepView, strength
 from ..events import EventType, FailureKind, SemanticEvent
 from ..health import UpdateHealth
 from ..reasoning.topology import Topology
 from ..text import num
-from .base import Check, Kind, RootLane, Series, held
+from . import loss_evidence
+from .base import Check, Kind, RootLane, Series, held, run_event
 
 KIND = FailureKind.STALLED_UPDATES
+
+#: A run whose update/weight ratios add up to less than this share of ``loss_trained`` moved its weights too little
+#: to train (calibrated on the real-programs benchmark: healthy programs add up to 0.48-18, learning rates 50-1000x
+#: too low and SGD clipped to 1e-4 to 0.017-0.024).
+RUN_SHARE = 0.1
+#: A loss still falling at the end: its second half fell by at least this share of its fall over the whole run (a
+#: steady fall gives about 0.4; a fit nearing its plateau 0.2 or less).
+STILL_FALLING = 0.3
+
+
+def undertrained(coverage: Coverage, config: DebugConfig) -> tuple[str, loss_evidence.Curve] | None:
+    """How the loss shows that a run whose updates added up to almost nothing did not train (``"chance"``,
+    ``"flat"`` or ``"falling"``), with its curve; None when it does not (see the module docstring)."""
+    curve = loss_evidence.judged(coverage, config)
+    if curve is None or coverage.warm_start or not curve.trained < RUN_SHARE * config.loss_trained:
+        return None
+    if loss_evidence.converged(coverage, curve):
+        return None
+    if curve.at_chance:
+        return "chance", curve
+    if curve.verdict == "flat":
+        return "flat", curve
+    first, last = curve.second_half
+    fall = curve.start.mean - curve.end.mean
+    if curve.verdict == "fell" and not curve.stopped and first - last >= STILL_FALLING * fall:
+        return "falling", curve
+    return None
+
+
+#: The ``shape`` metric of a run too small to train.
+SHAPES = {"chance": 1.0, "flat": 2.0, "falling": 3.0}
 
 
 class StalledDetector(Detector):
@@ -92,6 +134,30 @@ class StalledUpdates(Kind):
     def detectors(self, config: DebugConfig) -> list[Detector]:
         return [StalledDetector()]
 
+    def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
+        found = undertrained(coverage, facts.config)
+        if found is None:
+            return None
+        shape, curve = found
+        training = coverage.training
+        metrics = {
+            "run_updates": curve.trained,
+            "median_update_ratio": training.median("update_ratio"),
+            "lr": training.median("lr"),
+            "clip": training.median("clip"),
+            "steps": float(coverage.stepped_steps or coverage.steps),
+            "start": curve.start.mean,
+            "end": curve.end.mean,
+            "noise": curve.noise,
+            "half_from": curve.second_half[0],
+            "half_to": curve.second_half[1],
+            "shape": SHAPES[shape],
+        }
+        if curve.chance is not None:
+            metrics.update(chance=curve.chance, classes=float(curve.classes))
+        finite = {k: v for k, v in metrics.items() if math.isfinite(v)}
+        return run_event(KIND, curve.start.first, curve.end.last, "", **finite)
+
     def lane(self, event: SemanticEvent) -> RootLane | None:
         return RootLane(7)
 
@@ -100,6 +166,8 @@ class StalledUpdates(Kind):
     ) -> tuple[str, str]:
         median = root.metrics.get("median_update_ratio", 0.0)
         lr = root.metrics.get("lr")
+        if "run_updates" in root.metrics:
+            return _explain_run(root.metrics)
         if median == 0.0:
             what = (
                 f"Stalled updates: no parameter changes at all {held(root, topo)}"
@@ -123,6 +191,10 @@ class StalledUpdates(Kind):
         return what, fix
 
     def describe(self, event: SemanticEvent) -> str:
+        if "run_updates" in event.metrics:
+            return (
+                f"updates too small to train (the run's add up to {num(event.metrics['run_updates'])} of the weights)"
+            )
         ratio = event.metrics.get("median_update_ratio", 0.0)
         if ratio == 0.0:
             return "no parameter moves at all"
@@ -134,3 +206,44 @@ class StalledUpdates(Kind):
 
     def effect(self, event: SemanticEvent) -> str:
         return "stalled updates"
+
+
+def _explain_run(m: dict[str, float]) -> tuple[str, str]:
+    """The words of a run too small to train (see :meth:`StalledUpdates.run_finding`)."""
+    total, steps = m.get("run_updates", 0.0), int(m.get("steps", 0.0))
+    median = m.get("median_update_ratio")
+    per_step = f" (a median update/weight ratio ||dW||/||W|| of {num(median)} per step)" if median is not None else ""
+    lr = m.get("lr")
+    lr_text = f" at learning rate {num(lr)}" if lr is not None else ""
+    shape = m.get("shape", 0.0)
+    start, end = m.get("start", 0.0), m.get("end", 0.0)
+    if shape == SHAPES["chance"]:
+        loss = (
+            f"the loss stayed at chance ({num(start)} to {num(end)}, log({int(m.get('classes', 0.0))}) = "
+            f"{num(m.get('chance', 0.0))}): the model learned nothing"
+        )
+    elif shape == SHAPES["flat"]:
+        loss = f"the loss did not fall ({num(start)} to {num(end)}, within its batch-to-batch spread)"
+    else:
+        loss = (
+            f"the loss was still falling at the end at its pace of the whole run ({num(start)} to {num(end)}; "
+            f"{num(m.get('half_from', end))} to {num(m.get('half_to', end))} over its second half): the run ended "
+            "long before it could settle"
+        )
+    what = (
+        f"Stalled updates over the whole run{lr_text}: over {steps} steps the updates added up to {num(total)} of "
+        f"the weights' norm{per_step}, and {loss}. Each step moved the weights, but the steps were too small for "
+        "this run to train."
+    )
+    clip = m.get("clip")
+    if clip is not None and clip >= loss_evidence.TINY_CLIP:
+        fix = (
+            f"raise max_norm of clip_grad_norm_ (it made the gradients {num(clip)} times smaller; 1.0 is usual) or "
+            "remove the clipping."
+        )
+    else:
+        fix = (
+            "raise the learning rate (10x at a time, watching that the loss still falls), or train for many more "
+            "steps; with clip_grad_norm_ check that max_norm is not far below the gradients' norm."
+        )
+    return what, fix

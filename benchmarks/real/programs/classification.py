@@ -116,7 +116,7 @@ MLP = Program(
             "loss_function",
             "softmax on the logits before CrossEntropyLoss",
             {"loss": "softmax_ce"},
-            K.WRONG_LOSS,
+            K.SOFTMAX_BEFORE_CE,
         ),
         Variant(
             "mse_on_class_index",

@@ -1,0 +1,118 @@
+"""What the loss's autograd graph says about the model output it was computed from: whether the loss normalises
+logits itself (``cross_entropy`` and ``nll_loss`` after ``log_softmax``, ``binary_cross_entropy_with_logits``: a
+classifier's loss), and whether it was given values an activation already squashed or cut (a softmax, a ReLU, a
+sigmoid) instead of raw logits.
+
+Read from the graph's node types alone, once a backward pass that reached the model is done (the loss still holds
+its graph): a walk of at most :data:`BUDGET` nodes from the loss towards the model, which stops at the first such
+loss node and looks through the nodes that only reshape a tensor (a view, a transpose, ``contiguous``) to the node
+that produced its input. No tensor value is read and nothing runs on the device. The node objects are compared by
+identity only while the graph is alive, never kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+#: Graph nodes looked at from the loss, at most (a loss node is a few nodes from the loss: a mean, a weight).
+BUDGET = 64
+#: Nodes that take logits and normalise them themselves: the loss function they belong to.
+NORMALISING = {
+    "LogSoftmaxBackward0": "cross_entropy / nll_loss(log_softmax)",
+    "BinaryCrossEntropyWithLogitsBackward0": "binary_cross_entropy_with_logits",
+}
+#: Nodes whose output is what their input was, reshaped or copied (looked through).
+_SHAPE_ONLY = frozenset(
+    {
+        "ViewBackward0",
+        "UnsafeViewBackward0",
+        "ReshapeAliasBackward0",
+        "TransposeBackward0",
+        "TransposeBackward1",
+        "PermuteBackward0",
+        "SqueezeBackward0",
+        "SqueezeBackward1",
+        "SqueezeBackward2",
+        "UnsqueezeBackward0",
+        "CloneBackward0",
+        "ToCopyBackward0",
+        "AliasBackward0",
+        "ExpandBackward0",
+        "SelectBackward0",
+        "SliceBackward0",
+    }
+)
+#: Activations whose output is no logit: what each does to it.
+ACTIVATIONS = {
+    "SoftmaxBackward0": "softmax",
+    "ReluBackward0": "ReLU",
+    "SigmoidBackward0": "sigmoid",
+}
+#: Reshaping nodes looked through, at most.
+_HOPS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class ActivatedInput:
+    """A loss that normalises its input, given an activation's output. ``node`` and ``below`` are the identities
+    of the activation's graph node and of the node of its input (to name the layers whose outputs they are)."""
+
+    loss: str
+    activation: str
+    node: int
+    below: int
+
+
+@dataclass(frozen=True, slots=True)
+class LossGraph:
+    """What one backward call's graph says: the loss that normalises logits it found (``""``: none), and the
+    activation before it, if any."""
+
+    loss: str
+    activated: ActivatedInput | None
+
+
+def read(losses: list[Tensor]) -> LossGraph:
+    """The first loss node that normalises logits, from ``losses`` (the roots of one backward call), and the
+    activation between it and the model's logits (see the module docstring)."""
+    queue = [t.grad_fn for t in losses if t.grad_fn is not None]
+    seen = {id(n) for n in queue}
+    looked = 0
+    first = ""
+    while queue and looked < BUDGET:
+        node = queue.pop(0)
+        looked += 1
+        name = type(node).__name__
+        if name in NORMALISING:
+            first = first or NORMALISING[name]
+            found = _producer(node)
+            if found is not None:
+                kind = ACTIVATIONS.get(type(found).__name__)
+                if kind is not None:
+                    return LossGraph(
+                        NORMALISING[name], ActivatedInput(NORMALISING[name], kind, id(found), id(_first_input(found)))
+                    )
+            continue  # the model lies below this loss node: nothing further up is the loss's
+        for nxt, _ in node.next_functions:
+            if nxt is not None and id(nxt) not in seen:
+                seen.add(id(nxt))
+                queue.append(nxt)
+    return LossGraph(first, None)
+
+
+def _first_input(node: object) -> object:
+    """The node of ``node``'s first input (None when it has none, or a leaf's)."""
+    inputs = getattr(node, "next_functions", ())
+    return inputs[0][0] if inputs else None
+
+
+def _producer(node: object) -> object:
+    """The node that produced the input of ``node``, looking through nodes that only reshape it."""
+    found = _first_input(node)
+    for _ in range(_HOPS):
+        if found is None or type(found).__name__ not in _SHAPE_ONLY:
+            break
+        found = _first_input(found)
+    return found

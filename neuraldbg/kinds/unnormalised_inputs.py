@@ -1,0 +1,85 @@
+"""Unnormalised inputs to a classifier: the input batch's root-mean-square is :data:`INPUT_RMS` or more (0-255
+pixels give about 100) while the model's loss normalises logits itself (cross-entropy: a classifier, whose logits
+must come out near unit scale), and the first layer the input meets is no normalisation layer.
+
+Its first layer must then absorb the input's scale: its pre-activations and weight gradients are that many times
+larger (and, without a normalisation further on, the logits at initialisation: a first cross-entropy of 6
+log(classes) in the real-programs benchmark's MLP), and its updates must undo the scale before they learn the
+task. Judged on the input of the fully observed steps of the first quarter of the run (see
+:class:`~neuraldbg.stats.training.TrainingFacts`) and on the loss's autograd
+graph (:mod:`neuraldbg.capture.loss_graph`). A model whose output is on its input's scale (super-resolution,
+style transfer on 0-255 images, a regression on raw values) is not a classifier and is not judged here; a model
+that begins with a normalisation layer (BatchNorm1d on raw tabular features) normalises its inputs itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..capture.coverage import Coverage, RunFacts
+from ..events import FailureKind, SemanticEvent
+from ..reasoning.topology import Topology
+from ..text import num
+from .base import LAST_RANK, Kind, RootLane, Series, run_event
+
+KIND = FailureKind.UNNORMALISED_INPUTS
+
+#: An input batch whose root-mean-square is at least this is far from unit scale (standardised data: about 1;
+#: pixels scaled to 0-1: 0.3-0.6; raw 0-255 pixels: 50-130; the real-programs benchmark's healthy classifiers: at
+#: most 1.0).
+INPUT_RMS = 20.0
+
+
+class UnnormalisedInputs(Kind):
+    name = KIND.value
+    title = "unnormalised inputs"
+    run_level = True
+
+    def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
+        if not coverage.classifier_loss or coverage.input_layer_normalizes:
+            return None
+        training = coverage.training
+        rms = training.median("input_rms", 0.0, 0.25)
+        if not (math.isfinite(rms) and rms >= INPUT_RMS):
+            return None
+        first = training.rows[0].step if training.rows else 0
+        return run_event(
+            KIND, first, max(first, coverage.last_step), coverage.classifier_loss, input_rms=rms, limit=INPUT_RMS
+        )
+
+    def lane(self, event: SemanticEvent) -> RootLane | None:
+        # after every fault of a layer, before the loss findings it explains
+        return RootLane(LAST_RANK, order=0) if event.kind is self.kind else None
+
+    def set_off_by_surge(self, root: SemanticEvent) -> bool:
+        return False  # a data problem
+
+    def place(self, event: SemanticEvent) -> str:
+        return "the input batch"
+
+    def explain(
+        self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
+    ) -> tuple[str, str]:
+        rms = root.metrics.get("input_rms", 0.0)
+        what = (
+            f"Unnormalised inputs: the input batch's root-mean-square is {num(rms)} (normalised data is about 1; "
+            f"0-255 pixels give about 100) from step {root.step_start}, fed to a classifier (its loss, "
+            f"{root.detail or 'cross-entropy'}, expects logits near unit scale) whose first layer is no "
+            f"normalisation layer. That layer's pre-activations and weight gradients are about {num(rms)} times "
+            "larger than on normalised data, and its updates must first undo the input's scale before they learn "
+            "the task."
+        )
+        fix = (
+            "normalise the inputs: scale pixels to 0-1 (ToTensor()) and standardise them (Normalize(mean, std)); "
+            "standardise tabular features with the training set's mean and standard deviation."
+        )
+        return what, fix
+
+    def describe(self, event: SemanticEvent) -> str:
+        return f"unnormalised (root-mean-square {num(event.metrics.get('input_rms', 0.0))})"
+
+    def label(self, event: SemanticEvent) -> str:
+        return f"inputs rms {num(event.metrics.get('input_rms', 0.0))}"
+
+    def effect(self, event: SemanticEvent) -> str:
+        return "unnormalised inputs"
