@@ -143,7 +143,7 @@ COMMANDS = {
     # README: the set-up commands, and the plugin's quick start
     "python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e . && .venv/bin/neuraldbg demo": "neuraldbg",
     (
-        'python3 -m venv .venv && .venv/bin/pip install -q --no-compile torch==2.13.0 -e ".[test]"'
+        'python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 -e ".[test]"'
         " && .venv/bin/python -m pytest -n auto"
     ): "ci",
     "python -m pytest tests/test_training.py --neuraldbg-gate": "runs a test file",
