@@ -79,8 +79,9 @@ class GradientReader:
             self.captured = True
 
     def check_finite(self) -> None:
-        """A cheap step's look at what the optimizer receives: the largest magnitude of each parameter's gradient,
-        one batched reduction, moved to the host at the next flush with the step's other readings (no sync now).
+        """A cheap step's look at what the optimizer receives: for each parameter's gradient a probe that is inf or
+        NaN exactly when the gradient holds one (:func:`~neuraldbg.stats.tensors.device_finite_probes`), one batched
+        reduction, moved to the host at the next flush with the step's other readings (no sync now).
         An inf or NaN there files that gradient as non-finite at this very step (see
         :func:`~neuraldbg.capture.pending.assign`), so it is dated where it happened, not at the next fully observed
         step."""
@@ -88,8 +89,8 @@ class GradientReader:
         if not with_grad:
             return
         pending = self._rec.pending
-        for (name, _, grad), largest in zip(with_grad, stats.device_largest_magnitudes([g for _, _, g in with_grad])):
-            pending.put("grad_check", name, largest, grad.numel())
+        for (name, _, grad), probe in zip(with_grad, stats.device_finite_probes([g for _, _, g in with_grad])):
+            pending.put("grad_check", name, probe, grad.numel())
 
     def capture(self, loss_scale: float = 1.0) -> None:
         """A fully observed step's gradient statistics. Read again at the optimizer step when first read at the end

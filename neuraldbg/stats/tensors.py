@@ -222,17 +222,24 @@ def _grouped_norms(tensors: Sequence[Tensor]) -> list[Tensor]:
     return [r for r in out if r is not None]
 
 
-def device_largest_magnitudes(tensors: Sequence[Tensor]) -> list[Tensor]:
-    """:func:`largest_magnitudes` left on the device (0-d tensors, read at a flush): one
-    ``torch._foreach_norm(..., inf)`` per device and dtype; inf or NaN exactly when the tensor holds an inf or a NaN
-    (an L2 norm overflows on large finite values). Every tensor must be plain and strided (see :func:`dense`)."""
+def device_finite_probes(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """One 0-d tensor per tensor, left on the device (read at a flush), that is inf or NaN exactly when the tensor
+    holds an inf or a NaN (NaN when it holds a NaN): one ``torch._foreach_norm`` per device and dtype. Floats of 32
+    bits or fewer take the L2 norm accumulated in float64, where no finite value can overflow (3.4e38 squared is
+    1.2e77), about eight times cheaper on a CPU than the largest magnitude (``ord=inf``, which float64 tensors
+    keep: their squares can overflow). Every tensor must be plain and strided (see :func:`dense`)."""
     out: list[Tensor | None] = [None] * len(tensors)
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for i, t in enumerate(tensors):
         groups.setdefault((t.device, t.dtype), []).append(i)
     with torch.no_grad():
-        for idx in groups.values():
-            for i, r in zip(idx, torch._foreach_norm([tensors[i] for i in idx], math.inf)):
+        for (_, dtype), idx in groups.items():
+            group = [tensors[i] for i in idx]
+            if dtype.is_floating_point and dtype.itemsize <= 4:
+                probes = torch._foreach_norm(group, 2, dtype=torch.float64)
+            else:
+                probes = torch._foreach_norm(group, math.inf)
+            for i, r in zip(idx, probes):
                 out[i] = r
     return [r for r in out if r is not None]
 
