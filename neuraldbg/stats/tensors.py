@@ -7,7 +7,7 @@ batch of them in one transfer (one ``.tolist()`` per device), never one ``.item(
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter, methodcaller
 
 import torch
@@ -200,26 +200,41 @@ def norms(tensors: Sequence[Tensor]) -> list[Tensor]:
         _set_grad_enabled(grad)
 
 
-def _grouped_norms(tensors: Sequence[Tensor]) -> list[Tensor]:
+def _by_device_and_dtype(
+    tensors: Sequence[Tensor], reduce: Callable[[torch.dtype, list[Tensor]], Sequence[Tensor]]
+) -> list[Tensor]:
+    """``reduce(dtype, group)`` on each group of tensors sharing a device and a dtype, one result per tensor,
+    returned in the order of ``tensors``."""
     out: list[Tensor | None] = [None] * len(tensors)
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for i, t in enumerate(tensors):
         groups.setdefault((t.device, t.dtype), []).append(i)
     for (_, dtype), idx in groups.items():
-        group = [tensors[i] for i in idx]
-        result: Sequence[Tensor]
-        if dtype in _LOW_PRECISION:
-            result = torch._foreach_norm(group, 2, dtype=torch.float32)
-        elif dtype == torch.float32:
-            result = torch._foreach_norm(group)
-        else:  # float64, complex, integer: one by one (a complex norm is real)
-            result = [
-                torch.linalg.vector_norm(t.float() if not t.is_floating_point() and not t.is_complex() else t).float()
-                for t in group
-            ]
-        for i, r in zip(idx, result):
+        for i, r in zip(idx, reduce(dtype, [tensors[i] for i in idx])):
             out[i] = r
     return [r for r in out if r is not None]
+
+
+def _norms_of_group(dtype: torch.dtype, group: list[Tensor]) -> Sequence[Tensor]:
+    if dtype in _LOW_PRECISION:
+        return torch._foreach_norm(group, 2, dtype=torch.float32)
+    if dtype == torch.float32:
+        return torch._foreach_norm(group)
+    # float64, complex, integer: one by one (a complex norm is real)
+    return [
+        torch.linalg.vector_norm(t.float() if not t.is_floating_point() and not t.is_complex() else t).float()
+        for t in group
+    ]
+
+
+def _grouped_norms(tensors: Sequence[Tensor]) -> list[Tensor]:
+    return _by_device_and_dtype(tensors, _norms_of_group)
+
+
+def _finite_probes_of_group(dtype: torch.dtype, group: list[Tensor]) -> Sequence[Tensor]:
+    if dtype.is_floating_point and dtype.itemsize <= 4:
+        return torch._foreach_norm(group, 2, dtype=torch.float64)
+    return torch._foreach_norm(group, math.inf)
 
 
 def device_finite_probes(tensors: Sequence[Tensor]) -> list[Tensor]:
@@ -228,20 +243,8 @@ def device_finite_probes(tensors: Sequence[Tensor]) -> list[Tensor]:
     bits or fewer take the L2 norm accumulated in float64, where no finite value can overflow (3.4e38 squared is
     1.2e77), about eight times cheaper on a CPU than the largest magnitude (``ord=inf``, which float64 tensors
     keep: their squares can overflow). Every tensor must be plain and strided (see :func:`dense`)."""
-    out: list[Tensor | None] = [None] * len(tensors)
-    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    for i, t in enumerate(tensors):
-        groups.setdefault((t.device, t.dtype), []).append(i)
     with torch.no_grad():
-        for (_, dtype), idx in groups.items():
-            group = [tensors[i] for i in idx]
-            if dtype.is_floating_point and dtype.itemsize <= 4:
-                probes = torch._foreach_norm(group, 2, dtype=torch.float64)
-            else:
-                probes = torch._foreach_norm(group, math.inf)
-            for i, r in zip(idx, probes):
-                out[i] = r
-    return [r for r in out if r is not None]
+        return _by_device_and_dtype(tensors, _finite_probes_of_group)
 
 
 def host_norm(t: Tensor) -> float | None:
