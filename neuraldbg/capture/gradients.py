@@ -80,17 +80,30 @@ class GradientReader:
 
     def check_finite(self) -> None:
         """A cheap step's look at what the optimizer receives: for each parameter's gradient a probe that is inf or
-        NaN exactly when the gradient holds one (:func:`~neuraldbg.stats.tensors.device_finite_probes`), one batched
-        reduction, moved to the host at the next flush with the step's other readings (no sync now).
-        An inf or NaN there files that gradient as non-finite at this very step (see
-        :func:`~neuraldbg.capture.pending.assign`), so it is dated where it happened, not at the next fully observed
-        step."""
+        NaN exactly when the gradient holds one (:func:`~neuraldbg.stats.tensors.device_finite_probes`), and their
+        sum, non-finite exactly when one of them is, filed with the probes as its key: read at the next flush with
+        the step's other readings (no sync now), the probes only when it is not finite. On a CPU (host reads cost
+        no sync) the cheapest norms, summed and read at once, say first whether every gradient is surely finite
+        (:func:`~neuraldbg.stats.tensors.surely_finite`); only when not are the probes taken. So a step costs one
+        reduction per tensor and one reading, whatever the number of parameters. An inf or NaN files that
+        gradient as non-finite at this very step (see :func:`~neuraldbg.capture.pending.assign`), so it is dated
+        where it happened, not at the next fully observed step."""
         with_grad, _ = measure.readable(self.params)  # unreadable gradients are reported by the full steps
         if not with_grad:
             return
         pending = self._rec.pending
-        for (name, _, grad), probe in zip(with_grad, stats.device_finite_probes([g for _, _, g in with_grad])):
-            pending.put("grad_check", name, probe, grad.numel())
+        grads = [g for _, _, g in with_grad]
+        on_host = self._fwd.host_reads_are_free and all(g.is_cpu for g in grads)
+        if on_host and stats.surely_finite(grads):
+            return
+        probes = stats.device_finite_probes(grads)
+        total = None if on_host else stats.probe_sum(probes)
+        if total is None:  # a closer look on a CPU, or probes on several devices: each probe filed on its own
+            for (name, _, grad), probe in zip(with_grad, probes):
+                pending.put("grad_check", name, probe, grad.numel())
+            return
+        checked = [(name, grad.numel()) for name, _, grad in with_grad]
+        pending.put("grad_checks", (checked, probes), total)
 
     def capture(self, loss_scale: float = 1.0) -> None:
         """A fully observed step's gradient statistics. Read again at the optimizer step when first read at the end

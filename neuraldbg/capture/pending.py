@@ -27,6 +27,7 @@ _SCALED = frozenset(
         "weight",
         "before",
         "grad_check",
+        "grad_checks",
         "output_dead_pulled",
     }
 )
@@ -286,6 +287,16 @@ def _grad_check(data: StepData, key: Any, extra: float, value: float) -> None:
         data.grad_nonfinite.add(key)
 
 
+def _grad_checks(data: StepData, key: Any, extra: float, value: float) -> None:
+    # the sum of a device step's gradient probes; ``key``: (name, element count) of each gradient, and its probe.
+    # Only when the sum is not finite are the probes read (a second transfer, at the flush, in that step alone)
+    if math.isfinite(value) or data.skipped:
+        return
+    checked, probes = key
+    for (name, numel), probe in zip(checked, stats.to_host(probes)):
+        _grad_check(data, name, numel, probe)
+
+
 def _out_grad(data: StepData, key: Any, extra: float, value: float) -> None:
     old = data.out_grad.get(key)
     data.out_grad[key] = value if old is None else merge_max(old, value)
@@ -328,6 +339,7 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "input_numel": _input_numel,
     "units": _units,
     "grad_check": _grad_check,
+    "grad_checks": _grad_checks,
     "out_grad": _out_grad,
     "delta": _delta,
     "weight": _weight,

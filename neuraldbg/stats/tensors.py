@@ -247,6 +247,40 @@ def device_finite_probes(tensors: Sequence[Tensor]) -> list[Tensor]:
         return _by_device_and_dtype(tensors, _finite_probes_of_group)
 
 
+def _native_norms(dtype: torch.dtype, group: list[Tensor]) -> Sequence[Tensor]:
+    if dtype in _LOW_PRECISION:
+        return torch._foreach_norm(group, 2, dtype=torch.float32)
+    return torch._foreach_norm(group)
+
+
+def surely_finite(tensors: Sequence[Tensor]) -> bool:
+    """True when every CPU tensor surely holds only finite values: the sum of their L2 norms, in their own
+    precision (the cheapest reduction a CPU has, one per tensor), read at once, is finite. False says only "look
+    closer": a norm of finite float32 values overflows above 1.8e19 (use :func:`device_finite_probes` then, which
+    cannot). Every tensor must be plain, strided and on the CPU."""
+    if not tensors:
+        return True
+    with torch.no_grad():
+        norms = _by_device_and_dtype(tensors, _native_norms)
+        total = norms[0] if len(norms) == 1 else torch.stack(norms).sum()
+        return math.isfinite(float(total))
+
+
+def probe_sum(probes: Sequence[Tensor]) -> Tensor | None:
+    """The sum of :func:`device_finite_probes`' probes as one 0-d tensor, non-finite exactly when one of them is
+    (a sum of finite probes can overflow only past float64's range: then the probes themselves are read, and are
+    finite). None when they lie on several devices."""
+    if not probes:
+        return None
+    with torch.no_grad():
+        if len(probes) == 1:
+            return probes[0]
+        try:
+            return torch.stack(list(probes)).sum()
+        except RuntimeError:  # several devices
+            return None
+
+
 def host_norm(t: Tensor) -> float | None:
     """The L2 norm of a tensor as a Python float (a host read: on a GPU, a sync; used on CPU tensors); None when its
     values cannot be read here (see :func:`dense`; a sparse tensor is read through its values). A half-precision
