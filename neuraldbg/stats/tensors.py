@@ -247,23 +247,26 @@ def device_finite_probes(tensors: Sequence[Tensor]) -> list[Tensor]:
         return _by_device_and_dtype(tensors, _finite_probes_of_group)
 
 
-def _native_norms(dtype: torch.dtype, group: list[Tensor]) -> Sequence[Tensor]:
-    if dtype in _LOW_PRECISION:
-        return torch._foreach_norm(group, 2, dtype=torch.float32)
-    return torch._foreach_norm(group)
+#: Up to this many norms are summed on the host (a CPU read each costs less than a stack and a sum).
+_HOST_SUM = 8
 
 
 def surely_finite(tensors: Sequence[Tensor]) -> bool:
-    """True when every CPU tensor surely holds only finite values: the sum of their L2 norms, in their own
-    precision (the cheapest reduction a CPU has, one per tensor), read at once, is finite. False says only "look
-    closer": a norm of finite float32 values overflows above 1.8e19 (use :func:`device_finite_probes` then, which
-    cannot). Every tensor must be plain, strided and on the CPU."""
+    """True when every CPU tensor surely holds only finite values: the sum of their L2 norms (:func:`norms`: the
+    cheapest reduction a CPU has, one per tensor), read at once, is finite. False says only "look closer": a norm
+    of finite float32 values overflows above 1.8e19 (use :func:`device_finite_probes` then, which cannot). Every
+    tensor must be plain, strided and on the CPU."""
     if not tensors:
         return True
-    with torch.no_grad():
-        norms = _by_device_and_dtype(tensors, _native_norms)
-        total = norms[0] if len(norms) == 1 else torch.stack(norms).sum()
-        return math.isfinite(float(total))
+    found = norms(tensors)
+    if len(found) <= _HOST_SUM:
+        return math.isfinite(sum(float(n) for n in found))
+    grad = torch.is_grad_enabled()
+    _set_grad_enabled(False)
+    try:
+        return math.isfinite(float(torch.stack(found).sum()))
+    finally:
+        _set_grad_enabled(grad)
 
 
 def probe_sum(probes: Sequence[Tensor]) -> Tensor | None:
