@@ -150,9 +150,29 @@ class Coverage:
     # (activation, loss, layer, step), layer "" when no watched layer's output is it or its input
     activated_loss: tuple[str, str, str, int] | None = None
     classifier_loss: str = ""  # the loss normalises logits itself (cross_entropy, ...): the model is a classifier
+    # the profile of a mean squared error's target on one value per sample over the first backward passes
+    # (capture/loss_graph.py): (all integers 1.0/0.0, smallest, largest, mean variance); () when no such loss
+    regression_target: tuple[float, ...] = ()
+    _regression_profiles: int = 0
     input_layer_normalizes: bool = False  # the first layer the input meets is a normalisation layer
     losses: LossTrace = field(default_factory=LossTrace)  # the loss of each step (observe_loss or recorded)
     training: TrainingFacts = field(default_factory=TrainingFacts)  # update ratios, weights, inputs, ...
+
+    def _profile(self, found: list[float]) -> None:
+        """Merge one profile of a regression target: integers only if all were, the widest range, the mean of
+        the variances (one batch's variance is a noisy estimate of the target's)."""
+        n = self._regression_profiles
+        if not n:
+            self.regression_target = tuple(found)
+        else:
+            integer, low, high, variance = self.regression_target
+            self.regression_target = (
+                min(integer, found[0]),
+                min(low, found[1]),
+                max(high, found[2]),
+                (variance * n + found[3]) / (n + 1),
+            )
+        self._regression_profiles = n + 1
 
     def observe(self, record: StepData) -> None:
         """Count one analysed step."""
@@ -161,6 +181,8 @@ class Coverage:
         if record.loss is not None:
             self.last_loss = record.loss
             self.losses.add(record.step, record.loss)
+        if len(record.regression_target) == 4:
+            self._profile(record.regression_target)
         changed = False
         if record.input_numel:
             changed = bool(self._input_numel) and record.input_numel != self._input_numel

@@ -19,6 +19,7 @@ from ..events import describe_events_with
 from ..reasoning.rules import LOSS_RELATION, SETS_OFF, CausalRule, ShowsInTheLoss, SurgeSetsOff
 from . import (
     activation_before_loss,
+    class_index_regression,
     dead_neurons,
     degenerate_loss,
     eval_mode_training,
@@ -61,6 +62,7 @@ BUILTIN: tuple[Kind, ...] = (
     gradients_not_zeroed.GradientsNotZeroed(),
     activation_before_loss.ActivationBeforeLoss(),
     unnormalised_inputs.UnnormalisedInputs(),
+    class_index_regression.ClassIndexRegression(),
     loss_scale_collapse.LossScaleCollapse(),
     loss_at_chance.LossAtChance(),
     unstable_loss.UnstableLoss(),

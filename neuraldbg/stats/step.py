@@ -55,3 +55,6 @@ class StepData:
     optimizers: set[int] = field(default_factory=set)  # ids of the owned optimizers that stepped
     classes: int = 0  # fully observed steps: the last dimension of the model's (logit) output, 0 if none
     probabilities: bool | None = None  # ... of one unit: every output in [0, 1] (a sigmoid's probabilities)
+    # the target of a mean squared error on one value per sample (capture/loss_graph.py), as read at the flush:
+    # [all integers (1.0/0.0), smallest, largest, variance]
+    regression_target: list[float] = field(default_factory=list)

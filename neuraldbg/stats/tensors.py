@@ -144,6 +144,15 @@ def in_unit_interval(t: Tensor) -> Tensor:
     return ((t.amin() >= 0) & (t.amax() <= 1)).float()
 
 
+def target_profile(t: Tensor) -> Tensor:
+    """A regression target's profile as one 1-d float tensor on ``t``'s device: [1.0 when every value is an integer
+    (else 0.0), its smallest value, its largest value, its variance over all elements]. Nothing is read to the
+    host here."""
+    t = t.detach().reshape(-1).float()
+    integer = (t == t.round()).all().float()
+    return torch.stack((integer, t.amin(), t.amax(), t.var(correction=0)))
+
+
 #: Tensor types whose values the reductions read directly.
 _PLAIN = (Tensor, torch.nn.Parameter)
 
