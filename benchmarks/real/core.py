@@ -48,6 +48,7 @@ KINDS = frozenset(
         "activation_before_loss",
         "unnormalised_inputs",
         "class_index_regression",
+        "collapsed_output",
     }
 )
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..config import DebugConfig
 from ..stats.losses import LossTrace
+from ..stats.outputs import OutputScales
 from ..stats.step import StepData
 from ..stats.training import TrainingFacts
 
@@ -157,6 +158,7 @@ class Coverage:
     input_layer_normalizes: bool = False  # the first layer the input meets is a normalisation layer
     losses: LossTrace = field(default_factory=LossTrace)  # the loss of each step (observe_loss or recorded)
     training: TrainingFacts = field(default_factory=TrainingFacts)  # update ratios, weights, inputs, ...
+    outputs: OutputScales = field(default_factory=OutputScales)  # each layer's output scale over the run
 
     def _profile(self, found: list[float]) -> None:
         """Merge one profile of a regression target: integers only if all were, the widest range, the mean of
@@ -210,6 +212,7 @@ class Coverage:
         if record.full:
             self.full_steps += 1
             self.training.observe(record)
+            self.outputs.observe(record)
             if record.grad:
                 self.steps_with_gradient += 1
                 all_zero = all(v == 0.0 for v in record.grad.values())

@@ -20,6 +20,7 @@ from ..reasoning.rules import LOSS_RELATION, SETS_OFF, CausalRule, ShowsInTheLos
 from . import (
     activation_before_loss,
     class_index_regression,
+    collapsed_output,
     dead_neurons,
     degenerate_loss,
     eval_mode_training,
@@ -63,6 +64,7 @@ BUILTIN: tuple[Kind, ...] = (
     activation_before_loss.ActivationBeforeLoss(),
     unnormalised_inputs.UnnormalisedInputs(),
     class_index_regression.ClassIndexRegression(),
+    collapsed_output.CollapsedOutput(),
     loss_scale_collapse.LossScaleCollapse(),
     loss_at_chance.LossAtChance(),
     unstable_loss.UnstableLoss(),
