@@ -70,6 +70,7 @@ class FailureKind(str, metaclass=_Names):
     UNNORMALISED_INPUTS: ClassVar[FailureKind]
     CLASS_INDEX_REGRESSION: ClassVar[FailureKind]
     COLLAPSED_OUTPUT: ClassVar[FailureKind]
+    LABELS_SHIFTED_TWICE: ClassVar[FailureKind]
 
     def __new__(cls, value: str) -> FailureKind:
         found = cls._declared.get(value) if isinstance(value, str) else None
@@ -142,6 +143,7 @@ for _name in (
     "unnormalised_inputs",
     "class_index_regression",
     "collapsed_output",
+    "labels_shifted_twice",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 

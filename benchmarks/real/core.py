@@ -49,6 +49,7 @@ KINDS = frozenset(
         "unnormalised_inputs",
         "class_index_regression",
         "collapsed_output",
+        "labels_shifted_twice",
     }
 )
 

@@ -155,6 +155,10 @@ class Coverage:
     # (capture/loss_graph.py): (all integers 1.0/0.0, smallest, largest, mean variance); () when no such loss
     regression_target: tuple[float, ...] = ()
     _regression_profiles: int = 0
+    # a causal LM that shifts its labels itself, given labels that already are the next input token: the largest
+    # share of such labels over the first forward passes (None: not a causal LM given input_ids and labels)
+    labels_ahead: float | None = None
+    labels_ahead_step: int = 0
     input_layer_normalizes: bool = False  # the first layer the input meets is a normalisation layer
     losses: LossTrace = field(default_factory=LossTrace)  # the loss of each step (observe_loss or recorded)
     training: TrainingFacts = field(default_factory=TrainingFacts)  # update ratios, weights, inputs, ...
@@ -185,6 +189,8 @@ class Coverage:
             self.losses.add(record.step, record.loss)
         if len(record.regression_target) == 4:
             self._profile(record.regression_target)
+        if record.labels_ahead is not None and (self.labels_ahead is None or record.labels_ahead > self.labels_ahead):
+            self.labels_ahead, self.labels_ahead_step = record.labels_ahead, record.step
         changed = False
         if record.input_numel:
             changed = bool(self._input_numel) and record.input_numel != self._input_numel

@@ -160,6 +160,8 @@ class Pending:
                 src.probabilities if dst.probabilities is None else dst.probabilities and src.probabilities
             )
         dst.regression_target = src.regression_target or dst.regression_target
+        if src.labels_ahead is not None:
+            dst.labels_ahead = merge_max(dst.labels_ahead, src.labels_ahead)
         dst.carried = src.carried or dst.carried
         dst.carried_by = src.carried_by or dst.carried_by
         if src.grad_carried is not None:
@@ -234,6 +236,10 @@ def _captured_loss(data: StepData, key: Any, extra: float, value: float) -> None
 
 def _probabilities(data: StepData, key: Any, extra: float, value: float) -> None:
     data.probabilities = value > 0 if data.probabilities is None else data.probabilities and value > 0
+
+
+def _labels_ahead(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.labels_ahead = value if data.labels_ahead is None else max(data.labels_ahead, value)
 
 
 def _regression_target(data: StepData, key: Any, extra: float, value: float) -> None:
@@ -326,6 +332,7 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "captured_loss": _captured_loss,
     "probabilities": _probabilities,
     "regression_target": _regression_target,
+    "labels_ahead": _labels_ahead,
     "carried": _carried,
     "loss_scale": _loss_scale,
     "dead": _dead,

@@ -58,3 +58,5 @@ class StepData:
     # the target of a mean squared error on one value per sample (capture/loss_graph.py), as read at the flush:
     # [all integers (1.0/0.0), smallest, largest, variance]
     regression_target: list[float] = field(default_factory=list)
+    # a causal LM that shifts its labels itself: the share of labels that already are the next input token
+    labels_ahead: float | None = None
