@@ -174,6 +174,26 @@ def test_a_classifier_whose_hidden_layers_shrink_as_it_learns_is_silent():
     assert dbg is not None and not found(dbg), dbg.explain_failure()
 
 
+def test_an_activation_whose_units_died_is_the_dead_units_story():
+    """A ReLU after a Linear whose bias starts at -10: plain torch, every unit is 0 from the first step (its output
+    collapses with them), while the Linear before it keeps its scale; the ReLU holds no parameters."""
+    make = support.classification_batches((32,), 10, batch=64)
+
+    def dead() -> nn.Sequential:
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+        with torch.no_grad():
+            m[2].bias.fill_(-10.0)
+        return m
+
+    scales, _ = train(dead(), make, F.cross_entropy, watched=False)
+    assert scales["3"][0] == 0.0 and max(scales["3"]) == 0.0  # every ReLU unit dead at every step
+    assert ratio(scales["2"]) > 0.5
+    _, dbg = train(dead(), make, F.cross_entropy, watched=True)
+    assert dbg is not None and not found(dbg), dbg.explain_failure()
+    assert any(h.kind.value == "dead_neurons" for h in dbg.hypotheses())
+
+
 def test_a_regression_is_silent():
     make = support.regression_batches(16, batch=64)
     torch.manual_seed(0)
