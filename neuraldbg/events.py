@@ -68,6 +68,9 @@ class FailureKind(str, metaclass=_Names):
     LOSS_AT_CHANCE: ClassVar[FailureKind]
     ACTIVATION_BEFORE_LOSS: ClassVar[FailureKind]
     UNNORMALISED_INPUTS: ClassVar[FailureKind]
+    CLASS_INDEX_REGRESSION: ClassVar[FailureKind]
+    COLLAPSED_OUTPUT: ClassVar[FailureKind]
+    LABELS_SHIFTED_TWICE: ClassVar[FailureKind]
 
     def __new__(cls, value: str) -> FailureKind:
         found = cls._declared.get(value) if isinstance(value, str) else None
@@ -138,6 +141,9 @@ for _name in (
     "loss_at_chance",
     "activation_before_loss",
     "unnormalised_inputs",
+    "class_index_regression",
+    "collapsed_output",
+    "labels_shifted_twice",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 

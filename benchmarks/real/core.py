@@ -47,6 +47,9 @@ KINDS = frozenset(
         "oversized_updates",
         "activation_before_loss",
         "unnormalised_inputs",
+        "class_index_regression",
+        "collapsed_output",
+        "labels_shifted_twice",
     }
 )
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..config import DebugConfig
 from ..stats.losses import LossTrace
+from ..stats.outputs import OutputScales
 from ..stats.step import StepData
 from ..stats.training import TrainingFacts
 
@@ -150,9 +151,34 @@ class Coverage:
     # (activation, loss, layer, step), layer "" when no watched layer's output is it or its input
     activated_loss: tuple[str, str, str, int] | None = None
     classifier_loss: str = ""  # the loss normalises logits itself (cross_entropy, ...): the model is a classifier
+    # the profile of a mean squared error's target on one value per sample over the first backward passes
+    # (capture/loss_graph.py): (all integers 1.0/0.0, smallest, largest, mean variance); () when no such loss
+    regression_target: tuple[float, ...] = ()
+    _regression_profiles: int = 0
+    # a causal LM that shifts its labels itself, given labels that already are the next input token: the largest
+    # share of such labels over the first forward passes (None: not a causal LM given input_ids and labels)
+    labels_ahead: float | None = None
+    labels_ahead_step: int = 0
     input_layer_normalizes: bool = False  # the first layer the input meets is a normalisation layer
     losses: LossTrace = field(default_factory=LossTrace)  # the loss of each step (observe_loss or recorded)
     training: TrainingFacts = field(default_factory=TrainingFacts)  # update ratios, weights, inputs, ...
+    outputs: OutputScales = field(default_factory=OutputScales)  # each layer's output scale over the run
+
+    def _profile(self, found: list[float]) -> None:
+        """Merge one profile of a regression target: integers only if all were, the widest range, the mean of
+        the variances (one batch's variance is a noisy estimate of the target's)."""
+        n = self._regression_profiles
+        if not n:
+            self.regression_target = tuple(found)
+        else:
+            integer, low, high, variance = self.regression_target
+            self.regression_target = (
+                min(integer, found[0]),
+                min(low, found[1]),
+                max(high, found[2]),
+                (variance * n + found[3]) / (n + 1),
+            )
+        self._regression_profiles = n + 1
 
     def observe(self, record: StepData) -> None:
         """Count one analysed step."""
@@ -161,6 +187,10 @@ class Coverage:
         if record.loss is not None:
             self.last_loss = record.loss
             self.losses.add(record.step, record.loss)
+        if len(record.regression_target) == 4:
+            self._profile(record.regression_target)
+        if record.labels_ahead is not None and (self.labels_ahead is None or record.labels_ahead > self.labels_ahead):
+            self.labels_ahead, self.labels_ahead_step = record.labels_ahead, record.step
         changed = False
         if record.input_numel:
             changed = bool(self._input_numel) and record.input_numel != self._input_numel
@@ -188,6 +218,7 @@ class Coverage:
         if record.full:
             self.full_steps += 1
             self.training.observe(record)
+            self.outputs.observe(record)
             if record.grad:
                 self.steps_with_gradient += 1
                 all_zero = all(v == 0.0 for v in record.grad.values())

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from ..model import naming
+from ..model import causal_lm, naming
 from ..model.info import LayerInfo, Role
 from ..stats import tensors as stats
 from ..stats.step import SlotKey
@@ -23,6 +23,10 @@ from .pending import Pending, merge_max
 
 if TYPE_CHECKING:
     from .recorder import Recorder
+
+
+#: Forward passes of a causal LM whose labels are checked against its input (see :meth:`ForwardPath._check_labels`).
+LABEL_CHECKS = 4
 
 
 class ForwardPath:
@@ -63,6 +67,7 @@ class ForwardPath:
         # while the loss's graph is still to be checked (see loss_graph): the graph node of each layer's output,
         # by identity, to the layer's name (the first layer whose output it is); None: not wanted
         self.nodes: dict[int, str] | None = None
+        self._label_checks = 0  # forward passes of a label-shifting causal LM whose labels are still to be checked
 
     def attach(self) -> None:
         model = self._model()
@@ -72,6 +77,7 @@ class ForwardPath:
         self._names = {module: name for name, module in naming.named_modules(model) if name in self._infos}
         self._thread = threading.get_ident()
         self.compiled.attach(self._names)
+        self._label_checks = LABEL_CHECKS if causal_lm.shifts_labels(model) else 0
 
     def detach(self) -> None:
         self._names = {}
@@ -212,6 +218,17 @@ class ForwardPath:
         if deferred:
             measure.layer_outputs(deferred, self._config)
 
+    def _check_labels(self, kwargs: dict[str, Any]) -> None:
+        """A causal LM that shifts its labels itself was called with ``input_ids`` and ``labels``: the share of
+        labels that already are the next input token is filed (read at the flush)."""
+        ids, labels = kwargs.get("input_ids"), kwargs.get("labels")
+        if not (isinstance(ids, Tensor) and isinstance(labels, Tensor)):
+            return
+        if ids.dim() != 2 or labels.shape != ids.shape or ids.shape[1] < 3 or ids.is_floating_point():
+            return
+        self._label_checks -= 1
+        self._target().put("labels_ahead", None, stats.labels_ahead(ids, labels))
+
     def _end(self, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         """The model's own forward returned: check a cheap CPU step's output now, and hook its gradient."""
         self._open = False
@@ -230,6 +247,8 @@ class ForwardPath:
         if self._full:  # under autocast a GradScaler may scale gradients between backward and step
             self.autocast = self.autocast or torch.is_autocast_enabled(t.device.type)
             data.classes = stats.class_count(output)
+            if self._label_checks:
+                self._check_labels(kwargs)
             if data.classes == 1:  # one output unit: probabilities (a binary classifier's sigmoid) or not
                 self._target().put("probabilities", None, stats.in_unit_interval(t))
         cheap_cpu = not self._full and t.is_cpu and self.host_reads_are_free

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ..stats.tensors import dense
+from ..stats.tensors import dense, target_profile
 from . import hooks, loss_graph
 from .clock import StepMode
 
@@ -141,7 +141,10 @@ class GradLedger:
             check = self._confirmation(carried) if carried else None
             manual = self._manual_check() if rec.clock.mode is not StepMode.OPTIMIZER else None
             roots = hooks.backward_roots() if self._loss_checks else []
-            return partial(self._after, loss, states, carried, check, manual, roots)
+            # a mean squared error's target is profiled now: the backward pass frees what the graph saved
+            found = loss_graph.regression(roots) if roots else None
+            profile = target_profile(found.target) if found is not None else None
+            return partial(self._after, loss, states, carried, check, manual, roots, profile)
         except Exception as exc:
             rec.fail("the backward-call listener", exc)
             return None
@@ -194,6 +197,7 @@ class GradLedger:
         check: Tensor | None,
         manual: Tensor | None,
         roots: list[Tensor],
+        profile: Tensor | None,
         completed: bool,
     ) -> None:
         rec = self._rec
@@ -214,7 +218,7 @@ class GradLedger:
                 return
             self._account(loss, reached, carried, check, fresh)
             if self._loss_checks:
-                self._check_loss(roots)
+                self._check_loss(roots, profile)
             if manual is not None:
                 rec.pending.put("carried", None, manual)
                 head = self._rec.backward.grads.head()
@@ -248,10 +252,11 @@ class GradLedger:
             loss = loss / scale
         pending.capture(loss, restart=fresh or bool(on), keep_first=rec.clock.in_closure)
 
-    def _check_loss(self, roots: list[Tensor]) -> None:
+    def _check_loss(self, roots: list[Tensor], profile: Tensor | None) -> None:
         """One of the first backward passes that reached the model: an activation between its logits and a loss
         that normalises them itself is noted in the coverage, with the layer whose output it is (or, for a
-        functional activation, the layer whose output it took)."""
+        functional activation, the layer whose output it took); the profile of a mean squared error's target
+        (``profile``, taken before the pass) is filed for the flush."""
         rec = self._rec
         self._loss_checks -= 1
         graph = loss_graph.read(roots)  # no roots (a backward pass from a given gradient, not a loss): nothing
@@ -259,6 +264,8 @@ class GradLedger:
             first = rec.forward.input_layer()
             rec.coverage.classifier_loss = graph.loss
             rec.coverage.input_layer_normalizes = first is not None and first.normalizes
+        if profile is not None:  # read at the flush, with the step's readings
+            rec.pending.put_vector([("regression_target", None, float(i)) for i in range(4)], profile)
         found = graph.activated
         nodes = rec.forward.nodes or {}
         if found is not None:

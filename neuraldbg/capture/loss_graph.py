@@ -8,6 +8,10 @@ its graph): a walk of at most :data:`BUDGET` nodes from the loss towards the mod
 loss node and looks through the nodes that only reshape a tensor (a view, a transpose, ``contiguous``) to the node
 that produced its input. No tensor value is read and nothing runs on the device. The node objects are compared by
 identity only while the graph is alive, never kept.
+
+:func:`regression` walks the same way, before the backward pass frees the graph's saved tensors, to the first mean
+squared error: the target that MSE node saved, handed on to be profiled on the device (is it a handful of integer
+values?) and then dropped, never kept.
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ ACTIVATIONS = {
 }
 #: Reshaping nodes looked through, at most.
 _HOPS = 8
+#: The node of ``mse_loss`` (``nn.MSELoss``) and the code of its ``reduction="mean"``.
+_MSE = "MseLossBackward0"
+_MEAN = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +70,15 @@ class ActivatedInput:
     activation: str
     node: int
     below: int
+
+
+@dataclass(frozen=True, slots=True)
+class Regression:
+    """A mean squared error (mean reduction) on a prediction of one value per sample: the target it saved (to be
+    profiled by the caller, then dropped) and how many samples the prediction holds."""
+
+    target: Tensor
+    samples: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +116,43 @@ def read(losses: list[Tensor]) -> LossGraph:
                 seen.add(id(nxt))
                 queue.append(nxt)
     return LossGraph(first, None)
+
+
+def regression(losses: list[Tensor]) -> Regression | None:
+    """The first mean squared error met from ``losses`` (the roots of one backward call, before it runs: the
+    graph's saved tensors are freed by the backward pass) on one value per sample, or None (see
+    :func:`_regression`). The walk stops below a loss node (cross-entropy, MSE): the model lies there."""
+    queue = [t.grad_fn for t in losses if t.grad_fn is not None]
+    seen = {id(n) for n in queue}
+    looked = 0
+    while queue and looked < BUDGET:
+        node = queue.pop(0)
+        looked += 1
+        name = type(node).__name__
+        if name == _MSE:
+            return _regression(node)
+        if name in NORMALISING:
+            continue
+        for nxt, _ in node.next_functions:
+            if nxt is not None and id(nxt) not in seen:
+                seen.add(id(nxt))
+                queue.append(nxt)
+    return None
+
+
+def _regression(node: object) -> Regression | None:
+    """The MSE node's target when its reduction is the mean and its prediction holds one value per sample (a
+    column ``(N, 1)`` or a vector ``(N,)``, the shape of a regression on one number per sample); else None."""
+    if getattr(node, "_saved_reduction", None) != _MEAN:
+        return None
+    prediction, target = getattr(node, "_saved_self", None), getattr(node, "_saved_target", None)
+    if not isinstance(prediction, Tensor) or not isinstance(target, Tensor):
+        return None
+    shape = prediction.shape
+    one_each = prediction.dim() == 1 or (prediction.dim() == 2 and shape[1] == 1)
+    if not one_each or target.numel() != prediction.numel() or prediction.numel() < 2:
+        return None
+    return Regression(target, int(prediction.numel()))
 
 
 def _first_input(node: object) -> object:

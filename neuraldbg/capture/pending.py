@@ -160,6 +160,9 @@ class Pending:
             dst.probabilities = (
                 src.probabilities if dst.probabilities is None else dst.probabilities and src.probabilities
             )
+        dst.regression_target = src.regression_target or dst.regression_target
+        if src.labels_ahead is not None:
+            dst.labels_ahead = merge_max(dst.labels_ahead, src.labels_ahead)
         dst.carried = src.carried or dst.carried
         dst.carried_by = src.carried_by or dst.carried_by
         if src.grad_carried is not None:
@@ -234,6 +237,17 @@ def _captured_loss(data: StepData, key: Any, extra: float, value: float) -> None
 
 def _probabilities(data: StepData, key: Any, extra: float, value: float) -> None:
     data.probabilities = value > 0 if data.probabilities is None else data.probabilities and value > 0
+
+
+def _labels_ahead(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.labels_ahead = value if data.labels_ahead is None else max(data.labels_ahead, value)
+
+
+def _regression_target(data: StepData, key: Any, extra: float, value: float) -> None:
+    # one element of a regression target's profile (``extra``: its index; 0 begins a profile, a later one replaces)
+    if extra == 0:
+        data.regression_target = []
+    data.regression_target.append(value)
 
 
 def _carried(data: StepData, key: Any, extra: float, value: float) -> None:
@@ -328,6 +342,8 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "loss": _loss,
     "captured_loss": _captured_loss,
     "probabilities": _probabilities,
+    "regression_target": _regression_target,
+    "labels_ahead": _labels_ahead,
     "carried": _carried,
     "loss_scale": _loss_scale,
     "dead": _dead,

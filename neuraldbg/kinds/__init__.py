@@ -19,6 +19,8 @@ from ..events import describe_events_with
 from ..reasoning.rules import LOSS_RELATION, SETS_OFF, CausalRule, ShowsInTheLoss, SurgeSetsOff
 from . import (
     activation_before_loss,
+    class_index_regression,
+    collapsed_output,
     dead_neurons,
     degenerate_loss,
     eval_mode_training,
@@ -26,6 +28,7 @@ from . import (
     frozen_parameters,
     gradients_not_zeroed,
     incomplete_observation,
+    labels_shifted_twice,
     loss_at_chance,
     loss_not_decreasing,
     loss_scale_collapse,
@@ -61,6 +64,9 @@ BUILTIN: tuple[Kind, ...] = (
     gradients_not_zeroed.GradientsNotZeroed(),
     activation_before_loss.ActivationBeforeLoss(),
     unnormalised_inputs.UnnormalisedInputs(),
+    class_index_regression.ClassIndexRegression(),
+    collapsed_output.CollapsedOutput(),
+    labels_shifted_twice.LabelsShiftedTwice(),
     loss_scale_collapse.LossScaleCollapse(),
     loss_at_chance.LossAtChance(),
     unstable_loss.UnstableLoss(),

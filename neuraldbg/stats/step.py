@@ -55,3 +55,8 @@ class StepData:
     optimizers: set[int] = field(default_factory=set)  # ids of the owned optimizers that stepped
     classes: int = 0  # fully observed steps: the last dimension of the model's (logit) output, 0 if none
     probabilities: bool | None = None  # ... of one unit: every output in [0, 1] (a sigmoid's probabilities)
+    # the target of a mean squared error on one value per sample (capture/loss_graph.py), as read at the flush:
+    # [all integers (1.0/0.0), smallest, largest, variance]
+    regression_target: list[float] = field(default_factory=list)
+    # a causal LM that shifts its labels itself: the share of labels that already are the next input token
+    labels_ahead: float | None = None

@@ -144,6 +144,24 @@ def in_unit_interval(t: Tensor) -> Tensor:
     return ((t.amin() >= 0) & (t.amax() <= 1)).float()
 
 
+def target_profile(t: Tensor) -> Tensor:
+    """A regression target's profile as one 1-d float tensor on ``t``'s device: [1.0 when every value is an integer
+    (else 0.0), its smallest value, its largest value, its variance over all elements]. Nothing is read to the
+    host here."""
+    t = t.detach().reshape(-1).float()
+    integer = (t == t.round()).all().float()
+    return torch.stack((integer, t.amin(), t.amax(), t.var(correction=0)))
+
+
+def labels_ahead(input_ids: Tensor, labels: Tensor, ignore: int = -100) -> Tensor:
+    """The fraction of the scored label positions t (all but the last; ``ignore`` is not scored) whose label is
+    the next input token ``input_ids[:, t + 1]``, as a 0-d float tensor on the labels' device (read later)."""
+    ahead, nxt = labels[:, :-1], input_ids[:, 1:]
+    scored = ahead != ignore
+    hits = ((ahead == nxt) & scored).sum().float()
+    return hits / scored.sum().clamp(min=1).float()
+
+
 #: Tensor types whose values the reductions read directly.
 _PLAIN = (Tensor, torch.nn.Parameter)
 

@@ -123,7 +123,7 @@ MLP = Program(
             "loss_function",
             "one output regressed on the class index with MSE",
             {"loss": "mse_index"},
-            K.WRONG_LOSS,
+            K.MSE_ON_CLASS_INDEX,
         ),
         Variant(
             "raw_pixels",

@@ -153,7 +153,7 @@ GPT2 = Program(
             "labels",
             "labels shifted by hand as well as inside the model (predicts two tokens ahead)",
             {"labels": "pre_shifted"},
-            K.WRONG_LABELS,
+            K.SHIFTED_TWICE,
         ),
         Variant("lr_100x", "learning_rate", "AdamW lr 0.1", {"lr": 0.1}, K.LR_FAR_TOO_HIGH),
     ),

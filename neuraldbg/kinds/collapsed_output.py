@@ -1,0 +1,131 @@
+"""A layer with parameters whose output collapsed to nothing: over the last quarter of the run its
+root-mean-square is at most :data:`COLLAPSE` of what it was on the first fully observed step (before any update).
+The first such layer in forward order is the root (the layers after a collapsed one may collapse because their
+input did). Judged on the layer output norms the fully observed steps already read (see
+:class:`~neuraldbg.stats.outputs.OutputScales`); the model's last layer (its output's scale is the target's) is not
+judged.
+
+A layer whose output is about 0 whatever its input passes nothing on: the layers after it see a constant. Training
+drives an output there when something in the loss pays for it: a penalty on that output that outweighs the
+loss's other terms (a VAE's KL divergence, summed, beside a reconstruction loss averaged over pixels: the encoder's
+mean and log-variance go to 0, the prior's values, and the latent carries nothing about the input: posterior
+collapse), weight decay far too strong, or steps so large they threw the weights away. Healthy layers keep or grow
+their scale as they learn (the real-programs benchmark's 21 healthy programs and 10 harmless mutants: no layer
+below 0.58 of its starting scale).
+
+Not judged: a run with fewer than :data:`MIN_READINGS` readings of a layer; a layer whose output was 0 from the
+start; a layer without parameters (an activation whose units died: the dead units' room says so).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from ..capture.coverage import Coverage, RunFacts
+from ..events import EventType, FailureKind, SemanticEvent
+from ..reasoning.topology import Topology
+from ..text import num
+from .base import LAST_RANK, Kind, RootLane, Series
+
+KIND = FailureKind.COLLAPSED_OUTPUT
+
+#: A layer's output scale over the last quarter of the run against its scale at the first step, at most (the
+#: real-programs benchmark: healthy programs and harmless mutants 0.58 or more; a VAE whose KL term dominates
+#: 0.04, weight decay 1 0.03).
+COLLAPSE = 0.1
+#: A collapse is measured, not guessed, but it is a symptom many faults leave: a layer's own fault (vanishing
+#: gradients, dead units), which is more specific, ranks first when both are found.
+CONFIDENCE = 0.5
+#: Readings of a layer's output, at least.
+MIN_READINGS = 8
+#: Readings the final scale is the median of, at least (the last quarter's, or the last ones).
+LAST_READINGS = 3
+
+
+def collapsed(coverage: Coverage) -> list[tuple[str, float, float, int]]:
+    """The layers whose output collapsed, in forward order, each with its starting and final scale and the first
+    step it was at most :data:`COLLAPSE` of its start; the model's last layer is left out."""
+    scales = coverage.outputs
+    found: list[tuple[str, float, float, int]] = []
+    for layer in scales.order[:-1]:
+        points = scales.series[layer].points()
+        start = scales.start[layer]
+        if len(points) < MIN_READINGS:
+            continue
+        begin, end = points[0][0], points[-1][0]
+        tail = [v for s, v in points if s >= end - (end - begin) / 4]
+        if len(tail) < LAST_READINGS:  # full steps grow sparse late in a run: its last readings stand in
+            tail = [v for _, v in points[-LAST_READINGS:]]
+        if not (math.isfinite(start) and start > 0):
+            continue
+        final = statistics.median(tail)
+        if final <= COLLAPSE * start:
+            onset = next(s for s, v in points if v <= COLLAPSE * start)
+            found.append((layer, start, final, onset))
+    return found
+
+
+class CollapsedOutput(Kind):
+    name = KIND.value
+    title = "collapsed layer output"
+    run_level = True  # judged over the whole run (its event still names the layer)
+
+    def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
+        found = collapsed(coverage)
+        if not found:
+            return None
+        layer, start, final, onset = found[0]
+        others = [name for name, *_ in found[1:]]
+        return SemanticEvent(
+            event_type=EventType.ACTIVATION,
+            kind=KIND,
+            layer=layer,
+            param=None,
+            step_start=onset,
+            step_end=max(onset, coverage.last_step),
+            from_state=None,
+            to_state=KIND,
+            metrics={"start": start, "end": final, "ratio": final / start, "limit": COLLAPSE},
+            confidence=CONFIDENCE,
+            detail=", ".join(others),
+        )
+
+    def lane(self, event: SemanticEvent) -> RootLane | None:
+        # after every fault of a layer and after the loss findings: a symptom that many faults leave (weight decay
+        # far too strong shows first in its loss)
+        return RootLane(LAST_RANK + 0.5) if event.kind is self.kind else None
+
+    def set_off_by_surge(self, root: SemanticEvent) -> bool:
+        return False
+
+    def explain(
+        self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
+    ) -> tuple[str, str]:
+        m = root.metrics
+        also = f"; {', '.join(repr(n) for n in root.detail.split(', '))} collapsed after it" if root.detail else ""
+        what = (
+            f"The output of '{root.layer}' collapsed: its root-mean-square fell from {num(m.get('start', 0.0))} on "
+            f"the first steps to {num(m.get('end', 0.0))} over the last quarter of the run "
+            f"({num(m.get('ratio', 0.0))} of it, from step {root.step_start}), while no layer before it "
+            f"collapsed{also}. An output near 0 whatever the input passes nothing on: the layers after it see a "
+            "constant. Something in the loss pays for it: a penalty on this output that outweighs the other terms "
+            "(a VAE's KL divergence, summed, beside a reconstruction loss averaged over pixels: posterior "
+            "collapse, the latent carries nothing about the input), weight decay far too strong, or steps so large "
+            "they threw the weights away."
+        )
+        fix = (
+            "weigh the loss's terms as intended: sum the reconstruction loss over pixels as the KL term is summed "
+            "(or weight, anneal or floor the KL term); lower the weight decay or the learning rate if either is "
+            "far above the usual."
+        )
+        return what, fix
+
+    def describe(self, event: SemanticEvent) -> str:
+        return f"output collapsed to {num(event.metrics.get('ratio', 0.0))} of its scale"
+
+    def label(self, event: SemanticEvent) -> str:
+        return f"output collapsed ({num(event.metrics.get('ratio', 0.0))}x)"
+
+    def effect(self, event: SemanticEvent) -> str:
+        return "a layer output collapsed to nothing"
