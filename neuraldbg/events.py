@@ -68,6 +68,7 @@ class FailureKind(str, metaclass=_Names):
     LOSS_AT_CHANCE: ClassVar[FailureKind]
     ACTIVATION_BEFORE_LOSS: ClassVar[FailureKind]
     UNNORMALISED_INPUTS: ClassVar[FailureKind]
+    OVERSIZED_LOGITS: ClassVar[FailureKind]
 
     def __new__(cls, value: str) -> FailureKind:
         found = cls._declared.get(value) if isinstance(value, str) else None
@@ -138,6 +139,7 @@ for _name in (
     "loss_at_chance",
     "activation_before_loss",
     "unnormalised_inputs",
+    "oversized_logits",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 

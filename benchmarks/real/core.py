@@ -47,6 +47,7 @@ KINDS = frozenset(
         "oversized_updates",
         "activation_before_loss",
         "unnormalised_inputs",
+        "oversized_logits",
     }
 )
 

@@ -150,6 +150,7 @@ class Coverage:
     # (activation, loss, layer, step), layer "" when no watched layer's output is it or its input
     activated_loss: tuple[str, str, str, int] | None = None
     classifier_loss: str = ""  # the loss normalises logits itself (cross_entropy, ...): the model is a classifier
+    classifier_mean: bool = False  # ... and averages over its samples (its value is one sample's loss)
     input_layer_normalizes: bool = False  # the first layer the input meets is a normalisation layer
     losses: LossTrace = field(default_factory=LossTrace)  # the loss of each step (observe_loss or recorded)
     training: TrainingFacts = field(default_factory=TrainingFacts)  # update ratios, weights, inputs, ...

@@ -258,6 +258,7 @@ class GradLedger:
         if graph.loss and not rec.coverage.classifier_loss:
             first = rec.forward.input_layer()
             rec.coverage.classifier_loss = graph.loss
+            rec.coverage.classifier_mean = graph.mean
             rec.coverage.input_layer_normalizes = first is not None and first.normalizes
         found = graph.activated
         nodes = rec.forward.nodes or {}

@@ -7,7 +7,9 @@ Read from the graph's node types alone, once a backward pass that reached the mo
 its graph): a walk of at most :data:`BUDGET` nodes from the loss towards the model, which stops at the first such
 loss node and looks through the nodes that only reshape a tensor (a view, a transpose, ``contiguous``) to the node
 that produced its input. No tensor value is read and nothing runs on the device. The node objects are compared by
-identity only while the graph is alive, never kept.
+identity only while the graph is alive, never kept. The reduction of the loss node above the normalising node
+(``nll_loss``'s, or ``binary_cross_entropy_with_logits``' own) is read from the node's saved attribute, a Python
+integer: a mean makes the loss one sample's, so its first value can be held against log(classes).
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ ACTIVATIONS = {
 }
 #: Reshaping nodes looked through, at most.
 _HOPS = 8
+#: Loss nodes that reduce the per-sample losses of a normalised input, and torch's code for a mean reduction.
+_REDUCING = frozenset({"NllLossBackward0", "NllLoss2DBackward0", "BinaryCrossEntropyWithLogitsBackward0"})
+_MEAN = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +72,13 @@ class ActivatedInput:
 
 @dataclass(frozen=True, slots=True)
 class LossGraph:
-    """What one backward call's graph says: the loss that normalises logits it found (``""``: none), and the
-    activation before it, if any."""
+    """What one backward call's graph says: the loss that normalises logits it found (``""``: none), the
+    activation before it, if any, and whether that loss averages over its samples (False: a sum, no reduction, or
+    a loss node not recognised between it and the backward call's root)."""
 
     loss: str
     activated: ActivatedInput | None
+    mean: bool = False
 
 
 def read(losses: list[Tensor]) -> LossGraph:
@@ -79,27 +86,33 @@ def read(losses: list[Tensor]) -> LossGraph:
     activation between it and the model's logits (see the module docstring)."""
     queue = [t.grad_fn for t in losses if t.grad_fn is not None]
     seen = {id(n) for n in queue}
+    reduced: dict[int, bool] = {}  # node -> the nearest reducing loss node on its path from the root is a mean
     looked = 0
     first = ""
+    mean = False
     while queue and looked < BUDGET:
         node = queue.pop(0)
         looked += 1
         name = type(node).__name__
+        averaged = reduced.get(id(node), False)
+        if name in _REDUCING:
+            averaged = getattr(node, "_saved_reduction", None) == _MEAN
         if name in NORMALISING:
+            mean = mean if first else averaged
             first = first or NORMALISING[name]
             found = _producer(node)
             if found is not None:
                 kind = ACTIVATIONS.get(type(found).__name__)
                 if kind is not None:
-                    return LossGraph(
-                        NORMALISING[name], ActivatedInput(NORMALISING[name], kind, id(found), id(_first_input(found)))
-                    )
+                    activated = ActivatedInput(NORMALISING[name], kind, id(found), id(_first_input(found)))
+                    return LossGraph(NORMALISING[name], activated, averaged)
             continue  # the model lies below this loss node: nothing further up is the loss's
         for nxt, _ in node.next_functions:
             if nxt is not None and id(nxt) not in seen:
                 seen.add(id(nxt))
+                reduced[id(nxt)] = averaged
                 queue.append(nxt)
-    return LossGraph(first, None)
+    return LossGraph(first, None, mean)
 
 
 def _first_input(node: object) -> object:
