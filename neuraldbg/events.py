@@ -69,6 +69,7 @@ class FailureKind(str, metaclass=_Names):
     ACTIVATION_BEFORE_LOSS: ClassVar[FailureKind]
     UNNORMALISED_INPUTS: ClassVar[FailureKind]
     OVERSIZED_LOGITS: ClassVar[FailureKind]
+    UNMASKED_PADDING: ClassVar[FailureKind]
 
     def __new__(cls, value: str) -> FailureKind:
         found = cls._declared.get(value) if isinstance(value, str) else None
@@ -140,6 +141,7 @@ for _name in (
     "activation_before_loss",
     "unnormalised_inputs",
     "oversized_logits",
+    "unmasked_padding",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 

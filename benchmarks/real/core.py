@@ -48,6 +48,7 @@ KINDS = frozenset(
         "activation_before_loss",
         "unnormalised_inputs",
         "oversized_logits",
+        "unmasked_padding",
     }
 )
 

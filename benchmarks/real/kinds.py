@@ -27,3 +27,5 @@ BIG_INIT = frozenset(
 )
 SATURATING = frozenset({"saturated_activations", "vanishing_gradients", "loss_not_decreasing"})
 CAPACITY = frozenset({"loss_not_decreasing"})  # a change that only makes the model or its training weaker
+# attention over padding tokens: a weaker model, and the fault named exactly
+UNMASKED_PADDING = CAPACITY | {"unmasked_padding"}

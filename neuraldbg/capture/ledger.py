@@ -259,6 +259,7 @@ class GradLedger:
             first = rec.forward.input_layer()
             rec.coverage.classifier_loss = graph.loss
             rec.coverage.classifier_mean = graph.mean
+            rec.coverage.padding_id = graph.ignored
             rec.coverage.input_layer_normalizes = first is not None and first.normalizes
         found = graph.activated
         nodes = rec.forward.nodes or {}

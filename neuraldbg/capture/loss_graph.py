@@ -9,7 +9,8 @@ loss node and looks through the nodes that only reshape a tensor (a view, a tran
 that produced its input. No tensor value is read and nothing runs on the device. The node objects are compared by
 identity only while the graph is alive, never kept. The reduction of the loss node above the normalising node
 (``nll_loss``'s, or ``binary_cross_entropy_with_logits``' own) is read from the node's saved attribute, a Python
-integer: a mean makes the loss one sample's, so its first value can be held against log(classes).
+integer: a mean makes the loss one sample's, so its first value can be held against log(classes). So is the
+``ignore_index`` of an ``nll_loss`` node: a token id the loss leaves out (a padding token's, when it is one).
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ _HOPS = 8
 #: Loss nodes that reduce the per-sample losses of a normalised input, and torch's code for a mean reduction.
 _REDUCING = frozenset({"NllLossBackward0", "NllLoss2DBackward0", "BinaryCrossEntropyWithLogitsBackward0"})
 _MEAN = 1
+#: ``ignore_index`` is saved as an unsigned 64-bit integer: torch's default, -100, reads 2**64 - 100.
+_WRAP = 1 << 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +82,7 @@ class LossGraph:
     loss: str
     activated: ActivatedInput | None
     mean: bool = False
+    ignored: int | None = None  # the ``ignore_index`` of that loss when it names a token id (>= 0)
 
 
 def read(losses: list[Tensor]) -> LossGraph:
@@ -86,33 +90,43 @@ def read(losses: list[Tensor]) -> LossGraph:
     activation between it and the model's logits (see the module docstring)."""
     queue = [t.grad_fn for t in losses if t.grad_fn is not None]
     seen = {id(n) for n in queue}
-    reduced: dict[int, bool] = {}  # node -> the nearest reducing loss node on its path from the root is a mean
+    reduced: dict[int, tuple[bool, int | None]] = {}  # node -> (mean, ignored) of the nearest reducing loss node
     looked = 0
     first = ""
-    mean = False
+    mean, ignored = False, None
     while queue and looked < BUDGET:
         node = queue.pop(0)
         looked += 1
         name = type(node).__name__
-        averaged = reduced.get(id(node), False)
+        averaged, ignore = reduced.get(id(node), (False, None))
         if name in _REDUCING:
-            averaged = getattr(node, "_saved_reduction", None) == _MEAN
+            averaged, ignore = getattr(node, "_saved_reduction", None) == _MEAN, _token(node)
         if name in NORMALISING:
-            mean = mean if first else averaged
+            if not first:
+                mean, ignored = averaged, ignore
             first = first or NORMALISING[name]
             found = _producer(node)
             if found is not None:
                 kind = ACTIVATIONS.get(type(found).__name__)
                 if kind is not None:
                     activated = ActivatedInput(NORMALISING[name], kind, id(found), id(_first_input(found)))
-                    return LossGraph(NORMALISING[name], activated, averaged)
+                    return LossGraph(NORMALISING[name], activated, averaged, ignore)
             continue  # the model lies below this loss node: nothing further up is the loss's
         for nxt, _ in node.next_functions:
             if nxt is not None and id(nxt) not in seen:
                 seen.add(id(nxt))
-                reduced[id(nxt)] = averaged
+                reduced[id(nxt)] = (averaged, ignore)
                 queue.append(nxt)
-    return LossGraph(first, None, mean)
+    return LossGraph(first, None, mean, ignored)
+
+
+def _token(node: object) -> int | None:
+    """The ``ignore_index`` a loss node saved, when it is a token id (not torch's default -100, not absent)."""
+    value = getattr(node, "_saved_ignore_index", None)
+    if not isinstance(value, int):
+        return None
+    value = value - _WRAP if value >= _WRAP // 2 else value
+    return value if value >= 0 else None
 
 
 def _first_input(node: object) -> object:

@@ -231,6 +231,10 @@ def _captured_loss(data: StepData, key: Any, extra: float, value: float) -> None
     data.loss = value
 
 
+def _padded(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.padded = value > 0 or bool(data.padded)
+
+
 def _probabilities(data: StepData, key: Any, extra: float, value: float) -> None:
     data.probabilities = value > 0 if data.probabilities is None else data.probabilities and value > 0
 
@@ -317,6 +321,7 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "loss": _loss,
     "captured_loss": _captured_loss,
     "probabilities": _probabilities,
+    "padded": _padded,
     "carried": _carried,
     "loss_scale": _loss_scale,
     "dead": _dead,

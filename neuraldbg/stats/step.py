@@ -55,3 +55,4 @@ class StepData:
     optimizers: set[int] = field(default_factory=set)  # ids of the owned optimizers that stepped
     classes: int = 0  # fully observed steps: the last dimension of the model's (logit) output, 0 if none
     probabilities: bool | None = None  # ... of one unit: every output in [0, 1] (a sigmoid's probabilities)
+    padded: bool | None = None  # ... the model's token input holds the id the loss ignores (None: not read)

@@ -1,5 +1,6 @@
 """The loss graph reader tells a mean-reduced classifier loss from a summed one (the first loss of a mean is one
-sample's, comparable with log(classes)); checked against torch's own reduction argument."""
+sample's, comparable with log(classes)), and reads the token id the loss ignores; checked against torch's own
+reduction and ignore_index arguments."""
 
 from __future__ import annotations
 
@@ -39,3 +40,10 @@ def test_a_loss_built_by_hand_from_a_log_softmax_is_not_taken_for_a_mean():
     z, y = logits(), torch.arange(8) % 5
     graph = loss_graph.read([-F.log_softmax(z, 1)[torch.arange(8), y].sum()])
     assert graph.loss and not graph.mean
+
+
+def test_the_ignored_token_is_read_and_the_default_names_none():
+    z, y = logits(), torch.arange(8) % 5
+    assert loss_graph.read([F.cross_entropy(z, y, ignore_index=3)]).ignored == 3
+    assert loss_graph.read([F.cross_entropy(z, y, ignore_index=0, reduction="sum")]).ignored == 0
+    assert loss_graph.read([F.cross_entropy(z, y)]).ignored is None  # -100: torch's default, no token
