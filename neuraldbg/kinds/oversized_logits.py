@@ -16,8 +16,9 @@ loop does not hand it over; a learning rate far too high throws the next ones up
 initialisation), only for a loss that normalises logits itself and averages over its samples
 (read from the loss's autograd graph, :mod:`neuraldbg.capture.loss_graph`: a summed cross-entropy starts at
 samples x log(classes) whatever the logits), a model whose output has two or more classes, and a run the
-debugger met at its start (a model met mid-training may be anywhere). The explanation shows the output scale of
-the layers with parameters at the first observed step, where the signal grows.
+debugger met at its start (a model met mid-training may be anywhere) whose first step a GradScaler did not skip.
+The explanation shows the output scale of the layers with parameters at the first observed step, where the signal
+grows.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ class OversizedLogits(Kind):
         step, start = losses.first[0]
         if coverage.warm_start or 0 <= losses.first_nonfinite < step:
             return None  # met mid-training, or the first loss was not finite: no loss before any update is known
+        if coverage.scaler is not None and step in coverage.scaler.first_skipped:
+            return None  # a GradScaler skipped that step: its overflowing scaled loss is no reading of the logits
         chance = math.log(classes)
         if not start >= START_FACTOR * chance:
             return None
