@@ -71,6 +71,8 @@ class FailureKind(str, metaclass=_Names):
     CLASS_INDEX_REGRESSION: ClassVar[FailureKind]
     COLLAPSED_OUTPUT: ClassVar[FailureKind]
     LABELS_SHIFTED_TWICE: ClassVar[FailureKind]
+    OVERSIZED_LOGITS: ClassVar[FailureKind]
+    UNMASKED_PADDING: ClassVar[FailureKind]
 
     def __new__(cls, value: str) -> FailureKind:
         found = cls._declared.get(value) if isinstance(value, str) else None
@@ -144,6 +146,8 @@ for _name in (
     "class_index_regression",
     "collapsed_output",
     "labels_shifted_twice",
+    "oversized_logits",
+    "unmasked_padding",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 

@@ -50,6 +50,8 @@ KINDS = frozenset(
         "class_index_regression",
         "collapsed_output",
         "labels_shifted_twice",
+        "oversized_logits",
+        "unmasked_padding",
     }
 )
 

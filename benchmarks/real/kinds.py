@@ -12,7 +12,7 @@ LR_TOO_LOW = frozenset({"loss_not_decreasing", "stalled_updates"})
 NO_ZERO_GRAD = frozenset({"gradients_not_zeroed"})
 WRONG_LABELS = frozenset({"loss_not_decreasing", "loss_at_chance"})
 WRONG_LOSS = frozenset({"loss_not_decreasing", "loss_at_chance"})
-RAW_INPUTS = frozenset({"loss_not_decreasing", "unstable_loss", "unnormalised_inputs"})
+RAW_INPUTS = frozenset({"loss_not_decreasing", "unstable_loss", "unnormalised_inputs", "oversized_logits"})
 HUGE_DECAY = frozenset({"loss_not_decreasing", "loss_at_chance", "stalled_updates"})
 TINY_CLIPPING = frozenset({"loss_not_decreasing", "stalled_updates"})
 EMPTY_MASK_NAN = frozenset({"degenerate_loss", "no_gradient", "non_finite"})  # a mean over nothing: NaN
@@ -25,6 +25,10 @@ KL_DOMINATES = WRONG_LOSS | {"collapsed_output"}  # a VAE's KL term outweighs it
 LEFT_OUT = frozenset({"frozen_parameters"})
 DEAD_BIAS = frozenset({"dead_neurons"})
 EVAL_MODE = frozenset({"eval_mode_training"})
-BIG_INIT = frozenset({"exploding_gradients", "saturated_activations", "unstable_loss", "loss_not_decreasing"})
+BIG_INIT = frozenset(
+    {"exploding_gradients", "saturated_activations", "unstable_loss", "loss_not_decreasing", "oversized_logits"}
+)
 SATURATING = frozenset({"saturated_activations", "vanishing_gradients", "loss_not_decreasing"})
 CAPACITY = frozenset({"loss_not_decreasing"})  # a change that only makes the model or its training weaker
+# attention over padding tokens: a weaker model, and the fault named exactly
+UNMASKED_PADDING = CAPACITY | {"unmasked_padding"}

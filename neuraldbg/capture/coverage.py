@@ -159,6 +159,13 @@ class Coverage:
     # share of such labels over the first forward passes (None: not a causal LM given input_ids and labels)
     labels_ahead: float | None = None
     labels_ahead_step: int = 0
+    classifier_mean: bool = False  # ... and averages over its samples (its value is one sample's loss)
+    # attention over padding: the token id the loss ignores (its ignore_index), the fully observed steps whose
+    # integer input was read for it and those that held it, and the attention layers' calls without any mask
+    padding_id: int | None = None
+    token_steps: int = 0
+    padded_steps: int = 0
+    unmasked_attention: dict[str, int] = field(default_factory=dict)
     input_layer_normalizes: bool = False  # the first layer the input meets is a normalisation layer
     losses: LossTrace = field(default_factory=LossTrace)  # the loss of each step (observe_loss or recorded)
     training: TrainingFacts = field(default_factory=TrainingFacts)  # update ratios, weights, inputs, ...
@@ -219,6 +226,9 @@ class Coverage:
             self.full_steps += 1
             self.training.observe(record)
             self.outputs.observe(record)
+            if record.padded is not None:
+                self.token_steps += 1
+                self.padded_steps += record.padded
             if record.grad:
                 self.steps_with_gradient += 1
                 all_zero = all(v == 0.0 for v in record.grad.values())

@@ -107,6 +107,8 @@ class ForwardPath:
                 self._begin()
             if self.nodes is not None and name:
                 self._note_node(name, output)
+            if name and self._full and isinstance(module, nn.MultiheadAttention):
+                self._note_attention(name, args, kwargs)
             if not name:
                 self._end(args, kwargs, output)
             elif not self._full:
@@ -154,6 +156,18 @@ class ForwardPath:
         node = t.grad_fn if t is not None else None
         if node is not None and self.nodes is not None:
             self.nodes.setdefault(id(node), name)
+
+    def _note_attention(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Count an attention call of a fully observed step that had no mask at all: no key-padding mask, no
+        attention mask, not ``is_causal`` (positional or keyword; arguments only, nothing is read)."""
+        masks = (
+            kwargs.get("key_padding_mask", args[3] if len(args) > 3 else None),
+            kwargs.get("attn_mask", args[5] if len(args) > 5 else None),
+        )
+        causal = kwargs.get("is_causal", args[7] if len(args) > 7 else False)
+        if all(m is None for m in masks) and not causal:
+            counts = self._rec.coverage.unmasked_attention
+            counts[name] = counts.get(name, 0) + 1
 
     def _target(self) -> Pending:
         return self._tentative if self._tentative is not None else self._rec.pending
@@ -249,6 +263,10 @@ class ForwardPath:
             data.classes = stats.class_count(output)
             if self._label_checks:
                 self._check_labels(kwargs)
+            padding = self._rec.coverage.padding_id
+            tokens = stats.token_argument(args, kwargs) if padding is not None else None
+            if tokens is not None and padding is not None:  # read at the flush, with the step's other readings
+                self._target().put("padded", None, stats.holds(tokens, padding))
             if data.classes == 1:  # one output unit: probabilities (a binary classifier's sigmoid) or not
                 self._target().put("probabilities", None, stats.in_unit_interval(t))
         cheap_cpu = not self._full and t.is_cpu and self.host_reads_are_free

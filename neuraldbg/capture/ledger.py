@@ -263,6 +263,8 @@ class GradLedger:
         if graph.loss and not rec.coverage.classifier_loss:
             first = rec.forward.input_layer()
             rec.coverage.classifier_loss = graph.loss
+            rec.coverage.classifier_mean = graph.mean
+            rec.coverage.padding_id = graph.ignored
             rec.coverage.input_layer_normalizes = first is not None and first.normalizes
         if profile is not None:  # read at the flush, with the step's readings
             rec.pending.put_vector([("regression_target", None, float(i)) for i in range(4)], profile)

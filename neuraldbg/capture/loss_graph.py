@@ -7,7 +7,10 @@ Read from the graph's node types alone, once a backward pass that reached the mo
 its graph): a walk of at most :data:`BUDGET` nodes from the loss towards the model, which stops at the first such
 loss node and looks through the nodes that only reshape a tensor (a view, a transpose, ``contiguous``) to the node
 that produced its input. No tensor value is read and nothing runs on the device. The node objects are compared by
-identity only while the graph is alive, never kept.
+identity only while the graph is alive, never kept. The reduction of the loss node above the normalising node
+(``nll_loss``'s, or ``binary_cross_entropy_with_logits``' own) is read from the node's saved attribute, a Python
+integer: a mean makes the loss one sample's, so its first value can be held against log(classes). So is the
+``ignore_index`` of an ``nll_loss`` node: a token id the loss leaves out (a padding token's, when it is one).
 
 :func:`regression` walks the same way, before the backward pass frees the graph's saved tensors, to the first mean
 squared error: the target that MSE node saved, handed on to be profiled on the device (is it a handful of integer
@@ -59,6 +62,10 @@ _HOPS = 8
 #: The node of ``mse_loss`` (``nn.MSELoss``) and the code of its ``reduction="mean"``.
 _MSE = "MseLossBackward0"
 _MEAN = 1
+#: Loss nodes that reduce the per-sample losses of a normalised input, and torch's code for a mean reduction.
+_REDUCING = frozenset({"NllLossBackward0", "NllLoss2DBackward0", "BinaryCrossEntropyWithLogitsBackward0"})
+#: ``ignore_index`` is saved as an unsigned 64-bit integer: torch's default, -100, reads 2**64 - 100.
+_WRAP = 1 << 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +90,14 @@ class Regression:
 
 @dataclass(frozen=True, slots=True)
 class LossGraph:
-    """What one backward call's graph says: the loss that normalises logits it found (``""``: none), and the
-    activation before it, if any."""
+    """What one backward call's graph says: the loss that normalises logits it found (``""``: none), the
+    activation before it, if any, and whether that loss averages over its samples (False: a sum, no reduction, or
+    a loss node not recognised between it and the backward call's root)."""
 
     loss: str
     activated: ActivatedInput | None
+    mean: bool = False
+    ignored: int | None = None  # the ``ignore_index`` of that loss when it names a token id (>= 0)
 
 
 def read(losses: list[Tensor]) -> LossGraph:
@@ -95,27 +105,43 @@ def read(losses: list[Tensor]) -> LossGraph:
     activation between it and the model's logits (see the module docstring)."""
     queue = [t.grad_fn for t in losses if t.grad_fn is not None]
     seen = {id(n) for n in queue}
+    reduced: dict[int, tuple[bool, int | None]] = {}  # node -> (mean, ignored) of the nearest reducing loss node
     looked = 0
     first = ""
+    mean, ignored = False, None
     while queue and looked < BUDGET:
         node = queue.pop(0)
         looked += 1
         name = type(node).__name__
+        averaged, ignore = reduced.get(id(node), (False, None))
+        if name in _REDUCING:
+            averaged, ignore = getattr(node, "_saved_reduction", None) == _MEAN, _token(node)
         if name in NORMALISING:
+            if not first:
+                mean, ignored = averaged, ignore
             first = first or NORMALISING[name]
             found = _producer(node)
             if found is not None:
                 kind = ACTIVATIONS.get(type(found).__name__)
                 if kind is not None:
-                    return LossGraph(
-                        NORMALISING[name], ActivatedInput(NORMALISING[name], kind, id(found), id(_first_input(found)))
-                    )
+                    activated = ActivatedInput(NORMALISING[name], kind, id(found), id(_first_input(found)))
+                    return LossGraph(NORMALISING[name], activated, averaged, ignore)
             continue  # the model lies below this loss node: nothing further up is the loss's
         for nxt, _ in node.next_functions:
             if nxt is not None and id(nxt) not in seen:
                 seen.add(id(nxt))
+                reduced[id(nxt)] = (averaged, ignore)
                 queue.append(nxt)
-    return LossGraph(first, None)
+    return LossGraph(first, None, mean, ignored)
+
+
+def _token(node: object) -> int | None:
+    """The ``ignore_index`` a loss node saved, when it is a token id (not torch's default -100, not absent)."""
+    value = getattr(node, "_saved_ignore_index", None)
+    if not isinstance(value, int):
+        return None
+    value = value - _WRAP if value >= _WRAP // 2 else value
+    return value if value >= 0 else None
 
 
 def regression(losses: list[Tensor]) -> Regression | None:

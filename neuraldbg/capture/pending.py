@@ -235,6 +235,10 @@ def _captured_loss(data: StepData, key: Any, extra: float, value: float) -> None
     data.loss = value
 
 
+def _padded(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.padded = value > 0 or bool(data.padded)
+
+
 def _probabilities(data: StepData, key: Any, extra: float, value: float) -> None:
     data.probabilities = value > 0 if data.probabilities is None else data.probabilities and value > 0
 
@@ -344,6 +348,7 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "probabilities": _probabilities,
     "regression_target": _regression_target,
     "labels_ahead": _labels_ahead,
+    "padded": _padded,
     "carried": _carried,
     "loss_scale": _loss_scale,
     "dead": _dead,

@@ -60,3 +60,4 @@ class StepData:
     regression_target: list[float] = field(default_factory=list)
     # a causal LM that shifts its labels itself: the share of labels that already are the next input token
     labels_ahead: float | None = None
+    padded: bool | None = None  # ... the model's token input holds the id the loss ignores (None: not read)

@@ -57,6 +57,21 @@ def data_argument(args: tuple[object, ...], kwargs: dict[str, object] | None = N
     return None
 
 
+def token_argument(args: tuple[object, ...], kwargs: dict[str, object] | None = None) -> Tensor | None:
+    """The token ids of a model call: its first tensor argument, when it holds integers (None otherwise)."""
+    for value in (*args, *(kwargs or {}).values()):
+        found = _first_any(value)
+        if found is not None:
+            return None if found.is_floating_point() or found.dtype is torch.bool else found
+    return None
+
+
+@torch.no_grad()
+def holds(tokens: Tensor, token: int) -> Tensor:
+    """1.0 when ``tokens`` holds ``token`` somewhere, else 0.0: a 0-d tensor on ``tokens``' device."""
+    return (tokens == token).any().float()
+
+
 def _first_any(value: object) -> Tensor | None:
     """The first tensor of any dtype in a value (tensor, PackedSequence, tuple, list, dict)."""
     if isinstance(value, Tensor):

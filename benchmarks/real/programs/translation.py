@@ -120,7 +120,9 @@ PROGRAM = Program(
     variants=(
         healthy("nn.Transformer 2+2 layers d64, causal -inf target mask and key-padding masks, Adam 5e-4"),
         Variant("lr_100x", "learning_rate", "Adam lr 0.05", {"lr": 0.05}, K.LR_FAR_TOO_HIGH),
-        Variant("no_padding_masks", "masking", "key-padding masks not passed", {"padding_mask": False}, K.CAPACITY),
+        Variant(
+            "no_padding_masks", "masking", "key-padding masks not passed", {"padding_mask": False}, K.UNMASKED_PADDING
+        ),
     ),
 )
 

@@ -1,0 +1,49 @@
+"""The loss graph reader tells a mean-reduced classifier loss from a summed one (the first loss of a mean is one
+sample's, comparable with log(classes)), and reads the token id the loss ignores; checked against torch's own
+reduction and ignore_index arguments."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from neuraldbg.capture import loss_graph
+
+
+def logits() -> torch.Tensor:
+    return torch.randn(8, 5, generator=torch.Generator().manual_seed(0)).requires_grad_()
+
+
+def test_cross_entropy_mean_and_sum():
+    z, y = logits(), torch.arange(8) % 5
+    mean = loss_graph.read([F.cross_entropy(z, y)])
+    summed = loss_graph.read([F.cross_entropy(z, y, reduction="sum")])
+    assert mean.loss and mean.mean
+    assert summed.loss and not summed.mean
+
+
+def test_nll_loss_over_selected_rows_of_a_log_softmax_is_a_mean():
+    """A graph network's loss: log_softmax in the model, nll_loss over the training nodes' rows."""
+    z, y = logits(), torch.arange(8) % 5
+    graph = loss_graph.read([F.nll_loss(F.log_softmax(z, 1)[:4], y[:4])])
+    assert graph.loss and graph.mean
+
+
+def test_binary_cross_entropy_with_logits_reduction():
+    z, t = logits(), torch.rand(8, 5, generator=torch.Generator().manual_seed(1))
+    assert loss_graph.read([F.binary_cross_entropy_with_logits(z, t)]).mean
+    assert not loss_graph.read([F.binary_cross_entropy_with_logits(z, t, reduction="sum")]).mean
+
+
+def test_a_loss_built_by_hand_from_a_log_softmax_is_not_taken_for_a_mean():
+    """No reducing loss node between the root and the log_softmax: the reduction is unknown."""
+    z, y = logits(), torch.arange(8) % 5
+    graph = loss_graph.read([-F.log_softmax(z, 1)[torch.arange(8), y].sum()])
+    assert graph.loss and not graph.mean
+
+
+def test_the_ignored_token_is_read_and_the_default_names_none():
+    z, y = logits(), torch.arange(8) % 5
+    assert loss_graph.read([F.cross_entropy(z, y, ignore_index=3)]).ignored == 3
+    assert loss_graph.read([F.cross_entropy(z, y, ignore_index=0, reduction="sum")]).ignored == 0
+    assert loss_graph.read([F.cross_entropy(z, y)]).ignored is None  # -100: torch's default, no token

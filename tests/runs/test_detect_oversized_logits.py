@@ -1,0 +1,267 @@
+"""Oversized logits at the start: a classifier whose layers multiply the signal at initialisation, so that its first
+mean cross-entropy is several times log(classes). Ground truth is plain torch in each test (the first losses, the
+logits' scale, each layer's output scale from hooks of our own, the twin's accuracy); the twins with a sound
+initialisation or a normalised adjacency, a language model, and a classifier whose cross-entropy is summed (its
+first loss is samples x log(classes) whatever its logits) stay silent."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import support
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import NeuralDbg
+
+KIND = "oversized_logits"
+CLASSES = 10
+STEPS = 80
+
+
+def found(dbg: NeuralDbg) -> list:
+    return [h for h in dbg.hypotheses() if h.kind.value == KIND]
+
+
+def start(losses: list[float], classes: int) -> float:
+    """The first loss (before any update), in units of log(classes)."""
+    return losses[0] / math.log(classes)
+
+
+# --------------------------------------------------------------------------------------------- an MLP's init
+
+
+def classifier(normal_init: bool) -> nn.Sequential:
+    model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, CLASSES))
+    if normal_init:  # weights ~ N(0, 1): each layer multiplies its input's scale by ~sqrt(fan-in)
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                nn.init.normal_(layer.weight, std=1.0)
+    return model
+
+
+def train_classifier(
+    model: nn.Module, watched: bool, loss_fn: Callable[..., torch.Tensor] = F.cross_entropy
+) -> tuple[list[float], float, NeuralDbg | None]:
+    make = support.classification_batches((32,), CLASSES, batch=64)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses: list[float] = []
+
+    def loop() -> None:
+        for step in range(STEPS):
+            x, y = make(step)
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+
+    dbg = None
+    if watched:
+        with NeuralDbg(model) as dbg:
+            loop()
+    else:
+        loop()
+    model.eval()
+    with torch.no_grad():
+        held = [make(10_000 + i) for i in range(4)]
+        accuracy = sum(float((model(x).argmax(1) == y).float().mean()) for x, y in held) / len(held)
+    return losses, accuracy, dbg
+
+
+def test_a_classifier_initialised_from_normal_0_1_is_found_and_its_default_init_twin_is_silent():
+    torch.manual_seed(0)
+    model = classifier(normal_init=True)
+    x, _ = support.classification_batches((32,), CLASSES, batch=64)(0)
+    outputs = support.capture_outputs(model, x, ["0", "2", "4"])
+    losses, accuracy, _ = train_classifier(model, watched=False)
+    torch.manual_seed(0)
+    twin_losses, twin_accuracy, _ = train_classifier(classifier(normal_init=False), watched=False)
+    # plain torch: the signal grows layer over layer (unit-scale input), the first loss is far above log(10), the
+    # default-init twin starts at chance and ends more accurate
+    scales = [float(outputs[name].pow(2).mean().sqrt()) for name in ("0", "2", "4")]
+    assert scales[0] > 3 and scales[1] > 5 * scales[0] and scales[2] > 3 * scales[1], scales
+    assert start(losses, CLASSES) > 20
+    assert start(twin_losses, CLASSES) < 1.2
+    assert accuracy < twin_accuracy - 0.1
+
+    torch.manual_seed(0)
+    _, _, dbg = train_classifier(classifier(normal_init=True), watched=True)
+    assert dbg is not None
+    hits = found(dbg)
+    assert hits, dbg.explain_failure()
+    assert dbg.hypotheses()[0].kind.value == KIND
+    assert hits[0].root.metrics["factor"] > 20
+    assert "'4'" in hits[0].explanation and "fan-in" in hits[0].explanation
+
+    torch.manual_seed(0)
+    _, _, twin = train_classifier(classifier(normal_init=False), watched=True)
+    assert twin is not None and twin.healthy, twin.explain_failure()
+
+
+def test_a_summed_cross_entropy_starts_at_samples_times_chance_and_is_not_judged():
+    """reduction="sum" over 64 samples: the first loss is ~64 log(10) with logits near zero; nothing is wrong."""
+    torch.manual_seed(0)
+
+    def summed(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(out, y, reduction="sum")
+
+    losses, accuracy, _ = train_classifier(classifier(normal_init=False), watched=False, loss_fn=summed)
+    assert start(losses, CLASSES) > 50  # plain torch: far above log(10), as a sum must be
+    assert accuracy > 0.5
+
+    torch.manual_seed(0)
+    _, _, dbg = train_classifier(classifier(normal_init=False), watched=True, loss_fn=summed)
+    assert dbg is not None and not found(dbg), dbg.explain_failure()
+
+
+# --------------------------------------------------------------------------------------------- a graph convolution
+
+
+def block_graph(nodes: int = 160, blocks: int = 4, features: int = 16) -> tuple[torch.Tensor, ...]:
+    """A stochastic block model (A + I, dense), noisy features of each node's block, and the blocks as labels."""
+    g = torch.Generator().manual_seed(0)
+    labels = torch.arange(nodes) % blocks
+    same = labels[:, None] == labels[None, :]
+    p = torch.where(same, torch.tensor(0.15), torch.tensor(0.01))
+    a = (torch.rand(nodes, nodes, generator=g) < p).triu(1)
+    a = (a | a.T).float() + torch.eye(nodes)
+    centres = torch.randn(blocks, features, generator=g)
+    x = F.one_hot(labels, blocks).float() @ centres + 3.0 * torch.randn(nodes, features, generator=g)
+    return a, (x - x.mean(0)) / x.std(0), labels
+
+
+def sparse_adjacency(a: torch.Tensor, normalise: bool) -> torch.Tensor:
+    if normalise:  # D^-1/2 (A + I) D^-1/2: a product averages a node's neighbours instead of summing them
+        d = a.sum(1).pow(-0.5)
+        a = d[:, None] * a * d[None, :]
+    return a.to_sparse()
+
+
+class GraphConv(nn.Module):
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(n_in, n_out)
+
+    def forward(self, x: torch.Tensor, adj: torch.Tensor) -> torch.Tensor:
+        return torch.sparse.mm(adj, self.linear(x))
+
+
+class GCN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gc1 = GraphConv(16, 16)
+        self.gc2 = GraphConv(16, 4)
+
+    def forward(self, x: torch.Tensor, adj: torch.Tensor) -> torch.Tensor:
+        return self.gc2(F.dropout(F.relu(self.gc1(x, adj)), 0.5, self.training), adj)
+
+
+def train_gcn(normalise: bool, watched: bool) -> tuple[list[float], NeuralDbg | None]:
+    a, x, labels = block_graph()
+    adj = sparse_adjacency(a, normalise)
+    torch.manual_seed(0)
+    model = GCN()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    train = torch.arange(0, 60)
+    losses: list[float] = []
+
+    def loop() -> None:
+        for _ in range(STEPS):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x, adj)[train], labels[train])
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+
+    dbg = None
+    if watched:
+        with NeuralDbg(model) as dbg:
+            loop()
+    else:
+        loop()
+    return losses, dbg
+
+
+def test_a_graph_convolution_over_an_unnormalised_adjacency_is_found_and_its_normalised_twin_is_silent():
+    a, x, _ = block_graph()
+    torch.manual_seed(0)
+    probe = GCN()
+    with torch.no_grad():  # plain torch: the product with A + I multiplies a layer's output by ~ the degree
+        raw = probe.gc1.linear(x)
+        summed = torch.sparse.mm(sparse_adjacency(a, False), raw)
+        averaged = torch.sparse.mm(sparse_adjacency(a, True), raw)
+    gain = float(summed.pow(2).mean().sqrt() / averaged.pow(2).mean().sqrt())
+    assert gain > 0.5 * float(a.sum(1).mean()), gain
+    losses, _ = train_gcn(normalise=False, watched=False)
+    twin_losses, _ = train_gcn(normalise=True, watched=False)
+    assert 4 < start(losses, 4) < 6  # far above log(4), and within reach of the threshold's neighbours
+    assert start(twin_losses, 4) < 1.1
+
+    _, dbg = train_gcn(normalise=False, watched=True)
+    assert dbg is not None
+    hits = found(dbg)
+    assert hits, dbg.explain_failure()
+    assert "D^-1/2" in hits[0].explanation and "'gc2.linear'" in hits[0].explanation
+    _, twin = train_gcn(normalise=True, watched=True)
+    assert twin is not None and not found(twin), twin.explain_failure()
+
+
+# --------------------------------------------------------------------------------------------- a language model
+
+
+class TokenModel(nn.Module):
+    def __init__(self, vocab: int = 40) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 32)
+        self.head = nn.Linear(32, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.embed(tokens)))
+
+
+def test_a_language_model_starting_at_chance_is_silent():
+    make = support.token_batches(vocab=40)
+    losses: list[float] = []
+    torch.manual_seed(0)
+    model = TokenModel()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with NeuralDbg(model) as dbg:
+        for step in range(STEPS):
+            x, y = make(step)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x).reshape(-1, 40), y)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+    assert start(losses, 40) < 1.2  # plain torch: at chance, log(vocabulary)
+    assert losses[-1] < 0.5 * losses[0]  # and it learns
+    assert not found(dbg), dbg.explain_failure()
+
+
+def test_a_confident_model_met_mid_training_on_a_shifted_task_is_not_judged():
+    """The debugger attached to a run whose optimizer already holds state: the model is trained and confident, and
+    the labels it now meets are shifted (a fine-tune on a new task), so its first losses are far above log(10)
+    without anything wrong with its initialisation."""
+    make = support.classification_batches((32,), CLASSES, batch=64)
+    torch.manual_seed(0)
+    model = classifier(normal_init=False)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for step in range(300):
+        x, y = make(step)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    losses: list[float] = []
+    with NeuralDbg(model) as dbg:
+        for step in range(STEPS):
+            x, y = make(1000 + step)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), (y + 1) % CLASSES)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+    assert start(losses, CLASSES) > 3  # plain torch: confidently wrong from the first step
+    assert not found(dbg), dbg.explain_failure()
