@@ -35,6 +35,7 @@ import math
 import statistics
 from collections import deque
 
+from ..capture.coverage import Coverage, RunFacts
 from ..config import DebugConfig
 from ..detectors.base import Detector, Finding, Observation, StepView, strength
 from ..events import EventType, FailureKind, SemanticEvent
@@ -42,6 +43,7 @@ from ..health import GradientHealth, UpdateHealth, is_state
 from ..reasoning.rules import is_update_surge
 from ..reasoning.topology import Topology
 from ..text import num, pct, quoted
+from . import loss_evidence
 from .base import Check, Kind, RootLane, Series
 
 KIND = FailureKind.OVERSIZED_UPDATES
@@ -167,6 +169,21 @@ class OversizedUpdates(Kind):
 
     def detectors(self, config: DebugConfig) -> list[Detector]:
         return [UpdateSurgeDetector()]
+
+    def undone(self, event: SemanticEvent, coverage: Coverage, facts: RunFacts) -> bool:
+        """Large updates whose rise of the loss the rest of the run more than undid: the run's loss fell (by more
+        than its batch-to-batch spread, :func:`.loss_evidence.read`), and its last quarter, wholly after them, lies
+        below where the loss stood before them by more than that spread. A learning rate that overshot once, early,
+        on a rare extreme batch, and then trained (pytorch/examples' polynomial regression under hand-written SGD
+        at 0.1: the loss rose from 8 to 16 over steps 10-16, then fell to 0.5; at a 10x lower rate it ends at 8),
+        not one too high: that one leaves the loss at or above where it stood (at chance, or climbing)."""
+        before = event.metrics.get("loss_before")
+        if before is None or not is_update_surge(event):
+            return False  # confirmed by the gradient of the loss, or by the updates alone: not judged on the loss
+        curve = loss_evidence.read(coverage, facts.config)
+        if curve is None or curve.end.first <= event.step_end:
+            return False
+        return curve.end.mean + curve.noise < before
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
         # updates as large as the weights that caused nothing else: a learning rate far too high
