@@ -543,6 +543,53 @@ def tied_denoising_autoencoder(observe: Observe) -> list[float]:
     return losses
 
 
+def lightning_manual_optimisation(observe: Observe) -> list[float]:
+    """A LightningModule with manual optimisation (``automatic_optimization = False``): manual_backward,
+    clip_gradients, the optimizer and a StepLR stepped by hand, under lightning.Trainer for 3 epochs."""
+    import lightning
+
+    class Net(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+            self.net = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 3))
+            self.losses: list[float] = []
+
+        def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+            x, y = batch
+            opt = self.optimizers()
+            scheduler = self.lr_schedulers()
+            loss = F.cross_entropy(self.net(x), y)
+            opt.zero_grad()  # type: ignore[union-attr]
+            self.manual_backward(loss)
+            self.clip_gradients(opt, gradient_clip_val=1.0, gradient_clip_algorithm="norm")  # type: ignore[arg-type]
+            opt.step()  # type: ignore[union-attr]
+            scheduler.step()  # type: ignore[union-attr]
+            self.losses.append(loss.item())
+
+        def configure_optimizers(self) -> Any:
+            opt = torch.optim.Adam(self.parameters(), lr=3e-3)
+            return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=50, gamma=0.5)]
+
+    torch.manual_seed(0)
+    w = torch.randn(10, 3)
+    x = torch.randn(2048, 10)
+    data = torch.utils.data.TensorDataset(x, (x @ w).argmax(dim=1))
+    loader = torch.utils.data.DataLoader(data, batch_size=32, shuffle=True)
+    model = Net()
+    trainer = lightning.Trainer(
+        max_epochs=3,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    with observe(model):
+        trainer.fit(model, loader)
+    return model.losses
+
+
 PROGRAMS: dict[str, Callable[[Observe], list[float]]] = {
     "lstm_lbfgs": lstm_lbfgs,
     "row_rnn_classifier": row_rnn_classifier,
@@ -557,4 +604,5 @@ PROGRAMS: dict[str, Callable[[Observe], list[float]]] = {
     "mixture_of_experts": mixture_of_experts,
     "polynomial_regression": polynomial_regression,
     "tied_denoising_autoencoder": tied_denoising_autoencoder,
+    "lightning_manual_optimisation": lightning_manual_optimisation,
 }

@@ -2,7 +2,7 @@
 LSTM under LBFGS with a closure, a row-by-row RNN classifier, DQN with a target network, SimCLR's NT-Xent,
 knowledge distillation, a U-Net with pos_weight, sparse EmbeddingBag factors under SparseAdam, bfloat16 autocast,
 gradient accumulation, a weight-tied language model, a top-1 mixture of experts, hand-written SGD on polynomial
-features, a tied denoising autoencoder.
+features, a tied denoising autoencoder, a LightningModule with manual optimisation.
 
 Each is first shown healthy with plain torch (the loss falls to under half, every gradient finite, every
 parameter moves, no layer's output zero everywhere), then run again, unchanged, under NeuralDbg: the same losses
@@ -19,7 +19,7 @@ from torch import nn
 
 from neuraldbg import NeuralDbg
 
-SLOW = {"lstm_lbfgs"}  # LBFGS re-runs the 40-step LSTM eight times per step
+SLOW = {"lstm_lbfgs", "lightning_manual_optimisation"}  # LBFGS re-runs the LSTM 8 times a step; Trainer start-up
 
 
 @pytest.mark.parametrize(
