@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 Observe = Callable[[nn.Module], contextlib.AbstractContextManager[Any]]
 
@@ -543,6 +544,117 @@ def tied_denoising_autoencoder(observe: Observe) -> list[float]:
     return losses
 
 
+def gradient_checkpointing(observe: Observe) -> list[float]:
+    """Four residual blocks run through torch.utils.checkpoint (non-reentrant): each block's forward runs again
+    during the backward pass to recompute its activations."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.LayerNorm(32)) for _ in range(4))
+            self.head = nn.Linear(32, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.blocks:
+                x = x + checkpoint(block, x, use_reentrant=False)
+            return self.head(x)
+
+    torch.manual_seed(0)
+    w = torch.randn(32, 1)
+    model = Net()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses: list[float] = []
+    with observe(model):
+        for _ in range(150):
+            x = torch.randn(32, 32)
+            loss = F.mse_loss(model(x), torch.tanh(x @ w))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    return losses
+
+
+def weight_norm_classifier(observe: Observe) -> list[float]:
+    """An MLP whose Linear layers are reparametrised by weight_norm (parametrizations: the weight computed from
+    ``original0`` and ``original1`` at each forward), SGD with momentum."""
+    from torch.nn.utils.parametrizations import weight_norm
+
+    torch.manual_seed(0)
+    w = torch.randn(16, 4)
+    model = nn.Sequential(weight_norm(nn.Linear(16, 64)), nn.ReLU(), weight_norm(nn.Linear(64, 4)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    losses: list[float] = []
+    with observe(model):
+        for _ in range(150):
+            x = torch.randn(32, 16)
+            loss = F.cross_entropy(model(x), (x @ w).argmax(dim=1))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    return losses
+
+
+def training_with_validation(observe: Observe) -> list[float]:
+    """A BatchNorm-Dropout classifier validated every 25 steps in eval mode under no_grad, then back to train."""
+    torch.manual_seed(0)
+    w = torch.randn(20, 5)
+    model = nn.Sequential(nn.Linear(20, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 5))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x_val = torch.randn(256, 20)
+    y_val = (x_val @ w).argmax(dim=1)
+    losses: list[float] = []
+    with observe(model):
+        for step in range(200):
+            model.train()
+            x = torch.randn(32, 20)
+            loss = F.cross_entropy(model(x), (x @ w).argmax(dim=1))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            if step % 25 == 0:
+                model.eval()
+                with torch.no_grad():
+                    F.cross_entropy(model(x_val), y_val)
+    return losses
+
+
+def ctc_sequence_labelling(observe: Observe) -> list[float]:
+    """Speech-style sequence labelling: Conv1d, a bidirectional GRU and a Linear over 6 symbols (0 the blank),
+    log_softmax and CTC loss on 20 frames holding 5 labels, 4 frames each."""
+
+    class Tagger(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv1d(8, 32, 3, padding=1)
+            self.rnn = nn.GRU(32, 32, batch_first=True, bidirectional=True)
+            self.fc = nn.Linear(64, 6)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = F.relu(self.conv(x.transpose(1, 2))).transpose(1, 2)
+            h, _ = self.rnn(h)
+            return self.fc(h)
+
+    torch.manual_seed(0)
+    prototypes = torch.randn(6, 8)
+    model = Tagger()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses: list[float] = []
+    with observe(model):
+        for _ in range(150):
+            labels = torch.randint(1, 6, (16, 5))
+            frames = prototypes[labels].repeat_interleave(4, dim=1) + 0.3 * torch.randn(16, 20, 8)
+            log_probs = model(frames).log_softmax(-1).transpose(0, 1)
+            loss = F.ctc_loss(log_probs, labels, torch.full((16,), 20), torch.full((16,), 5))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    return losses
+
+
 def lightning_manual_optimisation(observe: Observe) -> list[float]:
     """A LightningModule with manual optimisation (``automatic_optimization = False``): manual_backward,
     clip_gradients, the optimizer and a StepLR stepped by hand, under lightning.Trainer for 3 epochs."""
@@ -604,5 +716,9 @@ PROGRAMS: dict[str, Callable[[Observe], list[float]]] = {
     "mixture_of_experts": mixture_of_experts,
     "polynomial_regression": polynomial_regression,
     "tied_denoising_autoencoder": tied_denoising_autoencoder,
+    "gradient_checkpointing": gradient_checkpointing,
+    "weight_norm_classifier": weight_norm_classifier,
+    "training_with_validation": training_with_validation,
+    "ctc_sequence_labelling": ctc_sequence_labelling,
     "lightning_manual_optimisation": lightning_manual_optimisation,
 }

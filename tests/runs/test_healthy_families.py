@@ -2,7 +2,8 @@
 LSTM under LBFGS with a closure, a row-by-row RNN classifier, DQN with a target network, SimCLR's NT-Xent,
 knowledge distillation, a U-Net with pos_weight, sparse EmbeddingBag factors under SparseAdam, bfloat16 autocast,
 gradient accumulation, a weight-tied language model, a top-1 mixture of experts, hand-written SGD on polynomial
-features, a tied denoising autoencoder, a LightningModule with manual optimisation.
+features, a tied denoising autoencoder, gradient checkpointing, weight_norm parametrizations, validation in
+eval mode between steps, CTC sequence labelling, a LightningModule with manual optimisation.
 
 Each is first shown healthy with plain torch (the loss falls to under half, every gradient finite, every
 parameter moves, no layer's output zero everywhere), then run again, unchanged, under NeuralDbg: the same losses
