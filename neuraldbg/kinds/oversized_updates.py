@@ -63,6 +63,7 @@ class UpdateSurgeDetector(Detector):
         self._since: list[float] = []  # ... and at each of their steps after the first
         self._worse = False  # ... which made it worse
         self._calm: dict[str, deque[float]] = {"loss": deque(), "loss_gradient": deque()}  # readings before it
+        self._first: dict[str, bool] = {}  # each layer: whether its weights were zero when first observed
 
     def observe(self, view: StepView) -> Observation | None:
         census = view.updates
@@ -97,10 +98,19 @@ class UpdateSurgeDetector(Detector):
         return obs
 
     def _ratios(self, view: StepView, layers: list[str], fallback: list[float]) -> tuple[float, float]:
-        """(median, largest) of each layer's ||dW|| over its norm before this step."""
+        """(median, largest) of each layer's ||dW|| over its norm before this step. Layers whose weights were all
+        zero when first observed (a parameter initialised to zeros that a layer of its own holds: a tied decoder's
+        bias, a position embedding, a layer-scale gate) are left out while another layer is there: they grow from
+        nothing, so under Adam-like optimizers each step moves them by 1/t of their size at step t whatever the
+        learning rate (a tied autoencoder at Adam 5e-3: 1, 0.5, 0.33, ... while its encoder moves by 0.05)."""
         updates = view.layer_updates
-        ratios: list[float] = []
         for layer in layers:
+            u = updates[layer]
+            if layer not in self._first and math.isfinite(u.before):
+                self._first[layer] = u.before == 0
+        grown = [layer for layer in layers if not self._first.get(layer, False)]
+        ratios: list[float] = []
+        for layer in grown:
             u = updates[layer]
             before = u.before if math.isfinite(u.before) and u.before > 0 else u.weight
             ratio = u.delta / before if before > 0 else u.ratio
