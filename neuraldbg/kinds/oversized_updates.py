@@ -186,18 +186,21 @@ class OversizedUpdates(Kind):
     def undone(self, event: SemanticEvent, coverage: Coverage, facts: RunFacts) -> bool:
         """Large updates whose rise of the loss the rest of the run more than undid: the mean loss of the run's
         last quarter (:func:`.loss_evidence.read`), wholly after them, at most ``UNDONE_FALL`` of where it stood
-        before them. A learning rate that overshot early, on a rare extreme batch, and then trained (pytorch/examples'
-        polynomial regression under hand-written SGD at 0.1: the loss rose from 8 to 16 over steps 10-16, then fell
-        to 0.55, 0.07 of 8; at a 10x lower rate it ends at 8), not one too high: that one leaves the loss at chance,
-        climbing, or a little below where it stood (learning rates 100x too high in the real-programs benchmark:
-        0.66-0.93 of it, for a transformer, a tiny GPT-2 and a ConvNeXt)."""
+        before them, and below it by more than the loss's batch-to-batch spread. A learning rate that overshot
+        early, on a rare extreme batch, and then trained (pytorch/examples' polynomial regression under
+        hand-written SGD at 0.1: the loss rose from 8 to 16 over steps 10-16, then fell to 0.55, 0.07 of 8, with a
+        spread of a few units; at a 10x lower rate it ends at 8), not one too high: that one leaves the loss at
+        chance, climbing, or a little below where it stood (learning rates 100x too high in the real-programs
+        benchmark: 0.66-0.93 of it, for a transformer, a tiny GPT-2 and a ConvNeXt), or throws it so far up that
+        its spread dwarfs where it stood (a GRU forecaster at Adam 0.1: 0.28, then 7.4, a spread of 0.62, though
+        it ends at 0.011)."""
         before = event.metrics.get("loss_before")
         if before is None or not is_update_surge(event):
             return False  # confirmed by the gradient of the loss, or by the updates alone: not judged on the loss
         curve = loss_evidence.read(coverage, facts.config)
         if curve is None or curve.end.first <= event.step_end:
             return False
-        return curve.end.mean <= UNDONE_FALL * before
+        return curve.end.mean <= UNDONE_FALL * before and curve.end.mean + curve.noise < before
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
         # updates as large as the weights that caused nothing else: a learning rate far too high

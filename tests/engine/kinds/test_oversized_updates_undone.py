@@ -1,5 +1,6 @@
 """``OversizedUpdates.undone``: large updates confirmed by a rise of the loss are undone only by a last quarter of
-the run that lies wholly after them and averages at most a tenth of where the loss stood before them."""
+the run that lies wholly after them and averages at most a tenth of where the loss stood before them, and below it
+by more than the loss's batch-to-batch spread."""
 
 from __future__ import annotations
 
@@ -33,6 +34,15 @@ def falling(end: float) -> list[float]:
     return out
 
 
+def thrown_up() -> list[float]:
+    """0.3 at first, 7 over steps 10-16, then 0.02 with a wobble of +-0.005: spread ~0.5 from the two jumps."""
+    out = []
+    for step in range(STEPS):
+        level = 0.3 if step < 10 else 7.0 if step <= 16 else 0.02
+        out.append(level + (0.005 if step % 2 else -0.005))
+    return out
+
+
 FACTS = RunFacts(trainable=5, backward_passes=STEPS, optimizer_steps=STEPS)
 
 
@@ -47,6 +57,8 @@ FACTS = RunFacts(trainable=5, backward_passes=STEPS, optimizer_steps=STEPS)
         (falling(1.0), surge(10, 16, loss_before=8.0, loss_during=16.0), False),
         # a tenth of it, just: undone
         (falling(0.79), surge(10, 16, loss_before=8.0, loss_during=16.0), True),
+        # a surge that threw the loss 20x up: a tenth of where it stood, but its spread dwarfs that
+        (thrown_up(), surge(10, 16, loss_before=0.3, loss_during=7.0), False),
         # the surge reaches into the last quarter: nothing after it to undo it
         (falling(0.5), surge(10, 160, loss_before=8.0, loss_during=16.0), False),
         # confirmed by the updates alone (no loss before it): not judged on the loss
