@@ -39,6 +39,7 @@ class Analyzer:
         self._every_step = [d for d in self.detectors if d.every_step]
         # run-level kinds, and layer kinds that also judge the run as a whole (a stall over the whole run)
         self._run_kinds = [k for k in kinds if k.run_level or type(k).run_finding is not Kind.run_finding]
+        self._undoing = [k for k in kinds if type(k).undone is not Kind.undone]  # kinds whose findings a run undoes
         self.tracker = Tracker(config, kinds)
         self.history = History(config.history_points)
         self.steps_observed = 0
@@ -136,8 +137,13 @@ class Analyzer:
         return [e for k in self._run_kinds if (e := k.run_finding(self.coverage, facts)) is not None]
 
     def events(self, final: bool = False) -> list[SemanticEvent]:
-        """The tracker's events and the run-level findings, by onset; the same list until something changes."""
+        """The tracker's events, less those the rest of the run undid (:meth:`Kind.undone`), and the run-level
+        findings, by onset; the same list until something changes."""
         base = self.tracker.events(final)
+        if self._undoing and base:
+            facts = self._facts()
+            kept = [e for e in base if not any(k.undone(e, self.coverage, facts) for k in self._undoing)]
+            base = kept if len(kept) < len(base) else base  # a new list only when the run undid one
         run = self.run_findings()
         key = (base, *((e.kind, e.step_start, e.step_end, e.detail, *e.metrics.values()) for e in run))
         if self._events_key is None or key[0] is not self._events_key[0] or key[1:] != self._events_key[1:]:

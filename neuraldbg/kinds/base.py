@@ -151,6 +151,12 @@ class Kind:
         overrides it is asked too (a judgement of the whole run besides its layers' states)."""
         return None
 
+    def undone(self, event: SemanticEvent, coverage: Coverage, facts: RunFacts) -> bool:
+        """Whether the rest of the run undid ``event`` (a finding of this kind, or evidence it owns): what it
+        harmed came back, and better, so it is no failure (default: never). Asked of every event each time the
+        events are read, so a finding still open, or undone only later, is judged on the run so far."""
+        return False
+
     # --- where it stands ---------------------------------------------------------------------------------
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
