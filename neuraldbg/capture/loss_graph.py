@@ -91,8 +91,10 @@ class Regression:
 @dataclass(frozen=True, slots=True)
 class LossGraph:
     """What one backward call's graph says: the loss that normalises logits it found (``""``: none), the
-    activation before it, if any, and whether that loss averages over its samples (False: a sum, no reduction, or
-    a loss node not recognised between it and the backward call's root)."""
+    activation before it, if any, and whether the value the backward pass starts from is that loss averaged over
+    its samples (False: a sum, no reduction, a loss node not recognised between it and the backward call's root,
+    or a loss that is more than that one term: other terms added to it, a weight, several roots, as in
+    knowledge distillation's ``T**2 * KL + CE``)."""
 
     loss: str
     activated: ActivatedInput | None
@@ -104,6 +106,7 @@ def read(losses: list[Tensor]) -> LossGraph:
     """The first loss node that normalises logits, from ``losses`` (the roots of one backward call), and the
     activation between it and the model's logits (see the module docstring)."""
     queue = [t.grad_fn for t in losses if t.grad_fn is not None]
+    root = queue[0] if len(losses) == 1 and queue else None  # the loss's value is its root node's output
     seen = {id(n) for n in queue}
     reduced: dict[int, tuple[bool, int | None]] = {}  # node -> (mean, ignored) of the nearest reducing loss node
     looked = 0
@@ -115,7 +118,8 @@ def read(losses: list[Tensor]) -> LossGraph:
         name = type(node).__name__
         averaged, ignore = reduced.get(id(node), (False, None))
         if name in _REDUCING:
-            averaged, ignore = getattr(node, "_saved_reduction", None) == _MEAN, _token(node)
+            averaged = node is root and getattr(node, "_saved_reduction", None) == _MEAN
+            ignore = _token(node)
         if name in NORMALISING:
             if not first:
                 mean, ignored = averaged, ignore

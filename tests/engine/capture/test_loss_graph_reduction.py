@@ -47,3 +47,20 @@ def test_the_ignored_token_is_read_and_the_default_names_none():
     assert loss_graph.read([F.cross_entropy(z, y, ignore_index=3)]).ignored == 3
     assert loss_graph.read([F.cross_entropy(z, y, ignore_index=0, reduction="sum")]).ignored == 0
     assert loss_graph.read([F.cross_entropy(z, y)]).ignored is None  # -100: torch's default, no token
+
+
+def test_a_loss_of_several_terms_is_not_taken_for_the_mean_cross_entropy():
+    """Knowledge distillation: T**2 * KL(student/T, teacher/T) + CE. Its value is not one sample's cross-entropy
+    (plain torch: the sum is several times the CE at the first step), so its first value is not comparable with
+    log(classes); nor is a weighted CE, nor the sum of two roots."""
+    z, y = logits(), torch.arange(8) % 5
+    teacher = torch.randn(8, 5, generator=torch.Generator().manual_seed(2)) * 3
+    t = 4.0
+    kd = F.kl_div(F.log_softmax(z / t, 1), F.softmax(teacher / t, 1), reduction="batchmean") * t * t
+    ce = F.cross_entropy(z, y)
+    total = kd + ce
+    assert float(total) > 1.5 * float(ce)  # plain torch: the other term dominates the value
+    assert loss_graph.read([total]).loss and not loss_graph.read([total]).mean
+    assert not loss_graph.read([0.5 * F.cross_entropy(z, y)]).mean
+    assert not loss_graph.read([F.cross_entropy(z, y), F.cross_entropy(z, y)]).mean
+    assert loss_graph.read([F.cross_entropy(z, y)]).mean  # the CE alone still is
