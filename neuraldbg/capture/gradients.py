@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import torch
@@ -13,6 +14,11 @@ from ..model.shards import Param
 from ..stats import tensors as stats
 from . import measure
 from .order import LayerOrder
+
+#: What the cheap CPU check takes the short way: plain strided gradients.
+_PLAIN = {Tensor}
+_STRIDED = {torch.strided}
+_layout = attrgetter("layout")
 
 if TYPE_CHECKING:
     from .forward import ForwardPath
@@ -43,6 +49,7 @@ class GradientReader:
         self._probe_count = 0
         self._head: Param | None = None
         self._head_bias: Param | None = None
+        self._whole: list[Tensor] | None = None  # the parameters, when each is held whole (see check_finite)
 
     def drop(self) -> None:
         self.snapshot = self._held = None
@@ -88,6 +95,8 @@ class GradientReader:
         reduction per tensor and one reading, whatever the number of parameters. An inf or NaN files that
         gradient as non-finite at this very step (see :func:`~neuraldbg.capture.pending.assign`), so it is dated
         where it happened, not at the next fully observed step."""
+        if self._fwd.host_reads_are_free and self._cpu_grads_surely_finite():
+            return
         with_grad, _ = measure.readable(self.params)  # unreadable gradients are reported by the full steps
         if not with_grad:
             return
@@ -104,6 +113,19 @@ class GradientReader:
             return
         checked = [(name, grad.numel()) for name, _, grad in with_grad]
         pending.put("grad_checks", (checked, probes), total)
+
+    def _cpu_grads_surely_finite(self) -> bool:
+        """The common case in a few calls over all gradients at once: parameters held whole, their gradients plain
+        strided CPU tensors, all surely finite. False means only "take the long way" (:func:`measure.readable`,
+        then the probes)."""
+        if self._whole is None:
+            self._whole = [p.tensor for p in self.params] if all(p.piece is None for p in self.params) else []
+        if not self._whole:
+            return False
+        grads = [g for g in [t.grad for t in self._whole] if g is not None]
+        if not grads or set(map(type, grads)) != _PLAIN or set(map(_layout, grads)) != _STRIDED:
+            return False
+        return all(g.is_cpu for g in grads) and stats.surely_finite(grads)
 
     def capture(self, loss_scale: float = 1.0) -> None:
         """A fully observed step's gradient statistics. Read again at the optimizer step when first read at the end
