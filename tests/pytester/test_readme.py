@@ -157,6 +157,7 @@ COMMANDS = {
     # cost.md, benchmark.md
     "python -m benchmarks.overhead": "benchmark",
     "python -m benchmarks.overhead --model tiny --model deep": "benchmark",
+    "python -m benchmarks.overhead --model many --no-compile --quick": "benchmark",
     "python -m benchmarks.diagnosis": "benchmark",
     "python -m benchmarks.evidence": "benchmark",
     "python -m benchmarks.holdout_evidence": "benchmark",
