@@ -128,8 +128,11 @@ class UpdateSurgeDetector(Detector):
         a loss that rises is pushed up). A reading that stays positive is compared on a log scale, where a loss moves
         by factors: one step that throws the loss tenfold up, followed by steps that bring it back towards where it
         was, is a fit made worse, not noise that hides a rise (an MLP under Adam at 0.1: 2.3, then 24.8, 6.9, 3.9,
-        3.2). Where it stood: the mean of the last readings before them when there are a
-        few, else the reading at their first step (which that step's update has not changed yet). Once worse, the
+        3.2). Where it stood: the mean of the calm readings before them when there are a
+        few (today every one since the run began: the deques below never get their bound; bounding them to the
+        last few finds a learning rate raised late in a run but calls the real-programs word language model, SGD
+        at lr 20, unstable: see docs/limitations.md), else the reading at their first step (which that step's
+        update has not changed yet). Once worse, the
         run of large updates counts to its end. A run without either reading is judged by the updates alone."""
         readings = self._readings(view)
         if self._start is None:
