@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import torch
@@ -14,11 +13,6 @@ from ..model.shards import Param
 from ..stats import tensors as stats
 from . import measure
 from .order import LayerOrder
-
-#: What the cheap CPU check takes the short way: plain strided gradients.
-_PLAIN = {Tensor}
-_STRIDED = {torch.strided}
-_layout = attrgetter("layout")
 
 if TYPE_CHECKING:
     from .forward import ForwardPath
@@ -95,15 +89,17 @@ class GradientReader:
         reduction per tensor and one reading, whatever the number of parameters. An inf or NaN files that
         gradient as non-finite at this very step (see :func:`~neuraldbg.capture.pending.assign`), so it is dated
         where it happened, not at the next fully observed step."""
-        if self._fwd.host_reads_are_free and self._cpu_grads_surely_finite():
+        host = self._fwd.host_reads_are_free
+        verdict = self._cpu_grads_surely_finite() if host else None
+        if verdict:
             return
         with_grad, _ = measure.readable(self.params)  # unreadable gradients are reported by the full steps
         if not with_grad:
             return
         pending = self._rec.pending
         grads = [g for _, _, g in with_grad]
-        on_host = self._fwd.host_reads_are_free and all(g.is_cpu for g in grads)
-        if on_host and stats.surely_finite(grads):
+        on_host = host and all(g.is_cpu for g in grads)
+        if on_host and verdict is None and stats.surely_finite(grads):  # False: already looked, look closer
             return
         probes = stats.device_finite_probes(grads)
         total = None if on_host else stats.probe_sum(probes)
@@ -114,18 +110,19 @@ class GradientReader:
         checked = [(name, grad.numel()) for name, _, grad in with_grad]
         pending.put("grad_checks", (checked, probes), total)
 
-    def _cpu_grads_surely_finite(self) -> bool:
-        """The common case in a few calls over all gradients at once: parameters held whole, their gradients plain
-        strided CPU tensors, all surely finite. False means only "take the long way" (:func:`measure.readable`,
-        then the probes)."""
+    def _cpu_grads_surely_finite(self) -> bool | None:
+        """The common case in a few calls over all gradients at once: parameters held whole, their gradients
+        plain CPU tensors (:func:`~neuraldbg.stats.tensors.all_dense_on_cpu`); then whether they are all surely
+        finite (False: look closer, with the probes). None when the case is not the common one: the long way
+        (:func:`measure.readable`) decides."""
         if self._whole is None:
             self._whole = [p.tensor for p in self.params] if all(p.piece is None for p in self.params) else []
         if not self._whole:
-            return False
+            return None
         grads = [g for g in [t.grad for t in self._whole] if g is not None]
-        if not grads or set(map(type, grads)) != _PLAIN or set(map(_layout, grads)) != _STRIDED:
-            return False
-        return all(g.is_cpu for g in grads) and stats.surely_finite(grads)
+        if not grads or not stats.all_dense_on_cpu(grads):
+            return None
+        return stats.surely_finite(grads)
 
     def capture(self, loss_scale: float = 1.0) -> None:
         """A fully observed step's gradient statistics. Read again at the optimizer step when first read at the end

@@ -244,7 +244,7 @@ def _probabilities(data: StepData, key: Any, extra: float, value: float) -> None
 
 
 def _labels_ahead(data: StepData, key: Any, extra: float, value: float) -> None:
-    data.labels_ahead = value if data.labels_ahead is None else max(data.labels_ahead, value)
+    data.labels_ahead = merge_max(data.labels_ahead, value)
 
 
 def _regression_target(data: StepData, key: Any, extra: float, value: float) -> None:

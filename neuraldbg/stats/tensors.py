@@ -16,6 +16,7 @@ from torch import Tensor
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _FLOAT32 = frozenset({torch.float32})
 _dtype = attrgetter("dtype")
+_layout = attrgetter("layout")
 _shape = attrgetter("shape")
 _contiguous = methodcaller("is_contiguous")
 # grad mode switched by a direct call: ``torch.no_grad()`` costs a few Python calls, paid on every hook call
@@ -179,6 +180,18 @@ def labels_ahead(input_ids: Tensor, labels: Tensor, ignore: int = -100) -> Tenso
 
 #: Tensor types whose values the reductions read directly.
 _PLAIN = (Tensor, torch.nn.Parameter)
+
+
+def all_dense_on_cpu(tensors: Sequence[Tensor]) -> bool:
+    """Whether :func:`dense` returns every tensor as it is (plain, strided, real floating values: not quantized,
+    not meta) and every one is on the CPU; checked over the whole list at once (a set of types, of layouts, of
+    dtypes), not tensor by tensor."""
+    return (
+        set(map(type, tensors)) <= set(_PLAIN)
+        and set(map(_layout, tensors)) <= {torch.strided}
+        and all(dtype.is_floating_point for dtype in set(map(_dtype, tensors)))
+        and all(t.is_cpu for t in tensors)
+    )
 
 
 def dense(t: Tensor) -> Tensor | None:

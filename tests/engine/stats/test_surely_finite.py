@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from neuraldbg.stats.tensors import device_finite_probes, probe_sum, surely_finite
+from neuraldbg.stats.tensors import all_dense_on_cpu, dense, device_finite_probes, probe_sum, surely_finite
 
 
 @pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
@@ -44,3 +44,16 @@ def test_the_sum_of_probes_is_non_finite_exactly_when_a_probe_is() -> None:
     total = probe_sum(device_finite_probes(tensors))
     assert total is not None and math.isnan(float(total))
     assert probe_sum([]) is None
+
+
+def test_the_short_way_takes_only_plain_cpu_floats_that_dense_returns_as_they_are() -> None:
+    plain = [torch.ones(3), torch.nn.Parameter(torch.ones(2, dtype=torch.float64)), torch.ones(4, dtype=torch.bfloat16)]
+    assert all_dense_on_cpu(plain) and all(dense(t) is t for t in plain)
+    others = [
+        torch.ones(3).to_sparse(),  # dense() gives its values, not the tensor
+        torch.ones(3, device="meta"),  # no values
+        torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8),  # dense() dequantizes
+        torch.ones(3, dtype=torch.complex64),  # not real
+    ]
+    for other in others:
+        assert not all_dense_on_cpu([*plain, other])
