@@ -211,22 +211,29 @@ class Recorder:
     def adopt_scaler(self) -> None:
         """A GradScaler was found at the first optimizer step (see :mod:`neuraldbg.capture.scaler`). Provisional
         steps held so far are the iterations it skipped when the scale says it backed off once for each of them;
-        otherwise they are micro-batches, folded as usual."""
+        otherwise they are micro-batches, folded as usual. What was read of the backward passes before the scaler
+        was known is divided by the scale each pass used: a skipped iteration's is the one before its back-off
+        (the held iteration ``i`` of ``n`` used ``scale / backoff ** (n - i)``), a micro-batch's the current one."""
         self.clock.skip_probe = self.scaler.at_forward
+        held = self.clock.provisional
+        skips = False
+        if held and self.clock.mode is StepMode.UNKNOWN:
+            first = next((p.data.loss_scale for p in self.buffer if p.data.loss_scale is not None), None)
+            skips = self.scaler.skips_before(first) == held
         scale = self.scaler.tensor()
         if scale is not None:  # this step's backward pass was read before the scaler was known
-            for part in (*self.buffer, self.pending) if self.clock.mode is StepMode.UNKNOWN else (self.pending,):
-                part.unscale(scale)
+            if self.clock.mode is StepMode.UNKNOWN:
+                backoff = float(self.scaler.scaler.get_backoff_factor()) if skips else 1.0
+                n = len(self.buffer)
+                for i, part in enumerate(self.buffer):
+                    part.unscale(scale / backoff ** (n - i) if skips else scale)
+            self.pending.unscale(scale)
             raw = self.backward.grads.raw
             if isinstance(raw, Tensor):
                 self.backward.grads.raw = raw / scale
             elif raw:
                 self.backward.grads.raw = [n / scale for n in raw]
-        held = self.clock.provisional
-        if not held or self.clock.mode is not StepMode.UNKNOWN:
-            return
-        first = next((p.data.loss_scale for p in self.buffer if p.data.loss_scale is not None), None)
-        if self.scaler.skips_before(first) != held:
+        if not skips:
             return
         for part in self.buffer:
             part.skip()

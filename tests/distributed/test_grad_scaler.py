@@ -40,6 +40,7 @@ class Truth:
     skipped: list[int] = field(default_factory=list)  # steps the scaler skipped
     grad_norms: dict[int, dict[str, float]] = field(default_factory=dict)  # step -> layer -> unscaled norm
     loss_grads: dict[int, float] = field(default_factory=dict)  # step -> ||d loss / d output||
+    losses: dict[int, float] = field(default_factory=dict)  # step -> the loss before scaling (last micro-batch)
 
 
 def train(
@@ -78,6 +79,7 @@ def train(
                     loss = nn.functional.mse_loss(out.float(), y) * loss_factor
                 error = 2 * loss_factor * (out.detach().float() - y) / y.numel()
                 truth.loss_grads[step] = float(torch.linalg.vector_norm(error))
+                truth.losses[step] = float(loss.detach())
                 if poison.get(step) == "nan_loss":
                     loss = loss * float("nan")
                 if poison.get(step) == "overflow":
@@ -133,6 +135,22 @@ def test_a_float16_run_whose_scaler_skips_its_first_steps_is_healthy_and_the_ski
     for step, value in loss_grads.items():
         assert step not in truth.skipped
         assert value == pytest.approx(truth.loss_grads[step], rel=2e-3), step
+
+
+@pytest.mark.parametrize("passed", [True, False], ids=["scaler passed", "scaler found"])
+def test_the_loss_of_each_skipped_step_is_divided_by_the_scale_that_step_used(passed):
+    # found at the first step it does not skip, the scaler's scale has been halved once per skip by then: each held
+    # step's recorded loss is divided by its own scale, not by that later one (which would make step 0's loss
+    # 2**skips times too large)
+    model = make_model()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24)
+    dbg = NeuralDbg(model, grad_scaler=scaler if passed else None)
+    truth = train(model, scaler, dbg, 12)
+    assert len(truth.skipped) >= 5 and truth.skipped[:3] == [0, 1, 2]
+    losses = dict(dbg._recorder.coverage.losses.first)
+    assert sorted(losses) == list(range(12))
+    for step in range(12):
+        assert losses[step] == pytest.approx(truth.losses[step], rel=1e-3), step
 
 
 @pytest.mark.parametrize("passed", [True, False], ids=["scaler passed", "scaler found"])
