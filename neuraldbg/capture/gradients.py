@@ -44,6 +44,7 @@ class GradientReader:
         self._head: Param | None = None
         self._head_bias: Param | None = None
         self._whole: list[Tensor] | None = None  # the parameters, when each is held whole (see check_finite)
+        self._flat = False  # ... their gradients are checked as one flat copy (stats.flat_check_pays)
 
     def drop(self) -> None:
         self.snapshot = self._held = None
@@ -117,12 +118,14 @@ class GradientReader:
         (:func:`measure.readable`) decides."""
         if self._whole is None:
             self._whole = [p.tensor for p in self.params] if all(p.piece is None for p in self.params) else []
+            self._flat = stats.flat_check_pays(self._whole)
         if not self._whole:
             return None
         grads = [g for g in [t.grad for t in self._whole] if g is not None]
         if not grads or not stats.all_dense_on_cpu(grads):
             return None
-        return stats.surely_finite(grads)
+        # a gradient's dtype may differ from its parameter's: the flat sum takes float32 only
+        return stats.surely_finite(grads, flat=self._flat and stats.all_float32(grads))
 
     def capture(self, loss_scale: float = 1.0) -> None:
         """A fully observed step's gradient statistics. Read again at the optimizer step when first read at the end

@@ -197,7 +197,11 @@ def loss_of(tensors: Any, grad_tensors: Any) -> Tensor | None:
     for root in roots:
         if not (isinstance(root, Tensor) and root.requires_grad and root.numel() == 1 and root.is_floating_point()):
             return None
-        value = root.detach().reshape(()).float()
+        value = root.detach()
+        if value.dim():
+            value = value.reshape(())
+        if value.dtype is not torch.float32:
+            value = value.float()
         total = value if total is None else total + value
     return total
 

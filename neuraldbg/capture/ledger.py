@@ -82,6 +82,7 @@ class GradLedger:
         self._names: list[str] = []
         self._marks: list[_Mark | None] = []
         self._index: dict[str, int] = {}
+        self._owned_indices: tuple[frozenset[str] | None, list[int]] = (None, [])  # the last owner's, by index
         self._carry: tuple[list[str], Tensor | None] | None = None  # carried-over gradients awaiting the step
         self._open = False  # a backward pass reached the model since its optimizer last stepped
         self._sample: tuple[weakref.ref[Tensor], Tensor] | None = None  # manual updates: head .grad, parameter
@@ -101,6 +102,7 @@ class GradLedger:
         self._tensors = [t for _, t in unique]
         self._marks = [None] * len(unique)
         self._index = {n: i for i, n in enumerate(self._names)}
+        self._owned_indices = (None, [])
         self._carry = None
         self._sample = None
         self._open = False
@@ -297,12 +299,14 @@ class GradLedger:
         """An owned optimizer stepped: note the gradients it applied, as it left them."""
         self._open = False
         self._sample = None
-        for name in owned:
-            i = self._index.get(name)
-            if i is None:
-                continue
-            g = self._tensors[i].grad
-            self._marks[i] = _Mark(weakref.ref(g), g._version, True) if g is not None else None
+        indices = self._owned_indices
+        if indices[0] is not owned:  # a different optimizer, or its groups changed (see BackwardPath._owned_by)
+            indices = (owned, [i for i in map(self._index.get, owned) if i is not None])
+            self._owned_indices = indices
+        tensors, marks = self._tensors, self._marks
+        for i in indices[1]:
+            g = tensors[i].grad
+            marks[i] = _Mark(weakref.ref(g), g._version, True) if g is not None else None
 
 
 def _unchanged(mark: _Mark | None, state: _State) -> bool:

@@ -21,6 +21,10 @@ _shape = attrgetter("shape")
 _contiguous = methodcaller("is_contiguous")
 # grad mode switched by a direct call: ``torch.no_grad()`` costs a few Python calls, paid on every hook call
 _set_grad_enabled = torch._C._set_grad_enabled
+#: every tensor's values, flattened and copied one after another into one new 1-d tensor, in one C++ call
+_flatten: Callable[[list[Tensor]], Tensor] = getattr(
+    torch._C._nn, "flatten_dense_tensors", lambda ts: torch.cat([t.reshape(-1) for t in ts])
+)
 
 
 def all_float32(tensors: Sequence[Tensor]) -> bool:
@@ -295,19 +299,45 @@ def device_finite_probes(tensors: Sequence[Tensor]) -> list[Tensor]:
 
 #: Up to this many norms are summed on the host (a CPU read each costs less than a stack and a sum).
 _HOST_SUM = 8
+#: :func:`flat_check_pays`: float32 tensors of at most this many elements on average, and at most
+#: ``_FLAT_TOTAL`` in all, are summed as one flat copy rather than reduced one by one.
+_FLAT_MEAN = 16_384
+_FLAT_TOTAL = 1 << 22
 
 
-def surely_finite(tensors: Sequence[Tensor]) -> bool:
+def flat_check_pays(tensors: Sequence[Tensor]) -> bool:
+    """Whether :func:`surely_finite` should sum ``tensors`` as one flat copy: all float32, small on average
+    (a CPU reduces a list of tensors one tensor at a time, ~1.5 us each however small: 400 gradients of a
+    200-layer MLP cost ~0.5 ms, a copy of their 0.4M values into one buffer and its sum ~0.2 ms) and small in all
+    (the copy costs memory and time in proportion to the elements: an 8x512 MLP's 17 large gradients are cheaper
+    one by one). Decided once per parameter list by the caller."""
+    if not tensors or not all_float32(tensors):
+        return False
+    total = sum(t.numel() for t in tensors)
+    return total <= _FLAT_TOTAL and total <= _FLAT_MEAN * len(tensors)
+
+
+def surely_finite(tensors: Sequence[Tensor], flat: bool = False) -> bool:
     """True when every CPU tensor surely holds only finite values: the sum of their L2 norms (:func:`norms`: the
     cheapest reduction a CPU has, one per tensor), read at once, is finite. False says only "look closer": a norm
     of finite float32 values overflows above 1.8e19 (use :func:`device_finite_probes` then, which cannot). Every
-    tensor must be plain, strided and on the CPU."""
+    tensor must be plain, strided and on the CPU.
+
+    ``flat`` (see :func:`flat_check_pays`; every tensor float32): the sum of all their values, copied into one
+    buffer in one call, instead: an inf or a NaN makes it non-finite (inf - inf is NaN), and finite values make it
+    inf only when they overflow float32 (a closer look then clears them, as for a norm)."""
     if not tensors:
         return True
+    grad = torch.is_grad_enabled()
+    if flat:
+        _set_grad_enabled(False)
+        try:
+            return math.isfinite(float(_flatten(list(tensors)).sum()))
+        finally:
+            _set_grad_enabled(grad)
     found = norms(tensors)
     if len(found) <= _HOST_SUM:
         return math.isfinite(sum(float(n) for n in found))
-    grad = torch.is_grad_enabled()
     _set_grad_enabled(False)
     try:
         return math.isfinite(float(torch.stack(found).sum()))

@@ -9,24 +9,44 @@ import math
 import pytest
 import torch
 
-from neuraldbg.stats.tensors import all_dense_on_cpu, dense, device_finite_probes, probe_sum, surely_finite
+from neuraldbg.stats.tensors import (
+    all_dense_on_cpu,
+    dense,
+    device_finite_probes,
+    flat_check_pays,
+    probe_sum,
+    surely_finite,
+)
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+# (dtype, flat): the flat sum is for float32 lists only (see flat_check_pays)
+WAYS = [(dtype, False) for dtype in DTYPES] + [(torch.float32, True)]
 
 
 @pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
-def test_one_non_finite_element_anywhere_is_never_called_surely_finite(bad: float, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(("dtype", "flat"), WAYS)
+def test_one_non_finite_element_anywhere_is_never_called_surely_finite(
+    bad: float, dtype: torch.dtype, flat: bool
+) -> None:
     tensors = [torch.ones(5, dtype=dtype), torch.randn(64, 64).to(dtype), torch.zeros(3, dtype=dtype)]
-    assert surely_finite(tensors)
+    assert surely_finite(tensors, flat=flat)
     tensors[1][7, 9] = bad
     assert not torch.isfinite(tensors[1]).all()  # plain torch
-    assert not surely_finite(tensors)
+    assert not surely_finite(tensors, flat=flat)
 
 
-def test_huge_finite_values_ask_for_a_closer_look_which_clears_them() -> None:
-    huge = torch.full((1024,), 1e20)
-    assert torch.isfinite(huge).all()  # plain torch: finite, but its float32 norm overflows
-    assert math.isinf(float(torch.linalg.vector_norm(huge)))
-    assert not surely_finite([torch.ones(3), huge])
+def test_an_inf_and_a_minus_inf_in_one_flat_sum_are_still_found() -> None:
+    tensors = [torch.ones(4), torch.ones(4)]
+    tensors[0][1], tensors[1][2] = math.inf, -math.inf
+    assert not surely_finite(tensors, flat=True)  # inf - inf is NaN: not finite
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_huge_finite_values_ask_for_a_closer_look_which_clears_them(flat: bool) -> None:
+    huge = torch.full((1024,), 1e36)
+    assert torch.isfinite(huge).all()  # plain torch: finite, but its float32 norm and its sum overflow
+    assert math.isinf(float(torch.linalg.vector_norm(huge))) and math.isinf(float(huge.sum()))
+    assert not surely_finite([torch.ones(3), huge], flat=flat)
     probes = device_finite_probes([torch.ones(3), huge])
     assert all(math.isfinite(float(p)) for p in probes)
     total = probe_sum(probes)
@@ -57,3 +77,13 @@ def test_the_short_way_takes_only_plain_cpu_floats_that_dense_returns_as_they_ar
     ]
     for other in others:
         assert not all_dense_on_cpu([*plain, other])
+
+
+def test_the_flat_sum_is_taken_for_many_small_float32_tensors_only() -> None:
+    deep = [t for _ in range(200) for t in (torch.ones(32, 32), torch.ones(32))]  # a 200-layer narrow MLP
+    assert flat_check_pays(deep)
+    wide = [t for _ in range(8) for t in (torch.ones(512, 512), torch.ones(512))]  # an 8x512 MLP: 130k on average
+    assert not flat_check_pays(wide)
+    assert not flat_check_pays([torch.ones(4096, 2048)] * 600)  # small enough on average, too large in all
+    assert not flat_check_pays([t.half() for t in deep])  # a float16 sum overflows at 65504
+    assert not flat_check_pays([])
