@@ -20,14 +20,17 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 # --------------------------------------------------------------------------------------------- data
 
 
-def regression_batches(in_features: int = 16, batch: int = 32, seed: int = 1) -> Callable[[int], Batch]:
-    """A learnable regression task: targets from a fixed random linear teacher plus noise."""
-    teacher = torch.randn(in_features, 1, generator=torch.Generator().manual_seed(seed + 1000))
+def regression_batches(
+    in_features: int = 16, batch: int = 32, seed: int = 1, scale: float = 1.0, noise: float = 0.05
+) -> Callable[[int], Batch]:
+    """A learnable regression task: targets from a fixed random linear teacher (its weights ``scale`` times
+    standard normal) plus noise of standard deviation ``noise``."""
+    teacher = scale * torch.randn(in_features, 1, generator=torch.Generator().manual_seed(seed + 1000))
 
     def make(step: int) -> Batch:
         g = torch.Generator().manual_seed(seed * 100_003 + step)
         x = torch.randn(batch, in_features, generator=g)
-        return x, x @ teacher + 0.05 * torch.randn(batch, 1, generator=g)
+        return x, x @ teacher + noise * torch.randn(batch, 1, generator=g)
 
     return make
 

@@ -15,7 +15,9 @@ quarter (at least 8).
 * It **stopped** when its second half (its first third against its last third) fell, with the same confidence, by
   less than the second half's own noise (a loss that fell tenfold jumps about tenfold less from batch to batch at
   its end than at its start: the whole run's noise would call a loss still falling steadily stopped): a plateau (a
-  converged fit too).
+  converged fit too). A loss that stays positive is judged so by factors, on the scale of its logarithm: a
+  heavy-tailed loss (rare batches many times the typical one) spreads by more than its own level from batch to
+  batch, and on its own scale could never fall by one spread, however many times it halves.
 
 A loss says nothing about the training, and no loss finding is made, when it is not one objective's: another
 optimizer, holding none of the watched parameters, steps during the run (a GAN, an actor and a critic trained
@@ -66,6 +68,8 @@ class Curve:
     verdict: str
     stopped: bool  # the second half fell by less than its noise
     second_half: tuple[float, float]  # the mean of the first and the last third of the second half
+    by_factors: bool  # ... judged on the scale of the loss's logarithm (it stays positive)
+    half_noise: float  # the second half's noise on that scale (a factor when by_factors, else in loss units)
     chance: float | None  # log(classes), when the output has classes and the first loss is near it
     classes: int
     trained: float  # the per-step update ratios, added up over the run (NaN: not measured)
@@ -186,13 +190,20 @@ def read(coverage: Coverage, config: DebugConfig) -> Curve | None:
     else:
         verdict = "unclear"
     first_third, last_third = _window(trace, 1 / 6, 0.5), _window(trace, -1 / 6)
+    by_factors = trace.positive  # a loss that stays positive moves by factors: judged on the log scale
     if first_third is not None and last_third is not None:
         second = (first_third.mean, last_third.mean)
-        local = trace.local_noise(0.5)  # the second half's own spread, not the whole run's
+        local = trace.local_noise(0.5, log=by_factors)  # the second half's own spread, not the whole run's
         spread = 2 * local * math.sqrt(1 / first_third.n + 1 / last_third.n)
-        stopped = second[0] - second[1] + spread < local
+        if by_factors:
+            a, b = _window(trace, 1 / 6, 0.5, log=True), _window(trace, -1 / 6, log=True)
+            drop = a.mean - b.mean if a is not None and b is not None else math.nan
+        else:
+            drop = second[0] - second[1]
+        stopped = drop + spread < local
+        half_noise = math.exp(local) if by_factors else local
     else:
-        second, stopped = (end.mean, end.mean), False
+        second, stopped, half_noise = (end.mean, end.mean), False, math.nan
     facts = coverage.training
     classes = facts.classes
     chance = None
@@ -209,6 +220,8 @@ def read(coverage: Coverage, config: DebugConfig) -> Curve | None:
         verdict=verdict,
         stopped=stopped,
         second_half=second,
+        by_factors=by_factors,
+        half_noise=half_noise,
         chance=chance,
         classes=classes,
         trained=_trained(facts, coverage.stepped_steps or coverage.steps),
@@ -231,9 +244,9 @@ def large_updates(facts: TrainingFacts, config: DebugConfig) -> str:
     return ""
 
 
-def _window(trace: LossTrace, fraction: float, offset: float = 0.0) -> Stretch | None:
+def _window(trace: LossTrace, fraction: float, offset: float = 0.0, log: bool = False) -> Stretch | None:
     """The losses of the first ``fraction`` of the run from ``offset`` (a negative fraction: the last ones), at
-    least :data:`WINDOW` of them (whole blocks)."""
+    least :data:`WINDOW` of them (whole blocks); ``log``: their logarithms."""
     blocks = trace.blocks
     if not blocks:
         return None
@@ -241,9 +254,9 @@ def _window(trace: LossTrace, fraction: float, offset: float = 0.0) -> Stretch |
     wanted = max(WINDOW, int(abs(fraction) * trace.count))
     count = min(len(blocks), max(1, -(-wanted // size)))
     if fraction < 0:
-        return combine(blocks[-count:])
+        return combine(blocks[-count:], log)
     first = min(int(offset * len(blocks)), len(blocks) - 1)
-    return combine(blocks[first : first + count])
+    return combine(blocks[first : first + count], log)
 
 
 def _trained(facts: TrainingFacts, steps: int) -> float:
@@ -280,7 +293,7 @@ def evidence(coverage: Coverage, config: DebugConfig, curve: Curve) -> dict[str,
     if curve.chance is not None:
         values.update(chance=curve.chance, classes=float(curve.classes))
     first, last = curve.second_half
-    values.update(half_from=first, half_to=last)
+    values.update(half_from=first, half_to=last, half_noise=curve.half_noise, by_factors=float(curve.by_factors))
     return {k: float(v) for k, v in values.items() if math.isfinite(v)}
 
 

@@ -15,10 +15,10 @@ linear regression from PyTorch's init, a tiny net under Adam at 0.1) moves its w
 in its first steps, and its loss falls all the way; pytorch/examples' word language model trains with plain SGD at
 a learning rate of 20 (clipped to 0.25), moving its layers by 10-40 % a step while its loss falls, noisily. So a
 run of updates above the ratio counts only once the fit got worse while they lasted (the loss the loop reports, or
-else the gradient of the loss with respect to the model's output, risen beyond its own noise): a learning rate
-100x too high overshoots, and the loss rises (1.4 -> 377 for a tiny BERT at 5, 4.2 -> 6.7 for a tiny GPT-2 at 0.1,
-3.8 -> 4.7 for a transformer at 0.05) before it settles at chance. Until then its findings are provisional (they
-date the event, but do not confirm it).
+else the gradient of the loss with respect to the model's output, risen beyond its own noise over where it stood
+just before them): a learning rate 100x too high overshoots, and the loss rises (1.4 -> 377 for a tiny BERT at 5,
+4.2 -> 6.7 for a tiny GPT-2 at 0.1, 3.8 -> 4.7 for a transformer at 0.05) before it settles at chance. Until then
+its findings are provisional (they date the event, but do not confirm it).
 
 The surge is evidence (an event without a kind of its own): the reasoning attaches it to the failure it sets off
 (units dying, saturating, gradients exploding, values overflowing after it: :mod:`neuraldbg.reasoning.engine`,
@@ -60,9 +60,12 @@ class UpdateSurgeDetector(Detector):
 
     def __init__(self) -> None:
         self._start: tuple[str, float] | None = None  # the fit's signal when the current large updates began
+        self._before: list[float] = []  # ... the calm readings that say so (none: their first reading does)
         self._since: list[float] = []  # ... and at each of their steps after the first
         self._worse = False  # ... which made it worse
-        self._calm: dict[str, deque[float]] = {"loss": deque(), "loss_gradient": deque()}  # readings before it
+        self._calm: dict[str, deque[float]] = {  # the last readings of steps without large updates
+            name: deque(maxlen=_CALM_READINGS) for name in ("loss", "loss_gradient")
+        }
         self._first: dict[str, bool] = {}  # each layer: whether its weights were zero when first observed
 
     def observe(self, view: StepView) -> Observation | None:
@@ -124,25 +127,35 @@ class UpdateSurgeDetector(Detector):
     def _getting_worse(self, view: StepView) -> bool:
         """Whether the fit got worse while these large updates lasted: the loss (when the loop reports it), else the
         gradient of the loss with respect to the output, averaged over their steps after the first, above where it
-        stood before them by more than twice the average's standard error (a batch's loss varies from step to step;
-        a loss that rises is pushed up). A reading that stays positive is compared on a log scale, where a loss moves
-        by factors: one step that throws the loss tenfold up, followed by steps that bring it back towards where it
-        was, is a fit made worse, not noise that hides a rise (an MLP under Adam at 0.1: 2.3, then 24.8, 6.9, 3.9,
-        3.2). Where it stood: the mean of the calm readings before them when there are a
-        few (today every one since the run began: the deques below never get their bound; bounding them to the
-        last few finds a learning rate raised late in a run but calls the real-programs word language model, SGD
-        at lr 20, unstable: see docs/limitations.md), else the reading at their first step (which that step's
-        update has not changed yet). Once worse, the
-        run of large updates counts to its end. A run without either reading is judged by the updates alone."""
+        stood before them by more than twice the standard error of that difference (a batch's loss varies from step
+        to step; a loss that rises is pushed up). A reading that stays positive is compared on a log scale, where a
+        loss moves by factors: one step that throws the loss tenfold up, followed by steps that bring it back
+        towards where it was, is a fit made worse, not noise that hides a rise (an MLP under Adam at 0.1: 2.3, then
+        24.8, 6.9, 3.9, 3.2).
+
+        Where it stood: the median of the last ``_CALM_READINGS`` calm readings before them when there are at least
+        ``_CALM_LEAST``, else the reading at their first step (which that step's update has not changed yet). The
+        last ones, not all since the run began: after a long fall, a learning rate raised late throws the loss up
+        and still below the mean of the whole run (an MLP under Adam at 0.01 raised to 0.5 at step 150: 1.2 over
+        the ten steps before, 6.9 over the next ten, 35 over the next sixty against 1.4 for the twin that keeps its
+        rate, while its calm readings since the start, from 122, averaged 30). Their median: one extreme batch among
+        them does not lift where the fit stood. The standard error counts the noise of those calm readings beside
+        the spread of the readings since: two readings during large updates can lie close together by chance, and
+        their spread alone then takes the loss for one without noise (pytorch/examples' word language model, SGD at
+        lr 20, large updates by design and a loss of 3.7-4.0 from batch to batch: 3.94 and 3.88 during them were
+        a rise over 3.84, the mean of the last four calm readings, by their own spread alone).
+
+        Once worse, the run of large updates counts to its end. A run without either reading is judged by the
+        updates alone."""
         readings = self._readings(view)
         if self._start is None:
             name = next(iter(readings), None)
             if name is None:
                 self._start = ("", math.nan)
                 return True
-            before = self._calm[name]
-            reference = statistics.fmean(before) if len(before) >= _CALM_READINGS else readings[name]
-            self._start, self._since = (name, reference), []
+            before = list(self._calm[name]) if len(self._calm[name]) >= _CALM_LEAST else []
+            reference = statistics.median(before) if before else readings[name]
+            self._start, self._before, self._since = (name, reference), before, []
             return False
         name, reference = self._start
         if not name:
@@ -150,12 +163,14 @@ class UpdateSurgeDetector(Detector):
         value = readings.get(name)
         if value is not None:
             self._since.append(value)
-        since = self._since
+        since, before = self._since, self._before
         if not self._worse and len(since) >= 2:
-            if reference > 0 and min(since) > 0:  # a positive loss moves by factors: compared on a log scale
-                since, reference = [math.log(v) for v in since], math.log(reference)
-            error = statistics.stdev(since) / math.sqrt(len(since))
-            self._worse = statistics.fmean(since) - reference > 2 * error
+            if reference > 0 and min(since) > 0 and min(before, default=1.0) > 0:  # moves by factors: log scale
+                since, before, reference = _logs(since), _logs(before), math.log(reference)
+            variance = statistics.variance(since) / len(since)  # the error of the mean of the readings since ...
+            if len(before) >= 2:
+                variance += statistics.variance(before) / len(before)  # ... and of where it stood before them
+            self._worse = statistics.fmean(since) - reference > 2 * math.sqrt(variance)
         return self._worse
 
     def _readings(self, view: StepView) -> dict[str, float]:
@@ -166,11 +181,17 @@ class UpdateSurgeDetector(Detector):
     def _calm_step(self, view: StepView) -> None:
         """A step without large updates: its readings are where the fit stands."""
         for name, value in self._readings(view).items():
-            self._calm.setdefault(name, deque(maxlen=_CALM_READINGS)).append(value)
+            self._calm[name].append(value)
 
 
-#: Readings before a run of large updates that say where the fit stood (fewer: the run's first reading does).
-_CALM_READINGS = 4
+def _logs(values: list[float]) -> list[float]:
+    return [math.log(v) for v in values]
+
+
+#: The last calm readings before a run of large updates whose median says where the fit stood ...
+_CALM_READINGS = 8
+#: ... when there are at least this many (fewer: the run's first reading does).
+_CALM_LEAST = 4
 #: A loss whose last quarter averages at most this share of where it stood before large updates trained on
 #: after them: they are undone (see :meth:`OversizedUpdates.undone`).
 UNDONE_FALL = 0.1

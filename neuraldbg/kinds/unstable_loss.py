@@ -4,7 +4,8 @@ their norm (``loss_large_update``, or weights whose norm grew 2.5-fold) and the 
 rate is too high for the loss to settle, though not high enough for the gradients to explode.
 
 A climb is judged against the loss's own noise (its end above its start by more than its batch-to-batch spread and
-two standard errors); a stop is a second half that fell, with that confidence, by less than that spread. See
+two standard errors); a stop is a second half that fell, with that confidence, by less than that spread, by factors
+(on the log scale) when the loss stays positive: a heavy-tailed loss that still halves is not stopped. See
 :mod:`.loss_evidence` for the runs it is judged on. A fault that began first (gradients not zeroed, an explosion)
 explains it.
 """
@@ -55,11 +56,15 @@ class UnstableLoss(loss_evidence.LossKind):
                 "predictions worse than a guess, with finite gradients."
             )
         else:
+            if m.get("by_factors") and "half_noise" in m:  # judged by factors: the spread is one too
+                spread = f"not down by the factor it moves by from batch to batch ({num(m['half_noise'])}x)"
+            else:
+                spread = f"less than its batch-to-batch spread ({num(noise)})"
             what = (
                 f"The loss stopped falling at {num(end)}: over the second half of the run it went from "
-                f"{num(m.get('half_from', end))} to {num(m.get('half_to', end))}, less than its batch-to-batch spread "
-                f"({num(noise)}), while {root.detail or 'the updates were large'}: the steps are too large for the "
-                "loss to settle into a minimum."
+                f"{num(m.get('half_from', end))} to {num(m.get('half_to', end))}, {spread}, while "
+                f"{root.detail or 'the updates were large'}: the steps are too large for the loss to settle into a "
+                "minimum."
             )
         causes, fix = loss_evidence.ranked(m, "unstable")
         return what + causes, fix

@@ -5,6 +5,7 @@ and the loss against the same model trained at lr 1e-3."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 
 import support
@@ -68,3 +69,61 @@ def test_the_same_transformer_at_a_sane_learning_rate_is_silent() -> None:
     dbg, losses, _, _ = run(1e-3)
     assert statistics.fmean(losses[-10:]) < 0.6 * losses[0]  # plain torch: it learns
     assert dbg.hypotheses() == []
+
+
+RAISE_AT, RAISED = 150, 0.5
+
+
+def run_raised(lr_after: float, watched: bool) -> tuple[NeuralDbg | None, list[float], list[float]]:
+    """A ReLU MLP 16-32-1 fitting a noisy linear teacher under Adam at 0.01, whose learning rate becomes
+    ``lr_after`` at step RAISE_AT; returns the debugger (when watched), the losses and the median update/weight
+    ratio of the weight matrices per step (plain torch)."""
+    torch.manual_seed(0)
+    model = support.mlp(width=32, depth=1)
+    batches = support.regression_batches(scale=4.0, noise=0.9)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    weights = [p for p in model.parameters() if p.dim() == 2]
+    losses: list[float] = []
+    ratios: list[float] = []
+    dbg = NeuralDbg(model) if watched else None
+    with dbg if dbg is not None else contextlib.nullcontext():
+        for step in range(RAISE_AT + 60):
+            if step == RAISE_AT:
+                for group in opt.param_groups:
+                    group["lr"] = lr_after
+            x, y = batches(step)
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            before = [w.detach().clone() for w in weights]
+            opt.step()
+            ratios.append(statistics.median(float((w.detach() - b).norm() / b.norm()) for w, b in zip(weights, before)))
+            losses.append(loss.item())
+    return dbg, losses, ratios
+
+
+def test_a_learning_rate_raised_late_in_a_long_run_is_named_oversized_updates() -> None:
+    dbg, losses, ratios = run_raised(RAISED, watched=True)
+    _, twin, _ = run_raised(0.01, watched=False)
+    assert dbg is not None
+    mean = statistics.fmean
+
+    # plain torch: the same run as its twin until the raise; then updates of a large share of the weights and a
+    # loss thrown far up, for good (the twin stays where it stood)
+    assert losses[:RAISE_AT] == twin[:RAISE_AT]
+    assert max(ratios[RAISE_AT - 50 : RAISE_AT]) < 0.1 < min(ratios[RAISE_AT + 3 : RAISE_AT + 10])
+    before = mean(losses[RAISE_AT - 10 : RAISE_AT])
+    assert mean(losses[RAISE_AT : RAISE_AT + 10]) > 4 * before
+    assert mean(losses[RAISE_AT:]) > 10 * mean(twin[RAISE_AT:])
+    assert mean(losses[-10:]) > 10 * mean(twin[-10:])
+    # ... and yet, over its first steps, below the mean loss of the whole run before it: the fall from the start
+    # (121 at step 0) is no reference for where the fit stood when the learning rate changed
+    assert mean(losses[RAISE_AT : RAISE_AT + 10]) < mean(losses[:RAISE_AT]) / 3
+
+    hypotheses = dbg.hypotheses()
+    assert hypotheses, dbg.report()
+    top_hypothesis = hypotheses[0]
+    assert top_hypothesis.kind is FailureKind.OVERSIZED_UPDATES
+    assert RAISE_AT <= top_hypothesis.root.step_start <= RAISE_AT + 5
+    words = top_hypothesis.explanation
+    assert f"learning rate {RAISED}" in words and "the fit got worse meanwhile: the loss rose from" in words

@@ -274,6 +274,41 @@ def test_a_fit_whose_loss_gradient_fell_tenfold_from_its_first_is_not_stalled():
     assert [f[0].state if f else None for f in found] == [None, "stalled", None, "stalled"]
 
 
+def surge_confirmed(calm: list[float], surge: list[float]) -> list[bool]:
+    """Whether each step of a run of large updates (median update/weight ratio 1) whose losses are ``surge`` is
+    confirmed (the fit got worse while they lasted), after steps of healthy updates whose losses are ``calm``."""
+    steps = [update_step(i, {"0": 1e-3, "2": 1e-3, "4": 1e-3}) for i in range(len(calm))]
+    steps += [update_step(len(calm) + i, {"0": 1.0, "2": 1.0, "4": 1.0}) for i in range(len(surge))]
+    for data, loss in zip(steps, [*calm, *surge]):
+        data.loss = loss
+    found = observe_updates(steps)
+    assert found[: len(calm)] == [[]] * len(calm)
+    return [not finding.provisional for (finding,) in found[len(calm) :]]
+
+
+def test_large_updates_are_confirmed_against_the_last_calm_losses_not_those_of_the_whole_run():
+    # a long fall from 100, eight calm readings about 1, then large updates that throw the loss to 3-4: below
+    # the mean (and median) of every calm reading since the start, far above the last ones
+    fall = [100.0, 90.0, 80.0, 70.0, 60.0, 50.0, 40.0, 30.0, 20.0, 10.0]
+    last = [1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 0.98]
+    assert surge_confirmed(fall + last, [1.0, 3.0, 4.0]) == [False, False, True]
+
+
+def test_one_extreme_batch_among_the_calm_losses_does_not_hide_a_rise():
+    # where the fit stood is the median of the calm readings: their mean, 4.6, would put 4-5 level with it
+    calm = [1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 30.0]
+    assert surge_confirmed(calm, [1.0, 4.0, 5.0]) == [False, False, True]
+
+
+def test_losses_during_large_updates_within_the_noise_of_the_calm_losses_do_not_confirm_them():
+    # a noisy loss (the word language model's, SGD at lr 20: 3.7-4.0 from batch to batch) whose first readings
+    # during large updates happen to lie close together, just above the calm median (3.9): their own spread
+    # (0.005) says nothing of the loss's noise, the calm readings' (0.15) does
+    calm = [3.7, 4.1, 3.8, 4.0, 3.75, 4.05, 3.85, 3.95]
+    assert surge_confirmed(calm, [3.9, 3.98, 3.99, 3.8, 4.1, 3.9]) == [False] * 6
+    assert surge_confirmed(calm, [3.9, 4.5, 4.6]) == [False, False, True]  # a rise beyond that noise
+
+
 # ------------------------------------------------------------------------------------- gradients
 #
 # The gradient detector reads each parameter's gradient norm as the optimizer received it, the clip factor, and
