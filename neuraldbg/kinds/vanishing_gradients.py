@@ -39,7 +39,10 @@ gradients, and are recognised from the structure and the layer's own output:
   overfitting one batch under Adam ends with LayerNorm gradients of 4e-5, 3e-4 of the head's. A layer whose
   gradient was healthy at its first reading and is small (not exactly zero) on a converged fit is not vanishing.
   Gradients that vanish from the start are still reported however far the loss falls (a deep sigmoid net whose
-  head alone fits), and so is an exact zero, which a fit does not produce.
+  head alone fits), and so is an exact zero, which a fit does not produce. A first reading that is small for one
+  of the reasons above (the query and key projections of attention at initialisation) is not vanishing from the
+  start: a DistilBERT classifier whose key projection starts in the small-signal regime and whose loss then falls
+  from 0.69 to 0.002 ends with that projection's gradient at 3e-6, 3e-4 of its head's, and is healthy.
 
 Root: the most downstream vanishing layer (the gradient vanishes from there back to the input), after every other
 fault, which explains gradients it zeroes or shrinks. Config: ``vanishing_norm``, ``vanishing_ratio``,
@@ -85,11 +88,14 @@ class VanishingDetector(Detector):
         floor = cfg.vanishing_floor
         obs = Observation()
         vanishing: dict[str, dict[str, float]] = {}
+        first: set[str] = set()  # layers read for the first time, small then
         for layer, g in grads.items():
             obs.saw(self.event_type, layer)
             small = g.norm < floor or (g.norm < cfg.vanishing_norm and g.norm < cfg.vanishing_ratio * top)
             if layer not in self._started_healthy and not g.non_finite and math.isfinite(top):
                 self._started_healthy[layer] = not (g.exact_zero or small)
+                if not self._started_healthy[layer]:
+                    first.add(layer)
             if g.non_finite or converged:
                 continue  # non-finite: another state of this gradient; converged: small gradients are the fit
             metrics = {"grad_norm": g.norm, "max_layer_grad_norm": top}
@@ -103,6 +109,8 @@ class VanishingDetector(Detector):
                 vanishing[layer] = metrics
         for layer, metrics in vanishing.items():
             if _cancelled(view, layer) or _quiet(view, layer, grads, vanishing) or _gated(view, layer, vanishing):
+                if layer in first:  # small at its first reading by construction, not vanishing: it started healthy
+                    self._started_healthy[layer] = True
                 continue
             s = 1.0 if "exact_zero" in metrics else strength(metrics["grad_norm"], cfg.vanishing_norm, decades=6)
             obs.findings.append(Finding(self.event_type, KIND, layer, GradientHealth.VANISHING, metrics, s))
