@@ -260,21 +260,35 @@ class UpdateCensus:
         return metrics
 
 
+#: A first loss between these multiples of log(classes) is a classifier's cross-entropy at chance (see FitProgress).
+CHANCE_START = (0.8, 1.25)
+
+
 class FitProgress:
     """How far the fit has come, for detectors that must not mistake convergence for a fault.
 
     A fit that has converged has little left to learn: its gradients and updates shrink with the loss, and small
     ones are then the fit, not vanishing gradients or a stalled learning rate. It has converged at a step when the
     loss's gradient w.r.t. the model's output (always measured) is at most ``fit_gradient_drop`` of its first
-    value, or the loss (when the loop reports it with ``observe_loss``) is at most ``fit_loss_drop`` of its
-    first value. Judged at each step from that step's readings: a fit that diverges again is no longer
-    converged. The first values are the first finite (and, for the loss, positive) readings: a loss that starts
-    at or below 0 (a log-likelihood, a GAN's) is never compared.
+    value, or the loss (reported with ``observe_loss`` or recorded from the backward pass) is at most
+    ``fit_loss_drop`` of its first value. Judged at each step from that step's readings: a fit that diverges again
+    is no longer converged. The first values are the first finite (and, for the loss, positive) readings: a loss
+    that starts at or below 0 (a log-likelihood, a GAN's) is never compared.
+
+    A squared error's gradient goes as the square root of the loss, so a hundredfold fall of the loss is the
+    tenfold fall of the gradient. A cross-entropy's does not: its gradient w.r.t. the logits goes as the
+    probability left off the right class, ``1 - exp(-loss)``, which has fallen tenfold when a binary classifier's
+    loss went from log 2 to 0.05, not 0.0069. So a loss whose first value is a classifier's at chance
+    (``CHANCE_START`` times log(classes), the classes read from the model's logits) has converged also when
+    ``1 - exp(-loss)`` is at most ``fit_gradient_drop`` of its first value: the same test as the gradient's, for a
+    model whose output is its loss (a Hugging Face model given its labels), where the gradient w.r.t. the output
+    says nothing (it is 1).
     """
 
     def __init__(self) -> None:
         self._first_gradient: float | None = None
         self._first_loss: float | None = None
+        self._cross_entropy = False  # the first loss is a classifier's at chance
 
     def converged(self, view: StepView) -> bool:
         """Whether the fit has converged at ``view``'s step (also records the first readings)."""
@@ -288,7 +302,13 @@ class FitProgress:
         if loss is not None and math.isfinite(loss) and loss >= 0:
             if self._first_loss is None and loss > 0:
                 self._first_loss = loss
-            done = done or (self._first_loss is not None and loss <= cfg.fit_loss_drop * self._first_loss)
+                classes = view.data.classes
+                chance = math.log(classes) if classes >= 2 else math.nan
+                self._cross_entropy = CHANCE_START[0] * chance <= loss <= CHANCE_START[1] * chance
+            first = self._first_loss
+            done = done or (first is not None and loss <= cfg.fit_loss_drop * first)
+            if first is not None and self._cross_entropy:  # the gradient it implies fell tenfold
+                done = done or -math.expm1(-loss) <= cfg.fit_gradient_drop * -math.expm1(-first)
         return done
 
 

@@ -3,6 +3,8 @@ converged fits, and the healthy twins of each that must stay silent."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import support
 import torch
@@ -255,15 +257,19 @@ def test_adam_with_a_small_but_workable_learning_rate_is_not_stalled():
     assert dbg.hypotheses() == []
 
 
-def fit_readings(readings: list[tuple[float | None, float | None]]) -> list[bool]:
-    """FitProgress over (loss gradient, loss) readings, one per step, with the default thresholds."""
+def fit_readings(readings: list[tuple[float | None, float | None]], classes: int = 0) -> list[bool]:
+    """FitProgress over (loss gradient, loss) readings, one per step, with the default thresholds; ``classes``: the
+    last dimension of the model's logits (0: none)."""
     from types import SimpleNamespace
 
     from neuraldbg import DebugConfig
     from neuraldbg.detectors.base import FitProgress
 
     fit, ctx = FitProgress(), SimpleNamespace(config=DebugConfig())
-    views = [SimpleNamespace(ctx=ctx, data=SimpleNamespace(target_grad=tg, loss=loss)) for tg, loss in readings]
+    views = [
+        SimpleNamespace(ctx=ctx, data=SimpleNamespace(target_grad=tg, loss=loss, classes=classes))
+        for tg, loss in readings
+    ]
     return [fit.converged(view) for view in views]
 
 
@@ -277,6 +283,13 @@ def test_a_fit_has_converged_when_its_loss_gradient_falls_tenfold_or_its_loss_a_
     # a loss at or below 0 (a log-likelihood) is never compared; non-finite readings are skipped
     assert fit_readings([(None, -3.0), (None, -300.0), (float("nan"), 0.0)]) == [False, False, False]
     assert fit_readings([(0.0, None), (0.0, None)]) == [False, False]  # no gradient at all: not a fit
+    # a classifier's cross-entropy starting at chance, its loss the model's output (the gradient w.r.t. it is 1):
+    # converged once the probability left off the right class, 1 - exp(-loss), is a tenth of its first value
+    # (binary: 0.5 at log 2, so at a loss of 0.051), not only at a hundredth of the loss (0.0069)
+    binary = [(1.0, math.log(2)), (1.0, 0.06), (1.0, 0.05), (1.0, 0.3)]
+    assert fit_readings(binary, classes=2) == [False, False, True, False]
+    assert fit_readings(binary, classes=0) == [False, False, False, False]  # no logits: the hundredfold rule
+    assert fit_readings([(1.0, 2.0), (1.0, 0.05)], classes=2) == [False, False]  # 2.9 log 2 at first: not at chance
 
 
 class SkipTower(nn.Module):
