@@ -98,7 +98,8 @@ class DebugConfig:
     # (smdebug's 50 %) and counts once ``dead_unit_fraction`` of them are, for ``persistence`` observations
     dead_unit_fraction: float = 0.7  # a layer is dead when at least this fraction of its units is dead
     # (DeepDiagnosis and AUTOTRAINER: 70 %; smdebug's 50 % fires on healthy deep plain MLPs with PyTorch's
-    #  default init, where about half the units of the deep layers are constant-sign for every input)
+    #  default init, where about half the units of the deep layers are constant-sign for every input); a layer of
+    #  fewer than 32 units also needs more dead units than chance gives it (kinds/dead_neurons.py)
     dead_min_observations: int = 8  # a dead reading is provisional until the steps it held over add up to this
     # many observations per unit (samples x positions): a healthy ReLU unit, positive on about half its inputs,
     # is silent on n of them with probability 2^-n, so one batch of one sample proves nothing (calibrated on

@@ -33,10 +33,13 @@ class PlainHealth:
         self.grad_count = 0
         self.moved: dict[str, bool] = {}
         self.always_zero: dict[str, bool] = {}
+        self.models = 0  # models observed (a GAN's two); the names of the second on are prefixed with its number
 
     @contextlib.contextmanager
     def observe(self, model: nn.Module) -> Iterator[PlainHealth]:
-        before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        prefix = f"{self.models}/" if self.models else ""
+        self.models += 1
+        before = {prefix + n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
         handles: list[Any] = []
 
         def on_grad(g: torch.Tensor) -> None:
@@ -57,15 +60,15 @@ class PlainHealth:
                 handles.append(p.register_hook(on_grad))
         for name, m in model.named_modules():
             if not list(m.children()):  # the leaves (the model itself when it is one layer)
-                handles.append(m.register_forward_hook(on_output(name)))
+                handles.append(m.register_forward_hook(on_output(prefix + name)))
         try:
             yield self
         finally:
             for h in handles:
                 h.remove()
             for n, p in model.named_parameters():
-                if n in before:
-                    self.moved[n] = not torch.equal(before[n], p.detach())
+                if prefix + n in before:
+                    self.moved[prefix + n] = not torch.equal(before[prefix + n], p.detach())
 
     def dead_layers(self) -> list[str]:
         return [n for n, z in self.always_zero.items() if z]

@@ -160,6 +160,7 @@ class Coverage:
     labels_ahead: float | None = None
     labels_ahead_step: int = 0
     classifier_mean: bool = False  # ... and averages over its samples (its value is one sample's loss)
+    classifier_cosine: bool = False  # ... and its logits are cosine similarities times a scale (ArcFace, CLIP)
     # attention over padding: the token id the loss ignores (its ignore_index), the fully observed steps whose
     # integer input was read for it and those that held it, and the attention layers' calls without any mask
     padding_id: int | None = None

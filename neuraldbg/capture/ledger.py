@@ -266,6 +266,7 @@ class GradLedger:
             first = rec.forward.input_layer()
             rec.coverage.classifier_loss = graph.loss
             rec.coverage.classifier_mean = graph.mean
+            rec.coverage.classifier_cosine = graph.cosine
             rec.coverage.padding_id = graph.ignored
             rec.coverage.input_layer_normalizes = first is not None and first.normalizes
         if profile is not None:  # read at the flush, with the step's readings

@@ -10,7 +10,9 @@ that produced its input. No tensor value is read and nothing runs on the device.
 identity only while the graph is alive, never kept. The reduction of the loss node above the normalising node
 (``nll_loss``'s, or ``binary_cross_entropy_with_logits``' own) is read from the node's saved attribute, a Python
 integer: a mean makes the loss one sample's, so its first value can be held against log(classes). So is the
-``ignore_index`` of an ``nll_loss`` node: a token id the loss leaves out (a padding token's, when it is one).
+``ignore_index`` of an ``nll_loss`` node: a token id the loss leaves out (a padding token's, when it is one). And
+whether the logits are cosine similarities times a scale (:func:`scaled_cosine`: ArcFace, CosFace, CLIP, NT-Xent),
+whose size is the scale the user chose, not anything the layers' initialisation did.
 
 :func:`regression` walks the same way, before the backward pass frees the graph's saved tensors, to the first mean
 squared error: the target that MSE node saved, handed on to be profiled on the device (is it a handful of integer
@@ -66,6 +68,38 @@ _MEAN = 1
 _REDUCING = frozenset({"NllLossBackward0", "NllLoss2DBackward0", "BinaryCrossEntropyWithLogitsBackward0"})
 #: ``ignore_index`` is saved as an unsigned 64-bit integer: torch's default, -100, reads 2**64 - 100.
 _WRAP = 1 << 64
+#: Matrix products: a cosine similarity's, when both operands are normalised.
+_PRODUCTS = frozenset({"MmBackward0", "BmmBackward0"})
+#: Element-wise nodes between cosine similarities and the logits made of them that keep the logits within the
+#: scale's bounds: the scale or temperature itself (a product or quotient with a constant, or with a learnable
+#: scalar through exp and a clamp), a margin (ArcFace's ``cos(acos(x) + m)``, CosFace's ``x - m``, chosen for the
+#: labels' class by a ``where``), clamping, masking, gathering the similarities of several views.
+_SCALING = frozenset(
+    {
+        "MulBackward0",
+        "DivBackward0",
+        "WhereBackward0",
+        "CosBackward0",
+        "AcosBackward0",
+        "AddBackward0",
+        "SubBackward0",
+        "NegBackward0",
+        "ClampBackward1",
+        "ClampMinBackward0",
+        "ClampMaxBackward0",
+        "ExpBackward0",
+        "MaskedFillBackward0",
+        "CatBackward0",
+        "TBackward0",
+        "IndexBackward0",
+    }
+)
+#: A scale's nodes beside a normalised tensor: a learnable scalar, or its exp.
+_SCALARS = frozenset({"AccumulateGrad", "ExpBackward0"})
+#: What a vector norm's node is called (``F.normalize`` divides by it, clamped at eps and expanded).
+_NORMS = frozenset({"LinalgVectorNormBackward0", "NormBackward0", "NormBackward1"})
+#: Nodes looked at below the logits for :func:`scaled_cosine`, at most.
+_COSINE_BUDGET = 48
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +134,7 @@ class LossGraph:
     activated: ActivatedInput | None
     mean: bool = False
     ignored: int | None = None  # the ``ignore_index`` of that loss when it names a token id (>= 0)
+    cosine: bool = False  # the logits are cosine similarities times a scale (see scaled_cosine)
 
 
 def read(losses: list[Tensor]) -> LossGraph:
@@ -111,7 +146,7 @@ def read(losses: list[Tensor]) -> LossGraph:
     reduced: dict[int, tuple[bool, int | None]] = {}  # node -> (mean, ignored) of the nearest reducing loss node
     looked = 0
     first = ""
-    mean, ignored = False, None
+    mean, ignored, cosine = False, None, False
     while queue and looked < BUDGET:
         node = queue.pop(0)
         looked += 1
@@ -121,10 +156,10 @@ def read(losses: list[Tensor]) -> LossGraph:
             averaged = node is root and getattr(node, "_saved_reduction", None) == _MEAN
             ignore = _token(node)
         if name in NORMALISING:
-            if not first:
-                mean, ignored = averaged, ignore
-            first = first or NORMALISING[name]
             found = _producer(node)
+            if not first:
+                mean, ignored, cosine = averaged, ignore, scaled_cosine(found)
+            first = first or NORMALISING[name]
             if found is not None:
                 kind = ACTIVATIONS.get(type(found).__name__)
                 if kind is not None:
@@ -136,7 +171,68 @@ def read(losses: list[Tensor]) -> LossGraph:
                 seen.add(id(nxt))
                 reduced[id(nxt)] = (averaged, ignore)
                 queue.append(nxt)
-    return LossGraph(first, None, mean, ignored)
+    return LossGraph(first, None, mean, ignored, cosine)
+
+
+def scaled_cosine(logits: object) -> bool:
+    """Whether the logits node ``logits`` computes cosine similarities times a scale: every path below it, through
+    :data:`_SCALING` nodes, ends at a matrix product of two normalised operands (``F.normalize``: a quotient by a
+    clamped vector norm), at a leaf (a learnable scale or margin) or at a constant; no path reaches a layer's
+    output. Such logits are bounded by the scale whatever the weights are."""
+    queue, seen, products = [logits], {id(logits)}, 0
+    while queue:
+        node = queue.pop()
+        if node is None or type(node).__name__ == "AccumulateGrad":
+            continue
+        name = type(node).__name__
+        inputs = [nxt for nxt, _ in getattr(node, "next_functions", ())]
+        if name in _PRODUCTS:
+            if not all(_normalised(nxt) for nxt in inputs):
+                return False
+            products += 1
+            continue
+        if name not in _SCALING and name not in _SHAPE_ONLY:
+            return False
+        for nxt in inputs:
+            if id(nxt) not in seen:
+                seen.add(id(nxt))
+                queue.append(nxt)
+        if len(seen) > _COSINE_BUDGET:
+            return False
+    return products > 0
+
+
+def _normalised(node: object) -> bool:
+    """Whether ``node`` outputs a normalised tensor, looked at through reshaping and scaling by a scalar: a
+    quotient whose divisor is a vector norm (clamped, expanded), as ``F.normalize`` computes it."""
+    for _ in range(_HOPS):
+        name = type(node).__name__
+        if name in _SHAPE_ONLY or name == "TBackward0":
+            node = _first_input(node)
+            continue
+        inputs = [nxt for nxt, _ in getattr(node, "next_functions", ())]
+        if name == "DivBackward0" and len(inputs) == 2 and _norm_below(inputs[1]):
+            return True
+        if name in {"MulBackward0", "DivBackward0"} and inputs:  # a scale times a normalised tensor
+            tensors = [n for n in inputs if n is not None and type(n).__name__ not in _SCALARS]
+            if len(tensors) != 1:
+                return False
+            node = tensors[0]
+            continue
+        return False
+    return False
+
+
+def _norm_below(node: object) -> bool:
+    """Whether ``node`` is a vector norm, looked at through the clamp and the expansion ``F.normalize`` adds."""
+    for _ in range(_HOPS):
+        name = type(node).__name__
+        if name in _NORMS:
+            return True
+        if name not in {"ClampMinBackward0", "ExpandBackward0", "ClampBackward1"}:
+            return False
+        node = _first_input(node)
+    return False
 
 
 def _token(node: object) -> int | None:

@@ -9,7 +9,10 @@ alarm on healthy MNIST models):
   when its pre-activation is never positive *and* its weight row receives exactly zero gradient.
 
 A layer is dead when at least ``dead_unit_fraction`` of its units are; its event is dated from when it first
-crossed ``dead_onset_fraction`` on the way (a layer dies over a few steps). The model's output layer (a ReLU on the
+crossed ``dead_onset_fraction`` on the way (a layer dies over a few steps). A narrow layer must also have more dead
+units than chance gives it (:func:`chance_dead_fraction`): a unit whose inputs keep one sign on every sample (the
+pooled, non-negative features a squeeze-and-excitation bottleneck reads) is off on all of them for half of the
+initialisations, so 3 of 4 such units are off in 5 of 16 healthy runs. The model's output layer (a ReLU on the
 logits, after the last parametric layer) is dead from its first dead unit that the loss pulls on (a nonzero
 gradient of the loss on that output): a hidden layer loses capacity it may spare, but such a unit is an output (a
 class, a target) the model can no longer produce, and its weight row never gets a gradient again. Output units the
@@ -28,6 +31,7 @@ gradient through it). Config: ``dead_sample_fraction``, ``dead_onset_fraction``,
 
 from __future__ import annotations
 
+import functools
 import math
 
 from ..config import DebugConfig
@@ -41,6 +45,25 @@ from ..text import count, num, pct
 from .base import Check, Kind, RootLane, Series, held, near
 
 KIND = FailureKind.DEAD_NEURONS
+
+#: How rare a count of dead units must be among healthy initialisations of a narrow layer before it is a finding.
+CHANCE = 0.05
+
+
+@functools.lru_cache(maxsize=256)
+def chance_dead_fraction(units: int) -> float:
+    """The smallest fraction of a hidden layer's ``units`` that is dead by chance in fewer than ``CHANCE`` of
+    healthy runs, each unit off on every sample with probability 1/2 (its pre-activation's sign fixed by its
+    initial weights when the inputs keep one sign); 1.0 (every unit) when even that is not so rare. From 32
+    units on it is below the 70 % of ``dead_unit_fraction``, which then decides alone."""
+    if units >= 32:
+        return 0.0
+    tail = 0
+    for dead in range(units, 0, -1):
+        tail += math.comb(units, dead)
+        if tail / 2**units >= CHANCE:
+            return min(1.0, (dead + 1) / units)
+    return 1.0
 
 
 class DeadUnitsDetector(Detector):
@@ -68,7 +91,7 @@ class DeadUnitsDetector(Detector):
                 output = not ctx.is_hidden(key) and pulled is not None and pulled[1] == units and pulled[0] > 0
                 if output and pulled is not None:
                     dead = min(dead, pulled[0])
-                threshold = 1 / units if output else ctx.config.dead_unit_fraction
+                threshold = 1 / units if output else max(ctx.config.dead_unit_fraction, chance_dead_fraction(units))
                 onset = min(threshold, ctx.config.dead_onset_fraction)
                 obs.saw(self.event_type, key[0], call=key[1])
                 fraction = dead / units

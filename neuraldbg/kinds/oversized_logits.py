@@ -17,8 +17,11 @@ initialisation), only for a loss that normalises logits itself and averages over
 (read from the loss's autograd graph, :mod:`neuraldbg.capture.loss_graph`: a summed cross-entropy starts at
 samples x log(classes) whatever the logits), a model whose output has two or more classes, and a run the
 debugger met at its start (a model met mid-training may be anywhere) whose first step a GradScaler did not skip.
-The explanation shows the output scale of the layers with parameters at the first observed step, where the signal
-grows.
+Logits that are cosine similarities times a scale (ArcFace and CosFace heads with s = 30 to 64 and an angular
+margin against the labels' class, CLIP's 1/0.07, read from the loss's graph) are not judged: they are bounded by a
+scale the user chose, whatever the initialisation, and a margin raises the first loss by design (ArcFace on
+10 classes, s = 30, m = 0.5: 11 log(10), then to 0.001 in 150 steps). The explanation shows the output scale of
+the layers with parameters at the first observed step, where the signal grows.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class OversizedLogits(Kind):
         losses = coverage.losses
         if not (coverage.classifier_loss and coverage.classifier_mean and classes > 1 and losses.first):
             return None
+        if coverage.classifier_cosine:
+            return None  # cosine similarities times a scale: their size is the scale the user chose (ArcFace's 30)
         step, start = losses.first[0]
         if coverage.warm_start or 0 <= losses.first_nonfinite < step:
             return None  # met mid-training, or the first loss was not finite: no loss before any update is known

@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable
 
 from torch import nn
+from torch.nn.utils import parametrize
 
 from . import naming
 from .info import Bound, LayerInfo, Role
@@ -94,7 +95,9 @@ def describe(model: nn.Module, derivative: float) -> dict[str, LayerInfo]:
         role, bound = role_of(module, derivative, bool(own)) if name else (Role.OTHER, None)
         unit_weight = None
         if isinstance(module, _UNIT_LAYERS):
-            weight = getattr(module, "weight", None)
+            # A parametrized weight is computed on every read, and reading it may change the run: spectral_norm's
+            # power iteration updates its vectors at each read in train mode. It is never an own parameter.
+            weight = None if parametrize.is_parametrized(module, "weight") else getattr(module, "weight", None)
             own_name = f"{name}.weight" if name else "weight"
             unit_weight = next(
                 (p.name for p in own if p.tensor is weight or (p.piece is not None and p.name == own_name)), None

@@ -6,6 +6,7 @@ first loss is samples x log(classes) whatever its logits) stay silent."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 
@@ -265,3 +266,73 @@ def test_a_confident_model_met_mid_training_on_a_shifted_task_is_not_judged():
             losses.append(float(loss.detach()))
     assert start(losses, CLASSES) > 3  # plain torch: confidently wrong from the first step
     assert not found(dbg), dbg.explain_failure()
+
+
+# --------------------------------------------------------------------------------------------- scaled cosine logits
+
+
+class ArcFaceNet(nn.Module):
+    """An embedding net and an ArcFace head: normalised class centres, an angular margin m on the labels' class,
+    the cosines times s. The logits lie in [-s, s] whatever the weights; the margin lowers the labels' logit.
+    Past pi - m, cos(theta + m) rises again: as in the reference implementation, it is then replaced by the
+    monotone cos(theta) - m sin(m) (without that, every embedding moves opposite to every centre)."""
+
+    def __init__(self, s: float = 30.0, m: float = 0.5) -> None:
+        super().__init__()
+        self.embedder = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16))
+        self.centres = nn.Parameter(torch.empty(CLASSES, 16))
+        nn.init.xavier_uniform_(self.centres)
+        self.s, self.m = s, m
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        cosine = F.linear(F.normalize(self.embedder(x)), F.normalize(self.centres)).clamp(-1 + 1e-7, 1 - 1e-7)
+        margin = torch.where(
+            cosine > math.cos(math.pi - self.m),
+            torch.cos(torch.acos(cosine) + self.m),
+            cosine - math.sin(math.pi - self.m) * self.m,
+        )
+        return self.s * torch.where(F.one_hot(labels, CLASSES).bool(), margin, cosine)
+
+
+def test_an_arcface_head_starts_far_above_chance_by_design_and_is_not_judged():
+    """s = 30 and m = 0.5 (the paper's values): the first loss is ~10 log(10) because the margin pushes the labels'
+    logit down, not because the initialisation blew the signal up; the run learns its classes."""
+    torch.manual_seed(0)
+    make = support.classification_batches((32,), CLASSES, batch=64)
+
+    def run(watched: bool) -> tuple[list[float], float, NeuralDbg | None]:
+        torch.manual_seed(0)
+        model = ArcFaceNet()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        losses: list[float] = []
+        dbg = NeuralDbg(model) if watched else None
+        with dbg if dbg is not None else contextlib.nullcontext():
+            for step in range(STEPS):
+                x, y = make(step)
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x, y), y)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+        with torch.no_grad():
+            held = [make(10_000 + i) for i in range(4)]
+            centres = F.normalize(model.centres)
+            accuracy = sum(
+                float((F.normalize(model.embedder(x)) @ centres.T).argmax(1).eq(y).float().mean()) for x, y in held
+            )
+        return losses, accuracy / len(held), dbg
+
+    losses, accuracy, _ = run(watched=False)
+    # plain torch: the first loss is far above log(10), yet every layer's output is of unit scale or less (the
+    # size is s = 30 times cosines), the loss falls and the held-out nearest-centre accuracy ends far above chance
+    x, _ = make(0)
+    torch.manual_seed(0)
+    outputs = support.capture_outputs(ArcFaceNet().embedder, x, ["0", "2"])
+    assert all(float(out.pow(2).mean().sqrt()) < 1.5 for out in outputs.values())
+    assert start(losses, CLASSES) > 5
+    assert sum(losses[-10:]) < sum(losses[:10]) / 2
+    assert accuracy > 4 / CLASSES  # chance is 1 / CLASSES
+
+    watched_losses, _, dbg = run(watched=True)
+    assert watched_losses == losses
+    assert dbg is not None and found(dbg) == [] and dbg.healthy, dbg.explain_failure()

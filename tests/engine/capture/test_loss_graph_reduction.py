@@ -64,3 +64,25 @@ def test_a_loss_of_several_terms_is_not_taken_for_the_mean_cross_entropy():
     assert not loss_graph.read([0.5 * F.cross_entropy(z, y)]).mean
     assert not loss_graph.read([F.cross_entropy(z, y), F.cross_entropy(z, y)]).mean
     assert loss_graph.read([F.cross_entropy(z, y)]).mean  # the CE alone still is
+
+
+def test_cosine_similarities_times_a_scale_are_told_from_a_layer_on_normalised_features():
+    """ArcFace (a margin on the labels' class, s = 30), CosFace and CLIP (a learnable exp scale, clamped) compute
+    their logits from two normalised operands: bounded by the scale. A Linear on normalised features, even times
+    30, and cosines times a layer's output are not."""
+    g = torch.Generator().manual_seed(0)
+    a = F.normalize(torch.randn(6, 4, generator=g).requires_grad_(), dim=1)
+    b = F.normalize(torch.randn(6, 4, generator=g).requires_grad_(), dim=1)
+    centres = torch.randn(3, 4, generator=g).requires_grad_()
+    scale = torch.tensor(2.66).requires_grad_()
+    gate = torch.nn.Linear(4, 1)
+    y = torch.arange(6) % 3
+    cosine = F.linear(a, F.normalize(centres)).clamp(-1 + 1e-7, 1 - 1e-7)
+    arcface = 30 * torch.where(F.one_hot(y, 3).bool(), torch.cos(torch.acos(cosine) + 0.5), cosine)
+    cosface = 30 * (cosine - 0.35 * F.one_hot(y, 3))
+    clip = scale.clamp(max=4.6052).exp() * a @ b.T
+
+    for logits, labels in ((arcface, y), (cosface, y), (clip, torch.arange(6))):
+        assert loss_graph.read([F.cross_entropy(logits, labels)]).cosine
+    for logits in (torch.nn.Linear(4, 3)(a), 30 * torch.nn.Linear(4, 3, bias=False)(a), (a @ b.T) * gate(a)):
+        assert not loss_graph.read([F.cross_entropy(logits, torch.arange(6) % logits.size(1))]).cosine

@@ -51,9 +51,9 @@ def findings(steps: list[StepData]) -> list[list[Finding]]:
     return out
 
 
-def test_seven_of_ten_units_dead_is_a_dead_layer_and_half_of_them_dates_one():
+def test_seventy_percent_of_a_layers_units_dead_is_a_dead_layer_and_half_of_them_dates_one():
     (at_threshold,), (onset,), (between,), below = findings(
-        [relu_step(0, 7), relu_step(1, 5), relu_step(2, 6), relu_step(3, 4)]
+        [relu_step(0, 28, units=40), relu_step(1, 20, units=40), relu_step(2, 24, units=40), relu_step(3, 16, units=40)]
     )
     assert (at_threshold.event_type, at_threshold.kind, at_threshold.layer) == (
         EventType.ACTIVATION,
@@ -61,10 +61,18 @@ def test_seven_of_ten_units_dead_is_a_dead_layer_and_half_of_them_dates_one():
         "1",
     )
     assert at_threshold.state == "dead" and not at_threshold.provisional  # at least 70 %: dead
-    assert at_threshold.metrics == {"dead_fraction": 0.7, "dead_units": 7.0, "units": 10.0}
+    assert at_threshold.metrics == {"dead_fraction": 0.7, "dead_units": 28.0, "units": 40.0}
     assert at_threshold.strength == 0.0  # at the threshold
     assert onset.provisional and between.provisional  # from 50 %: dates the event, does not confirm it
     assert below == []
+
+
+def test_a_layer_of_ten_units_is_dead_from_nine_not_from_seven():
+    """Under 32 units, more dead units than chance gives: 7 of 10 are off by chance in 17 % of initialisations
+    where each unit is off with probability 1/2, 9 of 10 in 1 %."""
+    (seven,), (nine,) = findings([relu_step(0, 7), relu_step(1, 9)])
+    assert seven.provisional  # dates the event, does not confirm it
+    assert not nine.provisional and nine.metrics["dead_fraction"] == 0.9
 
 
 @pytest.mark.parametrize(("dead", "strength"), [(10, 1.0), (85, 0.5)])

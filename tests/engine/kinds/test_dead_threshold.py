@@ -47,3 +47,25 @@ def test_a_layer_is_dead_from_the_rules_fraction_not_from_the_onset_fraction(fra
     if dead:
         root = next(h.root for h in dbg.hypotheses() if h.kind is FailureKind.DEAD_NEURONS)
         assert root.layer == "3" and root.metrics["dead_fraction"] == pytest.approx(fraction)
+
+
+@pytest.mark.parametrize(("units", "dead_units", "dead"), [(4, 3, False), (4, 4, True), (8, 6, False), (8, 7, True)])
+def test_a_narrow_layer_is_dead_only_with_more_dead_units_than_chance_gives_it(
+    units: int, dead_units: int, dead: bool
+) -> None:
+    """3 of 4 units (75 %) off on every sample happen by chance in 5 of 16 healthy initialisations of a
+    squeeze-and-excitation bottleneck, whose non-negative pooled inputs fix each unit's sign; 4 of 4 is a layer
+    that passes nothing."""
+    torch.manual_seed(0)
+    model = support.mlp(width=units, depth=2)
+    with torch.no_grad():
+        model[2].bias[:dead_units] = -30.0
+        model[2].bias[dead_units:] = 3.0
+    x, _ = support.regression_batches()(0)
+    with torch.no_grad():
+        out = model[:4](x)
+    assert int((out.amax(dim=0) <= 0).sum()) == dead_units  # the ground truth, in plain torch
+    dbg, _ = support.train(
+        model, support.regression_batches(), steps=30, optimizer=torch.optim.SGD(model.parameters(), lr=0.0)
+    )
+    assert (FailureKind.DEAD_NEURONS in {h.kind for h in dbg.hypotheses()}) is dead, dbg.report()
