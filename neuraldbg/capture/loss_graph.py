@@ -137,6 +137,23 @@ class LossGraph:
     cosine: bool = False  # the logits are cosine similarities times a scale (see scaled_cosine)
 
 
+def _weighted(node: object) -> bool:
+    """A ``binary_cross_entropy_with_logits`` node given a ``pos_weight`` or a ``weight``: its mean is over weighted
+    terms (not normalised by the weights, as ``cross_entropy``'s is), so its value at zero logits is log 2 times the
+    weights, not one sample's loss at chance (a multi-label loss with ``pos_weight=10``: 3.3 log(classes) at a
+    sound initialisation). An attribute read: nothing is computed. Read after the backward pass, a saved tensor
+    is freed and reading it raises, while one never given reads as None: the raise says it was given."""
+    if type(node).__name__ != "BinaryCrossEntropyWithLogitsBackward0":
+        return False
+    for attribute in ("_saved_pos_weight", "_saved_weight"):
+        try:
+            if getattr(node, attribute, None) is not None:
+                return True
+        except RuntimeError:  # freed: it was a tensor
+            return True
+    return False
+
+
 def read(losses: list[Tensor]) -> LossGraph:
     """The first loss node that normalises logits, from ``losses`` (the roots of one backward call), and the
     activation between it and the model's logits (see the module docstring)."""
@@ -153,7 +170,7 @@ def read(losses: list[Tensor]) -> LossGraph:
         name = type(node).__name__
         averaged, ignore = reduced.get(id(node), (False, None))
         if name in _REDUCING:
-            averaged = node is root and getattr(node, "_saved_reduction", None) == _MEAN
+            averaged = node is root and getattr(node, "_saved_reduction", None) == _MEAN and not _weighted(node)
             ignore = _token(node)
         if name in NORMALISING:
             found = _producer(node)

@@ -336,3 +336,27 @@ def test_an_arcface_head_starts_far_above_chance_by_design_and_is_not_judged():
     watched_losses, _, dbg = run(watched=True)
     assert watched_losses == losses
     assert dbg is not None and found(dbg) == [] and dbg.healthy, dbg.explain_failure()
+
+
+def test_a_multi_label_classifier_with_a_pos_weight_is_not_judged_by_its_first_loss():
+    # BCEWithLogitsLoss(pos_weight=10) on 3 labels: at a sound init the first loss is 3.3 log(3) (log 2 times the
+    # weights), and the model learns; a weighted mean is not one sample's loss at chance
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    weights = torch.randn(16, 3, generator=g)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 3))
+    criterion = nn.BCEWithLogitsLoss(pos_weight=torch.full((3,), 10.0))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses: list[float] = []
+    with NeuralDbg(model) as dbg:
+        for _ in range(STEPS):
+            x = torch.randn(64, 16, generator=g)
+            y = ((x @ weights) > 1.0).float()
+            opt.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+    assert start(losses, 3) > 3  # plain torch: what a mean at chance would call oversized
+    assert sum(losses[-20:]) / 20 < 0.6 * losses[0]  # ... and it learns
+    assert found(dbg) == []

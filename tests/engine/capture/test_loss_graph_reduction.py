@@ -86,3 +86,22 @@ def test_cosine_similarities_times_a_scale_are_told_from_a_layer_on_normalised_f
         assert loss_graph.read([F.cross_entropy(logits, labels)]).cosine
     for logits in (torch.nn.Linear(4, 3)(a), 30 * torch.nn.Linear(4, 3, bias=False)(a), (a @ b.T) * gate(a)):
         assert not loss_graph.read([F.cross_entropy(logits, torch.arange(6) % logits.size(1))]).cosine
+
+
+def test_a_weighted_binary_cross_entropy_is_not_one_sample_at_chance_before_or_after_backward():
+    # pos_weight and weight scale the terms of the mean (not normalised by them, unlike cross_entropy's weight):
+    # at zero logits the loss is log 2 times the weights. The reader runs after the backward pass, when a saved
+    # weight is freed: it must still tell
+    z, t = logits(), (torch.rand(8, 5, generator=torch.Generator().manual_seed(1)) > 0.5).float()
+    zero = torch.zeros(8, 5)
+    assert float(F.binary_cross_entropy_with_logits(zero, t, pos_weight=torch.full((5,), 10.0))) > 3 * 0.6931
+    for kwargs in ({"pos_weight": torch.full((5,), 10.0)}, {"weight": torch.full((5,), 3.0)}):
+        loss = F.binary_cross_entropy_with_logits(z, t, **kwargs)
+        assert not loss_graph.read([loss]).mean
+        loss = F.binary_cross_entropy_with_logits(z, t, **kwargs)
+        loss.backward()
+        graph = loss_graph.read([loss])
+        assert graph.loss and not graph.mean
+    plain = F.binary_cross_entropy_with_logits(z, t)
+    plain.backward()
+    assert loss_graph.read([plain]).mean  # no weights: still a mean at chance
