@@ -21,6 +21,7 @@ values?) and then dropped, never kept.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from torch import Tensor
@@ -154,24 +155,39 @@ def _weighted(node: object) -> bool:
     return False
 
 
+def _walk(losses: list[Tensor]) -> Iterator[tuple[object, object]]:
+    """``(node, the node whose input it is)`` from the roots of one backward call towards the model, breadth first,
+    at most :data:`BUDGET` nodes, each once; the walk does not go below a node that normalises logits (the model
+    lies there). The first nodes come with None."""
+    queue: list[tuple[object, object]] = [(t.grad_fn, None) for t in losses if t.grad_fn is not None]
+    seen = {id(node) for node, _ in queue}
+    looked = 0
+    while queue and looked < BUDGET:
+        node, parent = queue.pop(0)
+        looked += 1
+        yield node, parent
+        if type(node).__name__ in NORMALISING:
+            continue
+        for nxt, _ in getattr(node, "next_functions", ()):
+            if nxt is not None and id(nxt) not in seen:
+                seen.add(id(nxt))
+                queue.append((nxt, node))
+
+
 def read(losses: list[Tensor]) -> LossGraph:
     """The first loss node that normalises logits, from ``losses`` (the roots of one backward call), and the
     activation between it and the model's logits (see the module docstring)."""
-    queue = [t.grad_fn for t in losses if t.grad_fn is not None]
-    root = queue[0] if len(losses) == 1 and queue else None  # the loss's value is its root node's output
-    seen = {id(n) for n in queue}
+    root = losses[0].grad_fn if len(losses) == 1 else None  # the loss's value is its root node's output
     reduced: dict[int, tuple[bool, int | None]] = {}  # node -> (mean, ignored) of the nearest reducing loss node
-    looked = 0
     first = ""
     mean, ignored, cosine = False, None, False
-    while queue and looked < BUDGET:
-        node = queue.pop(0)
-        looked += 1
+    for node, parent in _walk(losses):
         name = type(node).__name__
-        averaged, ignore = reduced.get(id(node), (False, None))
+        averaged, ignore = reduced.get(id(parent), (False, None))
         if name in _REDUCING:
             averaged = node is root and getattr(node, "_saved_reduction", None) == _MEAN and not _weighted(node)
             ignore = _token(node)
+        reduced[id(node)] = (averaged, ignore)
         if name in NORMALISING:
             found = _producer(node)
             if not first:
@@ -182,12 +198,6 @@ def read(losses: list[Tensor]) -> LossGraph:
                 if kind is not None:
                     activated = ActivatedInput(NORMALISING[name], kind, id(found), id(_first_input(found)))
                     return LossGraph(NORMALISING[name], activated, averaged, ignore)
-            continue  # the model lies below this loss node: nothing further up is the loss's
-        for nxt, _ in node.next_functions:
-            if nxt is not None and id(nxt) not in seen:
-                seen.add(id(nxt))
-                reduced[id(nxt)] = (averaged, ignore)
-                queue.append(nxt)
     return LossGraph(first, None, mean, ignored, cosine)
 
 
@@ -265,21 +275,9 @@ def regression(losses: list[Tensor]) -> Regression | None:
     """The first mean squared error met from ``losses`` (the roots of one backward call, before it runs: the
     graph's saved tensors are freed by the backward pass) on one value per sample, or None (see
     :func:`_regression`). The walk stops below a loss node (cross-entropy, MSE): the model lies there."""
-    queue = [t.grad_fn for t in losses if t.grad_fn is not None]
-    seen = {id(n) for n in queue}
-    looked = 0
-    while queue and looked < BUDGET:
-        node = queue.pop(0)
-        looked += 1
-        name = type(node).__name__
-        if name == _MSE:
+    for node, _ in _walk(losses):
+        if type(node).__name__ == _MSE:
             return _regression(node)
-        if name in NORMALISING:
-            continue
-        for nxt, _ in node.next_functions:
-            if nxt is not None and id(nxt) not in seen:
-                seen.add(id(nxt))
-                queue.append(nxt)
     return None
 
 

@@ -163,8 +163,7 @@ class DeadNeurons(Kind):
         curve = loss_evidence.read(coverage, facts.config)
         if curve is None or event.step_start > curve.start.last or curve.end.first <= event.step_start:
             return False
-        before = curve.start.mean
-        return curve.end.mean <= SPARED_FALL * before and curve.end.mean + curve.noise < before
+        return loss_evidence.fell_below(curve, curve.start.mean, SPARED_FALL)
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
         return RootLane(3)

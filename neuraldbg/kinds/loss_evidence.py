@@ -159,13 +159,23 @@ def met_trained(coverage: Coverage, curve: Curve) -> bool:
     for a model trained before (so no optimizer state says so, as it does for a resumed run) meets a fit that may
     have converged: its flat loss is the floor it reached (an MLP trained 2,000 steps to 0.19 on 5 noisy classes,
     log 5 = 1.61, then fine-tuned under AdamW at 1e-3: 0.192 -> 0.191), not a model that cannot learn."""
-    facts = coverage.training
+    level = chance_level(coverage.training)
+    return bool(coverage.classifier_loss) and level is not None and curve.start.mean < TRAINED_START * level
+
+
+def chance_level(facts: TrainingFacts) -> float | None:
+    """log(classes), the cross-entropy of a classifier that picks its classes with equal odds (log 2 for one output
+    unit holding probabilities: a sigmoid's), or None for an output without classes."""
     classes = facts.classes
-    binary = classes == 1 and facts.probabilities is True
-    if not coverage.classifier_loss or not (classes > 1 or binary):
-        return False
-    level = math.log(classes) if classes > 1 else math.log(2.0)
-    return curve.start.mean < TRAINED_START * level
+    if classes > 1:
+        return math.log(classes)
+    return math.log(2.0) if classes == 1 and facts.probabilities is True else None
+
+
+def fell_below(curve: Curve, before: float, share: float) -> bool:
+    """Whether the run's last quarter of losses averages at most ``share`` of ``before`` (where the loss stood before
+    something happened) and lies below it by more than the loss's batch-to-batch spread."""
+    return curve.end.mean <= share * before and curve.end.mean + curve.noise < before
 
 
 def judged(coverage: Coverage, config: DebugConfig) -> Curve | None:
@@ -231,12 +241,10 @@ def read(coverage: Coverage, config: DebugConfig) -> Curve | None:
         second, stopped, falling, half_noise = (end.mean, end.mean), False, False, math.nan
     facts = coverage.training
     classes = facts.classes
-    chance = None
-    binary = classes == 1 and facts.probabilities is True  # one output unit holding probabilities: a sigmoid's
-    if (classes > 1 or binary) and trace.first:
-        level = math.log(classes) if classes > 1 else math.log(2.0)
-        if 0.75 * level <= trace.first[0][1] <= level / 0.75:  # its first loss is an untrained classifier's
-            chance = level
+    level = chance_level(facts)
+    # the output has classes and its first loss is an untrained classifier's
+    untrained = level is not None and bool(trace.first) and 0.75 * level <= trace.first[0][1] <= level / 0.75
+    chance = level if untrained else None
     return Curve(
         losses=trace.count,
         start=start,

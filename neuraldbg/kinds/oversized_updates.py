@@ -224,7 +224,7 @@ class OversizedUpdates(Kind):
         curve = loss_evidence.read(coverage, facts.config)
         if curve is None or curve.end.first <= event.step_end:
             return False
-        return curve.end.mean <= UNDONE_FALL * before and curve.end.mean + curve.noise < before
+        return loss_evidence.fell_below(curve, before, UNDONE_FALL)
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
         # updates as large as the weights that caused nothing else: a learning rate far too high

@@ -328,19 +328,15 @@ def surely_finite(tensors: Sequence[Tensor], flat: bool = False) -> bool:
     inf only when they overflow float32 (a closer look then clears them, as for a norm)."""
     if not tensors:
         return True
+    if not flat:
+        found = norms(tensors)
+        if len(found) <= _HOST_SUM:
+            return math.isfinite(sum(float(n) for n in found))
     grad = torch.is_grad_enabled()
-    if flat:
-        _set_grad_enabled(False)
-        try:
-            return math.isfinite(float(_flatten(list(tensors)).sum()))
-        finally:
-            _set_grad_enabled(grad)
-    found = norms(tensors)
-    if len(found) <= _HOST_SUM:
-        return math.isfinite(sum(float(n) for n in found))
     _set_grad_enabled(False)
     try:
-        return math.isfinite(float(torch.stack(found).sum()))
+        total = _flatten(list(tensors)).sum() if flat else torch.stack(found).sum()
+        return math.isfinite(float(total))
     finally:
         _set_grad_enabled(grad)
 
