@@ -68,6 +68,7 @@ class FailureKind(str, metaclass=_Names):
     LOSS_AT_CHANCE: ClassVar[FailureKind]
     ACTIVATION_BEFORE_LOSS: ClassVar[FailureKind]
     UNNORMALISED_INPUTS: ClassVar[FailureKind]
+    MISSING_LOG_SOFTMAX: ClassVar[FailureKind]
     CLASS_INDEX_REGRESSION: ClassVar[FailureKind]
     COLLAPSED_OUTPUT: ClassVar[FailureKind]
     LABELS_SHIFTED_TWICE: ClassVar[FailureKind]
@@ -148,6 +149,7 @@ for _name in (
     "labels_shifted_twice",
     "oversized_logits",
     "unmasked_padding",
+    "missing_log_softmax",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 

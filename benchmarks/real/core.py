@@ -52,6 +52,7 @@ KINDS = frozenset(
         "labels_shifted_twice",
         "oversized_logits",
         "unmasked_padding",
+        "missing_log_softmax",
     }
 )
 

@@ -29,6 +29,9 @@ def judge(entry: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     if not entry["harmful"]:
         verdict["false_alarm"] = bool(hyps)
         verdict["run_level"] = bool(hyps) and all(h["layer"] == "" for h in hyps)
+        # the alarm names the mutation itself (a defect the program truly has, which did not harm its metric):
+        # told apart, not excused
+        verdict["names_mutation"] = top is not None and top["kind"] in entry["hand_kinds"]
         return verdict
     verdict["detected"] = bool(hyps)
     verdict["first_seed"] = harmful_on_first_seed(entry)
@@ -57,6 +60,7 @@ def score(truth: dict[str, dict[str, Any]], results: list[dict[str, Any]]) -> di
         "harmless": _count(harmless, "false_alarm"),
         "false_alarms": _count(quiet, "false_alarm"),
         "false_alarm_ids": [v["id"] for v in quiet if v["false_alarm"]],
+        "harmless_named": _count([v for v in harmless if v["false_alarm"]], "names_mutation"),
         "recall": _count(harmful, "detected"),
         "recall_first_seed": _count([v for v in harmful if v["first_seed"]], "detected"),
         "right_kind": _count(harmful, "right_kind"),
@@ -86,7 +90,8 @@ def wrong_lines(truth: dict[str, dict[str, Any]], results: list[dict[str, Any]],
         if not entry["harmful"]:
             if v["false_alarm"]:
                 label = "healthy program" if entry["variant"] == "healthy" else "harmless mutant"
-                lines.append(f"FALSE ALARM  {r['id']}: expected silence ({label}), got {_got(v['top'])}")
+                named = " (names the mutation made)" if v["names_mutation"] else ""
+                lines.append(f"FALSE ALARM  {r['id']}: expected silence ({label}), got {_got(v['top'])}{named}")
             continue
         expected = "{" + ", ".join(entry["kinds"]) + "}"
         if entry["root"]:
@@ -120,6 +125,7 @@ def table(scored: dict[str, Any], wall: float, cpu: float, jobs: int) -> str:
         ("cases", str(s["cases"])),
         ("false alarms, healthy programs", _pct(*s["healthy"])),
         ("false alarms, harmless mutants", _pct(*s["harmless"])),
+        ("... of which name the mutation made (a true defect, harmless here)", _pct(*s["harmless_named"])),
         ("false alarms, all quiet cases", _pct(*s["false_alarms"])),
         ("recall on harmful faults (any hypothesis)", _pct(*s["recall"])),
         ("recall where the watched run (seed 0) is itself harmed", _pct(*s["recall_first_seed"])),

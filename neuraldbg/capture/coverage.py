@@ -159,6 +159,12 @@ class Coverage:
     # share of such labels over the first forward passes (None: not a causal LM given input_ids and labels)
     labels_ahead: float | None = None
     labels_ahead_step: int = 0
+    # an nll_loss given values that no log_softmax produced: the largest |logsumexp| of its input's rows over the
+    # first backward passes (0 for log-probabilities; None: no such loss), the step first read, and the layer
+    # whose output the input is ("" when no watched layer's)
+    log_prob_gap: float | None = None
+    log_prob_step: int = 0
+    nll_layer: str = ""
     classifier_mean: bool = False  # ... and averages over its samples (its value is one sample's loss)
     classifier_cosine: bool = False  # ... and its logits are cosine similarities times a scale (ArcFace, CLIP)
     # attention over padding: the token id the loss ignores (its ignore_index), the fully observed steps whose
@@ -197,6 +203,10 @@ class Coverage:
             self.losses.add(record.step, record.loss)
         if len(record.regression_target) == 4:
             self._profile(record.regression_target)
+        if record.log_prob_gap is not None:
+            if self.log_prob_gap is None:
+                self.log_prob_step = record.step
+            self.log_prob_gap = max(record.log_prob_gap, self.log_prob_gap or 0.0)
         if record.labels_ahead is not None and (self.labels_ahead is None or record.labels_ahead > self.labels_ahead):
             self.labels_ahead, self.labels_ahead_step = record.labels_ahead, record.step
         changed = False

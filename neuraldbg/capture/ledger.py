@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ..stats.tensors import dense, target_profile
+from ..stats.tensors import dense, log_prob_gap, target_profile
 from . import hooks, loss_graph
 from .clock import StepMode
 
@@ -146,7 +146,10 @@ class GradLedger:
             # a mean squared error's target is profiled now: the backward pass frees what the graph saved
             found = loss_graph.regression(roots) if roots else None
             profile = target_profile(found.target) if found is not None else None
-            return partial(self._after, loss, states, carried, check, manual, roots, profile)
+            # ... and so is the input of an nll_loss that no log_softmax produced: are its values log-probabilities?
+            nll = loss_graph.log_probabilities(roots) if roots else None
+            gap = (log_prob_gap(nll.values), nll.node) if nll is not None else None
+            return partial(self._after, loss, states, carried, check, manual, roots, profile, gap)
         except Exception as exc:
             rec.fail("the backward-call listener", exc)
             return None
@@ -200,6 +203,7 @@ class GradLedger:
         manual: Tensor | None,
         roots: list[Tensor],
         profile: Tensor | None,
+        gap: tuple[Tensor, int] | None,
         completed: bool,
     ) -> None:
         rec = self._rec
@@ -220,7 +224,7 @@ class GradLedger:
                 return
             self._account(loss, reached, carried, check, fresh)
             if self._loss_checks:
-                self._check_loss(roots, profile)
+                self._check_loss(roots, profile, gap)
             if manual is not None:
                 rec.pending.put("carried", None, manual)
                 head = self._rec.backward.grads.head()
@@ -254,11 +258,12 @@ class GradLedger:
             loss = loss / scale
         pending.capture(loss, restart=fresh or bool(on), keep_first=rec.clock.in_closure)
 
-    def _check_loss(self, roots: list[Tensor], profile: Tensor | None) -> None:
+    def _check_loss(self, roots: list[Tensor], profile: Tensor | None, gap: tuple[Tensor, int] | None) -> None:
         """One of the first backward passes that reached the model: an activation between its logits and a loss
         that normalises them itself is noted in the coverage, with the layer whose output it is (or, for a
         functional activation, the layer whose output it took); the profile of a mean squared error's target
-        (``profile``, taken before the pass) is filed for the flush."""
+        (``profile``, taken before the pass) and how far an ``nll_loss``'s input is from log-probabilities
+        (``gap``: the reading and the node that produced the input) are filed for the flush."""
         rec = self._rec
         self._loss_checks -= 1
         graph = loss_graph.read(roots)  # no roots (a backward pass from a given gradient, not a loss): nothing
@@ -271,8 +276,11 @@ class GradLedger:
             rec.coverage.input_layer_normalizes = first is not None and first.normalizes
         if profile is not None:  # read at the flush, with the step's readings
             rec.pending.put_vector([("regression_target", None, float(i)) for i in range(4)], profile)
-        found = graph.activated
         nodes = rec.forward.nodes or {}
+        if gap is not None:
+            rec.coverage.nll_layer = rec.coverage.nll_layer or nodes.get(gap[1], "")
+            rec.pending.put("log_prob_gap", None, gap[0])
+        found = graph.activated
         if found is not None:
             layer = nodes.get(found.node) or nodes.get(found.below, "")
             rec.coverage.activated_loss = (found.activation, found.loss, layer, rec.pending.data.step)

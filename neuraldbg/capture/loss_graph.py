@@ -16,7 +16,8 @@ whose size is the scale the user chose, not anything the layers' initialisation 
 
 :func:`regression` walks the same way, before the backward pass frees the graph's saved tensors, to the first mean
 squared error: the target that MSE node saved, handed on to be profiled on the device (is it a handful of integer
-values?) and then dropped, never kept.
+values?) and then dropped, never kept. :func:`log_probabilities` does the same for the input of an ``nll_loss`` that
+no ``log_softmax`` produced: are those values log-probabilities at all?
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ ACTIVATIONS = {
 }
 #: Reshaping nodes looked through, at most.
 _HOPS = 8
+#: The nodes of ``nll_loss`` (a batch of vectors; images and sequences).
+_NLL = frozenset({"NllLossBackward0", "NllLoss2DBackward0"})
 #: The node of ``mse_loss`` (``nn.MSELoss``) and the code of its ``reduction="mean"``.
 _MSE = "MseLossBackward0"
 _MEAN = 1
@@ -278,6 +281,31 @@ def regression(losses: list[Tensor]) -> Regression | None:
     for node, _ in _walk(losses):
         if type(node).__name__ == _MSE:
             return _regression(node)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class NllInput:
+    """The input an ``nll_loss`` saved, when no ``log_softmax`` produced it (to be checked on the device, then
+    dropped), and the identity of the graph node that did (to name the layer whose output it is)."""
+
+    values: Tensor
+    node: int
+
+
+def log_probabilities(losses: list[Tensor]) -> NllInput | None:
+    """The input of the first ``nll_loss`` met from ``losses`` (the roots of one backward call, before it runs),
+    unless a ``log_softmax`` produced it (``cross_entropy``, ``nll_loss(log_softmax(x))``: log-probabilities by
+    construction): ``nll_loss`` only picks and negates the target's entry, so its input must already be
+    log-probabilities, which the caller checks from the values (``log(softmax(x))`` or ``x - logsumexp(x)`` are;
+    raw logits are not)."""
+    for node, _ in _walk(losses):
+        if type(node).__name__ in _NLL:
+            below = _producer(node)
+            if below is None or type(below).__name__ in NORMALISING:
+                return None
+            saved = getattr(node, "_saved_self", None)
+            return NllInput(saved, id(below)) if isinstance(saved, Tensor) else None
     return None
 
 

@@ -163,6 +163,8 @@ class Pending:
         dst.regression_target = src.regression_target or dst.regression_target
         if src.labels_ahead is not None:
             dst.labels_ahead = merge_max(dst.labels_ahead, src.labels_ahead)
+        if src.log_prob_gap is not None:
+            dst.log_prob_gap = merge_max(dst.log_prob_gap, src.log_prob_gap)
         dst.carried = src.carried or dst.carried
         dst.carried_by = src.carried_by or dst.carried_by
         if src.grad_carried is not None:
@@ -245,6 +247,10 @@ def _probabilities(data: StepData, key: Any, extra: float, value: float) -> None
 
 def _labels_ahead(data: StepData, key: Any, extra: float, value: float) -> None:
     data.labels_ahead = merge_max(data.labels_ahead, value)
+
+
+def _log_prob_gap(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.log_prob_gap = merge_max(data.log_prob_gap, value)
 
 
 def _regression_target(data: StepData, key: Any, extra: float, value: float) -> None:
@@ -348,6 +354,7 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "probabilities": _probabilities,
     "regression_target": _regression_target,
     "labels_ahead": _labels_ahead,
+    "log_prob_gap": _log_prob_gap,
     "padded": _padded,
     "carried": _carried,
     "loss_scale": _loss_scale,

@@ -173,6 +173,18 @@ def target_profile(t: Tensor) -> Tensor:
     return torch.stack((integer, t.amin(), t.amax(), t.var(correction=0)))
 
 
+def log_prob_gap(t: Tensor) -> Tensor:
+    """How far ``t`` (an ``nll_loss`` input: classes on dimension 1, or 0 for one unbatched vector) is from
+    log-probabilities: the largest ``|logsumexp|`` over the classes of its rows, 0 for log-probabilities, as a
+    0-d float tensor on ``t``'s device (read later). Rows whose log-sum-exp is not finite (every class masked to
+    -inf, a NaN the non-finite checks report) are left out, and so is an input of no rows (a loss over an empty
+    selection: 0)."""
+    values = t.detach().float()
+    lse = torch.logsumexp(values, dim=1 if values.dim() >= 2 else 0)
+    gap = torch.where(torch.isfinite(lse), lse.abs(), torch.zeros_like(lse))
+    return gap.amax() if gap.numel() else gap.new_zeros(())
+
+
 def labels_ahead(input_ids: Tensor, labels: Tensor, ignore: int = -100) -> Tensor:
     """The fraction of the scored label positions t (all but the last; ``ignore`` is not scored) whose label is
     the next input token ``input_ids[:, t + 1]``, as a 0-d float tensor on the labels' device (read later)."""

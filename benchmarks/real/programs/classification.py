@@ -251,7 +251,7 @@ CNN = Program(
             "loss_function",
             "F.nll_loss on the logits (log_softmax forgotten)",
             {"log_softmax": False},
-            K.WRONG_LOSS | K.LR_TOO_HIGH,
+            K.NLL_ON_LOGITS | K.LR_TOO_HIGH,
         ),
         Variant(
             "relu_on_logits",

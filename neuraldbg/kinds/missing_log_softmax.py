@@ -1,0 +1,95 @@
+"""A missing log-softmax: ``nll_loss`` (``nn.NLLLoss``) given values that are not log-probabilities, most often the
+raw logits of the last layer. ``nll_loss`` does not normalise its input; it only picks the target class's entry and
+negates it. On raw logits the loss is minimised by making that one logit large, whatever the others do: the loss
+runs below zero towards minus infinity, the gradient never says which wrong class scored higher, and the classes
+are not learned against each other.
+
+Found from the loss's autograd graph and one reading of values on the first backward passes that reach the model
+(see :mod:`neuraldbg.capture.loss_graph`): the ``nll_loss`` node's input came from no ``log_softmax`` (a
+``cross_entropy``, or ``nll_loss(log_softmax(x))``, is exact by construction and not read), so the input it saved is
+checked on the device before the backward pass frees it: the log-sum-exp of each row over the classes is 0 for
+log-probabilities, whatever computed them (``torch.log(softmax(x))``, ``x - x.logsumexp(1, keepdim=True)``, the log
+of a mixture's probabilities), and the largest ``|log-sum-exp|`` is read at the flush. Raw logits of a fresh 10-class
+head read about log(10) = 2.3 or more; float32 log-probabilities read below 1e-5. Rows whose classes are all masked
+to -inf are left out.
+"""
+
+from __future__ import annotations
+
+from ..capture.coverage import Coverage, RunFacts
+from ..events import EventType, FailureKind, SemanticEvent
+from ..reasoning.topology import Topology
+from ..text import num
+from .base import Kind, RootLane, Series
+
+KIND = FailureKind.MISSING_LOG_SOFTMAX
+
+#: The largest |log-sum-exp| over the classes of a row of log-probabilities, at most: rounding of float16 or
+#: bfloat16 log-probabilities and an ``eps`` inside ``log(p + eps)`` stay orders of magnitude below it, while a
+#: raw logit row of a fresh head is near log(classes) (0.69 and up).
+GAP = 0.1
+
+
+class MissingLogSoftmax(Kind):
+    name = KIND.value
+    title = "missing log-softmax"
+    run_level = True  # about the program's loss as a whole (its event still names the layer of the logits)
+
+    def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
+        gap = coverage.log_prob_gap
+        if gap is None or not gap > GAP:
+            return None
+        layer, step = coverage.nll_layer, coverage.log_prob_step
+        metrics = {"gap": gap, "limit": GAP}
+        trace = coverage.losses
+        if trace.first and trace.last is not None:
+            metrics |= {"first_loss": trace.first[0][1], "last_loss": trace.last[1]}
+        return SemanticEvent(
+            event_type=EventType.ACTIVATION if layer else EventType.LOSS,
+            kind=KIND,
+            layer=layer,
+            param=None,
+            step_start=step,
+            step_end=max(step, coverage.last_step),
+            from_state=None,
+            to_state=KIND,
+            metrics=metrics,
+            confidence=1.0,
+        )
+
+    def lane(self, event: SemanticEvent) -> RootLane | None:
+        # a program's structure, exact from its first step: beside the activation before a loss
+        return RootLane(3.5) if event.kind is self.kind else None
+
+    def set_off_by_surge(self, root: SemanticEvent) -> bool:
+        return False  # the program computes its loss this way from the first step
+
+    def explain(
+        self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
+    ) -> tuple[str, str]:
+        m = root.metrics
+        where = f"the output of '{root.layer}'" if root.layer else "the model's output"
+        what = (
+            f"A missing log-softmax: from step {root.step_start}, nll_loss (NLLLoss) is given {where}, which is not "
+            f"log-probabilities: the log-sum-exp of its rows over the classes reaches {num(m.get('gap', 0.0))} "
+            "(0 for log-probabilities). nll_loss does not normalise its input, it only negates the target class's "
+            "entry, so the loss falls by making that one value large whatever the other classes score: it runs "
+            "below zero without bound and the classes are never learned against each other."
+        )
+        if "last_loss" in m and m["last_loss"] < 0:
+            what += f" The loss went from {num(m['first_loss'])} to {num(m['last_loss'])}."
+        fix = (
+            "give nll_loss log-probabilities (F.log_softmax(logits, dim=1), or nn.LogSoftmax(dim=1) as the model's "
+            "last layer), or replace it with cross_entropy (CrossEntropyLoss) on the raw logits, which applies "
+            "log_softmax itself."
+        )
+        return what, fix
+
+    def describe(self, event: SemanticEvent) -> str:
+        return f"nll_loss on values that are not log-probabilities (log-sum-exp {num(event.metrics.get('gap', 0.0))})"
+
+    def label(self, event: SemanticEvent) -> str:
+        return "nll_loss without log_softmax"
+
+    def effect(self, event: SemanticEvent) -> str:
+        return "a loss without log-softmax"

@@ -1,0 +1,165 @@
+"""``nll_loss`` given values that are not log-probabilities (the raw logits: log_softmax forgotten), found from the
+loss's autograd graph and the log-sum-exp of the values it saved. Ground truth is plain torch in each test (the loss
+runs below zero without bound, the classifier ends far worse than its twin); twins that hand nll_loss true
+log-probabilities, however computed, stay silent, and the training is bit-identical."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+import support
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import NeuralDbg
+from neuraldbg.kinds import missing_log_softmax
+from neuraldbg.stats.tensors import log_prob_gap
+
+CLASSES = 10
+KIND = "missing_log_softmax"
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def classifier() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, CLASSES))
+
+
+def train(model: nn.Module, loss_fn: LossFn, steps: int, watched: bool) -> tuple[list[float], NeuralDbg | None]:
+    """A user's loop (no NeuralDBG call inside), Adam 1e-2."""
+    make = support.classification_batches((32,), CLASSES, batch=64)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses: list[float] = []
+
+    def loop() -> None:
+        for step in range(steps):
+            x, y = make(step)
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+
+    if not watched:
+        loop()
+        return losses, None
+    with NeuralDbg(model) as dbg:
+        loop()
+    return losses, dbg
+
+
+def accuracy(model: nn.Module) -> float:
+    x, y = support.classification_batches((32,), CLASSES, batch=1024)(10_000)  # held out: a step never trained on
+    with torch.no_grad():
+        return float((model(x).argmax(dim=1) == y).float().mean())
+
+
+def found(dbg: NeuralDbg) -> list:
+    return [h for h in dbg.hypotheses() if h.kind.value == KIND]
+
+
+def test_nll_loss_on_raw_logits_runs_below_zero_learns_worse_than_its_twin_and_is_found_at_the_last_layer():
+    torch.manual_seed(0)
+    model = classifier()
+    losses, _ = train(model, F.nll_loss, 200, watched=False)
+    torch.manual_seed(0)
+    twin = classifier()
+    twin_losses, _ = train(twin, lambda out, y: F.nll_loss(F.log_softmax(out, dim=1), y), 200, watched=False)
+    # plain torch: on raw logits the loss leaves the range of any cross-entropy and falls without bound, and the
+    # classes are not learned against each other; the twin learns them
+    assert losses[-1] < -10 and min(twin_losses) > 0
+    assert accuracy(model) < accuracy(twin) - 0.2
+
+    torch.manual_seed(0)
+    watched_losses, dbg = train(classifier(), F.nll_loss, 200, watched=True)
+    assert watched_losses == losses  # the debugger changed nothing
+    assert dbg is not None
+    hits = found(dbg)
+    assert hits, dbg.explain_failure()
+    assert dbg.hypotheses()[0].kind.value == KIND
+    root = hits[0].root
+    assert root.layer == "2"  # the head whose output nll_loss took
+    assert root.step_start == 0
+    assert root.metrics["gap"] > math.log(2)
+    assert "log_softmax" in hits[0].explanation and "cross_entropy" in hits[0].explanation
+    assert "below zero" in hits[0].explanation
+
+
+@pytest.mark.parametrize(
+    "loss_fn",
+    [
+        F.cross_entropy,
+        lambda out, y: F.nll_loss(F.log_softmax(out, dim=1), y),
+        lambda out, y: F.nll_loss(torch.log(out.softmax(dim=1) + 1e-9), y),  # probabilities, then their log
+        lambda out, y: F.nll_loss(out - out.logsumexp(dim=1, keepdim=True), y),  # log-softmax written out
+        lambda out, y: F.nll_loss(F.log_softmax(out / 2.0, dim=1).double().float(), y),  # tempered, then a copy
+    ],
+    ids=["cross_entropy", "log_softmax", "log_of_softmax", "minus_logsumexp", "tempered_copy"],
+)
+def test_nll_loss_on_true_log_probabilities_is_silent_and_training_unchanged(loss_fn: LossFn):
+    torch.manual_seed(0)
+    plain, _ = train(classifier(), loss_fn, 80, watched=False)
+    torch.manual_seed(0)
+    losses, dbg = train(classifier(), loss_fn, 80, watched=True)
+    assert losses == plain
+    assert min(losses) > 0  # plain torch: a cross-entropy of log-probabilities never goes below zero
+    assert dbg is not None and not found(dbg), dbg.explain_failure()
+
+
+def test_a_segmentation_nll_loss_over_pixels_is_judged_on_its_class_dimension():
+    """NLLLoss over (N, C, H, W): the log-sum-exp is over dimension 1, the classes, for every pixel."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 3, 6, 6)
+    y = (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long()
+
+    def run(log_softmax: bool) -> NeuralDbg:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with NeuralDbg(model) as dbg:
+            for _ in range(6):
+                out = model(x)
+                loss = F.nll_loss(F.log_softmax(out, dim=1) if log_softmax else out, y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        return dbg
+
+    assert found(run(log_softmax=False))
+    healthy = run(log_softmax=True)
+    assert not found(healthy), healthy.explain_failure()
+
+
+def test_the_gap_is_zero_for_log_probabilities_and_leaves_out_fully_masked_rows():
+    logits = torch.randn(5, 7) * 4
+    assert float(log_prob_gap(F.log_softmax(logits, dim=1))) < 1e-5
+    assert float(log_prob_gap(logits)) > missing_log_softmax.GAP
+    masked = F.log_softmax(logits.masked_fill(torch.arange(7) > 2, float("-inf")), dim=1)
+    masked[0] = float("-inf")  # every class of one row masked: its log-sum-exp is -inf, not a gap
+    assert float(log_prob_gap(masked)) < 1e-5
+    assert float(log_prob_gap(F.log_softmax(torch.randn(7), dim=0))) < 1e-5  # one unbatched vector
+    assert float(log_prob_gap(F.log_softmax(torch.randn(2, 3, 4, 4), dim=1))) < 1e-5  # classes on dimension 1
+    assert float(log_prob_gap(torch.empty(0, 7))) == 0.0  # no rows: an nll_loss over an empty selection
+    assert float(log_prob_gap(torch.empty(0))) == 0.0
+    half = F.log_softmax(logits, dim=1).half()
+    assert float(log_prob_gap(half)) < missing_log_softmax.GAP / 10  # float16 rounding stays far below the limit
+
+
+def test_nll_loss_over_an_empty_selection_keeps_the_observation_whole():
+    """A training split that selects no sample: nll_loss over an empty tensor is NaN (plain torch). Its input has
+    no rows to read: the observation goes on and the NaN is what is reported, not a broken recording."""
+    model = classifier()
+    x, y = support.classification_batches((32,), CLASSES, batch=64)(0)
+    none = torch.zeros(64, dtype=torch.bool)
+    assert torch.isnan(F.nll_loss(model(x)[none], y[none]))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with NeuralDbg(model) as dbg:
+        for _ in range(4):
+            opt.zero_grad()
+            F.nll_loss(model(x)[none], y[none]).backward()
+            opt.step()
+    kinds = {h.kind.value for h in dbg.hypotheses()}
+    assert "incomplete_observation" not in kinds, dbg.explain_failure()
+    assert not found(dbg)
