@@ -69,6 +69,7 @@ class FailureKind(str, metaclass=_Names):
     ACTIVATION_BEFORE_LOSS: ClassVar[FailureKind]
     UNNORMALISED_INPUTS: ClassVar[FailureKind]
     MISSING_LOG_SOFTMAX: ClassVar[FailureKind]
+    DETACHED_LAYERS: ClassVar[FailureKind]
     CLASS_INDEX_REGRESSION: ClassVar[FailureKind]
     COLLAPSED_OUTPUT: ClassVar[FailureKind]
     LABELS_SHIFTED_TWICE: ClassVar[FailureKind]
@@ -150,6 +151,7 @@ for _name in (
     "oversized_logits",
     "unmasked_padding",
     "missing_log_softmax",
+    "detached_layers",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 

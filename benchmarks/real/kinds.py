@@ -24,6 +24,8 @@ MSE_ON_CLASS_INDEX = WRONG_LOSS | {"class_index_regression"}  # the fault's own 
 SHIFTED_TWICE = WRONG_LABELS | {"labels_shifted_twice"}  # the fault's own name
 KL_DOMINATES = WRONG_LOSS | {"collapsed_output"}  # a VAE's KL term outweighs its reconstruction: posterior collapse
 LEFT_OUT = frozenset({"frozen_parameters"})
+# a graph cut: the layers before it get no gradient (as good as left out of the optimizer), named exactly
+DETACHED = frozenset({"detached_layers", "frozen_parameters", "loss_not_decreasing"})
 DEAD_BIAS = frozenset({"dead_neurons"})
 EVAL_MODE = frozenset({"eval_mode_training"})
 BIG_INIT = frozenset(

@@ -173,6 +173,14 @@ class Coverage:
     token_steps: int = 0
     padded_steps: int = 0
     unmasked_attention: dict[str, int] = field(default_factory=dict)
+    # a graph cut between two watched layers: (the layer whose output was detached, the layer given it) -> the fully
+    # observed forward passes that showed it; the forward order of the layers when it was first seen
+    cuts: dict[tuple[str, str], int] = field(default_factory=dict)
+    cut_step: int = -1
+    layer_order: tuple[str, ...] = ()
+    graded: set[str] = field(default_factory=set)  # parameters that held a gradient on a fully observed step
+    graded_steps: int = 0  # fully observed steps on which some parameter held one
+    optimized: set[str] = field(default_factory=set)  # ... that an optimizer stepped with a learning rate above 0
     input_layer_normalizes: bool = False  # the first layer the input meets is a normalisation layer
     losses: LossTrace = field(default_factory=LossTrace)  # the loss of each step (observe_loss or recorded)
     training: TrainingFacts = field(default_factory=TrainingFacts)  # update ratios, weights, inputs, ...
@@ -240,7 +248,11 @@ class Coverage:
             if record.padded is not None:
                 self.token_steps += 1
                 self.padded_steps += record.padded
+            if record.stepped:
+                self.optimized.update(name for name, lr in record.stepped.items() if lr > 0)
             if record.grad:
+                self.graded.update(record.grad)
+                self.graded_steps += 1
                 self.steps_with_gradient += 1
                 all_zero = all(v == 0.0 for v in record.grad.values())
                 self.steps_with_nonzero_gradient += not all_zero

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 #: Forward passes of a causal LM whose labels are checked against its input (see :meth:`ForwardPath._check_labels`).
 LABEL_CHECKS = 4
+#: Fully observed forward passes in which the layers' arguments are looked at for a graph cut (see _note_cut): a
+#: program cuts its graph the same way on every pass, and looking costs a few microseconds per layer call.
+CUT_CHECKS = 8
 
 
 class ForwardPath:
@@ -68,6 +71,13 @@ class ForwardPath:
         # by identity, to the layer's name (the first layer whose output it is); None: not wanted
         self.nodes: dict[int, str] | None = None
         self._label_checks = 0  # forward passes of a label-shifting causal LM whose labels are still to be checked
+        # a fully observed forward pass: the outputs that carry a gradient, by where their values lie, to their layer
+        # (weakly: a live output's memory cannot be another tensor's), to see a later layer given one detached
+        self._produced: dict[int, tuple[str, weakref.ref[Tensor]]] = {}
+        # ... and the layers given a value without a gradient that no layer of the pass produced, with where its
+        # values lie: a cut through functional ops, unless the value is the model's own argument (checked at its end)
+        self._unlinked: list[tuple[str, int]] = []
+        self._cut_checks = CUT_CHECKS  # fully observed forward passes still to look at for one
 
     def attach(self) -> None:
         model = self._model()
@@ -114,6 +124,8 @@ class ForwardPath:
             elif not self._full:
                 self._seen.append((name, output))
             else:
+                if self._cut_checks:
+                    self._note_cut(name, args, output)
                 self._layer(name, output)
         except Exception as exc:
             rec.fail(f"the forward hook of {repr(name) if name else 'the model'}", exc)
@@ -156,6 +168,45 @@ class ForwardPath:
         node = t.grad_fn if t is not None else None
         if node is not None and self.nodes is not None:
             self.nodes.setdefault(id(node), name)
+
+    def _note_cut(self, name: str, args: tuple[Any, ...], output: Any) -> None:
+        """A fully observed forward pass: whether this layer was given, as its first argument, the output of an
+        earlier layer of this pass detached from the graph (the same values, in the same memory, without a
+        gradient: ``.detach()``, ``.data``), and this layer's own output, kept weakly by where its values lie.
+        Metadata only (``requires_grad``, ``data_ptr``): nothing is read from the device."""
+        x = stats.first_tensor(args)
+        where = _where(x) if x is not None and not x.requires_grad else None
+        if where is not None:
+            found = self._produced.get(where)
+            if found is not None and found[1]() is not None and found[0] != name:
+                self._cut(found[0], name)
+            elif found is None and self._produced:  # a layer with a gradient ran before it in this pass
+                self._unlinked.append((name, where))
+        t = stats.first_tensor(output)
+        where = _where(t) if t is not None and t.requires_grad else None
+        if where is not None and t is not None:
+            self._produced.setdefault(where, (name, weakref.ref(t)))
+
+    def _cut(self, upstream: str, downstream: str) -> None:
+        """Count a graph cut before ``downstream`` (``upstream``: the layer whose output it was given detached, ""
+        when that is not known) and note the forward order of the layers, which the finding reads."""
+        coverage = self._rec.coverage
+        cut = (upstream, downstream)
+        coverage.cuts[cut] = coverage.cuts.get(cut, 0) + 1
+        if coverage.cut_step < 0:
+            coverage.cut_step = self._rec.pending.data.step
+        coverage.layer_order = tuple(dict.fromkeys([*(key[0] for key in self.order.keys), downstream]))
+
+    def _unlinked_cuts(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The model's forward returned: the layers given a value without a gradient that is none of the model's
+        own tensor arguments (nor a view of one at its start) were cut off from what ran before them."""
+        unlinked, self._unlinked = self._unlinked, []
+        if not unlinked:
+            return
+        given = {_where(t) for t in stats.tensor_arguments(args, kwargs)}
+        for name, where in unlinked:
+            if where not in given:
+                self._cut("", name)
 
     def _note_attention(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Count an attention call of a fully observed step that had no mask at all: no key-padding mask, no
@@ -259,6 +310,9 @@ class ForwardPath:
         data.input_numel = inp.numel() if inp is not None else data.input_numel
         data.output_numel = t.numel()
         if self._full:  # under autocast a GradScaler may scale gradients between backward and step
+            if self._cut_checks:
+                self._cut_checks -= 1
+                self._unlinked_cuts(args, kwargs)
             self.autocast = self.autocast or torch.is_autocast_enabled(t.device.type)
             data.classes = stats.class_count(output)
             if self._label_checks:
@@ -327,6 +381,8 @@ class ForwardPath:
         self.input = self.output = None
         self._deferred.clear()
         self._versions.clear()
+        self._produced.clear()
+        self._unlinked = []
         self.others = []
 
     def next_step(self) -> None:
@@ -352,3 +408,14 @@ class ForwardPath:
             self._rec.coverage.eval_forwards += 1
             self.never_positive.clear()
             self.release()
+
+
+def _where(t: Tensor) -> int | None:
+    """Where the values of ``t`` lie: the data pointer of a plain dense tensor with elements; None for what has
+    none to compare (sparse, a subclass, a meta tensor, the wrapped tensors of ``torch.func`` transforms)."""
+    if type(t) not in (Tensor, nn.Parameter) or t.layout is not torch.strided or not t.numel():
+        return None
+    try:
+        return t.data_ptr() or None
+    except RuntimeError:  # a tensor without storage
+        return None

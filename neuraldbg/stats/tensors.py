@@ -62,6 +62,23 @@ def data_argument(args: tuple[object, ...], kwargs: dict[str, object] | None = N
     return None
 
 
+def tensor_arguments(args: tuple[object, ...], kwargs: dict[str, object] | None = None, most: int = 32) -> list[Tensor]:
+    """The plain tensors among a call's arguments, looked for inside tuples, lists and dicts (a batch dict), at
+    most ``most`` of them."""
+    found: list[Tensor] = []
+    stack: list[object] = [*reversed((*args, *(kwargs or {}).values()))]
+    while stack and len(found) < most:
+        value = stack.pop()
+        if isinstance(value, Tensor):
+            if type(value) in _PLAIN:
+                found.append(value)
+        elif isinstance(value, dict):
+            stack.extend(reversed(list(value.values())))
+        elif isinstance(value, (tuple, list)):
+            stack.extend(reversed(value))
+    return found
+
+
 def token_argument(args: tuple[object, ...], kwargs: dict[str, object] | None = None) -> Tensor | None:
     """The token ids of a model call: its first tensor argument, when it holds integers (None otherwise)."""
     for value in (*args, *(kwargs or {}).values()):

@@ -161,7 +161,7 @@ MLP = Program(
 
 
 class Net(nn.Module):
-    def __init__(self, relu_on_logits: bool = False) -> None:
+    def __init__(self, relu_on_logits: bool = False, detach_features: bool = False) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(1, 16, 3, 1)
         self.bn1 = nn.BatchNorm2d(16)
@@ -172,6 +172,7 @@ class Net(nn.Module):
         self.fc1 = nn.Linear(32 * 6 * 6, 64)
         self.fc2 = nn.Linear(64, 10)
         self.relu_on_logits = relu_on_logits
+        self.detach_features = detach_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.bn1(self.conv1(x)))
@@ -179,6 +180,8 @@ class Net(nn.Module):
         x = F.max_pool2d(x, 2)
         x = self.dropout1(x)
         x = torch.flatten(x, 1)
+        if self.detach_features:  # a .detach() left from debugging: the convolutions never get a gradient
+            x = x.detach()
         x = F.relu(self.fc1(x))
         x = self.dropout2(x)
         x = self.fc2(x)
@@ -189,7 +192,7 @@ def cnn_train(hp: SimpleNamespace, session: Session) -> dict[str, float]:
     seed_everything(hp.seed)
     x_train, y_train, x_test, y_test = image_split(2048, 1024)
     x_train, x_test = to_input(x_train), to_input(x_test)
-    model = Net(hp.relu_on_logits)
+    model = Net(hp.relu_on_logits, hp.detach_features)
     if hp.init_std is not None:
         for module in model.modules():
             if isinstance(module, (nn.Conv2d, nn.Linear)):
@@ -238,6 +241,7 @@ CNN = Program(
         left_out=None,
         clip=None,
         eval_mode=False,
+        detach_features=False,
     ),
     metric="accuracy",
     higher_is_better=True,
@@ -283,6 +287,13 @@ CNN = Program(
             ("fc2",),
         ),
         Variant("init_normal_1", "weight_init", "conv and linear weights ~ N(0, 1)", {"init_std": 1.0}, K.BIG_INIT),
+        Variant(
+            "detach_features",
+            "graph_cut",
+            "the flattened conv features .detach()ed before fc1",
+            {"detach_features": True},
+            K.DETACHED,
+        ),
     ),
 )
 
