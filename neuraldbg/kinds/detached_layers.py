@@ -57,7 +57,7 @@ class DetachedLayers(Kind):
             if below is None:
                 continue
             layers = list(dict.fromkeys(_layer_of(p) for p in untrained))
-            cut_off = [layer for layer in layers if order.get(layer, below) < below]
+            cut_off = sorted((layer for layer in layers if order.get(layer, below) < below), key=order.__getitem__)
             if not cut_off:
                 continue
             params = [p for p in untrained if _layer_of(p) in cut_off]
