@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
@@ -126,15 +127,35 @@ _MODE_DEPENDENT: tuple[type[nn.Module], ...] = (
 
 
 def mode_dependent_layers(named: Iterable[tuple[str, nn.Module]]) -> list[str]:
-    """'name' (Type) of every module whose forward depends on ``module.training``: dropout, batch norm with
-    running statistics, recurrent layers and attention with a dropout probability."""
+    """'name' (Type) of every module whose forward depends on ``module.training``, as the model stands now (when
+    the debugger attaches): dropout with a probability above 0, batch and instance norm whose running statistics
+    have not been learned yet, recurrent layers and attention with a dropout probability.
+
+    A normalisation layer that already tracked batches (``num_batches_tracked`` above 0: a pretrained or resumed
+    model) is left out: training it in eval mode keeps its learned statistics, the usual way to fine-tune with
+    frozen batch norm. Statistics never learned (0 and 1 from the initialisation) frozen by eval mode are no
+    normalisation at all."""
     found = []
     for name, module in named:
         depends = isinstance(module, _MODE_DEPENDENT) and (
-            not isinstance(module, nn.modules.batchnorm._NormBase) or module.track_running_stats
+            not isinstance(module, nn.modules.batchnorm._NormBase)
+            or (module.track_running_stats and not _tracked(module))
         )
+        if isinstance(module, nn.modules.dropout._DropoutNd) and not float(getattr(module, "p", 0.0)) > 0:
+            depends = False
         if isinstance(module, (nn.RNNBase, nn.MultiheadAttention)) and float(getattr(module, "dropout", 0.0)) > 0:
             depends = True
         if depends and name:
             found.append(f"'{name}' ({type(module).__name__})")
     return found
+
+
+def _tracked(module: nn.Module) -> bool:
+    """Whether a normalisation layer's running statistics were already learned: it counted batches before."""
+    counted = getattr(module, "num_batches_tracked", None)
+    if not isinstance(counted, torch.Tensor) or counted.numel() != 1 or counted.is_meta:
+        return False
+    try:
+        return int(counted) > 0  # one read when the debugger attaches
+    except RuntimeError:  # a tensor whose value cannot be read here
+        return False

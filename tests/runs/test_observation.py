@@ -6,6 +6,8 @@ hypothesis; validation passes, partly frozen models and healthy loops must stay 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import support
 import torch
@@ -91,6 +93,49 @@ def test_eval_mode_training_without_mode_dependent_layers_is_observed_and_health
     dbg, losses = support.train(model, support.regression_batches(), steps=30)
     assert losses[-1] < losses[0]
     assert dbg.steps == 30 and dbg.hypotheses() == []
+
+
+def test_fine_tuning_in_eval_mode_with_batch_norm_statistics_already_learned_is_frozen_batch_norm_not_a_fault():
+    """Plain torch: a conv net pretrained in train mode, then fine-tuned with model.eval() (the usual way to freeze
+    batch norm): its running statistics stay what pretraining learned and the loss keeps falling. A fresh twin
+    whose statistics were never learned is still called training in eval mode."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 1))
+    fresh = copy.deepcopy(model)
+    flat = support.regression_batches(64)
+
+    def batches(step: int) -> support.Batch:
+        x, y = flat(step)
+        return x.reshape(-1, 1, 8, 8), y
+
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    for step in range(20):  # pretraining, unwatched
+        x, y = batches(1000 + step)
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+    learned = model[1].running_mean.clone()
+    assert int(model[1].num_batches_tracked) == 20
+    model.eval()
+    dbg, losses = support.train(model, batches, steps=40)
+    assert torch.equal(model[1].running_mean, learned)  # plain torch: frozen, as intended
+    assert losses[-1] < losses[0]
+    assert dbg.hypotheses() == [], dbg.explain_failure()
+
+    fresh.eval()
+    twin, _ = support.train(fresh, batches, steps=40)
+    found = only(twin, FailureKind.EVAL_MODE_TRAINING)
+    assert "'1' (BatchNorm2d)" in found.root.detail
+
+
+def test_dropout_with_probability_zero_in_eval_mode_changes_nothing_and_is_silent():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.0), nn.Linear(32, 1))
+    x = torch.randn(4, 16)
+    assert torch.equal(model.eval()(x), model.train()(x))  # plain torch: p=0 behaves the same in both modes
+    model.eval()
+    dbg, _ = support.train(model, support.regression_batches(), steps=20)
+    assert dbg.hypotheses() == [], dbg.explain_failure()
 
 
 def test_a_validation_pass_in_eval_mode_between_steps_is_not_training():
