@@ -13,7 +13,13 @@ fit, not a stall. Both are judged against the run's first values, so a run the d
 optimizer already held state: a resumed run, a fine-tuning script) is judged against its own observed history: its
 updates stall when they fall tenfold below their first observed ratio and under ``stalled_ratio`` (a schedule that
 decays to nothing while watched); updates that were that small from the first observed step on are the regime the
-run was already in (late training, small gradients), which the debugger did not see begin. Root: after vanishing
+run was already in (late training, small gradients), which the debugger did not see begin. Small updates at a
+learning rate a schedule brought down to ``DECAYED`` of the largest the run stepped with, at which they would not
+be stalled, after the loss fell to ``LOSS_FELL`` of where it began, are the schedule's tail, not a stall: SGD with
+momentum under a CosineAnnealingLR that ends near 0 moves the weights by ~1e-7 over its last steps, and under label
+smoothing (whose loss has a floor, the entropy of the smoothed target, far from 0) the fit never reads as converged.
+A learning rate too low from the start (it is the largest the run stepped with), and a schedule that decays before
+the loss fell (sized for epochs, stepped every batch), are still stalls. Root: after vanishing
 gradients, which stall updates by themselves under SGD. Config:
 ``stalled_ratio``, ``fit_gradient_drop``, ``fit_loss_drop``.
 
@@ -30,6 +36,7 @@ in sight). A learning rate far too low, or clipping to a tiny norm under SGD, do
 from __future__ import annotations
 
 import math
+from collections import deque
 
 from ..capture.coverage import Coverage, RunFacts
 from ..config import DebugConfig
@@ -50,6 +57,12 @@ RUN_SHARE = 0.1
 #: A loss still falling at the end: its second half fell by at least this share of its fall over the whole run (a
 #: steady fall gives about 0.4; a fit nearing its plateau 0.2 or less).
 STILL_FALLING = 0.3
+#: A learning rate at most this share of the largest the run stepped with was brought down by a schedule.
+DECAYED = 0.1
+#: The loss fell when its last observed losses average at most this share of its first ones (over :data:`LOSSES`).
+LOSS_FELL = 0.75
+#: Observed losses averaged at the start and at the end.
+LOSSES = 8
 
 
 def undertrained(coverage: Coverage, config: DebugConfig) -> tuple[str, loss_evidence.Curve] | None:
@@ -86,6 +99,27 @@ class StalledDetector(Detector):
         self._first_gradient: float | None = None  # the largest layer gradient norm at the first observed step
         self._resumed = False  # the run trained before the debugger attached
         self._first_median: float | None = None  # the median update ratio at the first observed update
+        self._peak_lr = 0.0  # the largest learning rate the run stepped with so far
+        self._first_losses: list[float] = []  # the first observed losses
+        self._last_losses: deque[float] = deque(maxlen=LOSSES)  # the last ones
+
+    def _loss(self, view: StepView) -> None:
+        loss = view.data.loss
+        if loss is not None and math.isfinite(loss):
+            if len(self._first_losses) < LOSSES:
+                self._first_losses.append(loss)
+            self._last_losses.append(loss)
+
+    def _schedule_tail(self, median: float, lr: float | None, limit: float) -> bool:
+        """The updates are small because a schedule brought the learning rate down, after the run trained: the
+        learning rate is at most ``DECAYED`` of the largest the run stepped with, at which these updates would not
+        be stalled (an update scales with the learning rate), and the loss fell to ``LOSS_FELL`` of where it began
+        (the tail of a cosine schedule that ends near 0, not a learning rate too low to train)."""
+        peak = self._peak_lr
+        if lr is None or not 0 < lr <= DECAYED * peak or median * peak / lr < limit or not self._first_losses:
+            return False
+        first = sum(self._first_losses) / len(self._first_losses)
+        return first > 0 and sum(self._last_losses) / len(self._last_losses) <= LOSS_FELL * first
 
     def _stationary(self, view: StepView) -> bool:
         """The model's largest layer gradient fell to ``fit_gradient_drop`` squared (1 %) of its first value: the
@@ -101,10 +135,13 @@ class StalledDetector(Detector):
     def observe(self, view: StepView) -> Observation | None:
         fitted, stationary = self._fit.converged(view), self._stationary(view)  # both record first readings
         self._resumed |= view.data.resumed
+        self._loss(view)
         converged = fitted or stationary
         census = view.updates
         if census is None:
             return None
+        if census.lr is not None:
+            self._peak_lr = max(self._peak_lr, census.lr)
         obs = Observation()
         if census.at_lr_zero:
             obs.saw(self.event_type, "")
@@ -118,7 +155,8 @@ class StalledDetector(Detector):
                 self._first_median = census.median
             # met mid-training: small from the first observed update on is the regime it was in, not a stall
             regime = self._resumed and census.median > 0.1 * self._first_median
-            if census.median < limit and not converged and not regime:
+            tail = self._schedule_tail(census.median, census.lr, limit)
+            if census.median < limit and not converged and not regime and not tail:
                 obs.findings.append(self._finding(census.ratio_metrics(), strength(census.median, limit, decades=3)))
         return obs
 

@@ -1,0 +1,124 @@
+"""The tail of a learning-rate schedule is not a stall: a classifier under SGD with momentum and a
+CosineAnnealingLR that ends near 0, trained with label smoothing (its loss cannot fall near 0, so the fit never
+reads as converged), makes updates of ~1e-7 of the weights over its last steps. The schedule brought the learning
+rate down from the one the run trained with, after the loss fell: that is the schedule, not a learning rate too
+low. A learning rate too low from the start, and a schedule that decays before the loss fell, are still stalls.
+
+Ground truth by plain torch in each test: the held-out accuracy of the smoothed run against its twin without
+smoothing (no worse), the update/weight ratio of its last steps (below the stall limit), the losses; and watched
+or not, the training is bit-identical."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+
+import support
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import DebugConfig, FailureKind, NeuralDbg
+
+STEPS = 150
+CLASSES = 4
+make = support.classification_batches((16,), CLASSES, batch=64, seed=3)
+
+
+class Run:
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+        self.ratios: list[float] = []  # the median over the parameters of ||dW|| / ||W||, each step
+        self.lrs: list[float] = []
+        self.accuracy = math.nan
+        self.dbg: NeuralDbg | None = None
+
+
+def train(
+    lr: float,
+    smoothing: float,
+    schedule: Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler] | None,
+    watched: bool,
+) -> Run:
+    """An MLP classifier under SGD with momentum; ``schedule`` stepped every batch, as the user's loop does."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, CLASSES))
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
+    sched = schedule(opt) if schedule is not None else None
+    run = Run()
+    dbg = NeuralDbg(model) if watched else None
+    if dbg is not None:
+        dbg.__enter__()
+    for step in range(STEPS):
+        x, y = make(step)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y, label_smoothing=smoothing)
+        loss.backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        run.lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        if sched is not None:
+            sched.step()
+        run.ratios.append(
+            statistics.median(float((p.detach() - b).norm() / b.norm()) for p, b in zip(model.parameters(), before))
+        )
+        run.losses.append(loss.item())
+    if dbg is not None:
+        dbg.__exit__(None, None, None)
+    x, y = make(10_000)  # a held-out batch
+    with torch.no_grad():
+        run.accuracy = float((model(x).argmax(1) == y).float().mean())
+    run.dbg = dbg
+    return run
+
+
+def cosine(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=STEPS)
+
+
+def stalled(run: Run) -> bool:
+    assert run.dbg is not None
+    return FailureKind.STALLED_UPDATES in {e.kind for e in run.dbg.events}
+
+
+def test_the_end_of_a_cosine_schedule_under_label_smoothing_is_not_a_stall() -> None:
+    smoothed, twin = train(0.05, 0.1, cosine, watched=False), train(0.05, 0.0, cosine, watched=False)
+    limit = DebugConfig().stalled_ratio
+    # plain torch: the smoothed run learns as well as its twin; its loss fell but stays far from 0 (the entropy of
+    # the smoothed target is its floor); its last steps move the weights by less than the stall limit, at a
+    # learning rate the schedule brought down from 0.05
+    assert smoothed.accuracy >= twin.accuracy - 0.02
+    assert statistics.fmean(smoothed.losses[-10:]) < 0.5 * statistics.fmean(smoothed.losses[:10])
+    assert statistics.fmean(smoothed.losses[-10:]) > 0.3
+    assert max(smoothed.ratios[-3:]) < limit and smoothed.lrs[-1] < 1e-3 * smoothed.lrs[0]
+    assert statistics.median(smoothed.ratios[: STEPS // 2]) > 100 * limit
+
+    watched = train(0.05, 0.1, cosine, watched=True)
+    assert watched.losses == smoothed.losses  # the debugger changes nothing
+    assert not stalled(watched), watched.dbg and watched.dbg.explain_failure()
+    assert watched.dbg is not None and watched.dbg.healthy, watched.dbg.explain_failure()
+
+
+def test_a_learning_rate_too_low_from_the_start_is_still_a_stall() -> None:
+    low = train(1e-6, 0.1, None, watched=True)
+    sound = train(0.05, 0.1, None, watched=False)
+    # plain torch: updates below the stall limit from the first step and a loss that stays where it began
+    assert max(low.ratios) < DebugConfig().stalled_ratio
+    assert statistics.fmean(low.losses[-10:]) > 0.95 * statistics.fmean(low.losses[:10])
+    assert statistics.fmean(sound.losses[-10:]) < 0.6 * statistics.fmean(sound.losses[:10])
+    assert stalled(low)
+
+
+def test_a_schedule_that_decays_before_the_loss_fell_is_still_a_stall() -> None:
+    def exponential(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+        return torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.7)  # meant per epoch, stepped per batch
+
+    early = train(0.05, 0.1, exponential, watched=True)
+    # plain torch: the learning rate is 1e-4 of where it began within 26 steps, the updates fall below the stall
+    # limit, the loss has barely moved and the model is far from its twin under the cosine schedule
+    assert early.lrs[26] < 1e-4 * early.lrs[0]
+    assert max(early.ratios[60:]) < DebugConfig().stalled_ratio
+    assert statistics.fmean(early.losses[-10:]) > 0.95 * statistics.fmean(early.losses[:10])
+    assert early.accuracy < train(0.05, 0.1, cosine, watched=False).accuracy - 0.3
+    assert stalled(early)
