@@ -53,6 +53,7 @@ KINDS = frozenset(
         "oversized_logits",
         "unmasked_padding",
         "missing_log_softmax",
+        "excessive_weight_decay",
     }
 )
 

@@ -174,6 +174,10 @@ class Coverage:
     padded_steps: int = 0
     unmasked_attention: dict[str, int] = field(default_factory=dict)
     input_layer_normalizes: bool = False  # the first layer the input meets is a normalisation layer
+    # the owned optimizers' weight decay (capture/ledger.py), each time it changed: (the step from which it held,
+    # the largest weight_decay of a group holding watched parameters, scaled by that group's learning rate over the
+    # largest one's, whether it is decoupled as AdamW's); at most ledger.DECAY_CHANGES entries
+    weight_decay: list[tuple[int, float, bool]] = field(default_factory=list)
     losses: LossTrace = field(default_factory=LossTrace)  # the loss of each step (observe_loss or recorded)
     training: TrainingFacts = field(default_factory=TrainingFacts)  # update ratios, weights, inputs, ...
     outputs: OutputScales = field(default_factory=OutputScales)  # each layer's output scale over the run
