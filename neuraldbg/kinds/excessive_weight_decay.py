@@ -13,7 +13,8 @@ and gradients' norms (see :class:`~neuraldbg.stats.training.TrainingFacts`). The
 * decoupled (``AdamW``; ``decoupled_weight_decay=True``): each step removes lr x weight_decay of the weights, against
   the step's whole ||dW|| / ||W||;
 * coupled (``SGD``, ``Adam``, ``RMSprop``: L2 added to the gradient): weight_decay x ||W|| against the norm of the
-  loss's own gradient, which the optimizer receives beside it.
+  loss's own gradient, which the optimizer receives beside it (before clipping: a gradient clipped to a tiny norm
+  is the clipping's fault, not the decay's).
 
 Found when, over the second half of the run, the median share is at least :data:`SHARE` and the weights' norm over
 the last tenth of the run is at most :data:`SHRINK` of the first tenth's. Usual settings give shares of about 1e-2
@@ -71,7 +72,9 @@ def shares(coverage: Coverage) -> list[tuple[int, float, float, bool]]:
         if decoupled:
             share = row.lr * decay / row.update_ratio if row.update_ratio > 0 else math.nan
         else:
-            share = decay * row.weight_norm / row.grad_norm if row.grad_norm > 0 else math.nan
+            # against the gradient the backward pass produced: clipping to a tiny norm is its own fault
+            loss_grad = row.grad_norm * row.clip
+            share = decay * row.weight_norm / loss_grad if loss_grad > 0 else math.nan
         if math.isfinite(share):
             found.append((row.step, share, decay, decoupled))
     return found

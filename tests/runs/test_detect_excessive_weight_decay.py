@@ -209,3 +209,41 @@ def test_the_decay_is_read_per_group_and_a_schedule_does_not_grow_the_record():
             sched.step()
     assert dbg._recorder.coverage.weight_decay == [(0, 10.0, True)]
     assert found(dbg), dbg.explain_failure()
+
+
+def test_usual_decay_beside_a_gradient_clipped_to_a_tiny_norm_is_not_blamed():
+    """SGD with the usual 5e-4 and clip_grad_norm_(1e-4): the clipped gradient is far smaller than the decay's
+    term, which then rules the steps and shrinks the weights (plain torch), but the fault is the clipping: the
+    decay is held against the gradient the backward pass produced."""
+    make = support.classification_batches((16,), CLASSES, batch=64)
+
+    def run(watched: bool) -> tuple[list[float], nn.Module, NeuralDbg | None]:
+        torch.manual_seed(0)
+        model = classifier()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9, weight_decay=5e-4)
+        losses: list[float] = []
+
+        def loop() -> None:
+            for step in range(400):
+                x, y = make(step)
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-4)
+                opt.step()
+                losses.append(float(loss.detach()))
+
+        if not watched:
+            loop()
+            return losses, model, None
+        with NeuralDbg(model) as dbg:
+            loop()
+        return losses, model, dbg
+
+    torch.manual_seed(0)
+    start = weight_norm(classifier())
+    plain, model, _ = run(watched=False)
+    assert weight_norm(model) < 0.9 * start  # plain torch: the decay shrank the weights
+    losses, _, dbg = run(watched=True)
+    assert losses == plain
+    assert dbg is not None and not found(dbg), dbg.explain_failure()
