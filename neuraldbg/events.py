@@ -75,6 +75,7 @@ class FailureKind(str, metaclass=_Names):
     LABELS_SHIFTED_TWICE: ClassVar[FailureKind]
     OVERSIZED_LOGITS: ClassVar[FailureKind]
     UNMASKED_PADDING: ClassVar[FailureKind]
+    EXCESSIVE_WEIGHT_DECAY: ClassVar[FailureKind]
 
     def __new__(cls, value: str) -> FailureKind:
         found = cls._declared.get(value) if isinstance(value, str) else None
@@ -152,6 +153,7 @@ for _name in (
     "unmasked_padding",
     "missing_log_softmax",
     "detached_layers",
+    "excessive_weight_decay",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 

@@ -182,6 +182,10 @@ class Coverage:
     graded_steps: int = 0  # fully observed steps on which some parameter held one
     optimized: set[str] = field(default_factory=set)  # ... that an optimizer stepped with a learning rate above 0
     input_layer_normalizes: bool = False  # the first layer the input meets is a normalisation layer
+    # the owned optimizers' weight decay (capture/ledger.py), each time it changed: (the step from which it held,
+    # the largest weight_decay of a group holding watched parameters, scaled by that group's learning rate over the
+    # largest one's, whether it is decoupled as AdamW's); at most ledger.DECAY_CHANGES entries
+    weight_decay: list[tuple[int, float, bool]] = field(default_factory=list)
     losses: LossTrace = field(default_factory=LossTrace)  # the loss of each step (observe_loss or recorded)
     training: TrainingFacts = field(default_factory=TrainingFacts)  # update ratios, weights, inputs, ...
     outputs: OutputScales = field(default_factory=OutputScales)  # each layer's output scale over the run

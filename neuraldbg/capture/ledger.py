@@ -33,6 +33,7 @@ same tensor, not all zeros, while the parameter changed in between (a few of its
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from collections.abc import Callable
@@ -60,6 +61,8 @@ _SAMPLE = 16
 #: Backward passes reaching the model whose loss graph is checked for an activation before the loss (the first
 #: ones: a loop computes its loss the same way every step).
 LOSS_CHECKS = 4
+#: Changes of the optimizers' weight decay kept (a run sets it once; a schedule of it changes it every step).
+DECAY_CHANGES = 64
 
 _State = tuple[Tensor, int] | None
 
@@ -291,7 +294,9 @@ class GradLedger:
     # --- optimizer steps ----------------------------------------------------------------------------------
 
     def before_step(self, optimizer: object) -> None:
-        """An owned optimizer's step is about to use the gradients: a carry-over left in them is filed."""
+        """An owned optimizer's step is about to use the gradients: a carry-over left in them is filed, and its
+        weight decay noted (:meth:`_note_decay`)."""
+        self._note_decay(optimizer)
         carry, self._carry = self._carry, None
         if carry is None:
             return
@@ -303,6 +308,39 @@ class GradLedger:
             self._rec.pending.put("carried", None, check)
         else:
             data.grad_carried = 1.0
+
+    def _note_decay(self, optimizer: object) -> None:
+        """The optimizer's weight decay, noted in the coverage when it differs from the last noted (host reads of its
+        param_groups, no device work): the largest ``weight_decay`` of its groups that hold parameters, times that
+        group's learning rate over the largest learning rate (what the step's decay is against the learning rate a
+        step is recorded with), and whether it is decoupled (``AdamW``, or ``decoupled_weight_decay``: the weights
+        shrink by lr x weight_decay each step) or coupled (``SGD``, ``Adam``: weight_decay x W is added to the
+        gradient). Several optimizers in one step: the largest."""
+        groups = getattr(optimizer, "param_groups", None)
+        if not isinstance(groups, list):
+            return
+        top = max((float(g.get("lr", 0.0)) for g in groups if g.get("params")), default=0.0)
+        decay, decoupled = 0.0, isinstance(optimizer, torch.optim.AdamW)
+        for g in groups:
+            wd = g.get("weight_decay", 0.0)
+            if not (g.get("params") and isinstance(wd, (int, float)) and wd > 0 and top > 0):
+                continue
+            lr = float(g.get("lr", 0.0))
+            scaled = float(wd) if lr == top else float(wd) * lr / top
+            if scaled > decay:
+                decay, decoupled = scaled, decoupled or bool(g.get("decoupled_weight_decay", False))
+        noted = self._rec.coverage.weight_decay
+        step = self._rec.pending.data.step
+        if noted and noted[-1][0] == step:  # another optimizer in the same step: the largest
+            if decay > noted[-1][1]:
+                noted[-1] = (step, decay, decoupled)
+            return
+        if noted and math.isclose(noted[-1][1], decay, rel_tol=1e-6) and noted[-1][2] == decoupled:
+            return  # unchanged (group learning rates a schedule scales together keep their ratio)
+        if not noted and not decay:
+            return
+        if len(noted) < DECAY_CHANGES:
+            noted.append((step, decay, decoupled))
 
     def after_step(self, owned: frozenset[str]) -> None:
         """An owned optimizer stepped: note the gradients it applied, as it left them."""

@@ -196,7 +196,9 @@ def test_huge_weight_decay_holds_the_loss_at_chance():
         losses = loop(model, batches(), 120, opt, opt.zero_grad)
     # plain torch: the loss never leaves log(10); the weights shrink instead of fitting
     assert abs(sum(losses[-30:]) / 30 - math.log(CLASSES)) < 0.02 * math.log(CLASSES)
-    assert "loss_at_chance" in support.kinds(dbg), dbg.report()
+    # the decay is named, the loss at chance among what it caused (excessive_weight_decay's room)
+    top = dbg.hypotheses()[0]
+    assert top.kind.value == "excessive_weight_decay" and "a loss at chance" in top.explanation, dbg.report()
 
 
 def test_a_smoke_run_too_short_to_judge_the_loss_is_not_an_alarm():

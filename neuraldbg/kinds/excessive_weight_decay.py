@@ -1,0 +1,183 @@
+"""Weight decay far too strong: the optimizer's decay, not the loss's gradient, makes up most of every update, and the
+weights shrink over the run. The decay pulls every weight towards zero at each step; when it outweighs the
+gradient, the weights settle where the two balance, far smaller than the task needs, and the loss stops well above
+what the model could reach (plain torch, AdamW weight_decay=10 at lr 1e-3 against the same program without decay:
+a U-Net's loss 0.97 against 0.63, its weights shrunk 4-fold; a character GRU 1.56 against 0.62 nats; a recommender's
+loss held at ln 2 for 500 steps; SGD weight_decay=1 on a residual net: the weights' norm 4.2 to 0.05, the loss at
+ln 4).
+
+Read from the optimizer's ``param_groups`` at each step (see :mod:`neuraldbg.capture.ledger`: the largest
+``weight_decay`` of a group holding watched parameters) and the fully observed steps' update/weight ratio, weights'
+and gradients' norms (see :class:`~neuraldbg.stats.training.TrainingFacts`). The decay's share of a step:
+
+* decoupled (``AdamW``; ``decoupled_weight_decay=True``): each step removes lr x weight_decay of the weights, against
+  the step's whole ||dW|| / ||W||;
+* coupled (``SGD``, ``Adam``, ``RMSprop``: L2 added to the gradient): weight_decay x ||W|| against the norm of the
+  loss's own gradient, which the optimizer receives beside it (before clipping: a gradient clipped to a tiny norm
+  is the clipping's fault, not the decay's).
+
+Found when, over the second half of the run, the median share is at least :data:`SHARE` and the weights' norm over
+the last tenth of the run is at most :data:`SHRINK` of the first tenth's. Usual settings give shares of about 1e-2
+(AdamW 0.01-0.1, SGD 5e-4: at most 0.05 over eight program families); weight decay 10 (AdamW) or 1 (SGD, Adam)
+gives 0.6-1.9.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from ..capture.coverage import Coverage, RunFacts
+from ..events import FailureKind, SemanticEvent
+from ..health import ActivationHealth, GradientHealth, UpdateHealth
+from ..reasoning.rules import CausalRule
+from ..reasoning.topology import Topology
+from ..text import num, pct
+from .base import Kind, RootLane, Series, run_event
+
+KIND = FailureKind.EXCESSIVE_WEIGHT_DECAY
+
+#: The decay's median share of a step over the second half of the run, at least (usual settings: about 0.01, at
+#: most 0.05 over eight program families; AdamW weight_decay=10, SGD weight_decay=1: 0.6-1.9).
+SHARE = 0.5
+#: The weights' norm over the last tenth of the run against the first tenth's, at most (a decay that dominates
+#: shrinks them: 0.01-0.83 under the faults above; the same programs with usual or no decay keep or grow them,
+#: 1.0-6.3).
+SHRINK = 0.9
+#: Fully observed steps with a share, at least (a smoke run is not judged).
+MIN_ROWS = 8
+
+
+def _decay_at(noted: list[tuple[int, float, bool]], step: int) -> tuple[float, bool]:
+    """The weight decay in force at ``step`` (0 before the first noted, or when none was)."""
+    found = (0.0, False)
+    for start, decay, decoupled in noted:
+        if start > step:
+            break
+        found = (decay, decoupled)
+    return found
+
+
+def shares(coverage: Coverage) -> list[tuple[int, float, float, bool]]:
+    """For each fully observed step with a weight decay and the numbers it needs: (step, the decay's share of the
+    step, the decay, decoupled)."""
+    noted = coverage.weight_decay
+    found: list[tuple[int, float, float, bool]] = []
+    if not noted:
+        return found
+    for row in coverage.training.rows:
+        decay, decoupled = _decay_at(noted, row.step)
+        if decay <= 0:
+            continue
+        if decoupled:
+            share = row.lr * decay / row.update_ratio if row.update_ratio > 0 else math.nan
+        else:
+            # against the gradient the backward pass produced: clipping to a tiny norm is its own fault
+            loss_grad = row.grad_norm * row.clip
+            share = decay * row.weight_norm / loss_grad if loss_grad > 0 else math.nan
+        if math.isfinite(share):
+            found.append((row.step, share, decay, decoupled))
+    return found
+
+
+class ExcessiveWeightDecay(Kind):
+    name = KIND.value
+    title = "weight decay too strong"
+    run_level = True
+
+    def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
+        found = shares(coverage)
+        if len(found) < MIN_ROWS:
+            return None
+        late = found[len(found) // 2 :]
+        share = statistics.median(s for _, s, _, _ in late)
+        training = coverage.training
+        w0, w1 = training.median("weight_norm", 0.0, 0.1), training.median("weight_norm", 0.9, 1.0)
+        if not (share >= SHARE and math.isfinite(w0) and math.isfinite(w1) and w0 > 0 and w1 <= SHRINK * w0):
+            return None
+        decay = statistics.median(d for _, _, d, _ in late)
+        decoupled = sum(c for *_, c in late) * 2 > len(late)
+        metrics = {
+            "share": share,
+            "decay": decay,
+            "decoupled": float(decoupled),
+            "lr": training.median("lr", 0.5, 1.0),
+            "weight_start": w0,
+            "weight_end": w1,
+            "late_from": float(late[0][0]),
+            "limit": SHARE,
+        }
+        trace = coverage.losses
+        if trace.first and trace.last is not None:
+            metrics |= {"first_loss": trace.first[0][1], "last_loss": trace.last[1]}
+        start = coverage.weight_decay[0][0]
+        return run_event(KIND, start, max(start, coverage.last_step), "", **metrics)
+
+    def lane(self, event: SemanticEvent) -> RootLane | None:
+        # a setting of the run, measured in its updates: after acute failures (an explosion, a NaN), before the layer
+        # states it leaves behind (units dead or gradients vanishing in shrunken layers) and the loss findings
+        return RootLane(2.5) if event.kind is self.kind else None
+
+    def set_off_by_surge(self, root: SemanticEvent) -> bool:
+        return False  # the optimizer's setting, in force from its first step
+
+    def rules(self) -> list[CausalRule]:
+        shrinks = "shrinks the weights into"
+        effects = (
+            GradientHealth.VANISHING,
+            ActivationHealth.DEAD,
+            ActivationHealth.SATURATED,
+            UpdateHealth.STALLED,
+            FailureKind.COLLAPSED_OUTPUT,
+        )
+        return [CausalRule("decay-shrinks-the-weights", shrinks, KIND, effects, same_place_joins=True)]
+
+    def explain(
+        self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
+    ) -> tuple[str, str]:
+        m = root.metrics
+        decay, share, lr = m.get("decay", 0.0), m.get("share", 0.0), m.get("lr", math.nan)
+        late = int(m.get("late_from", root.step_start))
+        if m.get("decoupled"):
+            rate = lr * decay if math.isfinite(lr) else math.nan
+            how = (
+                f"Weight decay far too strong: the optimizer's weight_decay={num(decay)} is decoupled (as AdamW's): "
+                f"at learning rate {num(lr)} each step takes {pct(rate)} of every weight away"
+                + (f" (1/e in {num(1 / rate)} steps)" if rate > 0 else "")
+                + f". From step {late} the decay alone was {num(share)} times the size of the whole step (lr x "
+                "weight_decay against ||dW||/||W||, the median; about 0.01 under usual settings)"
+            )
+        else:
+            how = (
+                f"Weight decay far too strong: the optimizer's weight_decay={num(decay)} adds weight_decay x W to "
+                f"the gradient (L2, coupled, as SGD's and Adam's): from step {late} that term was {num(share)} times "
+                "the loss's own gradient (weight_decay x ||W|| against ||g||, the median; about 0.01 under usual "
+                "settings)"
+            )
+        what = (
+            f"{how}, and the weights' norm fell from {num(m.get('weight_start', 0.0))} to "
+            f"{num(m.get('weight_end', 0.0))} over the run. The steps pull the weights towards zero rather than "
+            "along the loss's gradient: they settle where the two balance, smaller than the task needs, and the loss "
+            "stays above what the model could reach"
+        )
+        if "last_loss" in m:
+            what += f" (it went from {num(m['first_loss'])} to {num(m['last_loss'])})"
+        fix = (
+            f"lower weight_decay (now {num(decay)}): 0.01-0.1 is usual for AdamW, 1e-4 to 5e-4 for the coupled L2 of "
+            "SGD or Adam; leave biases and normalisation layers out of the decay."
+        )
+        return what + ".", fix
+
+    def describe(self, event: SemanticEvent) -> str:
+        m = event.metrics
+        against = "the step" if m.get("decoupled") else "the gradient"
+        return f"weight decay {num(m.get('decay', 0.0))} (the decay {num(m.get('share', 0.0))} times {against})"
+
+    def label(self, event: SemanticEvent) -> str:
+        return f"weight decay {num(event.metrics.get('decay', 0.0))}"
+
+    def effect(self, event: SemanticEvent) -> str:
+        return "weight decay too strong"
+
+    def place(self, event: SemanticEvent) -> str:
+        return "the optimizer"

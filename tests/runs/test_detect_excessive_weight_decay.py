@@ -1,0 +1,249 @@
+"""Weight decay far too strong, found from the optimizer's param_groups and the updates: the decay makes up most of
+each step and the weights shrink. Ground truth is plain torch in each test (the weights' norm falls, the loss stays
+far above its twin's, the held-out accuracy far below); twins with usual decay (AdamW 0.01-0.1, SGD 5e-4, Adam's
+L2 1e-4) or none stay silent, and the training is bit-identical."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import support
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import NeuralDbg
+from neuraldbg.kinds import excessive_weight_decay
+
+CLASSES = 5
+KIND = "excessive_weight_decay"
+MakeOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+
+
+def classifier() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, CLASSES))
+
+
+def bn_cnn() -> nn.Sequential:
+    """Convolutions with BatchNorm, trained under SGD with momentum: the usual setting of coupled weight decay."""
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(8 * 8 * 8, CLASSES),
+    )
+
+
+def weight_norm(model: nn.Module) -> float:
+    return float(torch.sqrt(sum((p.detach() ** 2).sum() for p in model.parameters())))
+
+
+def train(
+    model: nn.Module, make_opt: MakeOptimizer, steps: int, watched: bool, shape: tuple[int, ...] = (16,)
+) -> tuple[list[float], NeuralDbg | None]:
+    """A user's loop (no NeuralDBG call inside)."""
+    make = support.classification_batches(shape, CLASSES, batch=64)
+    opt = make_opt(list(model.parameters()))
+    losses: list[float] = []
+
+    def loop() -> None:
+        for step in range(steps):
+            x, y = make(step)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+
+    if not watched:
+        loop()
+        return losses, None
+    with NeuralDbg(model) as dbg:
+        loop()
+    return losses, dbg
+
+
+def accuracy(model: nn.Module, shape: tuple[int, ...] = (16,)) -> float:
+    x, y = support.classification_batches(shape, CLASSES, batch=1024)(10_000)  # held out: never trained on
+    model.eval()
+    with torch.no_grad():
+        return float((model(x).argmax(dim=1) == y).float().mean())
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def found(dbg: NeuralDbg) -> list:
+    return [h for h in dbg.hypotheses() if h.kind.value == KIND]
+
+
+def test_adamw_weight_decay_10_shrinks_the_weights_holds_the_loss_up_and_is_named_with_its_setting():
+    def huge(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=1e-3, weight_decay=10.0)
+
+    def usual(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+
+    torch.manual_seed(0)
+    model = classifier()
+    start = weight_norm(model)
+    losses, _ = train(model, huge, 300, watched=False)
+    torch.manual_seed(0)
+    twin = classifier()
+    twin_losses, _ = train(twin, usual, 300, watched=False)
+    # plain torch: the decay shrinks the weights (the twin's grow), the loss stays far above the twin's and the
+    # classifier is far worse on held-out data
+    assert weight_norm(model) < 0.75 * start < 0.75 * weight_norm(twin)
+    assert mean(losses[-50:]) > 2 * mean(twin_losses[-50:])
+    assert accuracy(model) < accuracy(twin) - 0.1
+
+    torch.manual_seed(0)
+    watched_losses, dbg = train(classifier(), huge, 300, watched=True)
+    assert watched_losses == losses  # the debugger changed nothing
+    assert dbg is not None
+    hits = found(dbg)
+    assert hits, dbg.explain_failure()
+    assert dbg.hypotheses()[0].kind.value == KIND
+    m = hits[0].root.metrics
+    assert m["decay"] == 10.0 and m["decoupled"] == 1.0
+    assert m["share"] >= excessive_weight_decay.SHARE
+    assert m["weight_end"] < 0.9 * m["weight_start"]
+    assert "weight_decay=10" in hits[0].explanation and "decoupled" in hits[0].explanation
+    assert "lower weight_decay" in hits[0].suggestion
+
+
+def test_sgd_weight_decay_1_on_a_batchnorm_cnn_is_named_the_coupled_way():
+    shape = (3, 8, 8)
+
+    def huge(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=1.0)
+
+    def usual(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=5e-4)
+
+    torch.manual_seed(0)
+    model = bn_cnn()
+    start = weight_norm(model)
+    losses, _ = train(model, huge, 120, watched=False, shape=shape)
+    torch.manual_seed(0)
+    twin = bn_cnn()
+    twin_losses, _ = train(twin, usual, 120, watched=False, shape=shape)
+    assert weight_norm(model) < 0.2 * start and weight_norm(twin) > 0.9 * start
+    assert mean(losses[-30:]) > mean(twin_losses[-30:]) + 0.3
+    assert accuracy(model, shape) < accuracy(twin, shape) - 0.15
+
+    torch.manual_seed(0)
+    watched_losses, dbg = train(bn_cnn(), huge, 120, watched=True, shape=shape)
+    assert watched_losses == losses
+    assert dbg is not None
+    hits = found(dbg)
+    assert hits and dbg.hypotheses()[0].kind.value == KIND, dbg.explain_failure()
+    m = hits[0].root.metrics
+    assert m["decay"] == 1.0 and m["decoupled"] == 0.0
+    assert "coupled" in hits[0].explanation
+
+
+@pytest.mark.parametrize(
+    "make_opt",
+    [
+        lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.01),
+        lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1),
+        lambda p: torch.optim.AdamW(p, lr=3e-3),  # AdamW's default decay, 0.01
+        lambda p: torch.optim.Adam(p, lr=1e-3, weight_decay=1e-4),
+        lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=5e-4),
+        lambda p: torch.optim.Adam(p, lr=1e-3),
+    ],
+    ids=["adamw_0.01", "adamw_0.1", "adamw_default", "adam_l2_1e-4", "sgd_5e-4", "adam_no_decay"],
+)
+def test_usual_weight_decay_is_silent_and_training_unchanged(make_opt: MakeOptimizer):
+    torch.manual_seed(0)
+    plain, _ = train(classifier(), make_opt, 300, watched=False)
+    torch.manual_seed(0)
+    losses, dbg = train(classifier(), make_opt, 300, watched=True)
+    assert losses == plain
+    assert mean(losses[-50:]) < 0.7 * mean(losses[:10])  # plain torch: it learns
+    assert dbg is not None and not found(dbg), dbg.explain_failure()
+
+
+def test_a_full_batch_fit_that_converged_under_decay_is_silent():
+    """One batch, AdamW 0.1 for 600 steps: the fit converges and the updates shrink to where the gradient balances
+    the decay (the decay's share of a step grows), but the weights keep their scale: the decay does not rule."""
+    x, y = support.classification_batches((16,), CLASSES, batch=256)(0)
+    torch.manual_seed(0)
+    model = classifier()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    with NeuralDbg(model) as dbg:
+        for _ in range(600):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+    assert float(loss.detach()) < 0.05  # plain torch: it fit the batch
+    assert not found(dbg), dbg.explain_failure()
+
+
+def test_the_decay_is_read_per_group_and_a_schedule_does_not_grow_the_record():
+    """A Hugging Face style split: biases and norms in a group without decay, the rest with decay 10, under a
+    linear schedule that changes the learning rate every step: one change of decay is noted, the group's."""
+    torch.manual_seed(0)
+    model = classifier()
+    decayed = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    others = [p for n, p in model.named_parameters() if not n.endswith("weight")]
+    opt = torch.optim.AdamW(
+        [{"params": others, "weight_decay": 0.0}, {"params": decayed, "weight_decay": 10.0}], lr=1e-3
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / 400)
+    make = support.classification_batches((16,), CLASSES, batch=64)
+    with NeuralDbg(model) as dbg:
+        for step in range(300):
+            x, y = make(step)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            sched.step()
+    assert dbg._recorder.coverage.weight_decay == [(0, 10.0, True)]
+    assert found(dbg), dbg.explain_failure()
+
+
+def test_usual_decay_beside_a_gradient_clipped_to_a_tiny_norm_is_not_blamed():
+    """SGD with the usual 5e-4 and clip_grad_norm_(1e-4): the clipped gradient is far smaller than the decay's
+    term, which then rules the steps and shrinks the weights (plain torch), but the fault is the clipping: the
+    decay is held against the gradient the backward pass produced."""
+    make = support.classification_batches((16,), CLASSES, batch=64)
+
+    def run(watched: bool) -> tuple[list[float], nn.Module, NeuralDbg | None]:
+        torch.manual_seed(0)
+        model = classifier()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9, weight_decay=5e-4)
+        losses: list[float] = []
+
+        def loop() -> None:
+            for step in range(400):
+                x, y = make(step)
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-4)
+                opt.step()
+                losses.append(float(loss.detach()))
+
+        if not watched:
+            loop()
+            return losses, model, None
+        with NeuralDbg(model) as dbg:
+            loop()
+        return losses, model, dbg
+
+    torch.manual_seed(0)
+    start = weight_norm(classifier())
+    plain, model, _ = run(watched=False)
+    assert weight_norm(model) < 0.9 * start  # plain torch: the decay shrank the weights
+    losses, _, dbg = run(watched=True)
+    assert losses == plain
+    assert dbg is not None and not found(dbg), dbg.explain_failure()
