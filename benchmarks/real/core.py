@@ -54,6 +54,7 @@ KINDS = frozenset(
         "unmasked_padding",
         "missing_log_softmax",
         "detached_layers",
+        "unreachable_targets",
     }
 )
 
