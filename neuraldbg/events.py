@@ -70,6 +70,7 @@ class FailureKind(str, metaclass=_Names):
     UNNORMALISED_INPUTS: ClassVar[FailureKind]
     MISSING_LOG_SOFTMAX: ClassVar[FailureKind]
     DETACHED_LAYERS: ClassVar[FailureKind]
+    UNREACHABLE_TARGETS: ClassVar[FailureKind]
     CLASS_INDEX_REGRESSION: ClassVar[FailureKind]
     COLLAPSED_OUTPUT: ClassVar[FailureKind]
     LABELS_SHIFTED_TWICE: ClassVar[FailureKind]
@@ -154,6 +155,7 @@ for _name in (
     "missing_log_softmax",
     "detached_layers",
     "excessive_weight_decay",
+    "unreachable_targets",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 

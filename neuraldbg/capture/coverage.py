@@ -162,6 +162,11 @@ class Coverage:
     # an nll_loss given values that no log_softmax produced: the largest |logsumexp| of its input's rows over the
     # first backward passes (0 for log-probabilities; None: no such loss), the step first read, and the layer
     # whose output the input is ("" when no watched layer's)
+    # a loss by value on the output of a bounded activation: (activation, low, high, layer) and, over the first
+    # backward passes, the reading with the largest share of targets out of its reach: (share, least MSE, variance)
+    bounded_output: tuple[str, float, float, str] | None = None
+    target_range: tuple[float, ...] = ()
+    target_range_step: int = 0
     log_prob_gap: float | None = None
     log_prob_step: int = 0
     nll_layer: str = ""
@@ -215,6 +220,10 @@ class Coverage:
             self.losses.add(record.step, record.loss)
         if len(record.regression_target) == 4:
             self._profile(record.regression_target)
+        if len(record.target_range) == 3 and (not self.target_range or record.target_range[0] > self.target_range[0]):
+            if not self.target_range:
+                self.target_range_step = record.step  # the first reading
+            self.target_range = (record.target_range[0], record.target_range[1], record.target_range[2])
         if record.log_prob_gap is not None:
             if self.log_prob_gap is None:
                 self.log_prob_step = record.step

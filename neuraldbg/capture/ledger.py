@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ..stats.tensors import dense, log_prob_gap, target_profile
+from ..stats.tensors import dense, log_prob_gap, out_of_range, target_profile
 from . import hooks, loss_graph
 from .clock import StepMode
 
@@ -65,6 +65,12 @@ LOSS_CHECKS = 4
 DECAY_CHANGES = 64
 
 _State = tuple[Tensor, int] | None
+
+
+#: What the first backward passes read before their graph is freed: a regression target's profile, how far an
+#: nll_loss input is from log-probabilities (with the node that produced it), how much of a bounded output's targets
+#: it cannot reach (with what bounds it).
+_LossReadings = tuple[Tensor | None, tuple[Tensor, int] | None, tuple[Tensor, loss_graph.BoundedPrediction] | None]
 
 
 @dataclass(slots=True)
@@ -152,7 +158,11 @@ class GradLedger:
             # ... and so is the input of an nll_loss that no log_softmax produced: are its values log-probabilities?
             nll = loss_graph.log_probabilities(roots) if roots else None
             gap = (log_prob_gap(nll.values), nll.node) if nll is not None else None
-            return partial(self._after, loss, states, carried, check, manual, roots, profile, gap)
+            # ... and the targets of a loss by value on a bounded activation's output: can it reach them?
+            bounded = loss_graph.bounded_prediction(roots) if roots else None
+            reach = (out_of_range(bounded.target, bounded.low, bounded.high), bounded) if bounded is not None else None
+            readings = (profile, gap, reach)
+            return partial(self._after, loss, states, carried, check, manual, roots, readings)
         except Exception as exc:
             rec.fail("the backward-call listener", exc)
             return None
@@ -205,8 +215,7 @@ class GradLedger:
         check: Tensor | None,
         manual: Tensor | None,
         roots: list[Tensor],
-        profile: Tensor | None,
-        gap: tuple[Tensor, int] | None,
+        readings: _LossReadings,
         completed: bool,
     ) -> None:
         rec = self._rec
@@ -227,7 +236,7 @@ class GradLedger:
                 return
             self._account(loss, reached, carried, check, fresh)
             if self._loss_checks:
-                self._check_loss(roots, profile, gap)
+                self._check_loss(roots, readings)
             if manual is not None:
                 rec.pending.put("carried", None, manual)
                 head = self._rec.backward.grads.head()
@@ -261,12 +270,14 @@ class GradLedger:
             loss = loss / scale
         pending.capture(loss, restart=fresh or bool(on), keep_first=rec.clock.in_closure)
 
-    def _check_loss(self, roots: list[Tensor], profile: Tensor | None, gap: tuple[Tensor, int] | None) -> None:
+    def _check_loss(self, roots: list[Tensor], readings: _LossReadings) -> None:
         """One of the first backward passes that reached the model: an activation between its logits and a loss
         that normalises them itself is noted in the coverage, with the layer whose output it is (or, for a
         functional activation, the layer whose output it took); the profile of a mean squared error's target
         (``profile``, taken before the pass) and how far an ``nll_loss``'s input is from log-probabilities
-        (``gap``: the reading and the node that produced the input) are filed for the flush."""
+        (``gap``: the reading and the node that produced the input) and how much of a bounded output's targets lie
+        out of its reach (``reach``) are filed for the flush."""
+        profile, gap, reach = readings
         rec = self._rec
         self._loss_checks -= 1
         graph = loss_graph.read(roots)  # no roots (a backward pass from a given gradient, not a loss): nothing
@@ -283,6 +294,12 @@ class GradLedger:
         if gap is not None:
             rec.coverage.nll_layer = rec.coverage.nll_layer or nodes.get(gap[1], "")
             rec.pending.put("log_prob_gap", None, gap[0])
+        if reach is not None:
+            values, bounded = reach
+            if rec.coverage.bounded_output is None:
+                layer = nodes.get(bounded.node) or nodes.get(bounded.below, "")
+                rec.coverage.bounded_output = (bounded.activation, bounded.low, bounded.high, layer)
+            rec.pending.put_vector([("target_range", None, float(i)) for i in range(3)], values)
         found = graph.activated
         if found is not None:
             layer = nodes.get(found.node) or nodes.get(found.below, "")

@@ -16,12 +16,14 @@ whose size is the scale the user chose, not anything the layers' initialisation 
 
 :func:`regression` walks the same way, before the backward pass frees the graph's saved tensors, to the first mean
 squared error: the target that MSE node saved, handed on to be profiled on the device (is it a handful of integer
-values?) and then dropped, never kept. :func:`log_probabilities` does the same for the input of an ``nll_loss`` that
-no ``log_softmax`` produced: are those values log-probabilities at all?
+values?) and then dropped, never kept; so does :func:`bounded_prediction`, for a loss by value on the output of
+an activation whose range may not hold the targets. :func:`log_probabilities` does the same for the input of an
+``nll_loss`` that no ``log_softmax`` produced: are those values log-probabilities at all?
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -65,6 +67,15 @@ ACTIVATIONS = {
 _HOPS = 8
 #: The nodes of ``nll_loss`` (a batch of vectors; images and sequences).
 _NLL = frozenset({"NllLossBackward0", "NllLoss2DBackward0"})
+#: Losses that compare a prediction with its target value by value (``mse_loss``, ``smooth_l1_loss``, ``huber_loss``).
+_BY_VALUE = frozenset({"MseLossBackward0", "SmoothL1LossBackward0", "HuberLossBackward0"})
+#: Activations whose outputs are bounded: their name, and the values they can take (low, high).
+BOUNDED = {
+    "ReluBackward0": ("ReLU", 0.0, math.inf),
+    "SoftplusBackward0": ("softplus", 0.0, math.inf),
+    "SigmoidBackward0": ("sigmoid", 0.0, 1.0),
+    "TanhBackward0": ("tanh", -1.0, 1.0),
+}
 #: The node of ``mse_loss`` (``nn.MSELoss``) and the code of its ``reduction="mean"``.
 _MSE = "MseLossBackward0"
 _MEAN = 1
@@ -306,6 +317,35 @@ def log_probabilities(losses: list[Tensor]) -> NllInput | None:
                 return None
             saved = getattr(node, "_saved_self", None)
             return NllInput(saved, id(below)) if isinstance(saved, Tensor) else None
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class BoundedPrediction:
+    """A loss by value (MSE, smooth L1, Huber) on a prediction a bounded activation produced: the target it saved
+    (to be profiled on the device, then dropped), the activation, its range, and the identities of its graph node
+    and of its input's (to name the layer)."""
+
+    target: Tensor
+    activation: str
+    low: float
+    high: float
+    node: int
+    below: int
+
+
+def bounded_prediction(losses: list[Tensor]) -> BoundedPrediction | None:
+    """The first loss by value met from ``losses`` (the roots of one backward call, before it runs), when an
+    activation of bounded range (:data:`BOUNDED`) produced its prediction; None otherwise. Whether the targets
+    lie in that range is for the caller to read from the saved target."""
+    for node, _ in _walk(losses):
+        if type(node).__name__ in _BY_VALUE:
+            found = _producer(node)
+            spec = BOUNDED.get(type(found).__name__) if found is not None else None
+            target = getattr(node, "_saved_target", None)
+            if spec is None or not isinstance(target, Tensor):
+                return None
+            return BoundedPrediction(target, *spec, id(found), id(_first_input(found)))
     return None
 
 

@@ -161,6 +161,7 @@ class Pending:
                 src.probabilities if dst.probabilities is None else dst.probabilities and src.probabilities
             )
         dst.regression_target = src.regression_target or dst.regression_target
+        dst.target_range = src.target_range or dst.target_range
         if src.labels_ahead is not None:
             dst.labels_ahead = merge_max(dst.labels_ahead, src.labels_ahead)
         if src.log_prob_gap is not None:
@@ -247,6 +248,13 @@ def _probabilities(data: StepData, key: Any, extra: float, value: float) -> None
 
 def _labels_ahead(data: StepData, key: Any, extra: float, value: float) -> None:
     data.labels_ahead = merge_max(data.labels_ahead, value)
+
+
+def _target_range(data: StepData, key: Any, extra: float, value: float) -> None:
+    # one element of a bounded output's target profile (``extra``: its index; 0 begins a profile)
+    if extra == 0:
+        data.target_range = []
+    data.target_range.append(value)
 
 
 def _log_prob_gap(data: StepData, key: Any, extra: float, value: float) -> None:
@@ -355,6 +363,7 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "regression_target": _regression_target,
     "labels_ahead": _labels_ahead,
     "log_prob_gap": _log_prob_gap,
+    "target_range": _target_range,
     "padded": _padded,
     "carried": _carried,
     "loss_scale": _loss_scale,

@@ -45,6 +45,7 @@ from . import (
     stalled_updates,
     unmasked_padding,
     unnormalised_inputs,
+    unreachable_targets,
     unstable_loss,
     vanishing_gradients,
 )
@@ -70,6 +71,7 @@ BUILTIN: tuple[Kind, ...] = (
     activation_before_loss.ActivationBeforeLoss(),
     missing_log_softmax.MissingLogSoftmax(),
     detached_layers.DetachedLayers(),
+    unreachable_targets.UnreachableTargets(),
     unnormalised_inputs.UnnormalisedInputs(),
     class_index_regression.ClassIndexRegression(),
     collapsed_output.CollapsedOutput(),

@@ -58,6 +58,8 @@ class StepData:
     # the target of a mean squared error on one value per sample (capture/loss_graph.py), as read at the flush:
     # [all integers (1.0/0.0), smallest, largest, variance]
     regression_target: list[float] = field(default_factory=list)
+    # the targets of a loss by value on a bounded output: [share out of its range, least MSE it allows, variance]
+    target_range: list[float] = field(default_factory=list)
     # the input of an nll_loss that no log_softmax produced: its largest |logsumexp| over the classes (0: log-probs)
     log_prob_gap: float | None = None
     # a causal LM that shifts its labels itself: the share of labels that already are the next input token

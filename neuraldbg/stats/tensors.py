@@ -190,6 +190,17 @@ def target_profile(t: Tensor) -> Tensor:
     return torch.stack((integer, t.amin(), t.amax(), t.var(correction=0)))
 
 
+def out_of_range(target: Tensor, low: float, high: float) -> Tensor:
+    """How much of a regression target an output bounded to [low, high] cannot reach, as one 1-d float tensor on
+    the target's device (read later): [the share of its elements outside the range, the mean squared distance of
+    the elements to the range (the least mean squared error such an output can reach), the target's variance]."""
+    t = target.detach().reshape(-1).float()
+    if not t.numel():
+        return t.new_zeros(3)
+    gap = t - t.clamp(low, high)
+    return torch.stack(((gap != 0).float().mean(), gap.pow(2).mean(), t.var(correction=0)))
+
+
 def log_prob_gap(t: Tensor) -> Tensor:
     """How far ``t`` (an ``nll_loss`` input: classes on dimension 1, or 0 for one unbatched vector) is from
     log-probabilities: the largest ``|logsumexp|`` over the classes of its rows, 0 for log-probabilities, as a
