@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -45,6 +46,35 @@ class GradientReader:
         self._head_bias: Param | None = None
         self._whole: list[Tensor] | None = None  # the parameters, when each is held whole (see check_finite)
         self._flat = False  # ... their gradients are checked as one flat copy (stats.flat_check_pays)
+        # gradients left from before the debugger attached, as they were then: not this run's until a backward
+        # pass writes them (see attach)
+        self._stale: dict[str, tuple[weakref.ref[Tensor], int]] = {}
+
+    def attach(self) -> None:
+        """Note the gradients the parameters already hold: a teacher trained earlier in the script and then used
+        under ``no_grad``, a backbone pretrained before a probe, keep their last ``.grad`` through the whole run.
+        Until a backward pass writes one (a new tensor, or its version counter moves), it is no gradient of this
+        run: it says nothing of what the loss does to that parameter, and the optimizer that stepped it is gone."""
+        self._stale = {}
+        for p in self.params:
+            g = p.tensor.grad
+            if isinstance(g, Tensor):
+                self._stale[p.name] = (weakref.ref(g), g._version)
+
+    def _fresh(self, with_grad: list[tuple[str, Param, Tensor]]) -> list[tuple[str, Param, Tensor]]:
+        """``with_grad`` without the gradients still as they were when the debugger attached; those written since
+        are forgotten as stale, so the check ends once every one was written."""
+        stale = self._stale
+        kept = []
+        for name, p, g in with_grad:
+            found = stale.get(name)
+            if found is not None:
+                grad = p.tensor.grad
+                if found[0]() is grad and grad is not None and grad._version == found[1]:
+                    continue
+                del stale[name]
+            kept.append((name, p, g))
+        return kept
 
     def drop(self) -> None:
         self.snapshot = self._held = None
@@ -134,6 +164,8 @@ class GradientReader:
         rec = self._rec
         pending = rec.pending
         with_grad, skipped = measure.readable(self.params)
+        if self._stale:
+            with_grad = self._fresh(with_grad)
         if skipped:
             rec.coverage.skip(rec.clock.step, skipped, "meta tensors or an unsupported tensor subclass")
             more = " and more" if len(skipped) > 3 else ""

@@ -95,6 +95,7 @@ class Recorder:
             hooks.forget_compiled_code()
         self.forward.attach()
         self.ledger.attach()
+        self.backward.grads.attach()
         self.active = True
         self._handle = hooks.attach(
             self._on_output,
