@@ -30,6 +30,8 @@ LABEL_CHECKS = 4
 #: Fully observed forward passes in which the layers' arguments are looked at for a graph cut (see _note_cut): a
 #: program cuts its graph the same way on every pass, and looking costs a few microseconds per layer call.
 CUT_CHECKS = 8
+#: Tensors of a layer's arguments and of its output looked at for a cut, at most.
+_LOOKED_AT = 8
 
 
 class ForwardPath:
@@ -72,8 +74,9 @@ class ForwardPath:
         self.nodes: dict[int, str] | None = None
         self._label_checks = 0  # forward passes of a label-shifting causal LM whose labels are still to be checked
         # a fully observed forward pass: the outputs that carry a gradient, by where their values lie, to their layer
-        # (weakly: a live output's memory cannot be another tensor's), to see a later layer given one detached
-        self._produced: dict[int, tuple[str, weakref.ref[Tensor]]] = {}
+        # (held until the pass is let go, as ``refs`` are: a live output's memory cannot be another tensor's), to
+        # see a later layer given one detached
+        self._produced: dict[int, tuple[str, Tensor]] = {}
         # ... and the layers given a value without a gradient that no layer of the pass produced, with where its
         # values lie: a cut through functional ops, unless the value is the model's own argument (checked at its end)
         self._unlinked: list[tuple[str, int]] = []
@@ -170,22 +173,25 @@ class ForwardPath:
             self.nodes.setdefault(id(node), name)
 
     def _note_cut(self, name: str, args: tuple[Any, ...], output: Any) -> None:
-        """A fully observed forward pass: whether this layer was given, as its first argument, the output of an
+        """A fully observed forward pass: whether this layer was given, as one of its arguments, an output of an
         earlier layer of this pass detached from the graph (the same values, in the same memory, without a
-        gradient: ``.detach()``, ``.data``), and this layer's own output, kept weakly by where its values lie.
+        gradient: ``.detach()``, ``.data``), or, as its first, a value without a gradient no layer produced (see
+        _unlinked_cuts); and this layer's own outputs, kept by where their values lie.
         Metadata only (``requires_grad``, ``data_ptr``): nothing is read from the device."""
-        x = stats.first_tensor(args)
-        where = _where(x) if x is not None and not x.requires_grad else None
-        if where is not None:
+        first = stats.first_tensor(args)
+        for x in stats.tensor_arguments(args, most=_LOOKED_AT):  # a recurrent layer's hidden state is its second
+            where = _where(x) if x.is_floating_point() and not x.requires_grad else None
+            if where is None:
+                continue
             found = self._produced.get(where)
-            if found is not None and found[1]() is not None and found[0] != name:
+            if found is not None and found[0] != name:
                 self._cut(found[0], name)
-            elif found is None and self._produced:  # a layer with a gradient ran before it in this pass
+            elif found is None and x is first and self._produced:  # a layer with a gradient ran before it
                 self._unlinked.append((name, where))
-        t = stats.first_tensor(output)
-        where = _where(t) if t is not None and t.requires_grad else None
-        if where is not None and t is not None:
-            self._produced.setdefault(where, (name, weakref.ref(t)))
+        for t in stats.tensor_arguments((output,), most=_LOOKED_AT):  # each output: (output, h_n) of a GRU
+            where = _where(t) if t.requires_grad else None
+            if where is not None:
+                self._produced.setdefault(where, (name, t))
 
     def _cut(self, upstream: str, downstream: str) -> None:
         """Count a graph cut before ``downstream`` (``upstream``: the layer whose output it was given detached, ""

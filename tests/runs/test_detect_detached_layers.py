@@ -299,3 +299,51 @@ def test_a_second_input_of_the_model_met_after_other_layers_is_no_cut():
     assert model.unused.weight.grad is None
     assert not dbg._recorder.coverage.cuts
     assert not found(dbg), dbg.explain_failure()
+
+
+class Seq2Seq(nn.Module):
+    """A GRU encoder-decoder whose decoder starts from the encoder's final hidden state (its second argument)."""
+
+    def __init__(self, cut: bool) -> None:
+        super().__init__()
+        self.cut = cut
+        self.embed = nn.Embedding(12, 16)
+        self.encoder = nn.GRU(16, 32, batch_first=True)
+        self.decoder = nn.GRU(16, 32, batch_first=True)
+        self.out = nn.Linear(32, 12)
+
+    def forward(self, source: torch.Tensor, target_in: torch.Tensor) -> torch.Tensor:
+        _, hidden = self.encoder(self.embed(source))
+        if self.cut:
+            hidden = hidden.detach()
+        decoded, _ = self.decoder(self.embed(target_in), hidden)
+        return self.out(decoded)
+
+
+def reversal(step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(step)
+    source = torch.randint(2, 12, (32, 6), generator=g)
+    target = source.flip(1)
+    return source, torch.cat([torch.ones(32, 1, dtype=torch.long), target[:, :-1]], 1), target
+
+
+@pytest.mark.parametrize("cut", [True, False])
+def test_a_recurrent_hidden_state_detached_between_encoder_and_decoder_is_found_at_the_encoder(cut: bool):
+    torch.manual_seed(0)
+    model = Seq2Seq(cut)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with NeuralDbg(model) as dbg:
+        for step in range(30):
+            source, target_in, target = reversal(step)
+            loss = F.cross_entropy(model(source, target_in).flatten(0, 1), target.flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    # plain torch: the encoder gets no gradient through a detached hidden state (the shared embedding still does)
+    assert all((p.grad is None) == cut for p in model.encoder.parameters())
+    hits = found(dbg)
+    if not cut:
+        assert not hits, dbg.explain_failure()
+        return
+    assert hits, dbg.explain_failure()
+    assert hits[0].root.layer == "encoder" and hits[0].root.detail.split("\n") == ["decoder", "encoder"]
