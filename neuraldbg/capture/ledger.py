@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ..stats.tensors import dense, log_prob_gap, out_of_range, target_profile
+from ..stats.tensors import dense, label_counts, label_entropy, log_prob_gap, out_of_range, target_profile
 from . import hooks, loss_graph
 from .clock import StepMode
 
@@ -69,8 +69,13 @@ _State = tuple[Tensor, int] | None
 
 #: What the first backward passes read before their graph is freed: a regression target's profile, how far an
 #: nll_loss input is from log-probabilities (with the node that produced it), how much of a bounded output's targets
-#: it cannot reach (with what bounds it).
-_LossReadings = tuple[Tensor | None, tuple[Tensor, int] | None, tuple[Tensor, loss_graph.BoundedPrediction] | None]
+#: it cannot reach (with what bounds it), how often each class is an nll_loss's label (with the number of classes).
+_LossReadings = tuple[
+    Tensor | None,
+    tuple[Tensor, int] | None,
+    tuple[Tensor, loss_graph.BoundedPrediction] | None,
+    tuple[Tensor, int] | None,
+]
 
 
 @dataclass(slots=True)
@@ -97,6 +102,7 @@ class GradLedger:
         self._sample: tuple[weakref.ref[Tensor], Tensor] | None = None  # manual updates: head .grad, parameter
         self._thread = 0
         self._loss_checks = 0
+        self._labels: tuple[Tensor, int] | None = None  # the label counts so far (on the device), the classes
 
     def attach(self) -> None:
         params = self._rec.backward.params
@@ -117,6 +123,7 @@ class GradLedger:
         self._open = False
         self._thread = threading.get_ident()
         self._loss_checks = LOSS_CHECKS
+        self._labels = None
         self._rec.forward.nodes = {}
 
     def detach(self) -> None:
@@ -125,6 +132,7 @@ class GradLedger:
         self._carry = None
         self._sample = None
         self._loss_checks = 0
+        self._labels = None
         self._rec.forward.nodes = None
 
     # --- a backward call ----------------------------------------------------------------------------------
@@ -161,7 +169,10 @@ class GradLedger:
             # ... and the targets of a loss by value on a bounded activation's output: can it reach them?
             bounded = loss_graph.bounded_prediction(roots) if roots else None
             reach = (out_of_range(bounded.target, bounded.low, bounded.high), bounded) if bounded is not None else None
-            readings = (profile, gap, reach)
+            # ... and the class indices of an nll_loss: how often is each class a label?
+            labels = loss_graph.class_labels(roots) if roots else None
+            counts = (label_counts(labels.target, labels.classes, labels.ignore), labels.classes) if labels else None
+            readings = (profile, gap, reach, counts)
             return partial(self._after, loss, states, carried, check, manual, roots, readings)
         except Exception as exc:
             rec.fail("the backward-call listener", exc)
@@ -276,8 +287,9 @@ class GradLedger:
         functional activation, the layer whose output it took); the profile of a mean squared error's target
         (``profile``, taken before the pass) and how far an ``nll_loss``'s input is from log-probabilities
         (``gap``: the reading and the node that produced the input) and how much of a bounded output's targets lie
-        out of its reach (``reach``) are filed for the flush."""
-        profile, gap, reach = readings
+        out of its reach (``reach``) and the entropy of the labels of an ``nll_loss`` counted so far (``counts``:
+        this pass's counts, added to the earlier ones') are filed for the flush."""
+        profile, gap, reach, counts = readings
         rec = self._rec
         self._loss_checks -= 1
         graph = loss_graph.read(roots)  # no roots (a backward pass from a given gradient, not a loss): nothing
@@ -300,6 +312,14 @@ class GradLedger:
                 layer = nodes.get(bounded.node) or nodes.get(bounded.below, "")
                 rec.coverage.bounded_output = (bounded.activation, bounded.low, bounded.high, layer)
             rec.pending.put_vector([("target_range", None, float(i)) for i in range(3)], values)
+        if counts is not None:
+            so_far = self._labels
+            if so_far is not None and so_far[1] == counts[1] and so_far[0].device == counts[0].device:
+                counts = (so_far[0] + counts[0], counts[1])
+            self._labels = counts
+            entries = [("label_prior", None, float(i)) for i in range(3)]
+            rec.pending.put_vector(entries, label_entropy(counts[0]))
+            rec.pending.data.label_classes = counts[1]
         found = graph.activated
         if found is not None:
             layer = nodes.get(found.node) or nodes.get(found.below, "")

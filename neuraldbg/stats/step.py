@@ -62,6 +62,10 @@ class StepData:
     target_range: list[float] = field(default_factory=list)
     # the input of an nll_loss that no log_softmax produced: its largest |logsumexp| over the classes (0: log-probs)
     log_prob_gap: float | None = None
+    # the labels of an nll_loss counted over the first backward passes: [entropy of their frequencies (nats), labels
+    # counted, labels outside the classes], and the number of classes (dimension 1 of the loss's input)
+    label_prior: list[float] = field(default_factory=list)
+    label_classes: int = 0
     # a causal LM that shifts its labels itself: the share of labels that already are the next input token
     labels_ahead: float | None = None
     padded: bool | None = None  # ... the model's token input holds the id the loss ignores (None: not read)
