@@ -39,7 +39,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -103,6 +103,8 @@ class GradLedger:
         self._thread = 0
         self._loss_checks = 0
         self._labels: tuple[Tensor, int] | None = None  # the label counts so far (on the device), the classes
+        # optimizer -> (its groups' sizes and whether each decays, the names of the decaying groups' parameters)
+        self._decayed: dict[int, tuple[tuple[tuple[int, bool], ...], frozenset[str] | None]] = {}
 
     def attach(self) -> None:
         params = self._rec.backward.params
@@ -124,6 +126,7 @@ class GradLedger:
         self._thread = threading.get_ident()
         self._loss_checks = LOSS_CHECKS
         self._labels = None
+        self._decayed = {}
         self._rec.forward.nodes = {}
 
     def detach(self) -> None:
@@ -366,8 +369,12 @@ class GradLedger:
             scaled = float(wd) if lr == top else float(wd) * lr / top
             if scaled > decay:
                 decay, decoupled = scaled, decoupled or bool(g.get("decoupled_weight_decay", False))
+        data = self._rec.pending.data
+        names = self._decayed_names(optimizer, groups)
+        if names is not None:
+            data.decayed = names | data.decayed if data.decayed else names
         noted = self._rec.coverage.weight_decay
-        step = self._rec.pending.data.step
+        step = data.step
         if noted and noted[-1][0] == step:  # another optimizer in the same step: the largest
             if decay > noted[-1][1]:
                 noted[-1] = (step, decay, decoupled)
@@ -378,6 +385,31 @@ class GradLedger:
             return
         if len(noted) < DECAY_CHANGES:
             noted.append((step, decay, decoupled))
+
+    def _decayed_names(self, optimizer: object, groups: list[Any]) -> frozenset[str] | None:
+        """The watched parameters of ``optimizer``'s groups with a weight decay, when some of its groups holding
+        parameters have none (the Trainer leaves biases and LayerNorm gains out); None when all or none decay.
+        Cached until the groups' sizes or decays change (host reads only)."""
+        shape = tuple(
+            (len(g["params"]), _decays(g.get("weight_decay"))) for g in groups if isinstance(g.get("params"), list)
+        )
+        cached = self._decayed.get(id(optimizer))
+        if cached is not None and cached[0] == shape:
+            return cached[1]
+        found: frozenset[str] | None = None
+        if len({d for n, d in shape if n}) == 2:
+            ours: dict[int, list[str]] = {}
+            for p in self._rec.backward.params:
+                ours.setdefault(id(p.tensor), []).append(p.name)
+            found = frozenset(
+                name
+                for g in groups
+                if _decays(g.get("weight_decay")) and isinstance(g.get("params"), list)
+                for t in g["params"]
+                for name in ours.get(id(t), ())
+            )
+        self._decayed[id(optimizer)] = (shape, found)
+        return found
 
     def after_step(self, owned: frozenset[str]) -> None:
         """An owned optimizer stepped: note the gradients it applied, as it left them."""
@@ -391,6 +423,11 @@ class GradLedger:
         for i in indices[1]:
             g = tensors[i].grad
             marks[i] = _Mark(weakref.ref(g), g._version, True) if g is not None else None
+
+
+def _decays(value: object) -> bool:
+    """Whether a group's ``weight_decay`` decays its weights."""
+    return isinstance(value, (int, float)) and value > 0
 
 
 def _unchanged(mark: _Mark | None, state: _State) -> bool:

@@ -169,6 +169,7 @@ class Pending:
         if src.log_prob_gap is not None:
             dst.log_prob_gap = merge_max(dst.log_prob_gap, src.log_prob_gap)
         dst.carried = src.carried or dst.carried
+        dst.decayed = src.decayed or dst.decayed
         dst.carried_by = src.carried_by or dst.carried_by
         if src.grad_carried is not None:
             dst.grad_carried = merge_max(dst.grad_carried, src.grad_carried)

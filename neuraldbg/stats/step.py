@@ -44,6 +44,9 @@ class StepData:
     update_parts: dict[str, list[float]] = field(default_factory=dict, repr=False)  # readings being assembled
     stepped: dict[str, float] = field(default_factory=dict)  # parameter -> lr of the group that stepped it
     lr_changed: bool = False
+    # the parameters of the owned optimizers' groups that decay their weights (weight_decay > 0), when other groups
+    # do not (biases and normalisation gains left out of the decay, as the Trainer does); None: all or none decay
+    decayed: frozenset[str] | None = None
     skipped: bool = False  # a GradScaler skipped this step's optimizer step (its scaled gradients overflowed)
     loss_scale: float | None = None  # the GradScaler's scale in this step's backward pass
     resumed: bool = False  # an optimizer met at this step already held state: the run trained before it was watched
