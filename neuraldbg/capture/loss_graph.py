@@ -343,7 +343,8 @@ def class_labels(losses: list[Tensor]) -> ClassLabels | None:
                 return None
             if not isinstance(target, Tensor) or not isinstance(values, Tensor) or not values.dim():
                 return None
-            if target.is_floating_point() or target.is_complex():
+            # plain class indices only: a tensor subclass (a DTensor's shard) would make the count a collective
+            if type(target) is not Tensor or target.is_sparse or target.is_floating_point() or target.is_complex():
                 return None
             ignore = getattr(node, "_saved_ignore_index", -100)
             ignore = ignore - _WRAP if isinstance(ignore, int) and ignore >= _WRAP // 2 else ignore
