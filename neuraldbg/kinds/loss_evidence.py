@@ -90,10 +90,11 @@ class Curve:
 
     @property
     def at_chance(self) -> bool:
-        """The loss ends within the band around the chance level (:attr:`level`): the predictions are no better
-        than a guess."""
-        c = self.level
-        return c is not None and (1 - self.band) * c <= self.end.mean <= (1 + self.band) * c
+        """The loss ends within the band around the chance level (:attr:`level`), or between it and the band around
+        log(classes) (imbalanced classes: a loss still at equal odds has not even learned the labels'
+        frequencies): the predictions are no better than a guess."""
+        c, level = self.chance, self.level
+        return c is not None and level is not None and (1 - self.band) * level <= self.end.mean <= (1 + self.band) * c
 
     @property
     def above_chance(self) -> bool:
