@@ -64,14 +64,14 @@ class CharGRU(nn.Module):
         return self.head(h)
 
 
-def train_lm(shuffled: bool, watched: bool) -> tuple[list[float], NeuralDbg | None, float, int]:
+def train_lm(shuffled: bool, watched: bool, lr: float = 3e-3) -> tuple[list[float], NeuralDbg | None, float, int]:
     """A user's loop over six epochs: the targets' rows permuted against the inputs' (``shuffled``) or not."""
     xs, ys, vocab = text_data()
     if shuffled:
         ys = ys[torch.randperm(len(ys), generator=torch.Generator().manual_seed(7))]
     torch.manual_seed(0)
     model = CharGRU(vocab)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
     losses: list[float] = []
 
     def loop() -> None:
@@ -200,3 +200,17 @@ def test_the_labels_are_counted_on_the_device_as_bincount_counts_them_leaving_ou
     assert (n, outside) == (len(kept), 0)
     # a token id as ignore_index (a padding token's) is left out the same way
     assert label_counts(target.clamp(min=0), 5, 0)[0] == 0
+
+
+def test_a_language_model_still_at_equal_odds_is_at_chance_too_and_its_tiny_steps_are_named():
+    """The language model with its targets in place, at a learning rate of 1e-6: its loss stays at log(vocab), above
+    the characters' entropy (it has not even learned their frequencies). That is at chance as well, and the steps
+    too small to train are what is named (stalled_updates reads the curve at chance), as for balanced classes."""
+    plain, _, labels, vocab = train_lm(shuffled=False, watched=False, lr=1e-6)
+    assert abs(mean(plain[-20:]) - math.log(vocab)) < 0.02 * math.log(vocab)  # plain torch: at equal odds
+    assert mean(plain[-20:]) > 1.1 * labels
+    losses, dbg, _, _ = train_lm(shuffled=False, watched=True, lr=1e-6)
+    assert losses == plain
+    assert dbg is not None
+    assert dbg._recorder.coverage.label_prior  # the labels were counted: their entropy is a level below
+    assert [h.kind.value for h in dbg.hypotheses()][:1] == ["stalled_updates"], dbg.report()
