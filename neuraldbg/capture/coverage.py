@@ -169,6 +169,10 @@ class Coverage:
     target_range_step: int = 0
     log_prob_gap: float | None = None
     log_prob_step: int = 0
+    # the labels of an nll_loss over the first backward passes (capture/ledger.py): (entropy of their frequencies,
+    # labels counted, labels outside the classes), the reading that counted the most; and the number of classes
+    label_prior: tuple[float, ...] = ()
+    label_classes: int = 0
     nll_layer: str = ""
     classifier_mean: bool = False  # ... and averages over its samples (its value is one sample's loss)
     classifier_cosine: bool = False  # ... and its logits are cosine similarities times a scale (ArcFace, CLIP)
@@ -224,6 +228,8 @@ class Coverage:
             if not self.target_range:
                 self.target_range_step = record.step  # the first reading
             self.target_range = (record.target_range[0], record.target_range[1], record.target_range[2])
+        if len(record.label_prior) == 3 and (not self.label_prior or record.label_prior[1] >= self.label_prior[1]):
+            self.label_prior, self.label_classes = tuple(record.label_prior), record.label_classes
         if record.log_prob_gap is not None:
             if self.log_prob_gap is None:
                 self.log_prob_step = record.step

@@ -39,12 +39,12 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from ..stats.tensors import dense, log_prob_gap, out_of_range, target_profile
+from ..stats.tensors import dense, label_counts, label_entropy, log_prob_gap, out_of_range, target_profile
 from . import hooks, loss_graph
 from .clock import StepMode
 
@@ -69,8 +69,13 @@ _State = tuple[Tensor, int] | None
 
 #: What the first backward passes read before their graph is freed: a regression target's profile, how far an
 #: nll_loss input is from log-probabilities (with the node that produced it), how much of a bounded output's targets
-#: it cannot reach (with what bounds it).
-_LossReadings = tuple[Tensor | None, tuple[Tensor, int] | None, tuple[Tensor, loss_graph.BoundedPrediction] | None]
+#: it cannot reach (with what bounds it), how often each class is an nll_loss's label (with the number of classes).
+_LossReadings = tuple[
+    Tensor | None,
+    tuple[Tensor, int] | None,
+    tuple[Tensor, loss_graph.BoundedPrediction] | None,
+    tuple[Tensor, int] | None,
+]
 
 
 @dataclass(slots=True)
@@ -97,6 +102,9 @@ class GradLedger:
         self._sample: tuple[weakref.ref[Tensor], Tensor] | None = None  # manual updates: head .grad, parameter
         self._thread = 0
         self._loss_checks = 0
+        self._labels: tuple[Tensor, int] | None = None  # the label counts so far (on the device), the classes
+        # optimizer -> (its groups' sizes and whether each decays, the names of the decaying groups' parameters)
+        self._decayed: dict[int, tuple[tuple[tuple[int, bool], ...], frozenset[str] | None]] = {}
 
     def attach(self) -> None:
         params = self._rec.backward.params
@@ -117,6 +125,8 @@ class GradLedger:
         self._open = False
         self._thread = threading.get_ident()
         self._loss_checks = LOSS_CHECKS
+        self._labels = None
+        self._decayed = {}
         self._rec.forward.nodes = {}
 
     def detach(self) -> None:
@@ -125,6 +135,7 @@ class GradLedger:
         self._carry = None
         self._sample = None
         self._loss_checks = 0
+        self._labels = None
         self._rec.forward.nodes = None
 
     # --- a backward call ----------------------------------------------------------------------------------
@@ -161,7 +172,10 @@ class GradLedger:
             # ... and the targets of a loss by value on a bounded activation's output: can it reach them?
             bounded = loss_graph.bounded_prediction(roots) if roots else None
             reach = (out_of_range(bounded.target, bounded.low, bounded.high), bounded) if bounded is not None else None
-            readings = (profile, gap, reach)
+            # ... and the class indices of an nll_loss: how often is each class a label?
+            labels = loss_graph.class_labels(roots) if roots else None
+            counts = (label_counts(labels.target, labels.classes, labels.ignore), labels.classes) if labels else None
+            readings = (profile, gap, reach, counts)
             return partial(self._after, loss, states, carried, check, manual, roots, readings)
         except Exception as exc:
             rec.fail("the backward-call listener", exc)
@@ -276,8 +290,9 @@ class GradLedger:
         functional activation, the layer whose output it took); the profile of a mean squared error's target
         (``profile``, taken before the pass) and how far an ``nll_loss``'s input is from log-probabilities
         (``gap``: the reading and the node that produced the input) and how much of a bounded output's targets lie
-        out of its reach (``reach``) are filed for the flush."""
-        profile, gap, reach = readings
+        out of its reach (``reach``) and the entropy of the labels of an ``nll_loss`` counted so far (``counts``:
+        this pass's counts, added to the earlier ones') are filed for the flush."""
+        profile, gap, reach, counts = readings
         rec = self._rec
         self._loss_checks -= 1
         graph = loss_graph.read(roots)  # no roots (a backward pass from a given gradient, not a loss): nothing
@@ -300,6 +315,14 @@ class GradLedger:
                 layer = nodes.get(bounded.node) or nodes.get(bounded.below, "")
                 rec.coverage.bounded_output = (bounded.activation, bounded.low, bounded.high, layer)
             rec.pending.put_vector([("target_range", None, float(i)) for i in range(3)], values)
+        if counts is not None:
+            so_far = self._labels
+            if so_far is not None and so_far[1] == counts[1] and so_far[0].device == counts[0].device:
+                counts = (so_far[0] + counts[0], counts[1])
+            self._labels = counts
+            entries = [("label_prior", None, float(i)) for i in range(3)]
+            rec.pending.put_vector(entries, label_entropy(counts[0]))
+            rec.pending.data.label_classes = counts[1]
         found = graph.activated
         if found is not None:
             layer = nodes.get(found.node) or nodes.get(found.below, "")
@@ -346,8 +369,12 @@ class GradLedger:
             scaled = float(wd) if lr == top else float(wd) * lr / top
             if scaled > decay:
                 decay, decoupled = scaled, decoupled or bool(g.get("decoupled_weight_decay", False))
+        data = self._rec.pending.data
+        names = self._decayed_names(optimizer, groups)
+        if names is not None:
+            data.decayed = names | data.decayed if data.decayed else names
         noted = self._rec.coverage.weight_decay
-        step = self._rec.pending.data.step
+        step = data.step
         if noted and noted[-1][0] == step:  # another optimizer in the same step: the largest
             if decay > noted[-1][1]:
                 noted[-1] = (step, decay, decoupled)
@@ -358,6 +385,31 @@ class GradLedger:
             return
         if len(noted) < DECAY_CHANGES:
             noted.append((step, decay, decoupled))
+
+    def _decayed_names(self, optimizer: object, groups: list[Any]) -> frozenset[str] | None:
+        """The watched parameters of ``optimizer``'s groups with a weight decay, when some of its groups holding
+        parameters have none (the Trainer leaves biases and LayerNorm gains out); None when all or none decay.
+        Cached until the groups' sizes or decays change (host reads only)."""
+        shape = tuple(
+            (len(g["params"]), _decays(g.get("weight_decay"))) for g in groups if isinstance(g.get("params"), list)
+        )
+        cached = self._decayed.get(id(optimizer))
+        if cached is not None and cached[0] == shape:
+            return cached[1]
+        found: frozenset[str] | None = None
+        if len({d for n, d in shape if n}) == 2:
+            ours: dict[int, list[str]] = {}
+            for p in self._rec.backward.params:
+                ours.setdefault(id(p.tensor), []).append(p.name)
+            found = frozenset(
+                name
+                for g in groups
+                if _decays(g.get("weight_decay")) and isinstance(g.get("params"), list)
+                for t in g["params"]
+                for name in ours.get(id(t), ())
+            )
+        self._decayed[id(optimizer)] = (shape, found)
+        return found
 
     def after_step(self, owned: frozenset[str]) -> None:
         """An owned optimizer stepped: note the gradients it applied, as it left them."""
@@ -371,6 +423,11 @@ class GradLedger:
         for i in indices[1]:
             g = tensors[i].grad
             marks[i] = _Mark(weakref.ref(g), g._version, True) if g is not None else None
+
+
+def _decays(value: object) -> bool:
+    """Whether a group's ``weight_decay`` decays its weights."""
+    return isinstance(value, (int, float)) and value > 0
 
 
 def _unchanged(mark: _Mark | None, state: _State) -> bool:

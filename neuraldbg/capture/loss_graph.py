@@ -18,7 +18,9 @@ whose size is the scale the user chose, not anything the layers' initialisation 
 squared error: the target that MSE node saved, handed on to be profiled on the device (is it a handful of integer
 values?) and then dropped, never kept; so does :func:`bounded_prediction`, for a loss by value on the output of
 an activation whose range may not hold the targets. :func:`log_probabilities` does the same for the input of an
-``nll_loss`` that no ``log_softmax`` produced: are those values log-probabilities at all?
+``nll_loss`` that no ``log_softmax`` produced: are those values log-probabilities at all? And :func:`class_labels`
+for the class indices an ``nll_loss`` saved: how often each class is a label (the chance level of a classifier
+whose classes are imbalanced).
 """
 
 from __future__ import annotations
@@ -317,6 +319,37 @@ def log_probabilities(losses: list[Tensor]) -> NllInput | None:
                 return None
             saved = getattr(node, "_saved_self", None)
             return NllInput(saved, id(below)) if isinstance(saved, Tensor) else None
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ClassLabels:
+    """The class indices an ``nll_loss`` saved (to be counted on the device, then dropped), the number of classes
+    (dimension 1 of its input, or 0 for one unbatched vector) and its ``ignore_index`` (-100 by default)."""
+
+    target: Tensor
+    classes: int
+    ignore: int
+
+
+def class_labels(losses: list[Tensor]) -> ClassLabels | None:
+    """The labels of the first ``nll_loss`` met from ``losses`` (the roots of one backward call, before it runs),
+    unless it weighs its classes (``weight=``: its mean is over weighted terms, and the chance level is not the
+    labels' entropy); None for no such loss."""
+    for node, _ in _walk(losses):
+        if type(node).__name__ in _NLL:
+            target, values = getattr(node, "_saved_target", None), getattr(node, "_saved_self", None)
+            if getattr(node, "_saved_weight", None) is not None:
+                return None
+            if not isinstance(target, Tensor) or not isinstance(values, Tensor) or not values.dim():
+                return None
+            # plain class indices only: a tensor subclass (a DTensor's shard) would make the count a collective
+            if type(target) is not Tensor or target.is_sparse or target.is_floating_point() or target.is_complex():
+                return None
+            ignore = getattr(node, "_saved_ignore_index", -100)
+            ignore = ignore - _WRAP if isinstance(ignore, int) and ignore >= _WRAP // 2 else ignore
+            classes = int(values.shape[1] if values.dim() >= 2 else values.shape[0])
+            return ClassLabels(target, classes, ignore if isinstance(ignore, int) else -100)
     return None
 
 

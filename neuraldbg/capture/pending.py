@@ -162,11 +162,14 @@ class Pending:
             )
         dst.regression_target = src.regression_target or dst.regression_target
         dst.target_range = src.target_range or dst.target_range
+        dst.label_prior = src.label_prior or dst.label_prior
+        dst.label_classes = src.label_classes or dst.label_classes
         if src.labels_ahead is not None:
             dst.labels_ahead = merge_max(dst.labels_ahead, src.labels_ahead)
         if src.log_prob_gap is not None:
             dst.log_prob_gap = merge_max(dst.log_prob_gap, src.log_prob_gap)
         dst.carried = src.carried or dst.carried
+        dst.decayed = src.decayed or dst.decayed
         dst.carried_by = src.carried_by or dst.carried_by
         if src.grad_carried is not None:
             dst.grad_carried = merge_max(dst.grad_carried, src.grad_carried)
@@ -255,6 +258,13 @@ def _target_range(data: StepData, key: Any, extra: float, value: float) -> None:
     if extra == 0:
         data.target_range = []
     data.target_range.append(value)
+
+
+def _label_prior(data: StepData, key: Any, extra: float, value: float) -> None:
+    # one element of the labels' profile (``extra``: its index; 0 begins a profile, a later one replaces)
+    if extra == 0:
+        data.label_prior = []
+    data.label_prior.append(value)
 
 
 def _log_prob_gap(data: StepData, key: Any, extra: float, value: float) -> None:
@@ -364,6 +374,7 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "labels_ahead": _labels_ahead,
     "log_prob_gap": _log_prob_gap,
     "target_range": _target_range,
+    "label_prior": _label_prior,
     "padded": _padded,
     "carried": _carried,
     "loss_scale": _loss_scale,

@@ -6,6 +6,12 @@ steps (a Hugging Face output's ``logits``; one output unit is a binary classifie
 or above 0.8 log(classes), where an untrained classifier's cross-entropy is, so that a regression whose output
 happens to have a last dimension is not taken for a classifier. Judged on runs of ``loss_min_steps`` losses or
 more (see :mod:`.loss_evidence`); a fault that began first (dead units, stalled updates) explains it.
+
+When the classes are imbalanced, chance is lower: a classifier whose inputs say nothing about its labels learns
+their frequencies and settles at their entropy (a character-level GRU given shuffled targets: 2.47 nats, the
+characters' unigram entropy, below log 17 = 2.83). The labels an ``nll_loss`` was given on the first backward
+passes are counted on the device for it (see :func:`.loss_evidence.label_prior`); the loss is at chance within the
+band of the lower of the two. A loss above the band of log(classes) stays the unstable-loss room's.
 """
 
 from __future__ import annotations
@@ -30,7 +36,13 @@ class LossAtChance(loss_evidence.LossKind):
         m = root.metrics
         classes = int(m.get("classes", 0.0))
         chance = num(m.get("chance", 0.0))
-        if classes > 1:
+        if "prior" in m:
+            guess = (
+                f"{num(m['prior'])}, the entropy of the labels' frequencies: the loss of predicting each class with "
+                f"its frequency among the labels (the classes are imbalanced; equal odds would give log({classes}) = "
+                f"{chance})"
+            )
+        elif classes > 1:
             guess = f"log({classes}) = {chance}, the loss of predicting each of the {classes} classes with equal odds"
         else:
             guess = f"log(2) = {chance}, the loss of a binary classifier that always answers 0.5"
@@ -45,6 +57,8 @@ class LossAtChance(loss_evidence.LossKind):
 
     def describe(self, event: SemanticEvent) -> str:
         m = event.metrics
+        if "prior" in m:
+            return f"loss at chance ({num(m.get('end', 0.0))}, the entropy of the label frequencies)"
         return f"loss at chance ({num(m.get('end', 0.0))}, log of {count(m.get('classes', 0.0))} classes)"
 
     def label(self, event: SemanticEvent) -> str:

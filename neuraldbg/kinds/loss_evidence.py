@@ -79,12 +79,22 @@ class Curve:
     trained: float  # the per-step update ratios, added up over the run (NaN: not measured)
     large_updates: str  # the evidence of a learning rate too high, in words ("" when there is none)
     band: float
+    prior: float | None = None  # the entropy of the labels' frequencies, when it lies below the band of chance
+
+    @property
+    def level(self) -> float | None:
+        """The loss of a classifier that learned nothing from its inputs: log(classes), or the entropy of the
+        labels' frequencies when the classes are imbalanced (predicting each class with its frequency)."""
+        c = self.chance
+        return c if c is None or self.prior is None else min(c, self.prior)
 
     @property
     def at_chance(self) -> bool:
-        """The loss ends within the band around log(classes): the predictions are no better than a guess."""
-        c = self.chance
-        return c is not None and (1 - self.band) * c <= self.end.mean <= (1 + self.band) * c
+        """The loss ends within the band around the chance level (:attr:`level`), or between it and the band around
+        log(classes) (imbalanced classes: a loss still at equal odds has not even learned the labels'
+        frequencies): the predictions are no better than a guess."""
+        c, level = self.chance, self.level
+        return c is not None and level is not None and (1 - self.band) * level <= self.end.mean <= (1 + self.band) * c
 
     @property
     def above_chance(self) -> bool:
@@ -261,7 +271,31 @@ def read(coverage: Coverage, config: DebugConfig) -> Curve | None:
         trained=_trained(facts, coverage.stepped_steps or coverage.steps),
         large_updates=large_updates(facts, config),
         band=config.loss_chance_band,
+        prior=label_prior(coverage, config.loss_chance_band) if chance is not None else None,
     )
+
+
+#: Labels counted per class, at least, before their frequencies' entropy is a chance level (it is estimated from
+#: the first backward passes' labels: a handful per class would make an imbalance of chance draws).
+LABELS_PER_CLASS = 10
+
+
+def label_prior(coverage: Coverage, band: float) -> float | None:
+    """The entropy of the labels' frequencies (from the ``nll_loss``'s class indices on the first backward passes,
+    see :mod:`neuraldbg.capture.ledger`), when it is the chance level of the loss: the loss is that ``nll_loss``
+    averaged over its labels (nothing added to it: no label smoothing, no second term, no class weights), the labels
+    were counted over the classes of the model's output, :data:`LABELS_PER_CLASS` times their number or more, none
+    outside them, and their entropy lies below the band around log(classes) (imbalanced classes; balanced ones keep
+    log(classes)). A classifier whose inputs say nothing about the labels learns their frequencies and no more: its
+    cross-entropy settles at that entropy (a character-level GRU given shuffled targets: 2.47 nats, the characters'
+    unigram entropy, log 17 = 2.83), not at log(classes). None otherwise."""
+    classes = coverage.training.classes
+    if not coverage.classifier_mean or len(coverage.label_prior) != 3 or coverage.label_classes != classes:
+        return None
+    entropy, counted, outside = coverage.label_prior
+    if outside or counted < LABELS_PER_CLASS * classes or not math.isfinite(entropy) or classes < 2:
+        return None
+    return entropy if entropy < (1 - band) * math.log(classes) else None
 
 
 def large_updates(facts: TrainingFacts, config: DebugConfig) -> str:
@@ -326,6 +360,8 @@ def evidence(coverage: Coverage, config: DebugConfig, curve: Curve) -> dict[str,
     }
     if curve.chance is not None:
         values.update(chance=curve.chance, classes=float(curve.classes))
+    if curve.prior is not None:
+        values.update(prior=curve.prior)
     first, last = curve.second_half
     values.update(half_from=first, half_to=last, half_noise=curve.half_noise, by_factors=float(curve.by_factors))
     return {k: float(v) for k, v in values.items() if math.isfinite(v)}

@@ -44,6 +44,9 @@ class StepData:
     update_parts: dict[str, list[float]] = field(default_factory=dict, repr=False)  # readings being assembled
     stepped: dict[str, float] = field(default_factory=dict)  # parameter -> lr of the group that stepped it
     lr_changed: bool = False
+    # the parameters of the owned optimizers' groups that decay their weights (weight_decay > 0), when other groups
+    # do not (biases and normalisation gains left out of the decay, as the Trainer does); None: all or none decay
+    decayed: frozenset[str] | None = None
     skipped: bool = False  # a GradScaler skipped this step's optimizer step (its scaled gradients overflowed)
     loss_scale: float | None = None  # the GradScaler's scale in this step's backward pass
     resumed: bool = False  # an optimizer met at this step already held state: the run trained before it was watched
@@ -62,6 +65,10 @@ class StepData:
     target_range: list[float] = field(default_factory=list)
     # the input of an nll_loss that no log_softmax produced: its largest |logsumexp| over the classes (0: log-probs)
     log_prob_gap: float | None = None
+    # the labels of an nll_loss counted over the first backward passes: [entropy of their frequencies (nats), labels
+    # counted, labels outside the classes], and the number of classes (dimension 1 of the loss's input)
+    label_prior: list[float] = field(default_factory=list)
+    label_classes: int = 0
     # a causal LM that shifts its labels itself: the share of labels that already are the next input token
     labels_ahead: float | None = None
     padded: bool | None = None  # ... the model's token input holds the id the loss ignores (None: not read)

@@ -201,6 +201,29 @@ def out_of_range(target: Tensor, low: float, high: float) -> Tensor:
     return torch.stack(((gap != 0).float().mean(), gap.pow(2).mean(), t.var(correction=0)))
 
 
+def label_counts(target: Tensor, classes: int, ignore: int) -> Tensor:
+    """How often each class is a label in ``target`` (class indices), as a 1-d float tensor of ``classes + 1``
+    counts on its device (read later): entries equal to ``ignore`` are not counted, any other index outside
+    [0, classes) in the last bin. A fixed number of bins and ``scatter_add``: nothing waits for the device (a
+    ``bincount`` or a boolean index would)."""
+    t = target.detach().reshape(-1).long()
+    inside = (t >= 0) & (t < classes)
+    bins = torch.where(inside, t, torch.full_like(t, classes))
+    counted = (t != ignore).float()
+    return torch.zeros(classes + 1, device=t.device).scatter_add_(0, bins, counted)
+
+
+def label_entropy(counts: Tensor) -> Tensor:
+    """What the label counts of :func:`label_counts` say, as one 1-d float tensor on their device (read later): [the
+    entropy of the labels' frequencies in nats, with the Miller-Madow correction (+ (classes seen - 1) / 2n) for
+    the bias of a plug-in estimate from n labels; n; the labels outside the classes]."""
+    seen = counts[:-1]
+    n = seen.sum()
+    p = seen / n.clamp(min=1)
+    entropy = -torch.special.xlogy(p, p).sum() + ((seen > 0).sum() - 1).clamp(min=0) / (2 * n.clamp(min=1))
+    return torch.stack((entropy, n, counts[-1]))
+
+
 def log_prob_gap(t: Tensor) -> Tensor:
     """How far ``t`` (an ``nll_loss`` input: classes on dimension 1, or 0 for one unbatched vector) is from
     log-probabilities: the largest ``|logsumexp|`` over the classes of its rows, 0 for log-probabilities, as a

@@ -4,7 +4,8 @@
 an explanation of a loss that does not fall ranks its causes by: the update/weight ratio ||dW||/||W|| of the whole
 model (the learning rate's footprint; over all parameters together, so that a tiny parameter such as a layer
 scale initialised to 1e-6 does not speak for the model), the weights' total norm (weight decay shrinks it), the
-gradients' total norm, how much clipping shrank the gradients, the input batch's root-mean-square (pixels in
+gradients' total norm, how much clipping shrank the gradients, the norm of the weights that weight decay applies
+to (when some groups of the optimizer decay and others do not), the input batch's root-mean-square (pixels in
 0-255 give ~100) and the learning rate; and the model output's last dimension (a classifier's classes). Host
 floats only; nothing here imports torch.
 """
@@ -31,6 +32,7 @@ class Row:
     input_rms: float  # NaN: no floating input
     lr: float  # the largest learning rate that stepped the model (NaN: none)
     finite: bool  # every gradient finite
+    decayed_norm: float = math.nan  # the weights' norm over the parameters of the groups that decay (NaN: all or none)
 
 
 class TrainingFacts:
@@ -59,6 +61,8 @@ class TrainingFacts:
         weight = math.sqrt(sum(w * w for _, w in moved)) if moved else math.nan
         delta = math.sqrt(sum(d * d for d, _ in moved)) if moved else math.nan
         grads = [g for g in record.grad.values() if math.isfinite(g)]
+        decayed = record.decayed
+        kept = [w for name, (d, w) in record.update.items() if decayed and name in decayed and math.isfinite(w)]
         rms = math.nan
         if record.input_norm is not None and record.input_numel:
             rms = record.input_norm / math.sqrt(record.input_numel)
@@ -72,6 +76,7 @@ class TrainingFacts:
                 input_rms=rms,
                 lr=max(record.stepped.values()) if record.stepped else math.nan,
                 finite=finite,
+                decayed_norm=math.sqrt(sum(w * w for w in kept)) if kept else math.nan,
             )
         )
         if len(self.rows) >= ROWS:

@@ -247,3 +247,54 @@ def test_usual_decay_beside_a_gradient_clipped_to_a_tiny_norm_is_not_blamed():
     losses, _, dbg = run(watched=True)
     assert losses == plain
     assert dbg is not None and not found(dbg), dbg.explain_failure()
+
+
+def layer_norm_classifier() -> nn.Sequential:
+    """A wide LayerNorm whose gains (left out of the decay, as the Trainer leaves them) hold most of the norm."""
+    return nn.Sequential(nn.Linear(16, 256), nn.LayerNorm(256), nn.ReLU(), nn.Linear(256, CLASSES))
+
+
+def split_decay(decay: float) -> MakeOptimizer:
+    """AdamW with the Hugging Face split: matrices decay, biases and LayerNorm gains do not."""
+
+    def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        matrices = [p for p in params if p.dim() > 1]
+        others = [p for p in params if p.dim() <= 1]
+        groups = [{"params": matrices, "weight_decay": decay}, {"params": others, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=1e-3)
+
+    return make
+
+
+def test_the_shrinking_is_judged_over_the_weights_that_decay_not_the_gains_left_out():
+    """AdamW weight_decay=10 on the matrices only: they shrink 7-fold while the LayerNorm gains, which hold most of
+    the model's norm, keep the whole norm at 0.97 of its start (plain torch). The weights the decay applies to are
+    the ones it shrinks: judged over the whole model, the shrinking would be lost."""
+    torch.manual_seed(0)
+    model = layer_norm_classifier()
+    matrices = [p for p in model.parameters() if p.dim() > 1]
+    before, whole = weight_norm(nn.ParameterList(matrices)), weight_norm(model)
+    plain, _ = train(model, split_decay(10.0), 300, watched=False)
+    assert weight_norm(nn.ParameterList(matrices)) < 0.2 * before
+    assert weight_norm(model) > excessive_weight_decay.SHRINK * whole  # the whole norm hardly moves
+    torch.manual_seed(0)
+    twin, _ = train(layer_norm_classifier(), split_decay(0.01), 300, watched=False)
+    assert mean(plain[-50:]) > 1.2 * mean(twin[-50:])  # the loss stays above its twin's
+    torch.manual_seed(0)
+    losses, dbg = train(layer_norm_classifier(), split_decay(10.0), 300, watched=True)
+    assert losses == plain
+    assert dbg is not None
+    hits = found(dbg)
+    assert hits, dbg.explain_failure()
+    m = hits[0].root.metrics
+    assert m["decayed_only"] == 1.0 and m["weight_end"] < 0.5 * m["weight_start"]
+    assert "the norm of the weights it decays" in hits[0].explanation
+
+
+def test_the_same_split_with_usual_decay_is_silent():
+    torch.manual_seed(0)
+    plain, _ = train(layer_norm_classifier(), split_decay(0.01), 300, watched=False)
+    torch.manual_seed(0)
+    losses, dbg = train(layer_norm_classifier(), split_decay(0.01), 300, watched=True)
+    assert losses == plain
+    assert dbg is not None and not found(dbg), dbg.explain_failure()
