@@ -355,7 +355,10 @@ class GradLedger:
         group's learning rate over the largest learning rate (what the step's decay is against the learning rate a
         step is recorded with), and whether it is decoupled (``AdamW``, or ``decoupled_weight_decay``: the weights
         shrink by lr x weight_decay each step) or coupled (``SGD``, ``Adam``: weight_decay x W is added to the
-        gradient). Several optimizers in one step: the largest."""
+        gradient). Several optimizers in one step: the largest. Read on fully observed steps only, the steps whose
+        updates the finding weighs it against (a change of the decay between them is noted at the next)."""
+        if not self._rec.pending.data.full:
+            return
         groups = getattr(optimizer, "param_groups", None)
         if not isinstance(groups, list):
             return
