@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 
 from ..capture.coverage import Coverage, RunFacts
-from ..events import EventType, FailureKind, SemanticEvent
+from ..events import FailureKind, SemanticEvent
 from ..reasoning.topology import Topology
 from ..text import num
-from .base import Kind, RootLane, Series
+from .base import Kind, RootLane, Series, layer_event
 
 KIND = FailureKind.ACTIVATION_BEFORE_LOSS
 
@@ -40,19 +40,7 @@ class ActivationBeforeLoss(Kind):
             return None
         activation, loss, layer, step = found
         metrics = {"binary": float(loss == _BINARY), "classes": float(coverage.training.classes)}
-        return SemanticEvent(
-            event_type=EventType.ACTIVATION if layer else EventType.LOSS,
-            kind=KIND,
-            layer=layer,
-            param=None,
-            step_start=step,
-            step_end=max(step, coverage.last_step),
-            from_state=None,
-            to_state=KIND,
-            metrics=metrics,
-            confidence=1.0,
-            detail=activation,
-        )
+        return layer_event(KIND, layer, step, coverage.last_step, metrics, activation)
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
         # right after dead units: output units a ReLU on the logits killed are that ReLU's dead neurons, whose

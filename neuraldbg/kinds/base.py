@@ -255,6 +255,37 @@ def run_event(kind: FailureKind, start: int, end: int, detail: str = "", /, **me
     )
 
 
+def layer_event(
+    kind: FailureKind,
+    layer: str,
+    start: int,
+    end: int,
+    metrics: dict[str, float],
+    detail: str = "",
+    *,
+    event_type: EventType | None = None,
+    confidence: float = 1.0,
+) -> SemanticEvent:
+    """A run-level finding that names a layer (the one whose output the program's structure is about), its kind as
+    its state; seen on that layer's output, or on the loss when no watched layer is named, unless ``event_type``
+    says otherwise."""
+    if event_type is None:
+        event_type = EventType.ACTIVATION if layer else EventType.LOSS
+    return SemanticEvent(
+        event_type=event_type,
+        kind=kind,
+        layer=layer,
+        param=None,
+        step_start=start,
+        step_end=max(start, end),
+        from_state=None,
+        to_state=kind,
+        metrics={k: float(v) for k, v in metrics.items()},
+        confidence=confidence,
+        detail=detail,
+    )
+
+
 def steps_of(e: SemanticEvent) -> str:
     """``step 3`` or ``steps 0-32``, and ", still so at the last check" for a state that held to the end."""
     return span(e.step_start, e.step_end) + (", still so at the last check" if e.metrics.get("ongoing") else "")

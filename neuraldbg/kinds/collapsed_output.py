@@ -26,7 +26,7 @@ from ..capture.coverage import Coverage, RunFacts
 from ..events import EventType, FailureKind, SemanticEvent
 from ..reasoning.topology import Topology
 from ..text import num
-from .base import LAST_RANK, Kind, RootLane, Series
+from .base import LAST_RANK, Kind, RootLane, Series, layer_event
 
 KIND = FailureKind.COLLAPSED_OUTPUT
 
@@ -77,18 +77,17 @@ class CollapsedOutput(Kind):
             return None
         layer, start, final, onset = found[0]
         others = [name for name, *_ in found[1:]]
-        return SemanticEvent(
+        metrics = {"start": start, "end": final, "ratio": final / start, "limit": COLLAPSE}
+        detail = ", ".join(others)
+        return layer_event(
+            KIND,
+            layer,
+            onset,
+            coverage.last_step,
+            metrics,
+            detail,
             event_type=EventType.ACTIVATION,
-            kind=KIND,
-            layer=layer,
-            param=None,
-            step_start=onset,
-            step_end=max(onset, coverage.last_step),
-            from_state=None,
-            to_state=KIND,
-            metrics={"start": start, "end": final, "ratio": final / start, "limit": COLLAPSE},
             confidence=CONFIDENCE,
-            detail=", ".join(others),
         )
 
     def lane(self, event: SemanticEvent) -> RootLane | None:

@@ -26,7 +26,7 @@ from ..capture.coverage import Coverage, RunFacts
 from ..events import EventType, FailureKind, SemanticEvent
 from ..reasoning.topology import Topology
 from ..text import count, quoted
-from .base import Kind, RootLane, Series
+from .base import Kind, RootLane, Series, layer_event
 
 KIND = FailureKind.DETACHED_LAYERS
 
@@ -62,23 +62,15 @@ class DetachedLayers(Kind):
                 continue
             params = [p for p in untrained if _layer_of(p) in cut_off]
             step = coverage.cut_step
-            return SemanticEvent(
-                event_type=EventType.ACTIVATION,
-                kind=KIND,
-                layer=upstream,
-                param=None,
-                step_start=step,
-                step_end=max(step, coverage.last_step),
-                from_state=None,
-                to_state=KIND,
-                metrics={
-                    "passes": float(seen),
-                    "parameters": float(len(params)),
-                    "layers": float(len(cut_off)),
-                    "steps": float(coverage.graded_steps),
-                },
-                confidence=1.0,
-                detail="\n".join([downstream, *cut_off]),
+            metrics = {
+                "passes": float(seen),
+                "parameters": float(len(params)),
+                "layers": float(len(cut_off)),
+                "steps": float(coverage.graded_steps),
+            }
+            detail = "\n".join([downstream, *cut_off])
+            return layer_event(
+                KIND, upstream, step, coverage.last_step, metrics, detail, event_type=EventType.ACTIVATION
             )
         return None
 

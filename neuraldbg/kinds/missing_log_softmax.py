@@ -17,10 +17,10 @@ to -inf are left out.
 from __future__ import annotations
 
 from ..capture.coverage import Coverage, RunFacts
-from ..events import EventType, FailureKind, SemanticEvent
+from ..events import FailureKind, SemanticEvent
 from ..reasoning.topology import Topology
 from ..text import num
-from .base import Kind, RootLane, Series
+from .base import Kind, RootLane, Series, layer_event
 
 KIND = FailureKind.MISSING_LOG_SOFTMAX
 
@@ -44,18 +44,7 @@ class MissingLogSoftmax(Kind):
         trace = coverage.losses
         if trace.first and trace.last is not None:
             metrics |= {"first_loss": trace.first[0][1], "last_loss": trace.last[1]}
-        return SemanticEvent(
-            event_type=EventType.ACTIVATION if layer else EventType.LOSS,
-            kind=KIND,
-            layer=layer,
-            param=None,
-            step_start=step,
-            step_end=max(step, coverage.last_step),
-            from_state=None,
-            to_state=KIND,
-            metrics=metrics,
-            confidence=1.0,
-        )
+        return layer_event(KIND, layer, step, coverage.last_step, metrics)
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
         # a program's structure, exact from its first step: beside the activation before a loss

@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 
 from ..capture.coverage import Coverage, RunFacts
-from ..events import EventType, FailureKind, SemanticEvent
+from ..events import FailureKind, SemanticEvent
 from ..reasoning.topology import Topology
 from ..text import num
-from .base import Kind, RootLane, Series
+from .base import Kind, RootLane, Series, layer_event
 
 KIND = FailureKind.UNREACHABLE_TARGETS
 
@@ -46,19 +46,8 @@ class UnreachableTargets(Kind):
             return None
         activation, low, high, layer = bounded
         step = coverage.target_range_step
-        return SemanticEvent(
-            event_type=EventType.ACTIVATION if layer else EventType.LOSS,
-            kind=KIND,
-            layer=layer,
-            param=None,
-            step_start=step,
-            step_end=max(step, coverage.last_step),
-            from_state=None,
-            to_state=KIND,
-            metrics={"share": share, "floor": floor, "variance": variance, "low": low, "high": high},
-            confidence=1.0,
-            detail=activation,
-        )
+        metrics = {"share": share, "floor": floor, "variance": variance, "low": low, "high": high}
+        return layer_event(KIND, layer, step, coverage.last_step, metrics, activation)
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
         # a program's structure, exact from its first step: beside the activation before a loss
