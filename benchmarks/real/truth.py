@@ -8,7 +8,8 @@ holds, else **harmless** (it trains as well as its twin, so silence is the right
   ``max(3 x the twin's standard deviation over seeds, the program's floor)`` (the floor is the smallest deficit
   that matters for the metric: 3 accuracy points, or a fraction of the twin's loss);
 * a loss, gradient or parameter became NaN or infinite on some seed;
-* parameters that train in the twin never changed at all.
+* parameters that train in the twin never changed at all;
+* its operator is a defect by definition (:data:`DEFECTS`), whatever the metric shows.
 
 The training loss is recorded (first and final window medians) but does not decide: a mutant may change the
 loss itself (a wrong loss, wrong labels, weight decay), so the held-out metric, computed by the program's own
@@ -35,6 +36,12 @@ EXPLODING_FACTOR = 10.0
 VANISHING_FACTOR = 1e-3  # a layer's late gradient this far below the twin's has vanished
 DEAD_FRACTION = 0.7  # units never positive: a dead layer (the twin's below 0.5)
 SATURATED_FRACTION = 0.5  # outputs of a hidden bounded activation on its flat parts
+#: Operators whose mutants are faults whatever the metric shows, each with the reason written into the truth.
+#: A missing ``optimizer.zero_grad()`` is one (issue 17 asks it found "whatever the loss curve does"): every step
+#: then applies the sum of all gradients so far, which happens to train as well only while the summed
+#: direction stays a useful one (Adam's normalisation hides it on the tiny BERT; more steps or another
+#: optimizer do not).
+DEFECTS = {"zero_grad": "optimizer.zero_grad() missing: a defect by definition, whatever the metric shows"}
 
 
 def _window(values: list[float]) -> int:
@@ -195,6 +202,8 @@ def decide(case: Case, runs: list[dict[str, Any]], twin_runs: list[dict[str, Any
         errors = [r["error"] for r in runs if r["error"]]
         if errors:
             reasons.append(f"training raised: {errors[0]}")
+        if not reasons and variant.operator in DEFECTS:
+            reasons.append(DEFECTS[variant.operator])
     harmful = bool(reasons)
     measured = evidence_kinds(first, twin_first) if harmful else {}
     kinds = sorted(variant.kinds | set(measured)) if harmful else []
