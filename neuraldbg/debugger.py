@@ -269,6 +269,7 @@ class NeuralDbg(Queries):
             "model": self._model_class,
             "compiled": self._compiled,
             "steps_observed": self._analyzer.steps_observed,
+            "losses_recorded": self._recorder.coverage.losses.count,
             "full_steps": self._analyzer.full_steps,
             "last_step": self._analyzer.last_step,
             "step_mode": self.step_mode,

@@ -15,7 +15,7 @@ def verdict(hypotheses: Sequence[CausalHypothesis], meta: dict[str, Any]) -> str
     steps = meta.get("steps_observed", 0)
     model = inert(str(meta.get("model", "model")))
     if not hypotheses:
-        return f"NeuralDBG: healthy - no training failure in {steps} observed steps of {model}."
+        return f"NeuralDBG: healthy - no training failure in {steps} observed steps of {model}.{_loss_caveat(meta)}"
     kinds = inert(", ".join(dict.fromkeys(h.kind.value for h in hypotheses)))
     if all(registry.room(h.kind).inconclusive for h in hypotheses):  # about what was observed, not the training
         return (
@@ -25,6 +25,22 @@ def verdict(hypotheses: Sequence[CausalHypothesis], meta: dict[str, Any]) -> str
     n = len(hypotheses)
     return (
         f"NeuralDBG: UNHEALTHY - {n} failure hypothes{'es' if n > 1 else 'is'} ({kinds}) in {steps} steps of {model}."
+    )
+
+
+def _loss_caveat(meta: dict[str, Any]) -> str:
+    """What a healthy verdict did not cover: a loss too short to judge (a smoke run checks the gradients, the
+    activations and the updates, not yet whether the model learns). Empty where the loss was judged, and for traces
+    written before the count was kept."""
+    losses = meta.get("losses_recorded")
+    needed = meta.get("config", {}).get("loss_min_steps")
+    if not isinstance(losses, int) or not isinstance(needed, int) or losses >= needed:
+        return ""
+    if losses == 0:
+        return " Its loss was not seen, so whether it fell was not judged."
+    return (
+        f" Its loss was not judged: {losses} loss{'es' if losses != 1 else ''} recorded, {needed} needed to tell one "
+        "that does not fall from one that has not started to."
     )
 
 

@@ -121,7 +121,7 @@ MAX_DIGITS = 24
 _COUNT_METRICS = frozenset({"call"})
 
 #: What ``meta`` may say, and how it is checked (other keys pass through untouched).
-_META_INTS = {"steps_observed": 0, "full_steps": 0, "last_step": -1, "events_dropped": 0}
+_META_INTS = {"steps_observed": 0, "losses_recorded": 0, "full_steps": 0, "last_step": -1, "events_dropped": 0}
 _META_TEXT = ("model", "step_mode", "torch_version", "python_version", "neuraldbg_version")
 _META_OPTIONAL = {"rank": 0, "world_size": 1}  # null when the run was not distributed
 

@@ -202,7 +202,11 @@ def test_a_healthy_verdict_is_one_info_line_and_log_false_logs_nothing(tmp_path:
             trainer = train(gpt2_lm(), Tokens("lm"), tmp_path, NeuralDbgTrainerCallback(log=log), max_steps=5)
             histories.append(trainer.state.log_history[-1])
     assert [(r.levelname, r.getMessage()) for r in records] == [
-        ("INFO", "NeuralDBG: healthy - no training failure in 5 observed steps of GPT2LMHeadModel.")
+        (
+            "INFO",
+            "NeuralDBG: healthy - no training failure in 5 observed steps of GPT2LMHeadModel. Its loss was not judged: "
+            "5 losses recorded, 64 needed to tell one that does not fall from one that has not started to.",
+        )
     ]
     assert histories[0] == {"neuraldbg/healthy": 1.0, "neuraldbg/failures": 0.0, "neuraldbg/steps": 5.0, "step": 5}
     assert "neuraldbg/healthy" not in histories[1]

@@ -284,7 +284,11 @@ def test_a_healthy_verdict_is_one_info_line_and_log_false_logs_nothing(tmp_path:
             trainer = quiet_trainer(L.pl, tmp_path, max_steps=10, callbacks=[callback])
             trainer.fit(model(manual=True), make_loader(10))
     assert [(r.levelname, r.getMessage()) for r in records] == [
-        ("INFO", "NeuralDBG: healthy - no training failure in 10 observed steps of Classifier.")
+        (
+            "INFO",
+            "NeuralDBG: healthy - no training failure in 10 observed steps of Classifier. Its loss was not judged: "
+            "10 losses recorded, 64 needed to tell one that does not fall from one that has not started to.",
+        )
     ]
 
 

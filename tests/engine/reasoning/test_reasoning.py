@@ -10,7 +10,7 @@ import support
 import torch
 from torch import nn
 
-from neuraldbg import ConfigError, EventType, FailureKind, SemanticEvent
+from neuraldbg import ConfigError, EventType, FailureKind, NeuralDbg, SemanticEvent
 from neuraldbg.reasoning import Topology, builtin_rules, diagnose
 
 
@@ -350,6 +350,35 @@ def test_a_run_only_partly_observed_is_inconclusive_never_healthy_and_its_other_
     assert [h.kind for h in both] == [D, FailureKind.INCOMPLETE_OBSERVATION]
     assert verdict(both, meta).startswith("NeuralDBG: UNHEALTHY - 2 failure hypotheses")
     assert "cannot be called healthy" in both[1].explanation
+
+
+def test_a_healthy_verdict_says_when_the_loss_was_too_short_to_judge():
+    from neuraldbg.export.report import verdict
+
+    def healthy(steps: int) -> str:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 3))
+        opt = torch.optim.Adam(model.parameters(), 1e-3)
+        x, y = torch.randn(128, 10), torch.randint(0, 3, (128,))
+        with NeuralDbg(model) as dbg:
+            for _ in range(steps):
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+        assert dbg.healthy and dbg.meta["losses_recorded"] == steps
+        return dbg.report()
+
+    short = healthy(3)
+    assert short == (
+        "NeuralDBG: healthy - no training failure in 3 observed steps of Sequential. Its loss was not judged: 3 losses "
+        "recorded, 64 needed to tell one that does not fall from one that has not started to."
+    )
+    assert healthy(64) == "NeuralDBG: healthy - no training failure in 64 observed steps of Sequential."
+    config = {"loss_min_steps": 64}
+    unseen = verdict([], {"steps_observed": 5, "model": "M", "losses_recorded": 0, "config": config})
+    assert unseen.endswith("of M. Its loss was not seen, so whether it fell was not judged.")
+    # a trace written before the count was kept says nothing it does not know
+    assert verdict([], {"steps_observed": 5, "model": "M", "config": config}).endswith("steps of M.")
 
 
 # --- explanations without noise ------------------------------------------------------------------------------
