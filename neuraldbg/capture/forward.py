@@ -321,6 +321,10 @@ class ForwardPath:
                 self._unlinked_cuts(args, kwargs)
             self.autocast = self.autocast or torch.is_autocast_enabled(t.device.type)
             data.classes = stats.class_count(output)
+            if self.others:  # data after the first argument (raw numeric columns after categorical ids)
+                batch = stats.batch_size(args, kwargs)  # data shares the batch dimension; a count or a scale does not
+                found = [stats.readable(x) for x in (inp, *self.others) if x is not None and stats.batched(x, batch)]
+                self._target().put("input_scale", None, stats.data_scale([x for x in found if x is not None]))
             if self._label_checks:
                 self._check_labels(kwargs)
             padding = self._rec.coverage.padding_id

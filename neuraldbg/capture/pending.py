@@ -175,6 +175,8 @@ class Pending:
             dst.grad_carried = merge_max(dst.grad_carried, src.grad_carried)
         dst.numel.update(src.numel)
         dst.input_numel = src.input_numel or dst.input_numel
+        if src.input_scale is not None:
+            dst.input_scale = merge_max(dst.input_scale, src.input_scale)
         dst.forwards += src.forwards
         dst.output_numel = src.output_numel or dst.output_numel
         if src.output_norm is not None:
@@ -210,6 +212,10 @@ def _act(data: StepData, key: Any, extra: float, value: float) -> None:
 
 def _input(data: StepData, key: Any, extra: float, value: float) -> None:
     data.input_norm = merge_max(data.input_norm, value)
+
+
+def _input_scale(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.input_scale = merge_max(data.input_scale, value)
 
 
 def _arguments_nan(data: StepData, key: Any, extra: float, value: float) -> None:
@@ -372,6 +378,7 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "probabilities": _probabilities,
     "regression_target": _regression_target,
     "labels_ahead": _labels_ahead,
+    "input_scale": _input_scale,
     "log_prob_gap": _log_prob_gap,
     "target_range": _target_range,
     "label_prior": _label_prior,

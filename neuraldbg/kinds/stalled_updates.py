@@ -15,13 +15,14 @@ updates stall when they fall tenfold below their first observed ratio and under 
 decays to nothing while watched); updates that were that small from the first observed step on are the regime the
 run was already in (late training, small gradients), which the debugger did not see begin. Small updates at a
 learning rate a schedule brought down to ``DECAYED`` of the largest the run stepped with, at which they would not
-be stalled, after the loss fell to ``LOSS_FELL`` of where it began, are the schedule's tail, not a stall: SGD with
-momentum under a CosineAnnealingLR that ends near 0 moves the weights by ~1e-7 over its last steps, and under label
-smoothing (whose loss has a floor, the entropy of the smoothed target, far from 0) the fit never reads as converged.
-A learning rate too low from the start (it is the largest the run stepped with), and a schedule that decays before
-the loss fell (sized for epochs, stepped every batch), are still stalls. Root: after vanishing
-gradients, which stall updates by themselves under SGD. Config:
-``stalled_ratio``, ``fit_gradient_drop``, ``fit_loss_drop``.
+be stalled, after the run trained (the loss fell to ``LOSS_FELL`` of where it began, or the update ratios added up
+to more than a run too small to train adds up to, :data:`RUN_SHARE` of ``loss_trained``), are the schedule's tail,
+not a stall: SGD with momentum under a CosineAnnealingLR that ends near 0 moves the weights by ~1e-7 over its last
+steps, under label smoothing (whose loss has a floor, the entropy of the smoothed target, far from 0) the fit never
+reads as converged, and a OneCycleLR ends at a 25e4th of its peak on a hard task whose loss fell only a sixth. A
+learning rate too low from the start (it is the largest the run stepped with), and a schedule that decays before
+the run trained (sized for epochs, stepped every batch), are still stalls. Root: after vanishing gradients, which
+stall updates by themselves under SGD. Config: ``stalled_ratio``, ``fit_gradient_drop``, ``fit_loss_drop``.
 
 **A run too small to train** (:meth:`StalledUpdates.run_finding`): each step may move the weights by more than
 ``stalled_ratio`` and the run still stall, when its steps add up to almost nothing. Judged over the whole run from its
@@ -102,6 +103,8 @@ class StalledDetector(Detector):
         self._peak_lr = 0.0  # the largest learning rate the run stepped with so far
         self._first_losses: list[float] = []  # the first observed losses
         self._last_losses: deque[float] = deque(maxlen=LOSSES)  # the last ones
+        self._moved = 0.0  # the median update ratios of the observed steps, added up over the steps they stand for
+        self._last_update_step: int | None = None
 
     def _loss(self, view: StepView) -> None:
         loss = view.data.loss
@@ -110,16 +113,29 @@ class StalledDetector(Detector):
                 self._first_losses.append(loss)
             self._last_losses.append(loss)
 
-    def _schedule_tail(self, median: float, lr: float | None, limit: float) -> bool:
+    def _schedule_tail(self, median: float, lr: float | None, limit: float, trained: float) -> bool:
         """The updates are small because a schedule brought the learning rate down, after the run trained: the
         learning rate is at most ``DECAYED`` of the largest the run stepped with, at which these updates would not
         be stalled (an update scales with the learning rate), and the loss fell to ``LOSS_FELL`` of where it began
-        (the tail of a cosine schedule that ends near 0, not a learning rate too low to train)."""
+        or the updates so far added up to ``trained``, more than a run too small to train (the tail of a schedule
+        that ends near 0, not a learning rate too low to train: that one never moves the weights that far)."""
         peak = self._peak_lr
-        if lr is None or not 0 < lr <= DECAYED * peak or median * peak / lr < limit or not self._first_losses:
+        if lr is None or not 0 < lr <= DECAYED * peak or median * peak / lr < limit:
+            return False
+        if self._moved >= trained:
+            return True
+        if not self._first_losses:
             return False
         first = sum(self._first_losses) / len(self._first_losses)
         return first > 0 and sum(self._last_losses) / len(self._last_losses) <= LOSS_FELL * first
+
+    def _add_moved(self, step: int, median: float) -> None:
+        """Add this observed step's median update ratio for the steps since the last observed one (full steps grow
+        sparse in a long run: each stands for the steps before it)."""
+        last = self._last_update_step
+        if math.isfinite(median):
+            self._moved += median * (1 if last is None else max(step - last, 1))
+        self._last_update_step = step
 
     def _stationary(self, view: StepView) -> bool:
         """The model's largest layer gradient fell to ``fit_gradient_drop`` squared (1 %) of its first value: the
@@ -155,7 +171,8 @@ class StalledDetector(Detector):
                 self._first_median = census.median
             # met mid-training: small from the first observed update on is the regime it was in, not a stall
             regime = self._resumed and census.median > 0.1 * self._first_median
-            tail = self._schedule_tail(census.median, census.lr, limit)
+            tail = self._schedule_tail(census.median, census.lr, limit, RUN_SHARE * view.ctx.config.loss_trained)
+            self._add_moved(view.step, census.median)
             if census.median < limit and not converged and not regime and not tail:
                 obs.findings.append(self._finding(census.ratio_metrics(), strength(census.median, limit, decades=3)))
         return obs

@@ -5,7 +5,9 @@ must come out near unit scale), and the first layer the input meets is no normal
 Its first layer must then absorb the input's scale: its pre-activations and weight gradients are that many times
 larger (and, without a normalisation further on, the logits at initialisation: a first cross-entropy of 6
 log(classes) in the real-programs benchmark's MLP), and its updates must undo the scale before they learn the
-task. Judged on the input of the fully observed steps of the first quarter of the run (see
+task. Judged on the input of the fully observed steps of the first quarter of the run (the largest scale among
+the call's floating data arguments: raw numeric columns passed after categorical ids count; an additive attention
+mask, which holds no positive value, and a non-finite value do not; see
 :class:`~neuraldbg.stats.training.TrainingFacts`) and on the loss's autograd
 graph (:mod:`neuraldbg.capture.loss_graph`). A model whose output is on its input's scale (super-resolution,
 style transfer on 0-255 images, a regression on raw values) is not a classifier and is not judged here; a model

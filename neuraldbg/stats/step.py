@@ -21,6 +21,10 @@ class StepData:
     numel: dict[SlotKey, int] = field(default_factory=dict)
     input_norm: float | None = None
     input_numel: int = 0
+    # the largest root-mean-square among the call's floating data arguments (the first one and those after it:
+    # raw numeric columns after categorical ids), each finite and holding a positive value (an additive mask holds
+    # none); None: not read (the call had no floating argument besides its data)
+    input_scale: float | None = None
     forwards: int = 0  # forward passes of the model in training mode in this step (an RL episode: its length)
     output_norm: float | None = None
     output_numel: int = 0

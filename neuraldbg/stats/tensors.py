@@ -62,6 +62,33 @@ def data_argument(args: tuple[object, ...], kwargs: dict[str, object] | None = N
     return None
 
 
+def batch_size(args: tuple[object, ...], kwargs: dict[str, object] | None = None) -> int | None:
+    """The first dimension of a call's first tensor argument (its batch), None when it has none."""
+    first = tensor_arguments(args, kwargs, most=1)
+    return first[0].shape[0] if first and first[0].dim() else None
+
+
+def batched(t: Tensor, batch: int | None) -> bool:
+    """Whether ``t`` has the call's batch as its first dimension: a data argument, not a count (the Trainer's
+    ``num_items_in_batch``), a scale or a square attention mask of another size."""
+    return batch is not None and t.dim() > 0 and t.shape[0] == batch
+
+
+def data_scale(tensors: list[Tensor]) -> Tensor:
+    """On the device, the largest root-mean-square among ``tensors`` that are finite everywhere and hold a positive
+    value: the scale of a call's data arguments, not of an additive attention mask (0 and -inf, or 0 and -1e9: no
+    positive value) nor of a non-finite value (the non-finite checks' story). 0 when none qualifies."""
+    scales = []
+    for t in tensors:
+        if t.numel() == 0:
+            continue
+        v = t.detach().float()
+        rms = torch.linalg.vector_norm(v) / math.sqrt(v.numel())
+        data = torch.isfinite(rms) & (v.amax() > 0)
+        scales.append(torch.where(data, rms, torch.zeros_like(rms)))
+    return torch.stack(scales).amax() if scales else torch.zeros(())
+
+
 def tensor_arguments(args: tuple[object, ...], kwargs: dict[str, object] | None = None, most: int = 32) -> list[Tensor]:
     """The plain tensors among a call's arguments, looked for inside tuples, lists and dicts (a batch dict), at
     most ``most`` of them."""

@@ -66,6 +66,9 @@ class TrainingFacts:
         rms = math.nan
         if record.input_norm is not None and record.input_numel:
             rms = record.input_norm / math.sqrt(record.input_numel)
+        scale = record.input_scale
+        if scale is not None and math.isfinite(scale) and scale > 0 and not rms >= scale:
+            rms = scale  # data arguments after the first one, larger
         self.rows.append(
             Row(
                 step=record.step,

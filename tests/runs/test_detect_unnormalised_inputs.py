@@ -132,3 +132,103 @@ def test_a_classifier_that_begins_with_a_batchnorm_normalises_its_inputs_itself(
     torch.manual_seed(0)
     _, _, dbg = train(classifier(first_norm=True), raw(make), F.cross_entropy, watched=True)
     assert dbg is not None and not found(dbg), dbg.explain_failure()
+
+
+class Tabular(nn.Module):
+    """Categorical ids and numeric columns, as tabular models take them: the ids come first, so the data argument
+    (the call's first tensor) is not the one whose scale matters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(7, 4)
+        self.fc1 = nn.Linear(4 + 32, 64)
+        self.head = nn.Linear(64, CLASSES)
+
+    def forward(self, ids: torch.Tensor, nums: torch.Tensor) -> torch.Tensor:
+        return self.head(F.relu(self.fc1(torch.cat([self.emb(ids), nums], dim=1))))
+
+
+def tabular(make: Callable[[int], support.Batch]) -> Callable[[int], tuple[tuple[torch.Tensor, ...], torch.Tensor]]:
+    def batch(step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        x, y = make(step)
+        ids = torch.randint(0, 7, (len(y),), generator=torch.Generator().manual_seed(step))
+        return (ids, x), y
+
+    return batch
+
+
+def train_args(model: nn.Module, make: Callable[[int], tuple[tuple[torch.Tensor, ...], torch.Tensor]], watched: bool):
+    """The loop of :func:`train` for a model called with several arguments."""
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses: list[float] = []
+    dbg = NeuralDbg(model) if watched else None
+    if dbg is not None:
+        dbg.__enter__()
+    for step in range(STEPS):
+        args, y = make(step)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(*args), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    if dbg is not None:
+        dbg.__exit__(None, None, None)
+    with torch.no_grad():
+        held = [make(10_000 + i) for i in range(4)]
+        accuracy = sum(float((model(*a).argmax(1) == y).float().mean()) for a, y in held) / len(held)
+    return losses, accuracy, dbg
+
+
+def test_raw_numeric_columns_after_categorical_ids_are_found():
+    make = support.classification_batches((32,), CLASSES, batch=64)
+    torch.manual_seed(0)
+    losses, accuracy, _ = train_args(Tabular(), tabular(raw(make)), watched=False)
+    torch.manual_seed(0)
+    _, twin_accuracy, _ = train_args(Tabular(), tabular(standardised(make)), watched=False)
+    # plain torch: raw columns start far above log(classes) and end less accurate than standardised ones
+    assert losses[0] > 3 * math.log(CLASSES)
+    assert accuracy < twin_accuracy - 0.05
+
+    torch.manual_seed(0)
+    watched_losses, _, dbg = train_args(Tabular(), tabular(raw(make)), watched=True)
+    assert watched_losses == losses  # the debugger changes nothing
+    assert dbg is not None and dbg.hypotheses() and dbg.hypotheses()[0].kind.value == KIND, dbg.explain_failure()
+    assert found(dbg)[0].root.metrics["input_rms"] > 100
+
+    torch.manual_seed(0)
+    _, _, healthy = train_args(Tabular(), tabular(standardised(make)), watched=True)
+    assert healthy is not None and healthy.healthy, healthy.explain_failure()
+
+
+class Pooled(nn.Module):
+    """Attention pooling over 8 tokens of 4 features with an additive mask (0 kept, -1e9 masked) as its second
+    argument: the mask's root-mean-square is ~5e8, and it is not data."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(4, 16)
+        self.score = nn.Linear(16, 1)
+        self.head = nn.Linear(32 + 16, CLASSES)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.embed(x.view(len(x), 8, 4)))
+        weights = torch.softmax(self.score(h).squeeze(-1) + mask, dim=1)
+        return self.head(torch.cat([x, (weights.unsqueeze(-1) * h).sum(1)], dim=1))
+
+
+def test_an_additive_mask_after_standardised_data_is_not_taken_for_data():
+    make = support.classification_batches((32,), CLASSES, batch=64)
+    mask = torch.zeros(64, 8)
+    mask[:, 6:] = -1e9
+
+    def masked(step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        x, y = standardised(make)(step)
+        return (x, mask), y
+
+    torch.manual_seed(0)
+    losses, accuracy, _ = train_args(Pooled(), masked, watched=False)
+    # plain torch: it learns (a guess scores 0.1) and its loss falls
+    assert accuracy > 0.2 and losses[-1] < 0.9 * losses[0]
+    torch.manual_seed(0)
+    _, _, dbg = train_args(Pooled(), masked, watched=True)
+    assert dbg is not None and not found(dbg), dbg.explain_failure()
