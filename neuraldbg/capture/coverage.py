@@ -118,6 +118,7 @@ class Coverage:
     # counted by the analysis
     steps: int = 0
     full_steps: int = 0
+    last_full_step: int = -1  # the last fully observed step that was not skipped
     steps_with_gradient: int = 0  # a parameter gradient was present
     steps_with_nonzero_gradient: int = 0  # ... and not exactly zero everywhere
     loss_gradient_readings: int = 0  # full steps where the loss gradient w.r.t. the output was read
@@ -262,6 +263,7 @@ class Coverage:
             return
         if record.full:
             self.full_steps += 1
+            self.last_full_step = record.step
             self.training.observe(record)
             self.outputs.observe(record)
             if record.padded is not None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..capture.coverage import Coverage, RunFacts
 from ..config import DebugConfig
 from ..detectors.base import Detector, Finding, Observation, StepView
 from ..events import EventType, FailureKind, SemanticEvent
@@ -107,6 +108,17 @@ class FrozenParameters(Kind):
     lists_own = True
     states = (UpdateHealth.FROZEN,)
     check = Check("assert_parameters_update", "parameters do not update")
+
+    def undone(self, event: SemanticEvent, coverage: Coverage, facts: RunFacts) -> bool:
+        """Parameters an optimizer held at learning rate 0 for a phase of the run, that moved once a schedule raised
+        it (linear probing before fine-tuning: the backbone's group at 0 for its first steps; a warm-up from 0): their
+        frozen state ended at a fully observed step before the last one, while the run still stepped with a learning
+        rate above 0. A group at 0 to the end, and parameters left out of every optimizer, stay frozen."""
+        m = event.metrics
+        if event.kind is not KIND or m.get("in_optimizer") != 1.0 or m.get("lr", 1.0) != 0.0:
+            return False
+        rows = coverage.training.rows
+        return event.step_end < coverage.last_full_step and bool(rows) and rows[-1].lr > 0
 
     def detectors(self, config: DebugConfig) -> list[Detector]:
         return [FrozenDetector()]
