@@ -5,6 +5,10 @@ gradient the optimizer receives holds an inf or a NaN) and on every fully observ
 gradients in full), and decisive: one occurrence is an event, dated at its step. NaN compares false with
 everything, so a ``norm < threshold`` test would pass it silently; these detectors look for it explicitly.
 
+A non-finite value in the input batch or the model's output that no layer output, the loss nor any gradient of the
+step holds is not a failure: the model's own code dealt with it (missing values imputed inside ``forward``, a mask
+of ``-inf`` added to the logits of moves that are not allowed, whose softmax gives them 0).
+
 Where it appears first is where it was made: non-finite values in the input batch are a data problem at that step;
 in the forward pass, the first layer in forward order that produced them; a loss that is non-finite while the
 model's outputs are finite, the loss computation; gradients non-finite while the forward pass was finite, the last
@@ -47,19 +51,25 @@ class NonFiniteDetector(Detector):
     def observe(self, view: StepView) -> Observation | None:
         data = view.data
         obs = Observation()
-        if data.input_norm is not None:
-            obs.saw(EventType.INPUT, "")
-            if not math.isfinite(data.input_norm):
-                obs.findings.append(_finding(EventType.INPUT, "", {"input_norm": data.input_norm}))
         inside = False
+        layers: list[Finding] = []
         for key, norm in data.act.items():
             obs.saw(self.event_type, key[0], call=key[1])
             if not math.isfinite(norm):
                 inside = True
-                obs.findings.append(_finding(EventType.ACTIVATION, key[0], {"output_norm": norm}, call=key[1]))
+                layers.append(_finding(EventType.ACTIVATION, key[0], {"output_norm": norm}, call=key[1]))
+        # a non-finite value in the input or the model's output that no layer output, the loss nor any gradient of
+        # the step holds never reached the training: the model's own code dealt with it (missing values imputed
+        # in forward, a mask of -inf added to the logits of moves that are not allowed)
+        contained = not inside and _signal_finite(data)
+        if data.input_norm is not None:
+            obs.saw(EventType.INPUT, "")
+            if not math.isfinite(data.input_norm) and not contained:
+                obs.findings.append(_finding(EventType.INPUT, "", {"input_norm": data.input_norm}))
+        obs.findings.extend(layers)
         if data.output_norm is not None:
             obs.saw(self.event_type, "")
-            if not inside and not math.isfinite(data.output_norm):  # made by the model's own forward code
+            if not inside and not math.isfinite(data.output_norm) and not contained:  # the model's own forward code
                 obs.findings.append(_finding(EventType.ACTIVATION, "", {"output_norm": data.output_norm}))
         # the loss, then the gradient it sends back (a finite loss may send back a NaN: sqrt(0)): non-finite while
         # the output is finite means the loss computation made it (a NaN in the forward pass shows in the outputs
@@ -107,6 +117,14 @@ class NonFiniteGradientDetector(Detector):
                 finding = Finding(self.event_type, KIND, layer, GradientHealth.NON_FINITE, metrics, 1.0, decisive=True)
                 obs.findings.append(finding)
         return obs
+
+
+def _signal_finite(data: StepData) -> bool:
+    """Whether the step's training signal was read and finite: its loss, the gradient the loss sends back, and
+    every parameter gradient the optimizer received (a step whose loss was not read is not known to be)."""
+    if data.loss is None or not math.isfinite(data.loss) or data.grad_nonfinite or data.head_finite is False:
+        return False
+    return all(v is None or math.isfinite(v) for v in (data.target_grad, data.head_grad))
 
 
 def _finding(event_type: EventType, layer: str, metrics: dict[str, float], call: int = 0) -> Finding:

@@ -3,12 +3,14 @@ a loss that turns NaN while outputs are finite."""
 
 from __future__ import annotations
 
+import math
+
 import support
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neuraldbg import EventType, FailureKind
+from neuraldbg import EventType, FailureKind, NeuralDbg
 
 # --------------------------------------------------------------------------------------------- non-finite
 
@@ -75,3 +77,104 @@ def test_a_loss_that_turns_nan_while_outputs_are_finite_is_blamed_on_the_loss():
     assert top.kind is FailureKind.NON_FINITE
     assert top.root.event_type is EventType.LOSS
     assert top.root.step_start == 12
+
+
+# --- non-finite values the model's own code deals with --------------------------------------------------------------
+
+
+class Imputing(nn.Module):
+    """A tabular regression whose missing values are NaN in the batch, filled inside ``forward`` with learned
+    values beside a missingness indicator (a common tabular idiom); ``impute=False`` feeds the NaN on."""
+
+    def __init__(self, impute: bool = True) -> None:
+        super().__init__()
+        self.impute = impute
+        self.fill = nn.Parameter(torch.zeros(8))
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        missing = torch.isnan(x)
+        filled = torch.where(missing, self.fill.expand_as(x), x) if self.impute else x
+        return self.net(torch.cat([filled, missing.float()], dim=1))
+
+
+def _missing_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(step)
+    x = torch.randn(64, 8, generator=g)
+    y = x.sum(1, keepdim=True)
+    return x.masked_fill(torch.rand(64, 8, generator=g) < 0.2, float("nan")), y
+
+
+def _fit(model: nn.Module, batch, loss_fn, watched: bool, steps: int = 60):
+    torch.manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses: list[float] = []
+    dbg = NeuralDbg(model) if watched else None
+    if dbg is not None:
+        dbg.__enter__()
+    for step in range(steps):
+        x, y = batch(step)
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    if dbg is not None:
+        dbg.__exit__(None, None, None)
+    return losses, dbg
+
+
+def test_missing_values_imputed_inside_forward_are_not_a_non_finite_failure():
+    torch.manual_seed(0)
+    losses, _ = _fit(Imputing(), _missing_batch, F.mse_loss, watched=False)
+    # plain torch: every batch holds NaN, yet every loss is finite and the fit learns
+    assert torch.isnan(_missing_batch(0)[0]).any()
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < 0.3 * losses[0]
+    torch.manual_seed(0)
+    watched, dbg = _fit(Imputing(), _missing_batch, F.mse_loss, watched=True)
+    assert watched == losses
+    assert dbg is not None and FailureKind.NON_FINITE not in {h.kind for h in dbg.hypotheses()}, dbg.explain_failure()
+
+    # the same NaN fed on, unimputed: the loss is NaN and it is a data problem at the input
+    torch.manual_seed(0)
+    _, bad = _fit(Imputing(impute=False), _missing_batch, F.mse_loss, watched=True, steps=5)
+    assert bad is not None and bad.hypotheses()[0].kind is FailureKind.NON_FINITE
+    assert bad.hypotheses()[0].root.step_start == 0
+
+
+def _moves(legal_target: bool):
+    def batch(step: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(64, 12, generator=g)
+        y = x[:, :8].argmax(1)
+        mask = torch.where(torch.rand(64, 8, generator=g) < 0.5, float("-inf"), 0.0)
+        mask[torch.arange(64), y] = 0.0 if legal_target else float("-inf")
+        return (x, mask), y
+
+    return batch
+
+
+class Masked(nn.Module):
+    """A move predictor that adds an additive legal-move mask (0 legal, -inf not) to its logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 8))
+
+    def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, mask = inputs
+        return self.net(x) + mask
+
+
+def test_a_mask_of_minus_inf_added_to_the_logits_is_not_a_non_finite_failure():
+    losses, _ = _fit(Masked(), _moves(legal_target=True), F.cross_entropy, watched=False)
+    # plain torch: the logits hold -inf on every step, the loss is finite and falls
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < 0.5 * losses[0]
+    watched, dbg = _fit(Masked(), _moves(legal_target=True), F.cross_entropy, watched=True)
+    assert watched == losses
+    assert dbg is not None and dbg.healthy, dbg.explain_failure()
+
+    # a target the mask forbids: the loss is inf at once, found at step 0
+    _, bad = _fit(Masked(), _moves(legal_target=False), F.cross_entropy, watched=True, steps=5)
+    assert bad is not None and bad.hypotheses()[0].kind is FailureKind.NON_FINITE
+    assert bad.hypotheses()[0].root.step_start == 0
