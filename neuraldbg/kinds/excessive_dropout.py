@@ -9,8 +9,9 @@ temporal conv net).
 
 Read from the model when the debugger attaches (the layers and their probability, see
 :func:`~neuraldbg.model.layers.heavy_dropout_layers`). Not found when every training step ran in eval mode (dropout
-was off: the eval-mode room's finding), nor when the loss converged (it fell a hundredfold: the dropout held
-nothing back).
+was off: the eval-mode room's finding), nor on a run whose loss cannot be judged (fewer than ``loss_min_steps``
+losses: a smoke run says its loss was not judged), nor when the loss converged (it fell a hundredfold: the
+dropout held nothing back).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ class ExcessiveDropout(Kind):
         if not heavy or coverage.steps <= len(coverage.eval_steps):
             return None
         curve = loss_evidence.judged(coverage, facts.config)
-        if curve is not None and loss_evidence.converged(coverage, curve):
-            return None
+        if curve is None or loss_evidence.converged(coverage, curve):
+            return None  # a run too short to judge its fit, or a fit the dropout held nothing back from
         rows = coverage.training.rows
         first = rows[0].step if rows else 0
         layers = ", ".join(f"{name} p={num(p)}" for name, p in heavy)

@@ -95,3 +95,16 @@ def test_dropout_never_active_is_not_this_finding():
     # trained in eval mode: the dropout layers never dropped anything (the eval-mode finding says what happened)
     _, _, dbg = run(mlp, 0.9, watched=True, eval_mode=True)
     assert KIND not in kinds(dbg) and "eval_mode_training" in kinds(dbg)
+
+
+def test_a_smoke_run_too_short_to_judge_its_loss_is_not_judged():
+    torch.manual_seed(0)
+    model = mlp(0.9)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with NeuralDbg(model) as dbg:
+        for step in range(40):
+            x, y = make(step)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    assert KIND not in kinds(dbg) and "Its loss was not judged" in dbg.report()
