@@ -77,6 +77,7 @@ class FailureKind(str, metaclass=_Names):
     OVERSIZED_LOGITS: ClassVar[FailureKind]
     UNMASKED_PADDING: ClassVar[FailureKind]
     EXCESSIVE_WEIGHT_DECAY: ClassVar[FailureKind]
+    EXCESSIVE_DROPOUT: ClassVar[FailureKind]
 
     def __new__(cls, value: str) -> FailureKind:
         found = cls._declared.get(value) if isinstance(value, str) else None
@@ -156,6 +157,7 @@ for _name in (
     "detached_layers",
     "excessive_weight_decay",
     "unreachable_targets",
+    "excessive_dropout",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 

@@ -55,6 +55,7 @@ KINDS = frozenset(
         "missing_log_softmax",
         "detached_layers",
         "excessive_weight_decay",
+        "excessive_dropout",
         "unreachable_targets",
     }
 )

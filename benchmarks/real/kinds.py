@@ -28,6 +28,7 @@ LEFT_OUT = frozenset({"frozen_parameters"})
 DETACHED = frozenset({"detached_layers", "frozen_parameters", "loss_not_decreasing"})
 DEAD_BIAS = frozenset({"dead_neurons"})
 EVAL_MODE = frozenset({"eval_mode_training"})
+HEAVY_DROPOUT = frozenset({"excessive_dropout", "loss_not_decreasing", "loss_at_chance"})
 BIG_INIT = frozenset(
     {"exploding_gradients", "saturated_activations", "unstable_loss", "loss_not_decreasing", "oversized_logits"}
 )

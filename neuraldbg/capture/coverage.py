@@ -106,6 +106,7 @@ class Coverage:
     """What was observed of a run; see the module docstring."""
 
     mode_dependent: list[str] = field(default_factory=list)
+    heavy_dropout: list[tuple[str, float]] = field(default_factory=list)  # (layer, p): dropout of p >= HEAVY
     # counted by the hooks
     forwards: int = 0  # training forward passes (gradients enabled, training thread), compiled ones included
     no_grad_forwards: int = 0  # forwards of the model under no_grad / inference_mode

@@ -33,7 +33,7 @@ from ..config import DebugConfig
 from ..errors import NeuralDbgWarning
 from ..model import naming
 from ..model.info import LayerInfo
-from ..model.layers import mode_dependent_layers
+from ..model.layers import HEAVY_DROPOUT, heavy_dropout_layers, mode_dependent_layers
 from ..stats import tensors as stats
 from ..stats.step import SlotKey, StepData
 from . import hooks, measure
@@ -69,7 +69,10 @@ class Recorder:
         self.schedule = Schedule(config, modules=len(infos))
         self.pending = Pending(0, self.schedule.is_full(0))
         self.buffer: list[Pending] = []
-        self.coverage = Coverage(mode_dependent=mode_dependent_layers(naming.named_modules(model)))
+        self.coverage = Coverage(
+            mode_dependent=mode_dependent_layers(naming.named_modules(model)),
+            heavy_dropout=heavy_dropout_layers(naming.named_modules(model), HEAVY_DROPOUT),
+        )
         self.active = False
         self.loss: Tensor | None = None
         self._last_head_grad: tuple[int, float] | None = None  # (step, head-layer gradient norm) of a full step

@@ -153,6 +153,8 @@ MLP = Program(
             ("2", "1"),
         ),
         Variant("clip_1e-4", "gradient_clipping", "clip_grad_norm_ to 1e-4 (Adam)", {"clip": 1e-4}, K.TINY_CLIPPING),
+        Variant("dropout_0.9", "regularisation", "Dropout p=0.9 instead of 0.2", {"dropout": 0.9}, K.HEAVY_DROPOUT),
+        Variant("dropout_0.5", "regularisation", "Dropout p=0.5 instead of 0.2", {"dropout": 0.5}, K.HEAVY_DROPOUT),
     ),
 )
 
