@@ -29,11 +29,11 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ..config import DebugConfig
+from ..config import HEAVY_DROPOUT, DebugConfig
 from ..errors import NeuralDbgWarning
 from ..model import naming
 from ..model.info import LayerInfo
-from ..model.layers import HEAVY_DROPOUT, heavy_dropout_layers, mode_dependent_layers
+from ..model.layers import heavy_dropout_layers, mode_dependent_layers
 from ..stats import tensors as stats
 from ..stats.step import SlotKey, StepData
 from . import hooks, measure

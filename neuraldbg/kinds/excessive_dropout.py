@@ -1,5 +1,5 @@
 """Dropout far too strong: a dropout layer (or a recurrent layer or attention with a dropout) drops at least
-:data:`~neuraldbg.model.layers.HEAVY_DROPOUT` of its inputs on the steps the model trained in training mode. Each
+:data:`~neuraldbg.config.HEAVY_DROPOUT` of its inputs on the steps the model trained in training mode. Each
 step then trains a small random part of the network on a small random part of the signal, scaled up to make up for
 the rest: the gradient is mostly noise and the fit stalls far above what the model can reach, while every
 gradient, activation and update looks sound (plain torch, six program families at p=0.9 against their twins at
@@ -17,8 +17,8 @@ dropout held nothing back).
 from __future__ import annotations
 
 from ..capture.coverage import Coverage, RunFacts
+from ..config import HEAVY_DROPOUT
 from ..events import FailureKind, SemanticEvent
-from ..model.layers import HEAVY_DROPOUT
 from ..reasoning.topology import Topology
 from ..text import num, pct
 from . import loss_evidence

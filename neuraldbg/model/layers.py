@@ -118,12 +118,6 @@ def describe(model: nn.Module, derivative: float) -> dict[str, LayerInfo]:
     return infos
 
 
-#: A dropout probability at least this high drops so much of a layer's input that training stalls far above what
-#: the model can reach (the usual settings: 0.1-0.2 on inputs and in transformers, 0.5 on hidden layers, 0.6 in
-#: pytorch/examples' REINFORCE policy; six program families at 0.9: held-out accuracy 0.49-0.60 against 0.85-0.88,
-#: F1 0.30 against 0.73).
-HEAVY_DROPOUT = 0.8
-
 #: Layers whose computation differs between ``train()`` and ``eval()``.
 _MODE_DEPENDENT: tuple[type[nn.Module], ...] = (
     nn.modules.dropout._DropoutNd,

@@ -77,7 +77,8 @@ def test_dropout_of_nine_tenths_in_an_mlp_is_found_and_its_twins_are_silent():
 
 
 def test_the_dropout_inside_library_layers_is_read():
-    from neuraldbg.model.layers import HEAVY_DROPOUT, heavy_dropout_layers
+    from neuraldbg.config import HEAVY_DROPOUT
+    from neuraldbg.model.layers import heavy_dropout_layers
 
     layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.9, batch_first=True)
     model = nn.ModuleDict({"enc": layer, "gru": nn.GRU(8, 8, num_layers=2, dropout=0.85), "ok": nn.Dropout(0.5)})
