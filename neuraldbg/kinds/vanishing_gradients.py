@@ -5,8 +5,8 @@ exactly-zero gradient by construction; folding it into its layer keeps that sile
 
 **Vanishing** needs both an absolute and a relative test (below ``vanishing_norm`` *and* below ``vanishing_ratio``
 of the largest layer at the same step), except for an exact zero or a norm below ``vanishing_floor``, which no
-healthy layer shows while the loss still has a gradient to give. Three kinds of small gradient are not vanishing
-gradients, and are recognised from the structure and the layer's own output:
+healthy layer shows while the loss still has a gradient to give. Four kinds of small gradient are not vanishing
+gradients, and are recognised from the structure, the layer's output and its earlier readings:
 
 * *Cancelled by construction.* A normalisation layer whose output goes straight into a BatchNorm or InstanceNorm
   (BatchNorm -> BatchNorm, LayerNorm -> BatchNorm1d, conv -> BatchNorm -> BatchNorm): the second norm standardises
@@ -33,6 +33,14 @@ gradients, and are recognised from the structure and the layer's own output:
   gate is stuck open, whose output is quiet too), and so does a layer beside it, in the same parent module (the
   value projection next to the query and the key; otherwise the whole block is cut off, as behind a gate stuck
   closed, however small its outputs are).
+* *Skipped on some steps.* A residual branch dropped for the whole batch (stochastic depth in torchvision's
+  mode='batch', LayerDrop) or an expert that got no tokens has an exactly-zero gradient on the steps that skip it
+  and a healthy one on the others; sampled steps can happen to land on skipped ones only (a residual MLP dropping
+  its blocks with p = 0.1-0.4: every 16th step from 128 to 240 was a dropped one for the last block, which trains
+  on 143 of 250 steps). A layer whose gradient was exactly zero at an observed step and non-zero at a later one is
+  trained intermittently: its exact zeros are not reported from then on. A layer that trains and then gets exactly
+  zero for good is still reported, and so is one zero from the start; zeros confirmed before the layer's first
+  non-zero reading after them (a branch skipped on the first five steps in a row) are too.
 * *The end of a fit.* A fit that has converged (:class:`~neuraldbg.detectors.base.FitProgress`: the loss's
   gradient w.r.t. the output fell tenfold, or the reported loss a hundredfold) has little left to learn, and its
   gradients shrink with it, the inner layers' often faster than the head's: a 16-block residual net with LayerNorm
@@ -76,6 +84,8 @@ class VanishingDetector(Detector):
     def __init__(self) -> None:
         self._fit = FitProgress()
         self._started_healthy: dict[str, bool] = {}  # layer -> its first finite reading was not vanishing
+        self._zero_seen: set[str] = set()  # layers whose gradient was exactly zero at an observed step
+        self._intermittent: set[str] = set()  # ... and non-zero at a later one: skipped at times
 
     def observe(self, view: StepView) -> Observation | None:
         grads = view.layer_gradients
@@ -96,10 +106,16 @@ class VanishingDetector(Detector):
                 self._started_healthy[layer] = not (g.exact_zero or small)
                 if not self._started_healthy[layer]:
                     first.add(layer)
+            if g.exact_zero:
+                self._zero_seen.add(layer)
+            elif layer in self._zero_seen and not g.non_finite:
+                self._intermittent.add(layer)
             if g.non_finite or converged:
                 continue  # non-finite: another state of this gradient; converged: small gradients are the fit
             metrics = {"grad_norm": g.norm, "max_layer_grad_norm": top}
             if g.exact_zero:
+                if layer in self._intermittent:
+                    continue  # zero on the steps that skip it (stochastic depth, LayerDrop, an expert without tokens)
                 metrics["exact_zero"] = 1.0
                 vanishing[layer] = metrics
             elif small:
