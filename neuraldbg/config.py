@@ -76,10 +76,12 @@ class DebugConfig:
     # its state without confirming it while it comes back above the threshold within ``persistence_steps`` steps
     # (hysteresis; calibrated: a clipped GRU whose raw norm swings between 5e2 and 7e3 from step to step was never
     # one state for 5 steps, so its explosion went unreported), not once it has fallen and stays below
-    quiet_output_rms: float = 0.3  # a tiny gradient on a layer whose output rms is below this, while a layer
-    # before it and one beside it get healthy gradients, is a small-signal regime, not vanishing (derived: query
-    # and key outputs of rms r give attention logits q.k/sqrt(d) spread by ~r^2, at most r^2 sqrt(d) <= 1 for
-    # heads up to 128 wide, so the softmax is near-uniform, far from saturation; BERT's query/key at init: 0.16)
+    quiet_output_rms: float = 1.0  # a tiny gradient on a layer whose output rms is below this, while a layer
+    # before it and one beside it get healthy gradients, is local to its branch, not vanishing: no saturation
+    # shrinks it (derived: sigmoid and tanh keep more than half their slope on inputs of rms <= 1, and query and
+    # key outputs of rms r give attention logits q.k/sqrt(d) spread by ~r^2 <= 1, a softmax far from saturation;
+    # BERT's query/key at init: 0.16; HF BART's and Wav2Vec2's queries grow to 0.3-0.7 under Adam while their keys
+    # stay at 0.2 and their gradients at 1e-5, healthy runs; 0.3 flagged them)
 
     fit_gradient_drop: float = 0.1  # the fit has converged (small gradients and updates are the fit, not vanishing
     # gradients or a stall) once the loss's gradient w.r.t. the model's output is at most this fraction of its

@@ -5,8 +5,8 @@ exactly-zero gradient by construction; folding it into its layer keeps that sile
 
 **Vanishing** needs both an absolute and a relative test (below ``vanishing_norm`` *and* below ``vanishing_ratio``
 of the largest layer at the same step), except for an exact zero or a norm below ``vanishing_floor``, which no
-healthy layer shows while the loss still has a gradient to give. Three kinds of small gradient are not vanishing
-gradients, and are recognised from the structure and the layer's own output:
+healthy layer shows while the loss still has a gradient to give. Four kinds of small gradient are not vanishing
+gradients, and are recognised from the structure, the layer's output and its earlier readings:
 
 * *Cancelled by construction.* A normalisation layer whose output goes straight into a BatchNorm or InstanceNorm
   (BatchNorm -> BatchNorm, LayerNorm -> BatchNorm1d, conv -> BatchNorm -> BatchNorm): the second norm standardises
@@ -27,12 +27,26 @@ gradients, and are recognised from the structure and the layer's own output:
   gradient, while W_v's gradient, which lacks two of the factors, is ~1e-2. It is not a trap: the softmax is in its
   near-linear regime, and the gradient grows as W_k, W_v and W_o grow with training. It is *saturation* that traps
   (logits so large that ``p_ij (1 - p_ij)`` is ~0 for every pair): then the query and key outputs are large. So a
-  layer whose tiny gradient comes with a *quiet* output (rms below ``quiet_output_rms``, logits of at most ~1 from
-  such queries and keys) is in the small-signal regime, provided the gradient does reach it: a layer before it in
-  forward order gets a healthy gradient (otherwise the gradient vanishes through depth, as in a GRU whose update
-  gate is stuck open, whose output is quiet too), and so does a layer beside it, in the same parent module (the
-  value projection next to the query and the key; otherwise the whole block is cut off, as behind a gate stuck
-  closed, however small its outputs are).
+  layer whose tiny gradient comes with a *quiet* output (rms below ``quiet_output_rms`` = 1: no sigmoid, tanh or
+  softmax is saturated by such inputs, and queries and keys that quiet give logits spread by ~1 at most) is in the
+  small-signal regime, provided the gradient does reach it: a layer before it in forward order gets a healthy
+  gradient (otherwise the gradient vanishes through depth, as in a GRU whose update gate is stuck open, whose output
+  is quiet too), and so does a layer beside it, in the same parent module (the value projection next to the query
+  and the key; otherwise the whole block is cut off, as behind a gate stuck closed, however small its outputs are).
+  The small gradient is then local to its branch: it did not vanish on its way back. Hugging Face BART and
+  Wav2Vec2 grow their queries to an rms of 0.3-0.7 under Adam while their keys stay at 0.2 and the query gradient
+  at 1e-5 (an earlier bound of 0.3 flagged them; they train to 100 %). A normalisation layer's output is
+  standardised (its rms is its gain, ~1 whatever the regime), so for it the output of the layer it feeds is read
+  instead: Whisper's cross-attention pre-norm feeds only the query (rms 0.17-0.57) and gets 5e-5 to 4e-6 of
+  gradient against the head's 0.5, in a run that reaches 100 %.
+* *Skipped on some steps.* A residual branch dropped for the whole batch (stochastic depth in torchvision's
+  mode='batch', LayerDrop) or an expert that got no tokens has an exactly-zero gradient on the steps that skip it
+  and a healthy one on the others; sampled steps can happen to land on skipped ones only (a residual MLP dropping
+  its blocks with p = 0.1-0.4: every 16th step from 128 to 240 was a dropped one for the last block, which trains
+  on 143 of 250 steps). A layer whose gradient was exactly zero at an observed step and non-zero at a later one is
+  trained intermittently: its exact zeros are not reported from then on. A layer that trains and then gets exactly
+  zero for good is still reported, and so is one zero from the start; zeros confirmed before the layer's first
+  non-zero reading after them (a branch skipped on the first five steps in a row) are too.
 * *The end of a fit.* A fit that has converged (:class:`~neuraldbg.detectors.base.FitProgress`: the loss's
   gradient w.r.t. the output fell tenfold, or the reported loss a hundredfold) has little left to learn, and its
   gradients shrink with it, the inner layers' often faster than the head's: a 16-block residual net with LayerNorm
@@ -76,6 +90,8 @@ class VanishingDetector(Detector):
     def __init__(self) -> None:
         self._fit = FitProgress()
         self._started_healthy: dict[str, bool] = {}  # layer -> its first finite reading was not vanishing
+        self._zero_seen: set[str] = set()  # layers whose gradient was exactly zero at an observed step
+        self._intermittent: set[str] = set()  # ... and non-zero at a later one: skipped at times
 
     def observe(self, view: StepView) -> Observation | None:
         grads = view.layer_gradients
@@ -96,10 +112,16 @@ class VanishingDetector(Detector):
                 self._started_healthy[layer] = not (g.exact_zero or small)
                 if not self._started_healthy[layer]:
                     first.add(layer)
+            if g.exact_zero:
+                self._zero_seen.add(layer)
+            elif layer in self._zero_seen and not g.non_finite:
+                self._intermittent.add(layer)
             if g.non_finite or converged:
                 continue  # non-finite: another state of this gradient; converged: small gradients are the fit
             metrics = {"grad_norm": g.norm, "max_layer_grad_norm": top}
             if g.exact_zero:
+                if layer in self._intermittent:
+                    continue  # zero on the steps that skip it (stochastic depth, LayerDrop, an expert without tokens)
                 metrics["exact_zero"] = 1.0
                 vanishing[layer] = metrics
             elif small:
@@ -134,7 +156,7 @@ def _quiet(view: StepView, layer: str, grads: dict[str, LayerGradient], vanishin
     ctx = view.ctx
     if g.exact_zero or g.norm < ctx.config.vanishing_floor:
         return False
-    rms = view.rms((layer, 0))
+    rms = view.rms((_signal(view, layer), 0))
     if not (rms < ctx.config.quiet_output_rms):  # also False for NaN: an unmeasured output proves nothing
         return False
     here = ctx.position((layer, 0))
@@ -143,6 +165,19 @@ def _quiet(view: StepView, layer: str, grads: dict[str, LayerGradient], vanishin
     return any(ctx.position((other, 0)) < here for other in healthy) and any(
         other != layer and other.rpartition(".")[0] == parent for other in healthy
     )
+
+
+def _signal(view: StepView, layer: str) -> str:
+    """The layer whose output tells whether ``layer``'s signal is small: its own, or for a normalisation layer the
+    output of the layer it feeds. A normalisation layer's output is standardised (its rms is its gain, ~1), so it
+    says nothing about the regime; the layer after it (the query projection a cross-attention's pre-norm feeds) does.
+    """
+    ctx = view.ctx
+    if ctx.infos[layer].normalizes:
+        following = ctx.next_output(layer)
+        if following is not None:
+            return following
+    return layer
 
 
 #: A learnable gate whose elements are this small (rms) scales its branch's output, and so the gradient of every
