@@ -32,6 +32,16 @@ LABEL_CHECKS = 4
 CUT_CHECKS = 8
 #: Tensors of a layer's arguments and of its output looked at for a cut, at most.
 _LOOKED_AT = 8
+#: Fully observed forward passes in which the scale of the data entering the layers with parameters is read (see
+#: _note_entry): the model's input may be rescaled in its forward (``x / 255``, a Normalize with registered buffers)
+#: before any layer learns from it, and a program does so the same way on every pass.
+ENTRY_CHECKS = 8
+#: In one such pass: the first layer calls with parameters given a floating input whose input is read, whatever it
+#: is fed (raw numeric columns concatenated with embeddings before the first linear layer) ...
+_FIRST_ENTRIES = 4
+#: ... and the layer inputs read in all, those without a gradient included (data that no parameter has touched yet:
+#: an image that enters a convolution after a side branch of metadata layers).
+_ENTRIES = 8
 
 
 class ForwardPath:
@@ -81,6 +91,9 @@ class ForwardPath:
         # values lie: a cut through functional ops, unless the value is the model's own argument (checked at its end)
         self._unlinked: list[tuple[str, int]] = []
         self._cut_checks = CUT_CHECKS  # fully observed forward passes still to look at for one
+        self._entry_checks = ENTRY_CHECKS  # fully observed forward passes still to read the entering data's scale in
+        self._entered = 0  # layer calls with parameters given a floating input in this pass
+        self._entries = 0  # their inputs read in this pass
 
     def attach(self) -> None:
         model = self._model()
@@ -129,6 +142,8 @@ class ForwardPath:
             else:
                 if self._cut_checks:
                     self._note_cut(name, args, output)
+                if self._entry_checks and self._entries < _ENTRIES:
+                    self._note_entry(name, args, kwargs)
                 self._layer(name, output)
         except Exception as exc:
             rec.fail(f"the forward hook of {repr(name) if name else 'the model'}", exc)
@@ -148,6 +163,7 @@ class ForwardPath:
         self.release()
         self._prev_channel_first = False
         self._full = rec.pending.data.full
+        self._entered = self._entries = 0
         self.autocast = False
         if self.nodes is not None:
             self.nodes = {}
@@ -192,6 +208,27 @@ class ForwardPath:
             where = _where(t) if t.requires_grad else None
             if where is not None:
                 self._produced.setdefault(where, (name, t))
+
+    def _note_entry(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A fully observed forward pass: the scale at which the data enters the layers that learn from it, the
+        root-mean-square of the input of a layer with parameters given a floating input (an embedding given ids is
+        not one), when it is one of the pass's first such calls or its input carries no gradient (data no parameter
+        has touched). Filed as ``entry_scale`` (the largest of the pass, read at the flush); a normalisation layer's
+        input is not read (its output is normalised whatever it is given). Its input is the one the model's forward
+        made of its own input: ``x / 255`` or a Normalize with registered buffers at the top of forward is applied."""
+        info = self._infos.get(name)
+        if info is None or not info.numel or info.normalizes:
+            return
+        x = stats.data_argument(args, kwargs)
+        if x is None:
+            return
+        self._entered += 1
+        if self._entered > _FIRST_ENTRIES and x.requires_grad:
+            return
+        plain = stats.readable(x)
+        if plain is not None and plain.numel():
+            self._entries += 1
+            self._target().put("entry_scale", None, stats.rms(plain))
 
     def _cut(self, upstream: str, downstream: str) -> None:
         """Count a graph cut before ``downstream`` (``upstream``: the layer whose output it was given detached, ""
@@ -316,6 +353,8 @@ class ForwardPath:
         data.input_numel = inp.numel() if inp is not None else data.input_numel
         data.output_numel = t.numel()
         if self._full:  # under autocast a GradScaler may scale gradients between backward and step
+            if self._entry_checks:
+                self._entry_checks -= 1
             if self._cut_checks:
                 self._cut_checks -= 1
                 self._unlinked_cuts(args, kwargs)

@@ -177,6 +177,8 @@ class Pending:
         dst.input_numel = src.input_numel or dst.input_numel
         if src.input_scale is not None:
             dst.input_scale = merge_max(dst.input_scale, src.input_scale)
+        if src.entry_scale is not None:
+            dst.entry_scale = merge_max(dst.entry_scale, src.entry_scale)
         dst.forwards += src.forwards
         dst.output_numel = src.output_numel or dst.output_numel
         if src.output_norm is not None:
@@ -216,6 +218,10 @@ def _input(data: StepData, key: Any, extra: float, value: float) -> None:
 
 def _input_scale(data: StepData, key: Any, extra: float, value: float) -> None:
     data.input_scale = merge_max(data.input_scale, value)
+
+
+def _entry_scale(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.entry_scale = merge_max(data.entry_scale, value)
 
 
 def _arguments_nan(data: StepData, key: Any, extra: float, value: float) -> None:
@@ -379,6 +385,7 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "regression_target": _regression_target,
     "labels_ahead": _labels_ahead,
     "input_scale": _input_scale,
+    "entry_scale": _entry_scale,
     "log_prob_gap": _log_prob_gap,
     "target_range": _target_range,
     "label_prior": _label_prior,

@@ -8,7 +8,12 @@ log(classes) in the real-programs benchmark's MLP), and its updates must undo th
 task. Judged on the input of the fully observed steps of the first quarter of the run (the largest scale among
 the call's floating data arguments: raw numeric columns passed after categorical ids count; an additive attention
 mask, which holds no positive value, and a non-finite value do not; see
-:class:`~neuraldbg.stats.training.TrainingFacts`) and on the loss's autograd
+:class:`~neuraldbg.stats.training.TrainingFacts`), capped by the scale at which the data enters the layers with
+parameters (read on the first fully observed forward passes: the input of the first layer calls with parameters
+given a floating input, and of those given one without a gradient; see ``ForwardPath._note_entry``): a model that
+divides its raw pixels by 255 or standardises them with registered buffers at the top of its forward feeds its
+first layer normalised data and is not judged on the raw pixels, while raw numeric columns concatenated with
+embeddings before the first linear layer still count. Judged also on the loss's autograd
 graph (:mod:`neuraldbg.capture.loss_graph`). A model whose output is on its input's scale (super-resolution,
 style transfer on 0-255 images, a regression on raw values) is not a classifier and is not judged here; a model
 that begins with a normalisation layer (BatchNorm1d on raw tabular features) normalises its inputs itself.

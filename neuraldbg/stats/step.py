@@ -25,6 +25,10 @@ class StepData:
     # raw numeric columns after categorical ids), each finite and holding a positive value (an additive mask holds
     # none); None: not read (the call had no floating argument besides its data)
     input_scale: float | None = None
+    # the largest root-mean-square of the data where it enters the layers with parameters (the input of the first
+    # layer calls with parameters given a floating input, and of those given one without a gradient), after what the
+    # model's forward did to its input (``x / 255``, a Normalize with registered buffers); None: not read
+    entry_scale: float | None = None
     forwards: int = 0  # forward passes of the model in training mode in this step (an RL episode: its length)
     output_norm: float | None = None
     output_numel: int = 0

@@ -89,6 +89,13 @@ def data_scale(tensors: list[Tensor]) -> Tensor:
     return torch.stack(scales).amax() if scales else torch.zeros(())
 
 
+def rms(t: Tensor) -> Tensor:
+    """On the device, the root-mean-square of ``t`` as a 0-d float32 tensor (NaN when it holds a non-finite value)."""
+    v = t.detach().float()
+    norm: Tensor = torch.linalg.vector_norm(v)
+    return norm / math.sqrt(max(v.numel(), 1))
+
+
 def tensor_arguments(args: tuple[object, ...], kwargs: dict[str, object] | None = None, most: int = 32) -> list[Tensor]:
     """The plain tensors among a call's arguments, looked for inside tuples, lists and dicts (a batch dict), at
     most ``most`` of them."""

@@ -6,8 +6,9 @@ model (the learning rate's footprint; over all parameters together, so that a ti
 scale initialised to 1e-6 does not speak for the model), the weights' total norm (weight decay shrinks it), the
 gradients' total norm, how much clipping shrank the gradients, the norm of the weights that weight decay applies
 to (when some groups of the optimizer decay and others do not), the input batch's root-mean-square (pixels in
-0-255 give ~100) and the learning rate; and the model output's last dimension (a classifier's classes). Host
-floats only; nothing here imports torch.
+0-255 give ~100; at most the scale at which the data entered the layers with parameters, when that was read: a
+model that divides its input by 255 in its forward sees 0-1 pixels) and the learning rate; and the model output's
+last dimension (a classifier's classes). Host floats only; nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class TrainingFacts:
         self.classes = 0  # the last dimension of the model's (logit) output, when it has one
         self.probabilities: bool | None = None  # one output unit that was always in [0, 1] (None: not read)
         self.nonfinite_gradient_steps = 0
+        # the largest scale of the data where it entered the layers with parameters, over the steps that read it
+        # (see StepData.entry_scale; None: never read)
+        self.entry_scale: float | None = None
 
     def observe(self, record: StepData) -> None:
         """Take in a fully observed step that was not skipped."""
@@ -52,6 +56,9 @@ class TrainingFacts:
             self.classes = record.classes
         if record.probabilities is not None:
             self.probabilities = record.probabilities and self.probabilities is not False
+        entry = record.entry_scale
+        if entry is not None and math.isfinite(entry):
+            self.entry_scale = entry if self.entry_scale is None else max(self.entry_scale, entry)
         finite = all(math.isfinite(v) for v in record.grad.values()) and not record.grad_nonfinite
         self.nonfinite_gradient_steps += not finite
         offered, self._offered = self._offered, self._offered + 1
@@ -69,6 +76,8 @@ class TrainingFacts:
         scale = record.input_scale
         if scale is not None and math.isfinite(scale) and scale > 0 and not rms >= scale:
             rms = scale  # data arguments after the first one, larger
+        if self.entry_scale is not None and rms > self.entry_scale:
+            rms = self.entry_scale  # rescaled in the model's forward before any layer with parameters met it
         self.rows.append(
             Row(
                 step=record.step,

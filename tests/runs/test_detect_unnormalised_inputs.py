@@ -1,7 +1,8 @@
 """Unnormalised inputs to a classifier (pixel-like values of 0-255 fed to a cross-entropy model whose first layer is
 no normalisation layer). Ground truth is plain torch in each test: the same data standardised trains better, and
 the raw run's first loss is far above log(classes); a regression on the same scale, a classifier that begins with
-a BatchNorm and the standardised twin stay silent."""
+a BatchNorm, one that normalises its raw pixels inside its forward (its first layer sees rms ~1) and the
+standardised twin stay silent."""
 
 from __future__ import annotations
 
@@ -232,3 +233,111 @@ def test_an_additive_mask_after_standardised_data_is_not_taken_for_data():
     torch.manual_seed(0)
     _, _, dbg = train_args(Pooled(), masked, watched=True)
     assert dbg is not None and not found(dbg), dbg.explain_failure()
+
+
+class InForward(nn.Module):
+    """A CNN classifier fed raw 0-255 pixels that, like an Atari agent or a torchvision-style Normalize inside the
+    model, scales them to 0-1 and standardises them with registered buffers at the top of its forward
+    (``normalise=False``: the same model, fed the raw pixels)."""
+
+    def __init__(self, normalise: bool = True) -> None:
+        super().__init__()
+        self.normalise = normalise
+        self.register_buffer("mean", torch.tensor(128 / 255))
+        self.register_buffer("std", torch.tensor(50 / 255))
+        self.conv = nn.Conv2d(1, 8, 3, padding=1)
+        self.head = nn.Linear(8 * 64, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.normalise:
+            x = (x / 255.0 - self.mean) / self.std
+        return self.head(F.relu(self.conv(x)).flatten(1))
+
+
+def first_layer_rms(model: InForward, x: torch.Tensor) -> float:
+    """Plain torch: the root-mean-square of what the first convolution is given."""
+    seen: list[float] = []
+    handle = model.conv.register_forward_pre_hook(lambda _, args: seen.append(float(args[0].pow(2).mean().sqrt())))
+    with torch.no_grad():
+        model(x)
+    handle.remove()
+    return seen[0]
+
+
+def test_a_classifier_that_normalises_its_raw_pixels_in_its_forward_is_silent():
+    make = support.classification_batches((1, 8, 8), CLASSES, batch=64)
+    torch.manual_seed(0)
+    losses, accuracy, _ = train(InForward(), raw(make), F.cross_entropy, watched=False)
+    torch.manual_seed(0)
+    twin_losses, twin_accuracy, _ = train(InForward(normalise=False), standardised(make), F.cross_entropy, False)
+    # plain torch: the model's input is 0-255 pixels, its first layer sees standardised ones (the twin's very input,
+    # to rounding) and it trains exactly as well as the twin fed standardised data
+    x = raw(make)(0)[0]
+    assert float(x.pow(2).mean().sqrt()) > 100
+    assert 0.5 < first_layer_rms(InForward(), x) < 2
+    assert accuracy > twin_accuracy - 0.02 and accuracy > 0.5
+    assert losses[0] < 1.5 * math.log(CLASSES) and abs(losses[0] - twin_losses[0]) < 1e-3
+
+    torch.manual_seed(0)
+    watched_losses, _, dbg = train(InForward(), raw(make), F.cross_entropy, watched=True)
+    assert watched_losses == losses  # the debugger changes nothing
+    assert dbg is not None and not found(dbg), dbg.explain_failure()
+    assert dbg._recorder.coverage.training.median("input_rms") < 2  # the scale the first layer saw
+
+
+def test_the_same_classifier_without_its_normalisation_in_forward_is_found():
+    make = support.classification_batches((1, 8, 8), CLASSES, batch=64)
+    torch.manual_seed(0)
+    losses, accuracy, _ = train(InForward(normalise=False), raw(make), F.cross_entropy, watched=False)
+    torch.manual_seed(0)
+    _, twin_accuracy, _ = train(InForward(), raw(make), F.cross_entropy, watched=False)
+    # plain torch: the raw pixels reach the convolution; it starts far above log(classes) and ends less accurate
+    assert first_layer_rms(InForward(normalise=False), raw(make)(0)[0]) > 100
+    assert losses[0] > 3 * math.log(CLASSES)
+    assert accuracy < twin_accuracy - 0.05
+
+    torch.manual_seed(0)
+    _, _, dbg = train(InForward(normalise=False), raw(make), F.cross_entropy, watched=True)
+    assert dbg is not None and found(dbg), dbg.explain_failure()
+    assert found(dbg)[0].root.metrics["input_rms"] > 100
+
+
+class WithMetadata(nn.Module):
+    """Raw 0-255 pixels and standardised metadata: a side branch of six linear layers reads the metadata first, then
+    the pixels enter the convolution as they were given (past the first layer calls with parameters: the
+    convolution's input is read because no parameter has touched it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.meta = nn.Sequential(nn.Linear(4, 16), *(m for _ in range(5) for m in (nn.ReLU(), nn.Linear(16, 16))))
+        self.conv = nn.Conv2d(1, 8, 3, padding=1)
+        self.head = nn.Linear(8 * 64 + 16, CLASSES)
+
+    def forward(self, x: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
+        side = F.relu(self.meta(meta))
+        return self.head(torch.cat([F.relu(self.conv(x)).flatten(1), side], dim=1))
+
+
+def test_raw_pixels_that_enter_a_convolution_after_a_metadata_branch_are_found():
+    make = support.classification_batches((1, 8, 8), CLASSES, batch=64)
+
+    def batches(scale: Callable[[Callable[[int], support.Batch]], Callable[[int], support.Batch]]):
+        def batch(step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+            x, y = scale(make)(step)
+            meta = torch.randn(len(y), 4, generator=torch.Generator().manual_seed(step))
+            return (x, meta), y
+
+        return batch
+
+    torch.manual_seed(0)
+    losses, accuracy, _ = train_args(WithMetadata(), batches(raw), watched=False)
+    torch.manual_seed(0)
+    _, twin_accuracy, _ = train_args(WithMetadata(), batches(standardised), watched=False)
+    # plain torch: the raw pixels start far above log(classes) and end less accurate than standardised ones
+    assert losses[0] > 3 * math.log(CLASSES)
+    assert accuracy < twin_accuracy - 0.05
+
+    torch.manual_seed(0)
+    _, _, dbg = train_args(WithMetadata(), batches(raw), watched=True)
+    assert dbg is not None and found(dbg), dbg.explain_failure()
+    assert found(dbg)[0].root.metrics["input_rms"] > 100
