@@ -301,6 +301,10 @@ def read(coverage: Coverage, config: DebugConfig) -> Curve | None:
     )
 
 
+#: Inputs whose root-mean-square is at least this are far from unit scale (the unnormalised-inputs room's limit):
+#: a loss at its targets' chance level then says more about the data's scale than about targets not matching
+#: (a forecaster on raw values x1000 ends at its targets' variance).
+RAW_INPUT_RMS = 20.0
 #: Samples per column, at least, before the targets' base rates or variances are a chance level (estimated from
 #: the first backward passes' targets: :data:`LABELS_PER_CLASS` for each of a binary label's two values).
 TARGETS_PER_COLUMN = 20
@@ -319,6 +323,9 @@ def target_chance(coverage: Coverage) -> tuple[str, float, float] | None:
     found, kind = coverage.target_baseline, coverage.baseline_kind
     if len(found) != 4 or kind not in BASELINES:
         return None
+    rms = coverage.training.median("input_rms", 0.0, 0.25)
+    if math.isfinite(rms) and rms >= RAW_INPUT_RMS:
+        return None  # inputs far from unit scale: their scale, not their pairing with the targets, is the story
     level, pooled, samples, outside = found
     if samples < TARGETS_PER_COLUMN or outside or not (math.isfinite(level) and math.isfinite(pooled)) or level <= 0:
         return None
