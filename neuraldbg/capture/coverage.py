@@ -175,6 +175,11 @@ class Coverage:
     # labels counted, labels outside the classes), the reading that counted the most; and the number of classes
     label_prior: tuple[float, ...] = ()
     label_classes: int = 0
+    # a binary cross-entropy's or a mean squared error's chance level from its targets over the first backward
+    # passes (capture/ledger.py): (per column, pooled, samples per column, values outside [0, 1] or not finite), the
+    # reading that counted the most; and the loss's kind ("bce", "mse")
+    target_baseline: tuple[float, ...] = ()
+    baseline_kind: str = ""
     nll_layer: str = ""
     classifier_mean: bool = False  # ... and averages over its samples (its value is one sample's loss)
     classifier_cosine: bool = False  # ... and its logits are cosine similarities times a scale (ArcFace, CLIP)
@@ -232,6 +237,9 @@ class Coverage:
             self.target_range = (record.target_range[0], record.target_range[1], record.target_range[2])
         if len(record.label_prior) == 3 and (not self.label_prior or record.label_prior[1] >= self.label_prior[1]):
             self.label_prior, self.label_classes = tuple(record.label_prior), record.label_classes
+        found = record.target_baseline
+        if len(found) == 4 and (not self.target_baseline or found[2] >= self.target_baseline[2]):
+            self.target_baseline, self.baseline_kind = tuple(found), record.baseline_kind
         if record.log_prob_gap is not None:
             if self.log_prob_gap is None:
                 self.log_prob_step = record.step

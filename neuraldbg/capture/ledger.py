@@ -44,7 +44,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ..stats.tensors import dense, label_counts, label_entropy, log_prob_gap, out_of_range, target_profile
+from ..stats.tensors import (
+    dense,
+    label_counts,
+    label_entropy,
+    log_prob_gap,
+    merge_moments,
+    out_of_range,
+    target_baseline,
+    target_moments,
+    target_profile,
+)
 from . import hooks, loss_graph
 from .clock import StepMode
 
@@ -61,6 +71,10 @@ _SAMPLE = 16
 #: Backward passes reaching the model whose loss graph is checked for an activation before the loss (the first
 #: ones: a loop computes its loss the same way every step).
 LOSS_CHECKS = 4
+#: Backward passes reaching the model whose binary cross-entropy's or mean squared error's targets are profiled for
+#: its chance level (more than :data:`LOSS_CHECKS`: a variance from a few batches is off by a tenth; the moments
+#: stay on the device and are read with the steps' other readings, no sync of their own).
+TARGET_CHECKS = 32
 #: Changes of the optimizers' weight decay kept (a run sets it once; a schedule of it changes it every step).
 DECAY_CHANGES = 64
 
@@ -69,12 +83,15 @@ _State = tuple[Tensor, int] | None
 
 #: What the first backward passes read before their graph is freed: a regression target's profile, how far an
 #: nll_loss input is from log-probabilities (with the node that produced it), how much of a bounded output's targets
-#: it cannot reach (with what bounds it), how often each class is an nll_loss's label (with the number of classes).
+#: it cannot reach (with what bounds it), how often each class is an nll_loss's label (with the number of classes),
+#: the per-column moments of a binary cross-entropy's or a mean squared error's targets (with the loss's kind and the
+#: count of values outside [0, 1]).
 _LossReadings = tuple[
     Tensor | None,
     tuple[Tensor, int] | None,
     tuple[Tensor, loss_graph.BoundedPrediction] | None,
     tuple[Tensor, int] | None,
+    tuple[str, Tensor, Tensor] | None,
 ]
 
 
@@ -103,6 +120,8 @@ class GradLedger:
         self._thread = 0
         self._loss_checks = 0
         self._labels: tuple[Tensor, int] | None = None  # the label counts so far (on the device), the classes
+        self._targets: tuple[str, Tensor, Tensor] | None = None  # a BCE's / an MSE's target moments so far
+        self._target_checks = 0
         # optimizer -> (its groups' sizes and whether each decays, the names of the decaying groups' parameters)
         self._decayed: dict[int, tuple[tuple[tuple[int, bool], ...], frozenset[str] | None]] = {}
 
@@ -126,6 +145,8 @@ class GradLedger:
         self._thread = threading.get_ident()
         self._loss_checks = LOSS_CHECKS
         self._labels = None
+        self._targets = None
+        self._target_checks = TARGET_CHECKS
         self._decayed = {}
         self._rec.forward.nodes = {}
 
@@ -136,6 +157,8 @@ class GradLedger:
         self._sample = None
         self._loss_checks = 0
         self._labels = None
+        self._targets = None
+        self._target_checks = 0
         self._rec.forward.nodes = None
 
     # --- a backward call ----------------------------------------------------------------------------------
@@ -162,20 +185,26 @@ class GradLedger:
                     carried.append(i)
             check = self._confirmation(carried) if carried else None
             manual = self._manual_check() if rec.clock.mode is not StepMode.OPTIMIZER else None
-            roots = hooks.backward_roots() if self._loss_checks else []
+            roots = hooks.backward_roots() if self._loss_checks or self._target_checks else []
+            checked = roots if self._loss_checks else []
             # a mean squared error's target is profiled now: the backward pass frees what the graph saved
-            found = loss_graph.regression(roots) if roots else None
+            found = loss_graph.regression(checked) if checked else None
             profile = target_profile(found.target) if found is not None else None
             # ... and so is the input of an nll_loss that no log_softmax produced: are its values log-probabilities?
-            nll = loss_graph.log_probabilities(roots) if roots else None
+            nll = loss_graph.log_probabilities(checked) if checked else None
             gap = (log_prob_gap(nll.values), nll.node) if nll is not None else None
             # ... and the targets of a loss by value on a bounded activation's output: can it reach them?
-            bounded = loss_graph.bounded_prediction(roots) if roots else None
+            bounded = loss_graph.bounded_prediction(checked) if checked else None
             reach = (out_of_range(bounded.target, bounded.low, bounded.high), bounded) if bounded is not None else None
             # ... and the class indices of an nll_loss: how often is each class a label?
-            labels = loss_graph.class_labels(roots) if roots else None
+            labels = loss_graph.class_labels(checked) if checked else None
             counts = (label_counts(labels.target, labels.classes, labels.ignore), labels.classes) if labels else None
-            readings = (profile, gap, reach, counts)
+            # ... and the targets of a binary cross-entropy or a mean squared error: their base rates or variances
+            targeted = loss_graph.loss_targets(roots) if roots and self._target_checks else None
+            moments = None
+            if targeted is not None:
+                moments = (targeted.kind, *target_moments(targeted.target, targeted.kind == "bce"))
+            readings = (profile, gap, reach, counts, moments)
             return partial(self._after, loss, states, carried, check, manual, roots, readings)
         except Exception as exc:
             rec.fail("the backward-call listener", exc)
@@ -251,6 +280,8 @@ class GradLedger:
             self._account(loss, reached, carried, check, fresh)
             if self._loss_checks:
                 self._check_loss(roots, readings)
+            elif readings[4] is not None and self._target_checks:
+                self._file_targets(readings[4])
             if manual is not None:
                 rec.pending.put("carried", None, manual)
                 head = self._rec.backward.grads.head()
@@ -291,8 +322,9 @@ class GradLedger:
         (``profile``, taken before the pass) and how far an ``nll_loss``'s input is from log-probabilities
         (``gap``: the reading and the node that produced the input) and how much of a bounded output's targets lie
         out of its reach (``reach``) and the entropy of the labels of an ``nll_loss`` counted so far (``counts``:
-        this pass's counts, added to the earlier ones') are filed for the flush."""
-        profile, gap, reach, counts = readings
+        this pass's counts, added to the earlier ones') and the chance level of a binary cross-entropy or a mean
+        squared error from its targets' moments so far (``moments``) are filed for the flush."""
+        profile, gap, reach, counts, moments = readings
         rec = self._rec
         self._loss_checks -= 1
         graph = loss_graph.read(roots)  # no roots (a backward pass from a given gradient, not a loss): nothing
@@ -323,6 +355,8 @@ class GradLedger:
             entries = [("label_prior", None, float(i)) for i in range(3)]
             rec.pending.put_vector(entries, label_entropy(counts[0]))
             rec.pending.data.label_classes = counts[1]
+        if moments is not None:
+            self._file_targets(moments)
         found = graph.activated
         if found is not None:
             layer = nodes.get(found.node) or nodes.get(found.below, "")
@@ -330,6 +364,20 @@ class GradLedger:
             self._loss_checks = 0
         if not self._loss_checks:
             rec.forward.nodes = None
+
+    def _file_targets(self, moments: tuple[str, Tensor, Tensor]) -> None:
+        """Add one backward pass's target moments to the earlier passes' (the same loss, the same columns) and file
+        the chance level they give so far (:func:`~neuraldbg.stats.tensors.target_baseline`)."""
+        kind, found, outside = moments
+        self._target_checks = max(0, self._target_checks - 1)
+        so_far = self._targets
+        same = so_far is not None and so_far[0] == kind and so_far[1].shape == found.shape
+        if so_far is not None and same and so_far[1].device == found.device:
+            found, outside = merge_moments(so_far[1], found), so_far[2] + outside
+        self._targets = (kind, found, outside)
+        entries = [("target_baseline", None, float(i)) for i in range(4)]
+        self._rec.pending.put_vector(entries, target_baseline(found, outside, kind == "bce"))
+        self._rec.pending.data.baseline_kind = kind
 
     # --- optimizer steps ----------------------------------------------------------------------------------
 

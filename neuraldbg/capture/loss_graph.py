@@ -20,7 +20,8 @@ values?) and then dropped, never kept; so does :func:`bounded_prediction`, for a
 an activation whose range may not hold the targets. :func:`log_probabilities` does the same for the input of an
 ``nll_loss`` that no ``log_softmax`` produced: are those values log-probabilities at all? And :func:`class_labels`
 for the class indices an ``nll_loss`` saved: how often each class is a label (the chance level of a classifier
-whose classes are imbalanced).
+whose classes are imbalanced). And :func:`loss_targets` for the targets of a binary cross-entropy or a mean squared
+error that is the loss itself (its mean): their base rates or variances are that loss's chance level.
 """
 
 from __future__ import annotations
@@ -395,6 +396,49 @@ def _regression(node: object) -> Regression | None:
     if not one_each or target.numel() != prediction.numel() or prediction.numel() < 2:
         return None
     return Regression(target, int(prediction.numel()))
+
+
+#: Loss nodes whose chance level their targets give: a binary cross-entropy's (on logits or on probabilities), and
+#: a mean squared error's.
+_TARGETED = {
+    "BinaryCrossEntropyWithLogitsBackward0": "bce",
+    "BinaryCrossEntropyBackward0": "bce",
+    _MSE: "mse",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LossTargets:
+    """The targets of a binary cross-entropy (``kind`` ``"bce"``) or a mean squared error (``"mse"``) that is the
+    whole loss, averaged (to be profiled on the device, then dropped): samples on dimension 0."""
+
+    kind: str
+    target: Tensor
+
+
+def loss_targets(losses: list[Tensor]) -> LossTargets | None:
+    """The targets of the loss of one backward call (``losses``, its roots, before it runs: the pass frees what the
+    graph saved) when that loss is a binary cross-entropy or a mean squared error itself: one root, its node that
+    loss's with the mean reduction, no ``weight`` nor ``pos_weight`` (a weighted mean's chance level is not the
+    targets' entropy), a prediction of the target's shape (a broadcast compares other pairs), plain floating
+    targets. Nothing added to it, nothing masked out of it: a loss masked by hand (``reduction="none"``, a product
+    with a mask, a sum over a count) or divided by the micro-batches of an accumulation is not read. None
+    otherwise."""
+    node = losses[0].grad_fn if len(losses) == 1 else None
+    kind = _TARGETED.get(type(node).__name__)
+    if kind is None or getattr(node, "_saved_reduction", None) != _MEAN:
+        return None
+    if any(getattr(node, a, None) is not None for a in ("_saved_weight", "_saved_pos_weight")):
+        return None
+    prediction, target = getattr(node, "_saved_self", None), getattr(node, "_saved_target", None)
+    if not isinstance(prediction, Tensor) or not isinstance(target, Tensor):
+        return None
+    # plain values only: a tensor subclass (a DTensor's shard) would make the reading a collective
+    if type(target) is not Tensor or target.is_sparse or not target.is_floating_point():
+        return None
+    if prediction.shape != target.shape or target.dim() == 0 or target.shape[0] < 2:
+        return None
+    return LossTargets(kind, target)
 
 
 def _first_input(node: object) -> object:

@@ -164,6 +164,8 @@ class Pending:
         dst.target_range = src.target_range or dst.target_range
         dst.label_prior = src.label_prior or dst.label_prior
         dst.label_classes = src.label_classes or dst.label_classes
+        dst.target_baseline = src.target_baseline or dst.target_baseline
+        dst.baseline_kind = src.baseline_kind or dst.baseline_kind
         if src.labels_ahead is not None:
             dst.labels_ahead = merge_max(dst.labels_ahead, src.labels_ahead)
         if src.log_prob_gap is not None:
@@ -279,6 +281,13 @@ def _label_prior(data: StepData, key: Any, extra: float, value: float) -> None:
     data.label_prior.append(value)
 
 
+def _target_baseline(data: StepData, key: Any, extra: float, value: float) -> None:
+    # one element of a loss's chance level from its targets (``extra``: its index; 0 begins one, a later replaces)
+    if extra == 0:
+        data.target_baseline = []
+    data.target_baseline.append(value)
+
+
 def _log_prob_gap(data: StepData, key: Any, extra: float, value: float) -> None:
     data.log_prob_gap = merge_max(data.log_prob_gap, value)
 
@@ -389,6 +398,7 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "log_prob_gap": _log_prob_gap,
     "target_range": _target_range,
     "label_prior": _label_prior,
+    "target_baseline": _target_baseline,
     "padded": _padded,
     "carried": _carried,
     "loss_scale": _loss_scale,

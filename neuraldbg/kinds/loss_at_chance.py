@@ -12,9 +12,23 @@ their frequencies and settles at their entropy (a character-level GRU given shuf
 characters' unigram entropy, below log 17 = 2.83). The labels an ``nll_loss`` was given on the first backward
 passes are counted on the device for it (see :func:`.loss_evidence.label_prior`); the loss is at chance within the
 band of the lower of the two. A loss above the band of log(classes) stays the unstable-loss room's.
+
+A binary cross-entropy (``binary_cross_entropy_with_logits``, ``BCEWithLogitsLoss``, ``binary_cross_entropy`` on
+probabilities) and a mean squared error (``mse_loss``) have a chance level too, which their targets give: a model
+whose inputs say nothing about its targets learns what they are on average and no more. A binary cross-entropy
+then settles at the mean binary entropy of the labels' base rates (a multi-label classifier given shuffled labels:
+0.648, the base rate 0.357 gives 0.651, log 2 = 0.693), a mean squared error at the targets' variance (the loss of
+predicting their mean, per output column: shuffled targets, 0.461 against 0.454; R^2 about 0). The targets of the
+first backward passes are profiled on the device for it when that loss is the whole loss, averaged, given no
+weights and no mask (see :func:`.loss_evidence.target_chance`); the loss is at chance within the band of that
+level (up to the band of the pooled level: one rate, or one mean, for every column), under the same gates. A
+healthy program whose task holds little signal ends near that level too (a regression whose best R^2 is below
+about 0.05): that limit is in docs/limitations.md.
 """
 
 from __future__ import annotations
+
+import math
 
 from ..events import FailureKind, SemanticEvent
 from ..reasoning.topology import Topology
@@ -34,6 +48,8 @@ class LossAtChance(loss_evidence.LossKind):
         self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
     ) -> tuple[str, str]:
         m = root.metrics
+        if "baseline" in m:
+            return self._explain_targets(root, m)
         classes = int(m.get("classes", 0.0))
         chance = num(m.get("chance", 0.0))
         if "prior" in m:
@@ -55,8 +71,40 @@ class LossAtChance(loss_evidence.LossKind):
         causes, fix = loss_evidence.ranked(m, "chance")
         return what + causes, fix
 
+    def _explain_targets(self, root: SemanticEvent, m: dict[str, float]) -> tuple[str, str]:
+        """The explanation of a binary cross-entropy or a mean squared error at its targets' chance level."""
+        span = (
+            f"over steps {int(m.get('end_from', root.step_end))}-{root.step_end} it averaged {num(m.get('end', 0.0))}"
+        )
+        level, pooled = m.get("target_level", 0.0), m.get("target_pooled", 0.0)
+        tail = (
+            f"(it started at {num(m.get('start', 0.0))}; {count(m.get('losses', 0.0))} steps). "
+            "The gradients flow and the optimizer moves the weights."
+        )
+        band = num(100 * m.get("band", 0.05))
+        if m.get("baseline") == loss_evidence.BASELINES["mse"]:
+            whole = f", {num(pooled)} over all of them" if pooled > 1.05 * level else ""
+            what = (
+                f"The mean squared error stayed at the targets' variance: the predictions explain none of it, no "
+                f"better than predicting the mean. {span[0].upper()}{span[1:]}, within {band}% of {num(level)}, "
+                f"the targets' variance per output column{whole} {tail}"
+            )
+        else:
+            what = (
+                f"The loss stayed at chance: {span}, within {band}% of {num(level)}, the mean binary entropy of the "
+                f"labels' base rates: the loss of predicting each label with its frequency among the targets "
+                f"(equal odds would give log 2 = {num(math.log(2))}) {tail} The predictions are no better than a "
+                "guess."
+            )
+        causes, fix = loss_evidence.ranked(m, "chance")
+        return what + causes, fix
+
     def describe(self, event: SemanticEvent) -> str:
         m = event.metrics
+        if m.get("baseline") == loss_evidence.BASELINES["mse"]:
+            return f"loss at chance ({num(m.get('end', 0.0))}, the targets' variance)"
+        if "baseline" in m:
+            return f"loss at chance ({num(m.get('end', 0.0))}, the entropy of the labels' base rates)"
         if "prior" in m:
             return f"loss at chance ({num(m.get('end', 0.0))}, the entropy of the label frequencies)"
         return f"loss at chance ({num(m.get('end', 0.0))}, log of {count(m.get('classes', 0.0))} classes)"

@@ -57,6 +57,8 @@ WEIGHT_GROWTH = 2.5
 TINY_CLIP = 100.0
 #: A loss negative on this fraction of the steps is a surrogate objective, not a fit.
 NEGATIVE_SHARE = 0.05
+#: The losses whose chance level their targets give, as an event's metric ``baseline``.
+BASELINES = {"bce": 1.0, "mse": 2.0}
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,11 @@ class Curve:
     large_updates: str  # the evidence of a learning rate too high, in words ("" when there is none)
     band: float
     prior: float | None = None  # the entropy of the labels' frequencies, when it lies below the band of chance
+    # a binary cross-entropy's or a mean squared error's chance level from its targets (see target_chance): the
+    # loss's kind ("bce", "mse"; "" for none), the per-column level and the pooled one
+    baseline: str = ""
+    target_level: float = math.nan
+    target_pooled: float = math.nan
 
     @property
     def level(self) -> float | None:
@@ -92,7 +99,22 @@ class Curve:
     def at_chance(self) -> bool:
         """The loss ends within the band around the chance level (:attr:`level`), or between it and the band around
         log(classes) (imbalanced classes: a loss still at equal odds has not even learned the labels'
-        frequencies): the predictions are no better than a guess."""
+        frequencies): the predictions are no better than a guess. For a binary cross-entropy or a mean squared
+        error, the chance level its targets give (:attr:`at_target_chance`)."""
+        return self.at_chance_of_classes or self.at_target_chance
+
+    @property
+    def at_target_chance(self) -> bool:
+        """A binary cross-entropy or a mean squared error that ends within the band around the per-column level its
+        targets give, or between it and the band around the pooled level (a model that learned one rate, or one
+        mean, for every column): the mean binary entropy of the labels' base rates, the mean of the targets'
+        variances."""
+        low, high = self.target_level, max(self.target_level, self.target_pooled)
+        return bool(self.baseline) and (1 - self.band) * low <= self.end.mean <= (1 + self.band) * high
+
+    @property
+    def at_chance_of_classes(self) -> bool:
+        """The loss ends at a classifier's chance level (:attr:`level`, log(classes)), not only at its targets'."""
         c, level = self.chance, self.level
         return c is not None and level is not None and (1 - self.band) * level <= self.end.mean <= (1 + self.band) * c
 
@@ -255,6 +277,7 @@ def read(coverage: Coverage, config: DebugConfig) -> Curve | None:
     # the output has classes and its first loss is an untrained classifier's
     untrained = level is not None and bool(trace.first) and 0.75 * level <= trace.first[0][1] <= level / 0.75
     chance = level if untrained else None
+    targets = target_chance(coverage) or ("", math.nan, math.nan)
     return Curve(
         losses=trace.count,
         start=start,
@@ -272,7 +295,41 @@ def read(coverage: Coverage, config: DebugConfig) -> Curve | None:
         large_updates=large_updates(facts, config),
         band=config.loss_chance_band,
         prior=label_prior(coverage, config.loss_chance_band) if chance is not None else None,
+        baseline=targets[0],
+        target_level=targets[1],
+        target_pooled=targets[2],
     )
+
+
+#: Inputs whose root-mean-square is at least this are far from unit scale (the unnormalised-inputs room's limit):
+#: a loss at its targets' chance level then says more about the data's scale than about targets not matching
+#: (a forecaster on raw values x1000 ends at its targets' variance).
+RAW_INPUT_RMS = 20.0
+#: Samples per column, at least, before the targets' base rates or variances are a chance level (estimated from
+#: the first backward passes' targets: :data:`LABELS_PER_CLASS` for each of a binary label's two values).
+TARGETS_PER_COLUMN = 20
+
+
+def target_chance(coverage: Coverage) -> tuple[str, float, float] | None:
+    """The chance level of a binary cross-entropy or a mean squared error that is the loss itself, averaged (see
+    :func:`neuraldbg.capture.loss_graph.loss_targets`: nothing weighted, added or masked), from its targets on the
+    first backward passes, as :class:`Curve` fields: the loss of a model that learned nothing from its inputs, only
+    what the targets are on average. A binary cross-entropy's is the mean binary entropy of the labels' base rates
+    (each label predicted with its frequency: a multi-label classifier given shuffled labels, 0.648 against 0.651,
+    log 2 = 0.693); a mean squared error's, the mean of the targets' variances per output column (each predicted
+    by its mean: shuffled targets, MSE 0.461 against 0.454). Read from :data:`TARGETS_PER_COLUMN` samples per column
+    or more, none of a binary cross-entropy's targets outside [0, 1], a level above zero (constant targets have
+    none): (the loss's kind, "bce" or "mse"; the per-column level; the pooled one). None otherwise."""
+    found, kind = coverage.target_baseline, coverage.baseline_kind
+    if len(found) != 4 or kind not in BASELINES:
+        return None
+    rms = coverage.training.median("input_rms", 0.0, 0.25)
+    if math.isfinite(rms) and rms >= RAW_INPUT_RMS:
+        return None  # inputs far from unit scale: their scale, not their pairing with the targets, is the story
+    level, pooled, samples, outside = found
+    if samples < TARGETS_PER_COLUMN or outside or not (math.isfinite(level) and math.isfinite(pooled)) or level <= 0:
+        return None
+    return kind, level, pooled
 
 
 #: Labels counted per class, at least, before their frequencies' entropy is a chance level (it is estimated from
@@ -362,6 +419,10 @@ def evidence(coverage: Coverage, config: DebugConfig, curve: Curve) -> dict[str,
         values.update(chance=curve.chance, classes=float(curve.classes))
     if curve.prior is not None:
         values.update(prior=curve.prior)
+    if curve.baseline and not curve.at_chance_of_classes:  # a classifier's chance explains it in its own words
+        values.update(
+            baseline=BASELINES[curve.baseline], target_level=curve.target_level, target_pooled=curve.target_pooled
+        )
     first, last = curve.second_half
     values.update(half_from=first, half_to=last, half_noise=curve.half_noise, by_factors=float(curve.by_factors))
     return {k: float(v) for k, v in values.items() if math.isfinite(v)}
@@ -450,7 +511,48 @@ def causes(m: dict[str, float], finding: str) -> list[Cause]:
                 "normalise the inputs (ToTensor() scales pixels to 0-1, then Normalize(mean, std))",
             )
         )
-    if finding == "chance":
+    if finding == "chance" and m.get("baseline") == BASELINES["mse"]:
+        found.append(
+            Cause(
+                2.0,
+                "targets that do not match the inputs",
+                "the gradients flow and the optimizer moves the weights, yet the predictions explain none of the "
+                "targets' variance: nothing in the inputs predicts the targets",
+                "check that inputs and targets are shuffled together (one permutation, or a Dataset of pairs) and "
+                "aligned the same way (rows, time steps); look at a few (input, target) pairs",
+            )
+        )
+        found.append(
+            Cause(
+                1.0,
+                "a loss that does not fit the output",
+                "a prediction compared with the wrong target (another column, another time step) or inputs that do "
+                "not reach the output also keep the error at the variance",
+                "check which target each output is compared with, and that the inputs the targets depend on are fed",
+            )
+        )
+    elif finding == "chance" and m.get("baseline") == BASELINES["bce"]:
+        found.append(
+            Cause(
+                2.0,
+                "labels that do not match the inputs",
+                "the gradients flow and the optimizer moves the weights, yet the predictions stay the labels' base "
+                "rates: nothing in the inputs predicts the labels",
+                "check that inputs and labels are shuffled together (one permutation, or a Dataset of pairs) and "
+                "decoded the same way (label columns in the same order); look at a few (input, label) pairs",
+            )
+        )
+        found.append(
+            Cause(
+                1.0,
+                "a loss that does not fit the output",
+                "a sigmoid before binary_cross_entropy_with_logits (which applies it itself) or targets of the wrong "
+                "kind also keep a loss near chance",
+                "give BCEWithLogitsLoss the raw logits and 0/1 float targets; use binary_cross_entropy only after "
+                "a sigmoid",
+            )
+        )
+    elif finding == "chance":
         found.append(
             Cause(
                 2.0,

@@ -77,6 +77,11 @@ class StepData:
     # counted, labels outside the classes], and the number of classes (dimension 1 of the loss's input)
     label_prior: list[float] = field(default_factory=list)
     label_classes: int = 0
+    # a binary cross-entropy or a mean squared error that is the loss (its mean): its chance level from the targets
+    # of the first backward passes (capture/ledger.py), [per column, pooled, samples per column, values outside
+    # [0, 1] or not finite], and the loss's kind ("bce", "mse")
+    target_baseline: list[float] = field(default_factory=list)
+    baseline_kind: str = ""
     # a causal LM that shifts its labels itself: the share of labels that already are the next input token
     labels_ahead: float | None = None
     padded: bool | None = None  # ... the model's token input holds the id the loss ignores (None: not read)

@@ -875,3 +875,54 @@ def to_host(tensors: Iterable[Tensor]) -> list[float]:
         for i, v in zip(idx, values):
             out[i] = v
     return out
+
+
+def target_moments(target: Tensor, binary: bool) -> tuple[Tensor, Tensor]:
+    """The per-column moments of a loss's targets (``target``: samples on dimension 0, one column per output
+    value), on their device (read later): a ``(3, columns)`` float tensor [samples, mean, sum of squared deviations
+    from the mean] and, as a 0-d float tensor, how many values are not finite or (``binary``: a binary
+    cross-entropy's targets) lie outside [0, 1]. Non-finite values are counted, and taken as 0 in the moments.
+    Nothing waits for the device."""
+    t = target.detach().float()
+    t = t.reshape(t.shape[0], -1) if t.dim() else t.reshape(1, 1)
+    finite = torch.isfinite(t)
+    outside = (~finite | (t < 0) | (t > 1)) if binary else ~finite
+    outside = outside.sum().float()
+    t = torch.where(finite, t, torch.zeros_like(t))
+    mean = t.mean(0)
+    squares = (t - mean).pow(2).sum(0)
+    return torch.stack((torch.full_like(mean, float(t.shape[0])), mean, squares)), outside
+
+
+def merge_moments(a: Tensor, b: Tensor) -> Tensor:
+    """Two readings of :func:`target_moments`' per-column moments, merged (Chan et al.'s pairwise update: no
+    cancellation when the targets' mean is large against their spread)."""
+    na, ma, qa = a
+    nb, mb, qb = b
+    n = na + nb
+    d = mb - ma
+    return torch.stack((n, ma + d * nb / n, qa + qb + d * d * na * nb / n))
+
+
+def target_baseline(moments: Tensor, outside: Tensor, binary: bool) -> Tensor:
+    """The loss of a model that learned nothing from its inputs, from the targets' per-column moments
+    (:func:`target_moments`), as one 1-d float tensor on their device (read later): [the per-column chance level,
+    the pooled one, the samples per column, the values outside [0, 1] or not finite]. For a mean squared error
+    (``binary`` False) the levels are the mean of the columns' variances (the loss of predicting each column's mean)
+    and the variance of all the values (predicting one mean); for a binary cross-entropy, the mean binary entropy
+    of the columns' base rates, in nats, with the Miller-Madow correction (+ 1 / 2n for a rate strictly between 0
+    and 1: a plug-in estimate from n labels is biased low), and the binary entropy of the pooled rate."""
+    n, mean, squares = moments
+    samples = n[0] if n.numel() else n.new_zeros(())
+    if binary:
+        p = mean.clamp(0, 1)
+        entropy = -(torch.special.xlogy(p, p) + torch.special.xlogy(1 - p, 1 - p))
+        entropy = entropy + ((p > 0) & (p < 1)).float() / (2 * n.clamp(min=1))
+        pooled = p.mean()
+        whole = -(torch.special.xlogy(pooled, pooled) + torch.special.xlogy(1 - pooled, 1 - pooled))
+        level = entropy.mean()
+    else:
+        variances = squares / n.clamp(min=1)
+        level = variances.mean()
+        whole = level + mean.var(correction=0) if mean.numel() > 1 else level
+    return torch.stack((level, whole, samples, outside))
