@@ -75,6 +75,9 @@ LOSS_CHECKS = 4
 #: its chance level (more than :data:`LOSS_CHECKS`: a variance from a few batches is off by a tenth; the moments
 #: stay on the device and are read with the steps' other readings, no sync of their own).
 TARGET_CHECKS = 32
+#: Passes between two filings of the chance level the target moments give so far (each filing is a few kernels and
+#: a reading at the flush; a judged run has 64 losses and at least 16 fully observed steps).
+FILE_TARGETS_EVERY = 4
 #: Changes of the optimizers' weight decay kept (a run sets it once; a schedule of it changes it every step).
 DECAY_CHANGES = 64
 
@@ -122,6 +125,10 @@ class GradLedger:
         self._labels: tuple[Tensor, int] | None = None  # the label counts so far (on the device), the classes
         self._targets: tuple[str, Tensor, Tensor] | None = None  # a BCE's / an MSE's target moments so far
         self._target_checks = 0
+        # backward passes whose targets were looked for, over the debugger's life: a run continued after close()
+        # (attach() again, a with block per epoch) goes on from there rather than reading them all again
+        self._target_passes = 0
+        self._looked = False  # this backward pass's targets were looked for
         # optimizer -> (its groups' sizes and whether each decays, the names of the decaying groups' parameters)
         self._decayed: dict[int, tuple[tuple[tuple[int, bool], ...], frozenset[str] | None]] = {}
 
@@ -145,8 +152,7 @@ class GradLedger:
         self._thread = threading.get_ident()
         self._loss_checks = LOSS_CHECKS
         self._labels = None
-        self._targets = None
-        self._target_checks = TARGET_CHECKS
+        self._target_checks = max(0, TARGET_CHECKS - self._target_passes)
         self._decayed = {}
         self._rec.forward.nodes = {}
 
@@ -157,7 +163,6 @@ class GradLedger:
         self._sample = None
         self._loss_checks = 0
         self._labels = None
-        self._targets = None
         self._target_checks = 0
         self._rec.forward.nodes = None
 
@@ -185,7 +190,10 @@ class GradLedger:
                     carried.append(i)
             check = self._confirmation(carried) if carried else None
             manual = self._manual_check() if rec.clock.mode is not StepMode.OPTIMIZER else None
-            roots = hooks.backward_roots() if self._loss_checks or self._target_checks else []
+            # the targets are looked for on fully observed steps only (a cheap step stays cheap; a smoke run's
+            # first steps are mostly full ones)
+            self._looked = bool(self._target_checks) and rec.pending.data.full
+            roots = hooks.backward_roots() if self._loss_checks or self._looked else []
             checked = roots if self._loss_checks else []
             # a mean squared error's target is profiled now: the backward pass frees what the graph saved
             found = loss_graph.regression(checked) if checked else None
@@ -200,7 +208,7 @@ class GradLedger:
             labels = loss_graph.class_labels(checked) if checked else None
             counts = (label_counts(labels.target, labels.classes, labels.ignore), labels.classes) if labels else None
             # ... and the targets of a binary cross-entropy or a mean squared error: their base rates or variances
-            targeted = loss_graph.loss_targets(roots) if roots and self._target_checks else None
+            targeted = loss_graph.loss_targets(roots) if roots and self._looked else None
             moments = None
             if targeted is not None:
                 moments = (targeted.kind, *target_moments(targeted.target, targeted.kind == "bce"))
@@ -282,6 +290,9 @@ class GradLedger:
                 self._check_loss(roots, readings)
             elif readings[4] is not None and self._target_checks:
                 self._file_targets(readings[4])
+            if readings[4] is None and self._looked:  # a pass of another loss counts too: the walk stops
+                self._target_checks -= 1
+                self._target_passes += 1
             if manual is not None:
                 rec.pending.put("carried", None, manual)
                 head = self._rec.backward.grads.head()
@@ -370,11 +381,14 @@ class GradLedger:
         the chance level they give so far (:func:`~neuraldbg.stats.tensors.target_baseline`)."""
         kind, found, outside = moments
         self._target_checks = max(0, self._target_checks - 1)
+        self._target_passes += 1
         so_far = self._targets
         same = so_far is not None and so_far[0] == kind and so_far[1].shape == found.shape
         if so_far is not None and same and so_far[1].device == found.device:
             found, outside = merge_moments(so_far[1], found), so_far[2] + outside
         self._targets = (kind, found, outside)
+        if self._target_passes % FILE_TARGETS_EVERY and self._target_checks:
+            return  # the level is filed every few passes, and at the last: the moments add up on the device
         entries = [("target_baseline", None, float(i)) for i in range(4)]
         self._rec.pending.put_vector(entries, target_baseline(found, outside, kind == "bce"))
         self._rec.pending.data.baseline_kind = kind

@@ -878,51 +878,44 @@ def to_host(tensors: Iterable[Tensor]) -> list[float]:
 
 
 def target_moments(target: Tensor, binary: bool) -> tuple[Tensor, Tensor]:
-    """The per-column moments of a loss's targets (``target``: samples on dimension 0, one column per output
-    value), on their device (read later): a ``(3, columns)`` float tensor [samples, mean, sum of squared deviations
-    from the mean] and, as a 0-d float tensor, how many values are not finite or (``binary``: a binary
-    cross-entropy's targets) lie outside [0, 1]. Non-finite values are counted, and taken as 0 in the moments.
-    Nothing waits for the device."""
-    t = target.detach().float()
-    t = t.reshape(t.shape[0], -1) if t.dim() else t.reshape(1, 1)
-    finite = torch.isfinite(t)
-    outside = (~finite | (t < 0) | (t > 1)) if binary else ~finite
-    outside = outside.sum().float()
-    t = torch.where(finite, t, torch.zeros_like(t))
-    mean = t.mean(0)
-    squares = (t - mean).pow(2).sum(0)
-    return torch.stack((torch.full_like(mean, float(t.shape[0])), mean, squares)), outside
+    """A loss's targets profiled per column (dimension 0 holds the samples, the rest is flattened into columns, one
+    value), on their device (read later): a ``(3, columns)`` float64 tensor [samples, sum, sum of squares] and, as
+    a 0-d tensor, how many values lie outside [0, 1] (``binary``: a binary cross-entropy's targets; 0 otherwise).
+    A non-finite value makes the sums non-finite, and the level they give is then not judged. A few kernels,
+    nothing waits for the device; float64 sums keep the variance exact enough for targets far from 0."""
+    t = target.detach()
+    t = (t.reshape(t.shape[0], -1) if t.dim() else t.reshape(1, 1)).double()
+    sums = torch.stack((torch.full_like(t[0], float(t.shape[0])), t.sum(0), (t * t).sum(0)))
+    outside = ((t < 0) | (t > 1)).sum() if binary else t.new_zeros(())
+    return sums, outside
 
 
 def merge_moments(a: Tensor, b: Tensor) -> Tensor:
-    """Two readings of :func:`target_moments`' per-column moments, merged (Chan et al.'s pairwise update: no
-    cancellation when the targets' mean is large against their spread)."""
-    na, ma, qa = a
-    nb, mb, qb = b
-    n = na + nb
-    d = mb - ma
-    return torch.stack((n, ma + d * nb / n, qa + qb + d * d * na * nb / n))
+    """Two readings of :func:`target_moments`' per-column sums, added up."""
+    return a + b
 
 
 def target_baseline(moments: Tensor, outside: Tensor, binary: bool) -> Tensor:
-    """The loss of a model that learned nothing from its inputs, from the targets' per-column moments
+    """The loss of a model that learned nothing from its inputs, from the targets' per-column sums
     (:func:`target_moments`), as one 1-d float tensor on their device (read later): [the per-column chance level,
-    the pooled one, the samples per column, the values outside [0, 1] or not finite]. For a mean squared error
-    (``binary`` False) the levels are the mean of the columns' variances (the loss of predicting each column's mean)
-    and the variance of all the values (predicting one mean); for a binary cross-entropy, the mean binary entropy
-    of the columns' base rates, in nats, with the Miller-Madow correction (+ 1 / 2n for a rate strictly between 0
-    and 1: a plug-in estimate from n labels is biased low), and the binary entropy of the pooled rate."""
-    n, mean, squares = moments
+    the pooled one, the samples per column, the values outside [0, 1]]. For a mean squared error (``binary``
+    False) the levels are the mean of the columns' variances (the loss of predicting each column's mean) and the
+    variance of all the values (predicting one mean); for a binary cross-entropy, the mean binary entropy of the
+    columns' base rates, in nats, with the Miller-Madow correction (+ 1 / 2n for a rate strictly between 0 and 1: a
+    plug-in estimate from n labels is biased low), and the binary entropy of the pooled rate."""
+    n, total, squares = moments
     samples = n[0] if n.numel() else n.new_zeros(())
+    count = n.clamp(min=1)
+    mean = total / count
     if binary:
         p = mean.clamp(0, 1)
         entropy = -(torch.special.xlogy(p, p) + torch.special.xlogy(1 - p, 1 - p))
-        entropy = entropy + ((p > 0) & (p < 1)).float() / (2 * n.clamp(min=1))
+        entropy = entropy + ((p > 0) & (p < 1)).double() / (2 * count)
         pooled = p.mean()
         whole = -(torch.special.xlogy(pooled, pooled) + torch.special.xlogy(1 - pooled, 1 - pooled))
         level = entropy.mean()
     else:
-        variances = squares / n.clamp(min=1)
-        level = variances.mean()
-        whole = level + mean.var(correction=0) if mean.numel() > 1 else level
-    return torch.stack((level, whole, samples, outside))
+        level = (squares / count - mean * mean).clamp(min=0).mean()
+        everything = count.sum()
+        whole = (squares.sum() / everything - (total.sum() / everything) ** 2).clamp(min=0)
+    return torch.stack((level, whole, samples, outside.to(level.dtype))).float()
