@@ -124,9 +124,9 @@ class GradLedger:
         self._loss_checks = 0
         self._labels: tuple[Tensor, int] | None = None  # the label counts so far (on the device), the classes
         self._targets: tuple[str, Tensor, Tensor] | None = None  # a BCE's / an MSE's target moments so far
-        self._target_checks = 0
-        # backward passes whose targets were looked for, over the debugger's life: a run continued after close()
-        # (attach() again, a with block per epoch) goes on from there rather than reading them all again
+        # backward passes whose targets were looked for, over the debugger's life (at most TARGET_CHECKS): a run
+        # continued after close() (attach() again, a with block per epoch) goes on from there rather than reading
+        # them all again
         self._target_passes = 0
         self._looked = False  # this backward pass's targets were looked for
         # optimizer -> (its groups' sizes and whether each decays, the names of the decaying groups' parameters)
@@ -152,7 +152,6 @@ class GradLedger:
         self._thread = threading.get_ident()
         self._loss_checks = LOSS_CHECKS
         self._labels = None
-        self._target_checks = max(0, TARGET_CHECKS - self._target_passes)
         self._decayed = {}
         self._rec.forward.nodes = {}
 
@@ -163,7 +162,6 @@ class GradLedger:
         self._sample = None
         self._loss_checks = 0
         self._labels = None
-        self._target_checks = 0
         self._rec.forward.nodes = None
 
     # --- a backward call ----------------------------------------------------------------------------------
@@ -192,7 +190,7 @@ class GradLedger:
             manual = self._manual_check() if rec.clock.mode is not StepMode.OPTIMIZER else None
             # the targets are looked for on fully observed steps only (a cheap step stays cheap; a smoke run's
             # first steps are mostly full ones)
-            self._looked = bool(self._target_checks) and rec.pending.data.full
+            self._looked = self._target_passes < TARGET_CHECKS and rec.pending.data.full
             roots = hooks.backward_roots() if self._loss_checks or self._looked else []
             checked = roots if self._loss_checks else []
             # a mean squared error's target is profiled now: the backward pass frees what the graph saved
@@ -288,10 +286,9 @@ class GradLedger:
             self._account(loss, reached, carried, check, fresh)
             if self._loss_checks:
                 self._check_loss(roots, readings)
-            elif readings[4] is not None and self._target_checks:
+            elif readings[4] is not None:
                 self._file_targets(readings[4])
             if readings[4] is None and self._looked:  # a pass of another loss counts too: the walk stops
-                self._target_checks -= 1
                 self._target_passes += 1
             if manual is not None:
                 rec.pending.put("carried", None, manual)
@@ -380,14 +377,13 @@ class GradLedger:
         """Add one backward pass's target moments to the earlier passes' (the same loss, the same columns) and file
         the chance level they give so far (:func:`~neuraldbg.stats.tensors.target_baseline`)."""
         kind, found, outside = moments
-        self._target_checks = max(0, self._target_checks - 1)
         self._target_passes += 1
         so_far = self._targets
         same = so_far is not None and so_far[0] == kind and so_far[1].shape == found.shape
         if so_far is not None and same and so_far[1].device == found.device:
             found, outside = merge_moments(so_far[1], found), so_far[2] + outside
         self._targets = (kind, found, outside)
-        if self._target_passes % FILE_TARGETS_EVERY and self._target_checks:
+        if self._target_passes % FILE_TARGETS_EVERY and self._target_passes < TARGET_CHECKS:
             return  # the level is filed every few passes, and at the last: the moments add up on the device
         entries = [("target_baseline", None, float(i)) for i in range(4)]
         self._rec.pending.put_vector(entries, target_baseline(found, outside, kind == "bce"))

@@ -214,25 +214,31 @@ def _act(data: StepData, key: Any, extra: float, value: float) -> None:
     data.act[key] = value if old is None else merge_max(old, value)
 
 
-def _input(data: StepData, key: Any, extra: float, value: float) -> None:
-    data.input_norm = merge_max(data.input_norm, value)
+def _largest(field: str) -> Callable[[StepData, Any, float, float], None]:
+    """The filing of a reading kept as the largest of the step's (``merge_max``: a NaN wins)."""
+
+    def assign(data: StepData, key: Any, extra: float, value: float) -> None:
+        setattr(data, field, merge_max(getattr(data, field), value))
+
+    return assign
 
 
-def _input_scale(data: StepData, key: Any, extra: float, value: float) -> None:
-    data.input_scale = merge_max(data.input_scale, value)
+def _profile(field: str) -> Callable[[StepData, Any, float, float], None]:
+    """The filing of one element of a profile read as a vector (``extra``: its index; 0 begins the profile, so a later
+    reading of the step replaces an earlier one): a regression target's, a bounded output's targets', the labels',
+    a loss's chance level from its targets."""
 
+    def assign(data: StepData, key: Any, extra: float, value: float) -> None:
+        if extra == 0:
+            setattr(data, field, [])
+        getattr(data, field).append(value)
 
-def _entry_scale(data: StepData, key: Any, extra: float, value: float) -> None:
-    data.entry_scale = merge_max(data.entry_scale, value)
+    return assign
 
 
 def _arguments_nan(data: StepData, key: Any, extra: float, value: float) -> None:
     if math.isnan(value):  # a NaN among the call's other arguments: the data is bad (see stats.nan_flag)
         data.input_norm = math.nan
-
-
-def _output(data: StepData, key: Any, extra: float, value: float) -> None:
-    data.output_norm = merge_max(data.output_norm, value)
 
 
 def _target_grad(data: StepData, key: Any, extra: float, value: float) -> None:
@@ -261,46 +267,6 @@ def _padded(data: StepData, key: Any, extra: float, value: float) -> None:
 
 def _probabilities(data: StepData, key: Any, extra: float, value: float) -> None:
     data.probabilities = value > 0 if data.probabilities is None else data.probabilities and value > 0
-
-
-def _labels_ahead(data: StepData, key: Any, extra: float, value: float) -> None:
-    data.labels_ahead = merge_max(data.labels_ahead, value)
-
-
-def _target_range(data: StepData, key: Any, extra: float, value: float) -> None:
-    # one element of a bounded output's target profile (``extra``: its index; 0 begins a profile)
-    if extra == 0:
-        data.target_range = []
-    data.target_range.append(value)
-
-
-def _label_prior(data: StepData, key: Any, extra: float, value: float) -> None:
-    # one element of the labels' profile (``extra``: its index; 0 begins a profile, a later one replaces)
-    if extra == 0:
-        data.label_prior = []
-    data.label_prior.append(value)
-
-
-def _target_baseline(data: StepData, key: Any, extra: float, value: float) -> None:
-    # one element of a loss's chance level from its targets (``extra``: its index; 0 begins one, a later replaces)
-    if extra == 0:
-        data.target_baseline = []
-    data.target_baseline.append(value)
-
-
-def _log_prob_gap(data: StepData, key: Any, extra: float, value: float) -> None:
-    data.log_prob_gap = merge_max(data.log_prob_gap, value)
-
-
-def _regression_target(data: StepData, key: Any, extra: float, value: float) -> None:
-    # one element of a regression target's profile (``extra``: its index; 0 begins a profile, a later one replaces)
-    if extra == 0:
-        data.regression_target = []
-    data.regression_target.append(value)
-
-
-def _carried(data: StepData, key: Any, extra: float, value: float) -> None:
-    data.grad_carried = merge_max(data.grad_carried, value)
 
 
 def _loss_scale(data: StepData, key: Any, extra: float, value: float) -> None:
@@ -383,24 +349,24 @@ def _before(data: StepData, key: Any, extra: float, value: float) -> None:
 
 _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "act": _act,
-    "input": _input,
+    "input": _largest("input_norm"),
     "arguments_nan": _arguments_nan,
-    "output": _output,
+    "output": _largest("output_norm"),
     "target_grad": _target_grad,
     "target_grad_sum": _target_grad_sum,
     "loss": _loss,
     "captured_loss": _captured_loss,
     "probabilities": _probabilities,
-    "regression_target": _regression_target,
-    "labels_ahead": _labels_ahead,
-    "input_scale": _input_scale,
-    "entry_scale": _entry_scale,
-    "log_prob_gap": _log_prob_gap,
-    "target_range": _target_range,
-    "label_prior": _label_prior,
-    "target_baseline": _target_baseline,
+    "regression_target": _profile("regression_target"),
+    "labels_ahead": _largest("labels_ahead"),
+    "input_scale": _largest("input_scale"),
+    "entry_scale": _largest("entry_scale"),
+    "log_prob_gap": _largest("log_prob_gap"),
+    "target_range": _profile("target_range"),
+    "label_prior": _profile("label_prior"),
+    "target_baseline": _profile("target_baseline"),
     "padded": _padded,
-    "carried": _carried,
+    "carried": _largest("grad_carried"),
     "loss_scale": _loss_scale,
     "dead": _dead,
     "output_dead_pulled": _output_dead_pulled,

@@ -82,10 +82,9 @@ def data_scale(tensors: list[Tensor]) -> Tensor:
     for t in tensors:
         if t.numel() == 0:
             continue
-        v = t.detach().float()
-        rms = torch.linalg.vector_norm(v) / math.sqrt(v.numel())
-        data = torch.isfinite(rms) & (v.amax() > 0)
-        scales.append(torch.where(data, rms, torch.zeros_like(rms)))
+        scale = rms(t)
+        data = torch.isfinite(scale) & (t.detach().amax() > 0)
+        scales.append(torch.where(data, scale, torch.zeros_like(scale)))
     return torch.stack(scales).amax() if scales else torch.zeros(())
 
 
