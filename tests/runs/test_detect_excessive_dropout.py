@@ -26,21 +26,12 @@ def mlp(p: float) -> nn.Sequential:
 
 def train(model: nn.Module, watched: bool, eval_mode: bool = False) -> tuple[list[float], float, NeuralDbg | None]:
     """A user's loop under Adam 1e-3: its losses and the held-out accuracy (evaluated in eval mode)."""
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     model.train(not eval_mode)
-    losses: list[float] = []
-    dbg = NeuralDbg(model) if watched else None
-    if dbg is not None:
-        dbg.__enter__()
-    for step in range(STEPS):
-        x, y = make(step)
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    if dbg is not None:
-        dbg.__exit__(None, None, None)
+    dbg: NeuralDbg | None = None
+    if watched:
+        dbg, losses = support.train(model, make, F.cross_entropy, steps=STEPS)
+    else:
+        losses = support.plain_train(model, make, F.cross_entropy, steps=STEPS)
     model.eval()
     with torch.no_grad():
         held = [make(10_000 + i) for i in range(4)]
@@ -100,12 +91,5 @@ def test_dropout_never_active_is_not_this_finding():
 
 def test_a_smoke_run_too_short_to_judge_its_loss_is_not_judged():
     torch.manual_seed(0)
-    model = mlp(0.9)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    with NeuralDbg(model) as dbg:
-        for step in range(40):
-            x, y = make(step)
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
+    dbg, _ = support.train(mlp(0.9), make, F.cross_entropy, steps=40)
     assert KIND not in kinds(dbg) and "Its loss was not judged" in dbg.report()

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neuraldbg import EventType, FailureKind, NeuralDbg
+from neuraldbg import EventType, FailureKind
 
 # --------------------------------------------------------------------------------------------- non-finite
 
@@ -106,22 +106,12 @@ def _missing_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _fit(model: nn.Module, batch, loss_fn, watched: bool, steps: int = 60):
-    torch.manual_seed(0)
+    """support's loops under Adam 1e-2: the losses, and the debugger when watched."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    losses: list[float] = []
-    dbg = NeuralDbg(model) if watched else None
-    if dbg is not None:
-        dbg.__enter__()
-    for step in range(steps):
-        x, y = batch(step)
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    if dbg is not None:
-        dbg.__exit__(None, None, None)
-    return losses, dbg
+    if watched:
+        dbg, losses = support.train(model, batch, loss_fn, steps=steps, optimizer=opt)
+        return losses, dbg
+    return support.plain_train(model, batch, loss_fn, steps=steps, optimizer=opt), None
 
 
 def test_missing_values_imputed_inside_forward_are_not_a_non_finite_failure():
