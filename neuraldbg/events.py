@@ -78,6 +78,7 @@ class FailureKind(str, metaclass=_Names):
     UNMASKED_PADDING: ClassVar[FailureKind]
     EXCESSIVE_WEIGHT_DECAY: ClassVar[FailureKind]
     EXCESSIVE_DROPOUT: ClassVar[FailureKind]
+    SYMMETRIC_UNITS: ClassVar[FailureKind]
 
     def __new__(cls, value: str) -> FailureKind:
         found = cls._declared.get(value) if isinstance(value, str) else None
@@ -158,6 +159,7 @@ for _name in (
     "excessive_weight_decay",
     "unreachable_targets",
     "excessive_dropout",
+    "symmetric_units",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 

@@ -56,6 +56,7 @@ KINDS = frozenset(
         "detached_layers",
         "excessive_weight_decay",
         "excessive_dropout",
+        "symmetric_units",
         "unreachable_targets",
     }
 )

@@ -139,6 +139,9 @@ class Coverage:
     carried_params: tuple[str, ...] = ()
     carried_by: str = ""
     stepped_steps: int = 0  # steps on which an owned optimizer stepped (the occasions for a carry-over)
+    # layers whose output units started identical and had not parted while their weights moved (capture/symmetry.py),
+    # as of the last step that checked: layer -> (units, first step seen, last step seen, steps seen, last spread)
+    symmetric: dict[str, tuple[int, int, int, int, float]] = field(default_factory=dict)
     # what makes one loss curve meaningless: several objectives
     foreign_optimizer_steps: int = 0  # steps of optimizers that hold none of the watched parameters
     discarded_backwards: int = 0  # backward passes that reached the model and whose gradient was never applied
@@ -264,6 +267,8 @@ class Coverage:
             self.carried_span = (self.carried_span or (record.step, record.step))[0], record.step
             self.carried_params = self.carried_params or record.carried
             self.carried_by = self.carried_by or record.carried_by
+        if record.symmetric is not None:
+            self._symmetric(record.step, record.symmetric)
         if record.skipped or record.loss_scale is not None:
             if self.scaler is None:
                 self.scaler = ScalerCounts()
@@ -301,6 +306,14 @@ class Coverage:
                 self.steps_with_gradient += 1
                 self.steps_with_nonzero_gradient += not zero
             self._zero_reading(record.step, zero)
+
+    def _symmetric(self, step: int, found: dict[str, tuple[int, float]]) -> None:
+        """A check of the layers that started with identical units: those that parted are gone for good."""
+        kept = {}
+        for layer, (units, spread) in found.items():
+            _, first, _, seen, _ = self.symmetric.get(layer, (units, step, step, 0, spread))
+            kept[layer] = (units, first, step, seen + 1, spread)
+        self.symmetric = kept
 
     def _zero_reading(self, step: int, zero: bool) -> None:
         self.gradient_readings += 1

@@ -45,6 +45,7 @@ from .ledger import GradLedger
 from .pending import Pending
 from .scaler import ScalerWatch
 from .schedule import Schedule
+from .symmetry import SymmetryWatch
 
 #: Committed steps held before a flush even when no fully observed step comes.
 _BUFFER_LIMIT = 64
@@ -83,6 +84,7 @@ class Recorder:
         self.forward = ForwardPath(self, model, infos, order if order is not None else [])
         self.backward = BackwardPath(self, model, self.forward)
         self.ledger = GradLedger(self)
+        self.symmetry = SymmetryWatch()
         self._handle: hooks.HookHandle | None = None
         # one callable and one table key for every attachment: torch.compile guards on both
         self._on_output = self.forward.on_module_output
@@ -99,6 +101,7 @@ class Recorder:
         self.forward.attach()
         self.ledger.attach()
         self.backward.grads.attach()
+        self.symmetry.attach(self.infos, self.backward.grads.params)
         self.active = True
         self._handle = hooks.attach(
             self._on_output,
@@ -192,6 +195,8 @@ class Recorder:
             self.pending.skip()
         else:
             self.backward.grads.file_updates()
+            if self.pending.data.full and self.symmetry.watching:
+                self.symmetry.check(self.pending)
         if self.scaler.active:
             scale = self.scaler.scale_of_finished_step()
             if scale is not None:

@@ -62,6 +62,10 @@ class StepData:
     head_zero: bool | None = None  # cheap CPU steps: the head layer's gradient is exactly zero everywhere
     carried: tuple[str, ...] = ()  # parameters whose .grad still held the applied gradient when backward began
     carried_by: str = ""  # the optimizer that applied it ("" without an optimizer)
+    # layers whose weight rows (output units) started identical and have not parted although the weights moved
+    # (capture/symmetry.py): layer -> (units, spread ||W - mean row|| / ||W||); None: not checked on this step (a
+    # cheap step, or no layer started with identical units)
+    symmetric: dict[str, tuple[int, float]] | None = None
     grad_carried: float | None = None  # > 0: that carried gradient was not all zeros (the carry-over is proved)
     optimizers: set[int] = field(default_factory=set)  # ids of the owned optimizers that stepped
     classes: int = 0  # fully observed steps: the last dimension of the model's (logit) output, 0 if none

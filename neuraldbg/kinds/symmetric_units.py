@@ -1,0 +1,119 @@
+"""Identical units: every output unit of a layer started with the same weights (a constant initialisation:
+``nn.init.constant_(w, 0.05)``, ``w.data.fill_(...)``, filters copied from one), and training has not told them
+apart. Each unit computes the same value, gets the same gradient and takes the same update; only a random bias,
+dropout's masks or a next layer with distinct weights part them, slowly, so the layer works as a few units
+repeated. Plain torch, weights 0.05 against the default initialisation: a tabular classifier's accuracy 0.64
+against 0.88 (its hidden rows differ by 0.23 of their norm after 188 steps), a multi-label conv net's F1 0.0
+against 0.73 (its filters move in lockstep and die together), a residual net's accuracy 0.33 against 0.85 (its
+filters stay exact copies: batch norm cancels their gradient).
+
+Read by :mod:`neuraldbg.capture.symmetry`: when the debugger attached, every row of the layer's weight was equal
+and not zero, and on the fully observed steps since, after the optimizer moved those weights, the rows' spread
+(``||W - mean row|| / ||W||``, about 1 for a default initialisation) stayed at most
+:data:`~neuraldbg.capture.symmetry.PARTED`. A zero weight (a last layer, a residual branch or an adapter that starts
+at zero, whose units part at the first update) is never a candidate. Reported once it held on :data:`MIN_STEPS`
+checks, at any length of run: the initialisation is the fault whatever the loss did.
+"""
+
+from __future__ import annotations
+
+from ..capture.coverage import Coverage, RunFacts
+from ..events import FailureKind, SemanticEvent
+from ..health import ActivationHealth, GradientHealth
+from ..reasoning.rules import CausalRule
+from ..reasoning.topology import Topology
+from ..text import count, num, quoted
+from .base import Kind, RootLane, Series, run_event
+
+KIND = FailureKind.SYMMETRIC_UNITS
+
+#: A spread below which the rows are the same but for float rounding (the exact copies batch norm keeps).
+SAME = 1e-5
+#: Fully observed steps on which the units were still identical after an update, at least.
+MIN_STEPS = 2
+
+
+class SymmetricUnits(Kind):
+    name = KIND.value
+    title = "identical units"
+    run_level = True
+
+    def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
+        held = {layer: v for layer, v in coverage.symmetric.items() if v[3] >= MIN_STEPS}
+        if not held:
+            return None
+        first = min(v[1] for v in held.values())
+        last = max(v[2] for v in held.values())
+        layers = sorted(held, key=lambda layer: held[layer][1])
+        return run_event(
+            KIND,
+            first,
+            last,
+            ", ".join(layers),
+            layers=len(layers),
+            units=max(v[0] for v in held.values()),
+            checks=min(v[3] for v in held.values()),
+            spread=max(v[4] for v in held.values()),
+        )
+
+    def lane(self, event: SemanticEvent) -> RootLane | None:
+        # the model as it was built: in force before the first update, so before what it sets off
+        return RootLane(0, order=5) if event.kind is self.kind else None
+
+    def set_off_by_surge(self, root: SemanticEvent) -> bool:
+        return False  # the initialisation, not the learning rate
+
+    def rules(self) -> list[CausalRule]:
+        return [
+            CausalRule(
+                "identical-units-die-together",
+                "makes every unit behave alike, so they fall into",
+                KIND,
+                (ActivationHealth.DEAD, ActivationHealth.SATURATED),
+                same_place_joins=True,
+            ),
+            CausalRule(
+                "identical-units-starve-gradients",
+                "leaves gradients that cancel or pile up into",
+                KIND,
+                (GradientHealth.VANISHING, GradientHealth.EXPLODING),
+                same_place_joins=True,
+            ),
+        ]
+
+    def explain(
+        self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
+    ) -> tuple[str, str]:
+        m = root.metrics
+        names = [n for n in root.detail.split(", ") if n]
+        layers = quoted(names, 3) if names else "a layer"
+        many = len(names) != 1
+        units = count(m.get("units", 0.0))
+        spread = m.get("spread", 0.0)
+        now = (
+            "every row of the weight was still the same, to within rounding"
+            if spread < SAME
+            else f"the rows still differed by at most {num(spread)} of the weight's norm (about 1 for a random "
+            "initialisation)"
+        )
+        what = (
+            f"Identical units: every output unit of {layers} started with the same weights (up to {units} units per "
+            f"layer), and training has not told them apart: on {count(m.get('checks', 0.0))} fully observed steps "
+            f"from step {root.step_start}, after the optimizer had moved the weights, {now}. Each unit computes "
+            f"nearly the same value, gets nearly the same gradient and takes nearly the same update, so "
+            f"{'each layer' if many else 'the layer'} works as a few units repeated."
+        )
+        fix = (
+            "initialise the weights randomly (keep PyTorch's default initialisation, or nn.init.kaiming_uniform_ / "
+            "xavier_uniform_); a constant such as nn.init.constant_(w, 0.05) or fill_() gives every unit the same "
+            "weights. Zero or constant weights are safe only where the next layer tells the units apart (a last "
+            "layer, a residual branch's last layer)."
+        )
+        return what, fix
+
+    def describe(self, event: SemanticEvent) -> str:
+        return f"identical units in {count(event.metrics.get('layers', 0.0))} layer(s)"
+
+    def place(self, event: SemanticEvent) -> str:
+        names = [n for n in event.detail.split(", ") if n]
+        return quoted(names, 3) if names else "the run"

@@ -1,0 +1,182 @@
+"""Identical units: a layer whose units all start with the same weights (a constant initialisation) and that
+training does not tell apart. Ground truth is plain torch in each test: the same program with PyTorch's default
+initialisation reaches a clearly better held-out accuracy, and the constant layer's rows are still near-copies
+at the end (their spread ``||W - mean row|| / ||W||`` far below the default's ~1). The healthy twins stay
+silent: the default initialisation, a zero-initialised head (its units part at the first update), a fixed
+averaging filter nobody trains, and a zero head whose two outputs are the same target."""
+
+from __future__ import annotations
+
+import support
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import NeuralDbg
+
+KIND = "symmetric_units"
+CLASSES = 4
+STEPS = 120
+make = support.classification_batches((16,), CLASSES, batch=64, seed=4)
+
+
+def mlp() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, CLASSES))
+
+
+def constant(model: nn.Module, value: float = 0.05) -> nn.Module:
+    """What the fault does: every weight matrix set to one value (the biases keep their random start)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.fill_(value)
+    return model
+
+
+def spread(weight: torch.Tensor) -> float:
+    rows = weight.detach().reshape(weight.shape[0], -1).double()
+    return float((rows - rows.mean(0)).norm() / rows.norm())
+
+
+def accuracy(model: nn.Module) -> float:
+    model.eval()
+    with torch.no_grad():
+        held = [make(10_000 + i) for i in range(4)]
+        return sum(float((model(x).argmax(1) == y).float().mean()) for x, y in held) / len(held)
+
+
+def run(build, watched: bool, steps: int = STEPS, batches=make, loss_fn=F.cross_entropy):
+    torch.manual_seed(0)
+    model = build()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if watched:
+        dbg, losses = support.train(model, batches, loss_fn, steps=steps, optimizer=opt)
+        return model, losses, dbg
+    return model, support.plain_train(model, batches, loss_fn, steps=steps, optimizer=opt), None
+
+
+def kinds(dbg: NeuralDbg | None) -> list[str]:
+    assert dbg is not None
+    return [h.kind.value for h in dbg.hypotheses()]
+
+
+def test_a_constant_initialisation_is_found_and_the_default_one_is_silent():
+    faulty, losses, _ = run(lambda: constant(mlp()), watched=False)
+    healthy, _, _ = run(mlp, watched=False)
+    # plain torch: the constant start trains far worse, and its hidden units are still near-copies of each other
+    assert accuracy(faulty) < accuracy(healthy) - 0.1
+    assert spread(faulty[0].weight) < 0.5 and spread(faulty[2].weight) < 0.5
+    assert spread(healthy[0].weight) > 0.9
+
+    _, watched, dbg = run(lambda: constant(mlp()), watched=True)
+    assert watched == losses  # the debugger changes nothing
+    assert kinds(dbg)[:1] == [KIND], dbg and dbg.explain_failure()
+    found = dbg.hypotheses()[0]
+    assert found.root.detail == "0, 2" and found.root.metrics["units"] == 64
+    assert 0 < found.root.metrics["spread"] < 0.5
+    assert "'0', '2' started with the same weights" in found.explanation
+    assert "initialise the weights randomly" in found.suggestion
+
+    _, _, twin = run(mlp, watched=True)
+    assert twin is not None and twin.healthy, twin.explain_failure()
+
+
+def test_filters_that_batch_norm_keeps_exact_copies_are_found():
+    def net() -> nn.Sequential:
+        return constant(
+            nn.Sequential(
+                nn.Conv2d(3, 8, 3, padding=1),
+                nn.BatchNorm2d(8),
+                nn.ReLU(),
+                nn.Conv2d(8, 8, 3, padding=1),
+                nn.BatchNorm2d(8),
+                nn.ReLU(),
+                nn.AdaptiveAvgPool2d(1),
+                nn.Flatten(),
+                nn.Linear(8, CLASSES),
+            )
+        )
+
+    images = support.classification_batches((3, 6, 6), CLASSES, batch=32, seed=2)
+    model, losses, _ = run(net, watched=False, steps=40, batches=images)
+    # plain torch: batch norm takes out what the filters share, so their gradient is the same for each: exact copies
+    assert spread(model[0].weight) < 1e-6 and spread(model[3].weight) < 1e-6
+
+    _, watched, dbg = run(net, watched=True, steps=40, batches=images)
+    assert watched == losses
+    assert kinds(dbg)[:1] == [KIND], dbg and dbg.explain_failure()
+    assert "every row of the weight was still the same, to within rounding" in dbg.hypotheses()[0].explanation
+
+
+def test_a_zero_initialised_head_parts_at_once_and_is_silent():
+    def zero_head() -> nn.Sequential:
+        model = mlp()
+        nn.init.zeros_(model[4].weight)
+        return model
+
+    model, _, _ = run(zero_head, watched=False)
+    assert spread(model[4].weight) > 0.9  # plain torch: its units got different errors and parted
+    _, _, dbg = run(zero_head, watched=True)
+    assert dbg is not None and dbg.healthy, dbg.explain_failure()
+
+
+def test_a_zero_head_whose_outputs_are_one_target_twice_is_not_a_candidate():
+    # a regression of two copies of one target: the head's rows stay equal because the task makes them so
+    def twin_outputs(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(64, 16, generator=g)
+        y = x[:, :1] - 0.5 * x[:, 1:2]
+        return x, torch.cat([y, y], dim=1)
+
+    def regressor() -> nn.Sequential:
+        model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 2))
+        nn.init.zeros_(model[2].weight)
+        return model
+
+    model, losses, _ = run(regressor, watched=False, batches=twin_outputs, loss_fn=F.mse_loss)
+    assert spread(model[2].weight) < 0.1 and losses[-1] < 0.2 * losses[0]  # plain torch: near-copies, and it learns
+    _, _, dbg = run(regressor, watched=True, batches=twin_outputs, loss_fn=F.mse_loss)
+    assert KIND not in kinds(dbg), dbg and dbg.explain_failure()
+
+
+def test_a_fixed_averaging_filter_is_not_trained_and_not_reported():
+    class Blurred(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blur = nn.Conv2d(3, 3, 3, padding=1, bias=False)
+            nn.init.constant_(self.blur.weight, 1 / 27)  # every output channel the mean of a 3x3x3 patch
+            self.blur.weight.requires_grad_(False)
+            self.body = nn.Sequential(nn.Flatten(), nn.Linear(3 * 6 * 6, 32), nn.ReLU(), nn.Linear(32, CLASSES))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(self.blur(x))
+
+    images = support.classification_batches((3, 6, 6), CLASSES, batch=32, seed=2)
+    _, _, dbg = run(Blurred, watched=True, steps=40, batches=images)
+    assert KIND not in kinds(dbg), dbg and dbg.explain_failure()
+
+    # the same filter left trainable in a parameter group at learning rate 0: it gets a gradient, never moves
+    torch.manual_seed(0)
+    model = Blurred()
+    model.blur.weight.requires_grad_(True)
+    opt = torch.optim.SGD(
+        [{"params": model.body.parameters()}, {"params": model.blur.parameters(), "lr": 0.0}], lr=0.1, momentum=0.9
+    )
+    dbg, _ = support.train(model, images, F.cross_entropy, steps=40, optimizer=opt)
+    assert torch.all(model.blur.weight == 1 / 27)  # plain torch: untouched
+    assert KIND not in kinds(dbg), dbg.explain_failure()
+
+
+def test_one_check_is_not_enough():
+    from neuraldbg.capture.coverage import Coverage, RunFacts
+    from neuraldbg.kinds.symmetric_units import SymmetricUnits
+
+    room, facts = SymmetricUnits(), RunFacts(trainable=1, backward_passes=1, optimizer_steps=1)
+    coverage = Coverage()
+    coverage._symmetric(0, {"fc": (8, 0.0)})
+    assert room.run_finding(coverage, facts) is None
+    coverage._symmetric(16, {"fc": (8, 0.1)})
+    found = room.run_finding(coverage, facts)
+    assert found is not None and (found.step_start, found.step_end, found.metrics["checks"]) == (0, 16, 2)
+    coverage._symmetric(32, {})  # the units parted: nothing left to report
+    assert room.run_finding(coverage, facts) is None
