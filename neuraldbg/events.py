@@ -79,6 +79,7 @@ class FailureKind(str, metaclass=_Names):
     EXCESSIVE_WEIGHT_DECAY: ClassVar[FailureKind]
     EXCESSIVE_DROPOUT: ClassVar[FailureKind]
     SYMMETRIC_UNITS: ClassVar[FailureKind]
+    BROADCAST_LOSS: ClassVar[FailureKind]
 
     def __new__(cls, value: str) -> FailureKind:
         found = cls._declared.get(value) if isinstance(value, str) else None
@@ -160,6 +161,7 @@ for _name in (
     "unreachable_targets",
     "excessive_dropout",
     "symmetric_units",
+    "broadcast_loss",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 

@@ -57,6 +57,7 @@ KINDS = frozenset(
         "excessive_weight_decay",
         "excessive_dropout",
         "symmetric_units",
+        "broadcast_loss",
         "unreachable_targets",
     }
 )

@@ -155,6 +155,9 @@ class Coverage:
     # an activation between the logits and a loss that normalises them itself (capture/loss_graph.py):
     # (activation, loss, layer, step), layer "" when no watched layer's output is it or its input
     activated_loss: tuple[str, str, str, int] | None = None
+    # a loss that compared each sample's prediction with other samples' targets (capture/loss_graph.py: crossed):
+    # (what compared them, the prediction's shape, the shape compared, the layer whose output it is, step)
+    crossed_loss: tuple[str, tuple[int, ...], tuple[int, ...], str, int] | None = None
     classifier_loss: str = ""  # the loss normalises logits itself (cross_entropy, ...): the model is a classifier
     # the profile of a mean squared error's target on one value per sample over the first backward passes
     # (capture/loss_graph.py): (all integers 1.0/0.0, smallest, largest, mean variance); () when no such loss

@@ -205,6 +205,9 @@ class GradLedger:
             # ... and the class indices of an nll_loss: how often is each class a label?
             labels = loss_graph.class_labels(checked) if checked else None
             counts = (label_counts(labels.target, labels.classes, labels.ignore), labels.classes) if labels else None
+            # ... and a loss that compares each prediction with other samples' targets (shapes only, nothing read)
+            if checked and rec.coverage.crossed_loss is None:
+                self._note_crossed(checked)
             # ... and the targets of a binary cross-entropy or a mean squared error: their base rates or variances
             targeted = loss_graph.loss_targets(roots) if roots and self._looked else None
             moments = None
@@ -215,6 +218,16 @@ class GradLedger:
         except Exception as exc:
             rec.fail("the backward-call listener", exc)
             return None
+
+    def _note_crossed(self, roots: list[Tensor]) -> None:
+        """Note a loss that broadcast its predictions against other samples' targets, with the layer whose output
+        the prediction is (see :func:`~neuraldbg.capture.loss_graph.crossed`)."""
+        rec = self._rec
+        nodes = rec.forward.nodes or {}
+        found = loss_graph.crossed(roots, nodes)
+        if found is not None:
+            step = rec.pending.data.step
+            rec.coverage.crossed_loss = (found.loss, found.prediction, found.compared, nodes.get(found.node, ""), step)
 
     def _confirmation(self, carried: list[int]) -> Tensor | None:
         """The largest magnitude of a few carried gradients, on the device (0: they were zeroed through ``.data``)."""

@@ -21,7 +21,10 @@ an activation whose range may not hold the targets. :func:`log_probabilities` do
 ``nll_loss`` that no ``log_softmax`` produced: are those values log-probabilities at all? And :func:`class_labels`
 for the class indices an ``nll_loss`` saved: how often each class is a label (the chance level of a classifier
 whose classes are imbalanced). And :func:`loss_targets` for the targets of a binary cross-entropy or a mean squared
-error that is the loss itself (its mean): their base rates or variances are that loss's chance level.
+error that is the loss itself (its mean): their base rates or variances are that loss's chance level. And
+:func:`crossed` for a loss that compares each sample's prediction with every other sample's target: a prediction
+of shape ``(N, 1)`` against a target of ``(N,)``, broadcast to ``(N, N)``, read from shapes alone (the loss node's
+saved sizes, the shapes autograd records of each node's output).
 """
 
 from __future__ import annotations
@@ -439,6 +442,95 @@ def loss_targets(losses: list[Tensor]) -> LossTargets | None:
     if prediction.shape != target.shape or target.dim() == 0 or target.shape[0] < 2:
         return None
     return LossTargets(kind, target)
+
+
+@dataclass(frozen=True, slots=True)
+class Crossed:
+    """A loss that compared a prediction with targets of other samples: what compared them (``mse_loss``, or a
+    difference taken by hand), the prediction's shape, the shape both were broadcast to, and the identity of the
+    graph node that produced the prediction (to name the layer)."""
+
+    loss: str
+    prediction: tuple[int, ...]
+    compared: tuple[int, ...]
+    node: int
+
+
+#: What a loss by value is called in words, by its node.
+_BY_VALUE_NAMES = {
+    "MseLossBackward0": "mse_loss",
+    "SmoothL1LossBackward0": "smooth_l1_loss",
+    "HuberLossBackward0": "huber_loss",
+}
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def _pairs_samples(prediction: tuple[int, ...], compared: tuple[int, ...]) -> bool:
+    """Whether broadcasting ``prediction`` to ``compared`` repeats it along a dimension as long as its batch (its
+    first dimension, at least 2) that is not that batch's own: ``(N, 1)`` or ``(N, 1, T)`` taken to ``(N, N, ...)``,
+    or ``(N,)`` to ``(N, N)``. A prediction of ``(1, D)`` against ``(N, D)`` (one value for all samples) is not."""
+    if not prediction or len(compared) < len(prediction) or prediction[0] < 2:
+        return False
+    padded = (1,) * (len(compared) - len(prediction)) + prediction
+    batch_at = len(compared) - len(prediction)
+    return any(p == 1 and c == prediction[0] and d != batch_at for d, (p, c) in enumerate(zip(padded, compared)))
+
+
+def crossed(losses: list[Tensor], outputs: dict[int, str]) -> Crossed | None:
+    """The first loss met from ``losses`` (the roots of one backward call, before it runs) that broadcast its
+    prediction against targets of other samples; None when there is none. Two ways are read:
+
+    * a loss by value of torch's (``mse_loss``, ``smooth_l1_loss``, ``huber_loss``: torch warns "Using a target size
+      that is different to the input size" and goes on) whose prediction was expanded, to more elements than the
+      prediction and the target each hold (the target's own values: its dimensions of stride 0 are a broadcast);
+    * a difference taken by hand (``pred - y``, ``y - pred``, as in ``((pred - y) ** 2).mean()`` or ``l1_loss``)
+      between a watched layer's output (``outputs``: the graph nodes of the layers' outputs) and a tensor without
+      a gradient, whose result repeats that output along a dimension as long as its batch (:func:`_pairs_samples`).
+    """
+    for node, _ in _walk(losses):
+        name = type(node).__name__
+        if name in _BY_VALUE:
+            first = _first_input(node)
+            values, target = getattr(node, "_saved_self", None), getattr(node, "_saved_target", None)
+            sizes = getattr(first, "_saved_self_sym_sizes", None)
+            if type(first).__name__ != "ExpandBackward0" or sizes is None:
+                return None
+            if not isinstance(values, Tensor) or not isinstance(target, Tensor):
+                return None
+            prediction = tuple(int(n) for n in sizes)
+            compared = tuple(int(n) for n in values.shape)
+            own = _count(tuple(int(n) for n, st in zip(target.shape, target.stride()) if st != 0))
+            if _count(compared) > max(_count(prediction), own):
+                return Crossed(_BY_VALUE_NAMES[name], prediction, compared, id(_first_input(first)))
+            return None
+        if name == "SubBackward0":
+            found = _crossed_difference(node, outputs)
+            if found is not None:
+                return found
+    return None
+
+
+def _crossed_difference(node: object, outputs: dict[int, str]) -> Crossed | None:
+    """A difference between a watched layer's output and a tensor without a gradient that repeats the output
+    along a dimension as long as its batch (see :func:`crossed`)."""
+    sides: tuple[tuple[object, int], ...] = getattr(node, "next_functions", ())
+    if len(sides) != 2 or (sides[0][0] is None) == (sides[1][0] is None):
+        return None
+    producer, slot = sides[0] if sides[0][0] is not None else sides[1]
+    if id(producer) not in outputs:
+        return None
+    shapes = getattr(producer, "_input_metadata", ())
+    result = getattr(node, "_input_metadata", ())
+    if slot >= len(shapes) or not result:
+        return None
+    prediction = tuple(int(n) for n in shapes[slot].shape)
+    compared = tuple(int(n) for n in result[0].shape)
+    if _count(compared) > _count(prediction) and _pairs_samples(prediction, compared):
+        return Crossed("a difference taken by hand", prediction, compared, id(producer))
+    return None
 
 
 def _first_input(node: object) -> object:

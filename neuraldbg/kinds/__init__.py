@@ -19,6 +19,7 @@ from ..events import describe_events_with
 from ..reasoning.rules import LOSS_RELATION, SETS_OFF, CausalRule, ShowsInTheLoss, SurgeSetsOff
 from . import (
     activation_before_loss,
+    broadcast_loss,
     class_index_regression,
     collapsed_output,
     dead_neurons,
@@ -84,6 +85,7 @@ BUILTIN: tuple[Kind, ...] = (
     excessive_weight_decay.ExcessiveWeightDecay(),
     excessive_dropout.ExcessiveDropout(),
     symmetric_units.SymmetricUnits(),
+    broadcast_loss.BroadcastLoss(),
     loss_at_chance.LossAtChance(),
     unstable_loss.UnstableLoss(),
     loss_not_decreasing.LossNotDecreasing(),
