@@ -29,6 +29,10 @@ DETACHED = frozenset({"detached_layers", "frozen_parameters", "loss_not_decreasi
 DEAD_BIAS = frozenset({"dead_neurons"})
 EVAL_MODE = frozenset({"eval_mode_training"})
 HEAVY_DROPOUT = frozenset({"excessive_dropout", "loss_not_decreasing", "loss_at_chance"})
+# a constant initialisation: every unit of a layer the same (named exactly), or what that leaves in the loss
+SYMMETRIC = frozenset({"symmetric_units", "loss_not_decreasing", "loss_at_chance"})
+# prediction (N, 1) against target (N,): every prediction compared with every target (named exactly)
+BROADCAST = WRONG_LOSS | {"broadcast_loss"}
 BIG_INIT = frozenset(
     {"exploding_gradients", "saturated_activations", "unstable_loss", "loss_not_decreasing", "oversized_logits"}
 )

@@ -45,6 +45,10 @@ def mlp_train(hp: SimpleNamespace, session: Session) -> dict[str, float]:
     if hp.first_bias is not None:
         with torch.no_grad():
             model[1].bias.fill_(hp.first_bias)
+    if hp.init_value is not None:  # nn.init.constant_ on every weight matrix (the biases keep their random start)
+        for module in model.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.constant_(module.weight, hp.init_value)
     optimizer = torch.optim.Adam(model.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
     batches = loader(x_train, y_train, hp.batch_size)
 
@@ -89,6 +93,7 @@ MLP_DEFAULTS = dict(
     relu_on_logits=False,
     first_bias=None,
     clip=None,
+    init_value=None,
 )
 
 MLP = Program(
@@ -155,6 +160,13 @@ MLP = Program(
         Variant("clip_1e-4", "gradient_clipping", "clip_grad_norm_ to 1e-4 (Adam)", {"clip": 1e-4}, K.TINY_CLIPPING),
         Variant("dropout_0.9", "regularisation", "Dropout p=0.9 instead of 0.2", {"dropout": 0.9}, K.HEAVY_DROPOUT),
         Variant("dropout_0.5", "regularisation", "Dropout p=0.5 instead of 0.2", {"dropout": 0.5}, K.HEAVY_DROPOUT),
+        Variant(
+            "init_const_0.05",
+            "weight_init",
+            "nn.init.constant_(weight, 0.05) on every Linear",
+            {"init_value": 0.05},
+            K.SYMMETRIC,
+        ),
     ),
 )
 
@@ -199,6 +211,12 @@ def cnn_train(hp: SimpleNamespace, session: Session) -> dict[str, float]:
         for module in model.modules():
             if isinstance(module, (nn.Conv2d, nn.Linear)):
                 nn.init.normal_(module.weight, std=hp.init_std)
+    if hp.init_value is not None:
+        for module in model.modules():
+            if isinstance(module, (nn.Conv2d, nn.Linear)):
+                nn.init.constant_(module.weight, hp.init_value)
+    if hp.zero_head:  # the classifier starts at zero (a common choice): its units part at the first update
+        nn.init.zeros_(model.fc2.weight)
     params = model.parameters()
     if hp.left_out:
         params = [p for name, p in model.named_parameters() if not name.startswith(hp.left_out)]
@@ -240,6 +258,8 @@ CNN = Program(
         log_softmax=True,
         relu_on_logits=False,
         init_std=None,
+        init_value=None,
+        zero_head=False,
         left_out=None,
         clip=None,
         eval_mode=False,
@@ -289,6 +309,14 @@ CNN = Program(
             ("fc2",),
         ),
         Variant("init_normal_1", "weight_init", "conv and linear weights ~ N(0, 1)", {"init_std": 1.0}, K.BIG_INIT),
+        Variant(
+            "init_const_0.05",
+            "weight_init",
+            "nn.init.constant_(weight, 0.05) on every conv and linear layer",
+            {"init_value": 0.05},
+            K.SYMMETRIC,
+        ),
+        Variant("fc2_zero_init", "weight_init", "fc2's weight initialised to zeros", {"zero_head": True}, K.SYMMETRIC),
         Variant(
             "detach_features",
             "graph_cut",

@@ -18,15 +18,17 @@ from ._common import loader
 
 
 class Forecaster(nn.Module):
-    def __init__(self, hidden: int = 32, layer_norm: bool = True) -> None:
+    def __init__(self, hidden: int = 32, layer_norm: bool = True, squeeze: bool = True) -> None:
         super().__init__()
+        self.squeeze = squeeze
         self.gru = nn.GRU(1, hidden, batch_first=True)
         self.norm = nn.LayerNorm(hidden) if layer_norm else nn.Identity()
         self.head = nn.Linear(hidden, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out, _ = self.gru(x.unsqueeze(-1))
-        return self.head(self.norm(out[:, -1])).squeeze(-1)
+        prediction = self.head(self.norm(out[:, -1]))
+        return prediction.squeeze(-1) if self.squeeze else prediction
 
 
 def train(hp: SimpleNamespace, session: Session) -> dict[str, float]:
@@ -34,7 +36,7 @@ def train(hp: SimpleNamespace, session: Session) -> dict[str, float]:
     series = data.sine_series(2560, 31) * hp.input_scale
     x, y = series[:, :30], series[:, 30]
     x_train, y_train, x_test, y_test = x[:2048], y[:2048], x[2048:], y[2048:]
-    model = Forecaster(layer_norm=hp.layer_norm)
+    model = Forecaster(layer_norm=hp.layer_norm, squeeze=hp.squeeze)
     optimizer = torch.optim.Adam(model.parameters(), lr=hp.lr)
     criterion = nn.MSELoss()
     with session.watch(model):
@@ -47,14 +49,14 @@ def train(hp: SimpleNamespace, session: Session) -> dict[str, float]:
                 optimizer.step()
                 session.record(loss)
     with torch.no_grad():  # held-out MSE in the data's own units
-        return {"metric": float(criterion(model(x_test), y_test)) / hp.input_scale**2}
+        return {"metric": float(criterion(model(x_test).reshape(-1), y_test)) / hp.input_scale**2}
 
 
 PROGRAM = Program(
     family="time_series",
     name="gru_forecaster",
     train=train,
-    defaults=dict(lr=3e-3, epochs=4, layer_norm=True, input_scale=1.0, zero_grad=True),
+    defaults=dict(lr=3e-3, epochs=4, layer_norm=True, input_scale=1.0, zero_grad=True, squeeze=True),
     metric="held-out MSE",
     higher_is_better=False,
     floor=0.1,
@@ -72,6 +74,13 @@ PROGRAM = Program(
             K.RAW_INPUTS | {"saturated_activations"},
         ),
         Variant("no_zero_grad", "zero_grad", "optimizer.zero_grad() missing", {"zero_grad": False}, K.NO_ZERO_GRAD),
+        Variant(
+            "output_not_squeezed",
+            "loss_function",
+            "the head's (N, 1) output given to MSELoss with (N,) targets (the .squeeze(-1) forgotten)",
+            {"squeeze": False},
+            K.BROADCAST,
+        ),
     ),
 )
 
