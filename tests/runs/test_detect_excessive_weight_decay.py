@@ -298,3 +298,60 @@ def test_the_same_split_with_usual_decay_is_silent():
     losses, dbg = train(layer_norm_classifier(), split_decay(0.01), 300, watched=True)
     assert losses == plain
     assert dbg is not None and not found(dbg), dbg.explain_failure()
+
+
+class Encoder(nn.Module):
+    """A small pre-norm transformer classifier over sequences of 12 vectors (mean-pooled)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, 32)
+        self.pos = nn.Parameter(torch.zeros(1, 12, 32))
+        layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(32)
+        self.head = nn.Linear(32, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.enc(self.inp(x) + self.pos)).mean(1))
+
+
+#: Sequences of 12 vectors labelled by a linear teacher on the whole sequence.
+sequences = support.classification_batches((12, 8), CLASSES, batch=64)
+
+
+def test_a_usual_decoupled_decay_at_a_learning_rate_far_too_high_is_the_learning_rates_fault():
+    """AdamW's usual weight_decay=0.05 at lr 0.2 on a transformer: each step takes lr x wd = 1% of every weight, so
+    the decay is most of the steps and the weights shrink; but the same decay at lr 2e-3 trains well, and lr 0.2
+    without any decay trains as badly (plain torch): the learning rate is the fault, and its finding comes alone."""
+
+    def run(lr: float, decay: float, watched: bool) -> tuple[float, NeuralDbg | None]:
+        torch.manual_seed(0)
+        model = Encoder()
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=decay)
+        dbg = NeuralDbg(model)
+
+        def loop() -> None:
+            for step in range(200):
+                x, y = sequences(step)
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+
+        if watched:
+            with dbg:
+                loop()
+        else:
+            loop()
+        x, y = sequences(10_000)
+        model.eval()
+        with torch.no_grad():
+            return float((model(x).argmax(1) == y).float().mean()), dbg if watched else None
+
+    good, _ = run(2e-3, 0.05, watched=False)
+    assert run(0.2, 0.05, watched=False)[0] < good - 0.1 and run(0.2, 0.0, watched=False)[0] < good - 0.1
+
+    _, dbg = run(0.2, 0.05, watched=True)
+    assert dbg is not None and not found(dbg), dbg.explain_failure()
+    assert dbg.hypotheses() and "lower the learning rate" in dbg.hypotheses()[0].suggestion
