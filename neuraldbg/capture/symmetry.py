@@ -8,9 +8,10 @@ torch, weights 0.05 with random biases: a tabular net's hidden rows after 188 st
 a conv net's by 0.08 and 0.01, against 0.99 for the default initialisation).
 
 Found when the debugger attaches: a candidate is a layer's unit weight of two or more rows, not all zeros, whose
-rows are all equal (the first two compared first). A zero weight is left out: zero-initialised last layers,
-residual branches and adapters are how many healthy models start, and their units part at the first update since
-each gets a different error. Each candidate is then followed on fully observed steps, after the optimizer
+rows are all equal (the first two compared first); for an embedding, whose units are its dimensions, the columns
+(a constant start gives every token the vector c x (1, ..., 1): the factorisation is one-dimensional). A zero
+weight is left out: zero-initialised last layers, residual branches and adapters are how many healthy models
+start, and their units part at the first update since each gets a different error. Each candidate is then followed on fully observed steps, after the optimizer
 stepped: its spread, ``||W - mean row|| / ||W||`` (0 for identical rows, about 1 for independent ones); past
 :data:`PARTED` it is dropped for good, otherwise, once its weights moved, the spread is filed on the step
 (:attr:`~neuraldbg.stats.step.StepData.symmetric`). Nothing is read on cheap steps, and a run without candidates
@@ -30,6 +31,15 @@ from .pending import Pending
 PARTED = 0.5
 
 
+#: Layers whose units are their weight's columns (the dimensions each row, a token's vector, is spread over).
+_EMBEDDINGS = frozenset({"Embedding", "EmbeddingBag"})
+
+
+def _units(weight: Tensor, columns: bool) -> Tensor:
+    """The weight with one unit per row: an embedding's transposed (a 1-d weight stays as it is)."""
+    return weight.t() if columns and weight.dim() == 2 else weight
+
+
 def _identical_rows(weight: Tensor) -> bool:
     """Whether every row (first-dimension slice) of ``weight`` equals the first, element for element."""
     rows = weight.reshape(weight.shape[0], -1)
@@ -42,23 +52,25 @@ class SymmetryWatch:
     """Follows the layers whose units started identical until they part (see the module docstring)."""
 
     def __init__(self) -> None:
-        # layer -> (its unit weight, the first row as it was when the debugger attached)
-        self._candidates: dict[str, tuple[Tensor, Tensor]] = {}
+        # layer -> (its unit weight, the first unit's weights when the debugger attached, units are columns)
+        self._candidates: dict[str, tuple[Tensor, Tensor, bool]] = {}
 
     def attach(self, infos: dict[str, LayerInfo], params: list[Param]) -> None:
-        """Find the candidates among the unit weights of ``infos`` that are trainable ``params`` held whole."""
+        """Find the candidates among the unit weights of ``infos`` that are trainable ``params`` held whole, and the
+        weights of embeddings, whose units are their dimensions (the weight's columns)."""
         self._candidates = {}
         by_name = {p.name: p for p in params}
         with torch.no_grad():
             for layer, info in infos.items():
-                p = by_name.get(info.unit_weight or "")
+                columns = info.type_name in _EMBEDDINGS
+                p = by_name.get(f"{layer}.weight" if columns else info.unit_weight or "")
                 if p is None or not p.whole:
                     continue
-                w = p.tensor.detach()
+                w = _units(p.tensor.detach(), columns)
                 if w.dim() < 2 or w.shape[0] < 2 or not w.is_floating_point() or w.is_meta or w[0].numel() == 0:
                     continue
                 if _identical_rows(w) and bool(w[0].any()):
-                    self._candidates[layer] = (p.tensor, w[0].reshape(-1).clone())
+                    self._candidates[layer] = (p.tensor, w[0].reshape(-1).clone(), columns)
 
     @property
     def watching(self) -> bool:
@@ -69,8 +81,8 @@ class SymmetryWatch:
         spread of the others whose weights moved since the debugger attached."""
         found: dict[str, tuple[int, float]] = {}
         with torch.no_grad():
-            for layer, (tensor, first) in list(self._candidates.items()):
-                w = tensor.detach()
+            for layer, (tensor, first, columns) in list(self._candidates.items()):
+                w = _units(tensor.detach(), columns)
                 rows = w.reshape(w.shape[0], -1).double()
                 size = float(rows.norm())
                 spread = float((rows - rows.mean(0)).norm()) / size if size > 0 else 0.0

@@ -91,10 +91,10 @@ class SymmetricUnits(Kind):
         units = count(m.get("units", 0.0))
         spread = m.get("spread", 0.0)
         now = (
-            "every row of the weight was still the same, to within rounding"
+            "every unit's weights were still the same, to within rounding"
             if spread < SAME
-            else f"the rows still differed by at most {num(spread)} of the weight's norm (about 1 for a random "
-            "initialisation)"
+            else f"the units' weights still differed by at most {num(spread)} of the weight's norm (about 1 for a "
+            "random initialisation)"
         )
         what = (
             f"Identical units: every output unit of {layers} started with the same weights (up to {units} units per "

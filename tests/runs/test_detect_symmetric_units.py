@@ -105,7 +105,7 @@ def test_filters_that_batch_norm_keeps_exact_copies_are_found():
     _, watched, dbg = run(net, watched=True, steps=40, batches=images)
     assert watched == losses
     assert kinds(dbg)[:1] == [KIND], dbg and dbg.explain_failure()
-    assert "every row of the weight was still the same, to within rounding" in dbg.hypotheses()[0].explanation
+    assert "every unit's weights were still the same, to within rounding" in dbg.hypotheses()[0].explanation
 
 
 def test_a_zero_initialised_head_parts_at_once_and_is_silent():
@@ -180,3 +180,49 @@ def test_one_check_is_not_enough():
     assert found is not None and (found.step_start, found.step_end, found.metrics["checks"]) == (0, 16, 2)
     coverage._symmetric(32, {})  # the units parted: nothing left to report
     assert room.run_finding(coverage, facts) is None
+
+
+class Factorisation(nn.Module):
+    """A recommender: a user's and an item's vectors, their dot product a rating."""
+
+    def __init__(self, start: float | None) -> None:
+        super().__init__()
+        self.users, self.items = nn.Embedding(50, 8), nn.Embedding(40, 8)
+        if start is not None:
+            nn.init.constant_(self.users.weight, start)
+            nn.init.constant_(self.items.weight, start)
+
+    def forward(self, pairs: torch.Tensor) -> torch.Tensor:
+        return (self.users(pairs[:, 0]) * self.items(pairs[:, 1])).sum(1)
+
+
+def ratings(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ratings from a rank-3 truth."""
+    truth = torch.Generator().manual_seed(77)
+    u, v = torch.randn(50, 3, generator=truth), torch.randn(40, 3, generator=truth)
+    g = torch.Generator().manual_seed(step)
+    pairs = torch.stack([torch.randint(0, 50, (128,), generator=g), torch.randint(0, 40, (128,), generator=g)], 1)
+    return pairs, (u[pairs[:, 0]] * v[pairs[:, 1]]).sum(1)
+
+
+def test_an_embedding_whose_dimensions_start_alike_is_found():
+    def fit(start: float | None, watched: bool):
+        torch.manual_seed(0)
+        model = Factorisation(start)
+        opt = torch.optim.Adam(model.parameters(), lr=0.05)
+        if watched:
+            return model, *support.train(model, ratings, F.mse_loss, steps=200, optimizer=opt)
+        return model, None, support.plain_train(model, ratings, F.mse_loss, steps=200, optimizer=opt)
+
+    constant, _, losses = fit(0.05, watched=False)
+    _, _, healthy = fit(None, watched=False)
+    # plain torch: every vector stays c x (1, ..., 1), a one-dimensional factorisation, and fits far worse
+    assert spread(constant.users.weight.t()) < 1e-6 and spread(constant.items.weight.t()) < 1e-6
+    assert sum(losses[-20:]) > 2 * sum(healthy[-20:])
+
+    _, dbg, watched = fit(0.05, watched=True)
+    assert watched == losses
+    assert kinds(dbg)[:1] == [KIND], dbg.explain_failure()
+    assert dbg.hypotheses()[0].root.detail == "users, items"
+    _, twin, _ = fit(None, watched=True)
+    assert KIND not in kinds(twin), twin.explain_failure()
