@@ -11,11 +11,11 @@ Found when the debugger attaches: a candidate is a layer's unit weight of two or
 rows are all equal (the first two compared first); for an embedding, whose units are its dimensions, the columns
 (a constant start gives every token the vector c x (1, ..., 1): the factorisation is one-dimensional). A zero
 weight is left out: zero-initialised last layers, residual branches and adapters are how many healthy models
-start, and their units part at the first update since each gets a different error. Each candidate is then followed on fully observed steps, after the optimizer
-stepped: its spread, ``||W - mean row|| / ||W||`` (0 for identical rows, about 1 for independent ones); past
-:data:`PARTED` it is dropped for good, otherwise, once its weights moved, the spread is filed on the step
-(:attr:`~neuraldbg.stats.step.StepData.symmetric`). Nothing is read on cheap steps, and a run without candidates
-does no work here after attaching.
+start, and their units part at the first update since each gets a different error. Each candidate is then
+followed on fully observed steps, after the optimizer stepped: its spread, ``||W - mean row|| / ||W||`` (0 for
+identical rows, about 1 for independent ones); past :data:`PARTED` it is dropped for good, otherwise, once its
+weights moved, the spread is filed on the step (:attr:`~neuraldbg.stats.step.StepData.symmetric`). Nothing is read
+on cheap steps, and a run without candidates does no work here after attaching.
 """
 
 from __future__ import annotations
