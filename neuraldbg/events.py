@@ -80,6 +80,7 @@ class FailureKind(str, metaclass=_Names):
     EXCESSIVE_DROPOUT: ClassVar[FailureKind]
     SYMMETRIC_UNITS: ClassVar[FailureKind]
     BROADCAST_LOSS: ClassVar[FailureKind]
+    NO_NONLINEARITY: ClassVar[FailureKind]
 
     def __new__(cls, value: str) -> FailureKind:
         found = cls._declared.get(value) if isinstance(value, str) else None
@@ -162,6 +163,7 @@ for _name in (
     "excessive_dropout",
     "symmetric_units",
     "broadcast_loss",
+    "no_nonlinearity",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 

@@ -58,6 +58,7 @@ KINDS = frozenset(
         "excessive_dropout",
         "symmetric_units",
         "broadcast_loss",
+        "no_nonlinearity",
         "unreachable_targets",
     }
 )

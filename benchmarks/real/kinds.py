@@ -38,5 +38,7 @@ BIG_INIT = frozenset(
 )
 SATURATING = frozenset({"saturated_activations", "vanishing_gradients", "loss_not_decreasing"})
 CAPACITY = frozenset({"loss_not_decreasing"})  # a change that only makes the model or its training weaker
+# the activations removed: the model is one affine map (named exactly)
+LINEAR_MODEL = CAPACITY | {"no_nonlinearity"}
 # attention over padding tokens: a weaker model, and the fault named exactly
 UNMASKED_PADDING = CAPACITY | {"unmasked_padding"}

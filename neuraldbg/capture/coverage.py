@@ -139,6 +139,10 @@ class Coverage:
     carried_params: tuple[str, ...] = ()
     carried_by: str = ""
     stepped_steps: int = 0  # steps on which an owned optimizer stepped (the occasions for a carry-over)
+    # the whole model is one affine map (capture/affine.py): the layers composed, over every check (None: no check
+    # found it, or one found a node that is not linear in the data)
+    affine_layers: int | None = None
+    _not_affine: bool = False
     # layers whose output units started identical and had not parted while their weights moved (capture/symmetry.py),
     # as of the last step that checked: layer -> (units, first step seen, last step seen, steps seen, last spread)
     symmetric: dict[str, tuple[int, int, int, int, float]] = field(default_factory=dict)
@@ -309,6 +313,14 @@ class Coverage:
                 self.steps_with_gradient += 1
                 self.steps_with_nonzero_gradient += not zero
             self._zero_reading(record.step, zero)
+
+    def note_affine(self, layers: int | None) -> None:
+        """One walk of a forward pass's graph: the model is one affine map of ``layers`` layers, or not (None, which
+        settles it for the run)."""
+        if layers is None or self._not_affine:
+            self._not_affine, self.affine_layers = True, None
+        else:
+            self.affine_layers = layers if self.affine_layers is None else min(layers, self.affine_layers)
 
     def _symmetric(self, step: int, found: dict[str, tuple[int, float]]) -> None:
         """A check of the layers that started with identical units: those that parted are gone for good."""

@@ -16,6 +16,7 @@ from ..model.info import LayerInfo, Role
 from ..stats import tensors as stats
 from ..stats.step import SlotKey
 from . import hooks, measure
+from .affine import affine_layers
 from .clock import StepMode
 from .compiled import CompiledSlots
 from .order import LayerOrder
@@ -36,6 +37,9 @@ _LOOKED_AT = 8
 #: _note_entry): the model's input may be rescaled in its forward (``x / 255``, a Normalize with registered buffers)
 #: before any layer learns from it, and a program does so the same way on every pass.
 ENTRY_CHECKS = 8
+#: Fully observed forward passes whose autograd graph is walked to tell whether the whole model is one affine map
+#: (see :mod:`neuraldbg.capture.affine`): a program builds the same graph on every pass.
+AFFINE_CHECKS = 2
 #: In one such pass: the first layer calls with parameters given a floating input whose input is read, whatever it
 #: is fed (raw numeric columns concatenated with embeddings before the first linear layer) ...
 _FIRST_ENTRIES = 4
@@ -92,6 +96,7 @@ class ForwardPath:
         self._unlinked: list[tuple[str, int]] = []
         self._cut_checks = CUT_CHECKS  # fully observed forward passes still to look at for one
         self._entry_checks = ENTRY_CHECKS  # fully observed forward passes still to read the entering data's scale in
+        self._affine_checks = AFFINE_CHECKS  # ... and to walk for a model that is one affine map
         self._entered = 0  # layer calls with parameters given a floating input in this pass
         self._entries = 0  # their inputs read in this pass
 
@@ -358,6 +363,9 @@ class ForwardPath:
             if self._cut_checks:
                 self._cut_checks -= 1
                 self._unlinked_cuts(args, kwargs)
+            if self._affine_checks and t.requires_grad:
+                self._affine_checks -= 1
+                self._rec.coverage.note_affine(affine_layers(t.grad_fn))
             self.autocast = self.autocast or torch.is_autocast_enabled(t.device.type)
             data.classes = stats.class_count(output)
             if self.others:  # data after the first argument (raw numeric columns after categorical ids)

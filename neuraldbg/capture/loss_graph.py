@@ -43,7 +43,7 @@ NORMALISING = {
     "BinaryCrossEntropyWithLogitsBackward0": "binary_cross_entropy_with_logits",
 }
 #: Nodes whose output is what their input was, reshaped or copied (looked through).
-_SHAPE_ONLY = frozenset(
+SHAPE_ONLY = frozenset(
     {
         "ViewBackward0",
         "UnsafeViewBackward0",
@@ -238,7 +238,7 @@ def scaled_cosine(logits: object) -> bool:
                 return False
             products += 1
             continue
-        if name not in _SCALING and name not in _SHAPE_ONLY:
+        if name not in _SCALING and name not in SHAPE_ONLY:
             return False
         for nxt in inputs:
             if id(nxt) not in seen:
@@ -254,7 +254,7 @@ def _normalised(node: object) -> bool:
     quotient whose divisor is a vector norm (clamped, expanded), as ``F.normalize`` computes it."""
     for _ in range(_HOPS):
         name = type(node).__name__
-        if name in _SHAPE_ONLY or name == "TBackward0":
+        if name in SHAPE_ONLY or name == "TBackward0":
             node = _first_input(node)
             continue
         inputs = [nxt for nxt, _ in getattr(node, "next_functions", ())]
@@ -543,7 +543,7 @@ def _producer(node: object) -> object:
     """The node that produced the input of ``node``, looking through nodes that only reshape it."""
     found = _first_input(node)
     for _ in range(_HOPS):
-        if found is None or type(found).__name__ not in _SHAPE_ONLY:
+        if found is None or type(found).__name__ not in SHAPE_ONLY:
             break
         found = _first_input(found)
     return found

@@ -139,7 +139,7 @@ MLP = Program(
         ),
         Variant("weight_decay_1", "regularisation", "Adam weight_decay=1.0", {"weight_decay": 1.0}, K.HUGE_DECAY),
         Variant(
-            "activation_removed", "activation", "ReLU replaced by Identity", {"activation": "identity"}, K.CAPACITY
+            "activation_removed", "activation", "ReLU replaced by Identity", {"activation": "identity"}, K.LINEAR_MODEL
         ),
         Variant(
             "relu_on_logits",

@@ -1,0 +1,72 @@
+"""No nonlinearity: the whole model is one affine map. Two or more layers (Linear, convolutions) compose with nothing
+nonlinear between them, no activation, no max-pool, no attention, so the stack computes what a single layer could
+and the fit stops where a linear model's does. The usual cause is an activation forgotten: ``nn.Identity()`` where
+``nn.ReLU()`` was meant, an activation built in ``__init__`` and never called in ``forward``. Plain torch, the same
+programs without their activations: a tabular classifier's accuracy 0.79 against 0.88, a temporal conv net's R^2
+0.80 against 0.98, a coordinate MLP on Fourier features R^2 0.17 against 0.95.
+
+Read from the forward pass's autograd graph on the first fully observed steps (see
+:mod:`neuraldbg.capture.affine`: node types only, no value). Judged, as dropout too strong is, only on a run whose
+loss was judged (``loss_min_steps`` losses) and did not converge (it fell a hundredfold: the task was linear enough
+and the missing activation held nothing back). A single layer (logistic regression, a linear probe) is a linear
+model by design and never this finding.
+"""
+
+from __future__ import annotations
+
+from ..capture.coverage import Coverage, RunFacts
+from ..events import FailureKind, SemanticEvent
+from ..reasoning.topology import Topology
+from ..text import count
+from . import loss_evidence
+from .base import Kind, RootLane, Series, run_event
+
+KIND = FailureKind.NO_NONLINEARITY
+
+#: Layers composed into the one affine map, at least (one layer alone is a linear model by design).
+MIN_LAYERS = 2
+
+
+class NoNonlinearity(Kind):
+    name = KIND.value
+    title = "no nonlinearity"
+    run_level = True
+
+    def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
+        layers = coverage.affine_layers
+        if layers is None or layers < MIN_LAYERS:
+            return None
+        curve = loss_evidence.judged(coverage, facts.config)
+        if curve is None or loss_evidence.converged(coverage, curve):
+            return None  # a run too short to judge its fit, or a fit the missing activation held nothing back from
+        rows = coverage.training.rows
+        first = rows[0].step if rows else 0
+        return run_event(KIND, first, max(first, coverage.last_step), "", layers=layers)
+
+    def lane(self, event: SemanticEvent) -> RootLane | None:
+        # the model as it was built, in force from its first step: with the run's settings, before the loss findings
+        return RootLane(2.5) if event.kind is self.kind else None
+
+    def set_off_by_surge(self, root: SemanticEvent) -> bool:
+        return False  # the architecture
+
+    def explain(
+        self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
+    ) -> tuple[str, str]:
+        layers = count(root.metrics.get("layers", 0.0))
+        what = (
+            f"The model is one affine map: its {layers} layers (linear maps and convolutions) compose with nothing "
+            "nonlinear between them (no activation, no max-pool, no attention in its forward pass), so together they "
+            "compute what a single layer could, and the fit stops where a linear model's does."
+        )
+        fix = (
+            "put an activation between the layers (nn.ReLU, nn.GELU, nn.SiLU): check that none was replaced by "
+            "nn.Identity() and that forward() calls the ones __init__ builds."
+        )
+        return what, fix
+
+    def describe(self, event: SemanticEvent) -> str:
+        return f"one affine map of {count(event.metrics.get('layers', 0.0))} layers"
+
+    def place(self, event: SemanticEvent) -> str:
+        return "the model"

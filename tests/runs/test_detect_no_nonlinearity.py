@@ -1,0 +1,113 @@
+"""No nonlinearity: a model whose layers compose into one affine map (its activations replaced by nn.Identity).
+Ground truth is plain torch in each test: on a task a linear model cannot fit, the same network with its ReLUs
+reaches a far better held-out accuracy. The twins stay silent: the network with its activations, a single linear
+layer (a linear model by design), a linear stack whose fit converged, and a smoke run too short to judge."""
+
+from __future__ import annotations
+
+import support
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg.capture.affine import affine_layers
+
+KIND = "no_nonlinearity"
+STEPS = 150
+
+
+def rings(step: int, batch: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two classes by the distance from the origin in 6 dimensions: no hyperplane separates them."""
+    g = torch.Generator().manual_seed(step)
+    x = torch.randn(batch, 6, generator=g)
+    return x, (x.norm(dim=1) > 2.35).long()
+
+
+def mlp(activation: type[nn.Module]) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Linear(6, 64),
+        nn.BatchNorm1d(64),
+        activation(),
+        nn.Dropout(0.1),
+        nn.Linear(64, 64),
+        activation(),
+        nn.Linear(64, 2),
+    )
+
+
+def accuracy(model: nn.Module) -> float:
+    model.eval()
+    x, y = rings(10_000, batch=4096)
+    with torch.no_grad():
+        return float((model(x).argmax(1) == y).float().mean())
+
+
+def run(build, watched: bool, steps: int = STEPS, make=rings, loss_fn=F.cross_entropy):
+    torch.manual_seed(0)
+    model = build()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    if watched:
+        dbg, losses = support.train(model, make, loss_fn, steps=steps, optimizer=opt)
+        return model, losses, dbg
+    return model, support.plain_train(model, make, loss_fn, steps=steps, optimizer=opt), None
+
+
+def kinds(dbg) -> list[str]:
+    return [h.kind.value for h in dbg.hypotheses()]
+
+
+def test_activations_replaced_by_identity_are_found_and_the_relu_twin_is_silent():
+    linear, losses, _ = run(lambda: mlp(nn.Identity), watched=False)
+    relu, _, _ = run(lambda: mlp(nn.ReLU), watched=False)
+    assert accuracy(linear) < accuracy(relu) - 0.15  # plain torch: a linear model cannot separate the rings
+
+    _, watched, dbg = run(lambda: mlp(nn.Identity), watched=True)
+    assert watched == losses  # the debugger changes nothing
+    assert kinds(dbg)[:1] == [KIND], dbg.explain_failure()
+    found = dbg.hypotheses()[0]
+    assert found.root.metrics["layers"] == 3
+    assert "one affine map: its 3 layers" in found.explanation and "nn.Identity()" in found.suggestion
+
+    _, _, twin = run(lambda: mlp(nn.ReLU), watched=True)
+    assert twin.healthy, twin.explain_failure()
+
+
+def test_a_single_linear_layer_is_a_linear_model_by_design():
+    model, _, dbg = run(lambda: nn.Linear(6, 2), watched=True)
+    assert accuracy(model) < 0.75  # plain torch: it cannot fit the rings either, and was never meant to
+    assert KIND not in kinds(dbg), dbg.explain_failure()
+
+
+def test_a_linear_stack_whose_fit_converged_and_a_smoke_run_are_not_judged():
+    def plane(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(128, 6, generator=g)
+        return x, x @ torch.linspace(-1, 1, 6)[:, None]
+
+    stack = lambda: nn.Sequential(nn.Linear(6, 16), nn.Linear(16, 1))
+    _, losses, dbg = run(stack, watched=True, make=plane, loss_fn=F.mse_loss)
+    assert sum(losses[-10:]) < 0.01 * sum(losses[:10])  # plain torch: the linear task is fitted
+    assert KIND not in kinds(dbg), dbg.explain_failure()
+
+    _, _, smoke = run(lambda: mlp(nn.Identity), watched=True, steps=40)
+    assert KIND not in kinds(smoke) and "Its loss was not judged" in smoke.report()
+
+
+def test_what_the_graph_walk_counts_as_linear():
+    x = torch.randn(5, 8)
+    stack = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Dropout(0.1), nn.Linear(16, 16), nn.Linear(16, 3))
+    assert affine_layers(stack(x).grad_fn) == 3
+    assert affine_layers(nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 3))(torch.randn(2, 5, 8)).grad_fn) == 2
+    convs = nn.Sequential(nn.Conv1d(2, 4, 3), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(4, 3))
+    assert affine_layers(convs(torch.randn(3, 2, 10)).grad_fn) == 2
+    # not linear in the data: an activation, a max-pool, a normalisation by the sample's own statistics, attention
+    assert affine_layers(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))(x).grad_fn) is None
+    pooled = nn.Sequential(nn.Conv1d(2, 4, 3), nn.MaxPool1d(2), nn.Flatten(), nn.Linear(16, 3))
+    assert affine_layers(pooled(torch.randn(3, 2, 10)).grad_fn) is None
+    assert affine_layers(nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 3))(x).grad_fn) is None
+    attention = nn.MultiheadAttention(8, 2, batch_first=True)
+    q = torch.randn(2, 5, 8)
+    assert affine_layers(attention(q, q, q, need_weights=False)[0].grad_fn) is None
+    # a product of two data-dependent tensors (a gate) is not linear, whatever its factors are
+    a, b = nn.Linear(8, 8), nn.Linear(8, 8)
+    assert affine_layers((a(x) * b(x)).grad_fn) is None
