@@ -349,13 +349,14 @@ class GradLedger:
         rec = self._rec
         self._loss_checks -= 1
         graph = loss_graph.read(roots)  # no roots (a backward pass from a given gradient, not a loss): nothing
-        if graph.loss and not rec.coverage.classifier_loss:
+        if not rec.coverage.input_layer_normalizes:
             first = rec.forward.input_layer()
+            rec.coverage.input_layer_normalizes = first is not None and first.normalizes
+        if graph.loss and not rec.coverage.classifier_loss:
             rec.coverage.classifier_loss = graph.loss
             rec.coverage.classifier_mean = graph.mean
             rec.coverage.classifier_cosine = graph.cosine
             rec.coverage.padding_id = graph.ignored
-            rec.coverage.input_layer_normalizes = first is not None and first.normalizes
         if profile is not None:  # read at the flush, with the step's readings
             rec.pending.put_vector([("regression_target", None, float(i)) for i in range(4)], profile)
         nodes = rec.forward.nodes or {}

@@ -15,8 +15,11 @@ divides its raw pixels by 255 or standardises them with registered buffers at th
 first layer normalised data and is not judged on the raw pixels, while raw numeric columns concatenated with
 embeddings before the first linear layer still count. Judged also on the loss's autograd
 graph (:mod:`neuraldbg.capture.loss_graph`). A model whose output is on its input's scale (super-resolution,
-style transfer on 0-255 images, a regression on raw values) is not a classifier and is not judged here; a model
-that begins with a normalisation layer (BatchNorm1d on raw tabular features) normalises its inputs itself.
+style transfer on 0-255 images, a regression on raw values) is not a classifier and is not judged here, unless its
+loss is a mean squared error whose targets lie near unit scale (variance at most :data:`UNIT_TARGETS`, read from the
+targets themselves): a diffusion model fed raw coordinates to predict unit noise, a regression of standardised
+targets from raw features. A model that begins with a normalisation layer (BatchNorm1d on raw tabular features)
+normalises its inputs itself.
 """
 
 from __future__ import annotations
@@ -31,10 +34,24 @@ from .base import LAST_RANK, Kind, RootLane, Series, run_event
 
 KIND = FailureKind.UNNORMALISED_INPUTS
 
+#: A mean squared error whose targets' variance is at most this is on about unit scale (standard deviation 2 at most):
+#: its model's output must come out there, whatever its inputs' scale (a diffusion model's noise, standardised
+#: targets), so inputs far from unit scale are this fault as they are a classifier's.
+UNIT_TARGETS = 4.0
 #: An input batch whose root-mean-square is at least this is far from unit scale (standardised data: about 1;
 #: pixels scaled to 0-1: 0.3-0.6; raw 0-255 pixels: 50-130; the real-programs benchmark's healthy classifiers: at
 #: most 1.0).
 INPUT_RMS = 20.0
+
+
+def _unit_regression(coverage: Coverage) -> str:
+    """``"mse_loss"`` when the loss is a mean squared error whose targets' variance (read from them, see
+    :mod:`neuraldbg.capture.ledger`) is at most :data:`UNIT_TARGETS`: a regression whose output must come out near
+    unit scale; "" otherwise (a regression on its inputs' scale, or a loss whose targets were not read)."""
+    found = coverage.target_baseline
+    if coverage.baseline_kind != "mse" or len(found) != 4 or not 0 < found[1] <= UNIT_TARGETS:
+        return ""
+    return "mse_loss"
 
 
 class UnnormalisedInputs(Kind):
@@ -43,16 +60,15 @@ class UnnormalisedInputs(Kind):
     run_level = True
 
     def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
-        if not coverage.classifier_loss or coverage.input_layer_normalizes:
+        loss = coverage.classifier_loss or _unit_regression(coverage)
+        if not loss or coverage.input_layer_normalizes:
             return None
         training = coverage.training
         rms = training.median("input_rms", 0.0, 0.25)
         if not (math.isfinite(rms) and rms >= INPUT_RMS):
             return None
         first = training.rows[0].step if training.rows else 0
-        return run_event(
-            KIND, first, max(first, coverage.last_step), coverage.classifier_loss, input_rms=rms, limit=INPUT_RMS
-        )
+        return run_event(KIND, first, max(first, coverage.last_step), loss, input_rms=rms, limit=INPUT_RMS)
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
         # after every fault of a layer, before the loss findings it explains
@@ -68,10 +84,15 @@ class UnnormalisedInputs(Kind):
         self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
     ) -> tuple[str, str]:
         rms = root.metrics.get("input_rms", 0.0)
+        fed = (
+            "a regression whose targets lie near unit scale (its loss, mse_loss, on targets of variance at most "
+            f"{num(UNIT_TARGETS)})"
+            if root.detail == "mse_loss"
+            else f"a classifier (its loss, {root.detail or 'cross-entropy'}, expects logits near unit scale)"
+        )
         what = (
             f"Unnormalised inputs: the input batch's root-mean-square is {num(rms)} (normalised data is about 1; "
-            f"0-255 pixels give about 100) from step {root.step_start}, fed to a classifier (its loss, "
-            f"{root.detail or 'cross-entropy'}, expects logits near unit scale) whose first layer is no "
+            f"0-255 pixels give about 100) from step {root.step_start}, fed to {fed} whose first layer is no "
             f"normalisation layer. That layer's pre-activations and weight gradients are about {num(rms)} times "
             "larger than on normalised data, and its updates must first undo the input's scale before they learn "
             "the task."

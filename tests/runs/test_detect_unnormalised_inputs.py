@@ -341,3 +341,37 @@ def test_raw_pixels_that_enter_a_convolution_after_a_metadata_branch_are_found()
     _, _, dbg = train_args(WithMetadata(), batches(raw), watched=True)
     assert dbg is not None and found(dbg), dbg.explain_failure()
     assert found(dbg)[0].root.metrics["input_rms"] > 100
+
+
+def test_a_regression_of_unit_scale_targets_from_raw_inputs_is_found():
+    """Raw features (x 100 + 400, root-mean-square ~400) regressed onto standardised targets (variance ~1): the
+    output must come out near unit scale, not on the inputs' (as a diffusion model's noise prediction must)."""
+    base = support.regression_batches(32, batch=64, scale=0.2)
+
+    def raw_make(step: int) -> support.Batch:
+        x, y = base(step)
+        return x * 100 + 400, y
+
+    def r2(model: nn.Module, make: Callable[[int], support.Batch]) -> float:
+        x, y = make(10_000)
+        with torch.no_grad():
+            return float(1 - F.mse_loss(model(x), y) / y.var())
+
+    def run(make: Callable[[int], support.Batch], watched: bool) -> tuple[nn.Module, list[float], NeuralDbg | None]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+        losses, _, dbg = train(model, make, F.mse_loss, watched)
+        return model, losses, dbg
+
+    _, y = base(0)
+    assert y.var() < 4  # the targets are near unit scale
+    raw_model, losses, _ = run(raw_make, watched=False)
+    good_model, _, _ = run(base, watched=False)
+    assert r2(raw_model, raw_make) < r2(good_model, base) - 0.3  # plain torch: the raw inputs fit far worse
+
+    _, watched, dbg = run(raw_make, watched=True)
+    assert watched == losses
+    assert dbg is not None and found(dbg) and dbg.hypotheses()[0].kind.value == KIND, dbg.explain_failure()
+    assert "a regression whose targets lie near unit scale" in found(dbg)[0].explanation
+    _, _, twin = run(base, watched=True)
+    assert twin is not None and not found(twin), twin.explain_failure()
