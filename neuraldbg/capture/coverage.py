@@ -185,6 +185,9 @@ class Coverage:
     # labels counted, labels outside the classes), the reading that counted the most; and the number of classes
     label_prior: tuple[float, ...] = ()
     label_classes: int = 0
+    # the classes an nll_loss of one row per sample chose among on its first backward passes: the most finite entries
+    # of a row, on average (0: not read)
+    loss_options: float = 0.0
     # a binary cross-entropy's or a mean squared error's chance level from its targets over the first backward
     # passes (capture/ledger.py): (per column, pooled, samples per column, values outside [0, 1] or not finite), the
     # reading that counted the most; and the loss's kind ("bce", "mse")
@@ -250,6 +253,8 @@ class Coverage:
         found = record.target_baseline
         if len(found) == 4 and (not self.target_baseline or found[2] >= self.target_baseline[2]):
             self.target_baseline, self.baseline_kind = tuple(found), record.baseline_kind
+        if record.loss_options is not None:
+            self.loss_options = max(self.loss_options, record.loss_options)
         if record.log_prob_gap is not None:
             if self.log_prob_gap is None:
                 self.log_prob_step = record.step

@@ -46,6 +46,7 @@ from torch import Tensor
 
 from ..stats.tensors import (
     dense,
+    finite_per_row,
     label_counts,
     label_entropy,
     log_prob_gap,
@@ -95,6 +96,7 @@ _LossReadings = tuple[
     tuple[Tensor, loss_graph.BoundedPrediction] | None,
     tuple[Tensor, int] | None,
     tuple[str, Tensor, Tensor] | None,
+    Tensor | None,
 ]
 
 
@@ -205,6 +207,7 @@ class GradLedger:
             # ... and the class indices of an nll_loss: how often is each class a label?
             labels = loss_graph.class_labels(checked) if checked else None
             counts = (label_counts(labels.target, labels.classes, labels.ignore), labels.classes) if labels else None
+            options = finite_per_row(labels.values) if labels is not None and labels.values is not None else None
             # ... and a loss that compares each prediction with other samples' targets (shapes only, nothing read)
             if checked and rec.coverage.crossed_loss is None:
                 self._note_crossed(checked)
@@ -213,7 +216,7 @@ class GradLedger:
             moments = None
             if targeted is not None:
                 moments = (targeted.kind, *target_moments(targeted.target, targeted.kind == "bce"))
-            readings = (profile, gap, reach, counts, moments)
+            readings = (profile, gap, reach, counts, moments, options)
             return partial(self._after, loss, states, carried, check, manual, roots, readings)
         except Exception as exc:
             rec.fail("the backward-call listener", exc)
@@ -345,7 +348,7 @@ class GradLedger:
         out of its reach (``reach``) and the entropy of the labels of an ``nll_loss`` counted so far (``counts``:
         this pass's counts, added to the earlier ones') and the chance level of a binary cross-entropy or a mean
         squared error from its targets' moments so far (``moments``) are filed for the flush."""
-        profile, gap, reach, counts, moments = readings
+        profile, gap, reach, counts, moments, options = readings
         rec = self._rec
         self._loss_checks -= 1
         graph = loss_graph.read(roots)  # no roots (a backward pass from a given gradient, not a loss): nothing
@@ -379,6 +382,8 @@ class GradLedger:
             rec.pending.data.label_classes = counts[1]
         if moments is not None:
             self._file_targets(moments)
+        if options is not None:  # the classes the loss chose among (a contrastive loss: the batch, less its mask)
+            rec.pending.put("loss_options", None, options)
         found = graph.activated
         if found is not None:
             layer = nodes.get(found.node) or nodes.get(found.below, "")

@@ -334,6 +334,7 @@ class ClassLabels:
     target: Tensor
     classes: int
     ignore: int
+    values: Tensor | None = None  # the input's values, when one row per sample ((N, classes)): its options counted
 
 
 def class_labels(losses: list[Tensor]) -> ClassLabels | None:
@@ -353,7 +354,8 @@ def class_labels(losses: list[Tensor]) -> ClassLabels | None:
             ignore = getattr(node, "_saved_ignore_index", -100)
             ignore = ignore - _WRAP if isinstance(ignore, int) and ignore >= _WRAP // 2 else ignore
             classes = int(values.shape[1] if values.dim() >= 2 else values.shape[0])
-            return ClassLabels(target, classes, ignore if isinstance(ignore, int) else -100)
+            rows = values if values.dim() == 2 and type(values) is Tensor else None
+            return ClassLabels(target, classes, ignore if isinstance(ignore, int) else -100, rows)
     return None
 
 

@@ -170,6 +170,8 @@ class Pending:
             dst.labels_ahead = merge_max(dst.labels_ahead, src.labels_ahead)
         if src.log_prob_gap is not None:
             dst.log_prob_gap = merge_max(dst.log_prob_gap, src.log_prob_gap)
+        if src.loss_options is not None:
+            dst.loss_options = merge_max(dst.loss_options, src.loss_options)
         dst.carried = src.carried or dst.carried
         dst.decayed = src.decayed or dst.decayed
         dst.carried_by = src.carried_by or dst.carried_by
@@ -362,6 +364,7 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "input_scale": _largest("input_scale"),
     "entry_scale": _largest("entry_scale"),
     "log_prob_gap": _largest("log_prob_gap"),
+    "loss_options": _largest("loss_options"),
     "target_range": _profile("target_range"),
     "label_prior": _profile("label_prior"),
     "target_baseline": _profile("target_baseline"),

@@ -191,17 +191,25 @@ def met_trained(coverage: Coverage, curve: Curve) -> bool:
     for a model trained before (so no optimizer state says so, as it does for a resumed run) meets a fit that may
     have converged: its flat loss is the floor it reached (an MLP trained 2,000 steps to 0.19 on 5 noisy classes,
     log 5 = 1.61, then fine-tuned under AdamW at 1e-3: 0.192 -> 0.191), not a model that cannot learn."""
-    level = chance_level(coverage.training)
+    level = chance_level(coverage)[1]
     return bool(coverage.classifier_loss) and level is not None and curve.start.mean < TRAINED_START * level
 
 
-def chance_level(facts: TrainingFacts) -> float | None:
-    """log(classes), the cross-entropy of a classifier that picks its classes with equal odds (log 2 for one output
-    unit holding probabilities: a sigmoid's), or None for an output without classes."""
+def chance_level(coverage: Coverage) -> tuple[int, float | None]:
+    """The classes a classifier picks among and log of their number, the cross-entropy of picking them with equal
+    odds (log 2 for one output unit holding probabilities: a sigmoid's); None for an output without classes. The
+    classes are the last dimension of the model's output, unless its averaged ``nll_loss`` (one row of classes per
+    sample) chose among another number of finite entries per row: a contrastive loss over a batch's similarities
+    (SimCLR's NT-Xent, its own column masked with -inf: 2N - 1 of them), logits an outside head made, a mask of
+    illegal moves. Those are the loss's own options."""
+    facts = coverage.training
+    options = coverage.loss_options
+    if coverage.classifier_mean and options >= 2 and round(options) != facts.classes:
+        return round(options), math.log(options)
     classes = facts.classes
     if classes > 1:
-        return math.log(classes)
-    return math.log(2.0) if classes == 1 and facts.probabilities is True else None
+        return classes, math.log(classes)
+    return classes, math.log(2.0) if classes == 1 and facts.probabilities is True else None
 
 
 def fell_below(curve: Curve, before: float, share: float) -> bool:
@@ -272,8 +280,7 @@ def read(coverage: Coverage, config: DebugConfig) -> Curve | None:
     else:
         second, stopped, falling, half_noise = (end.mean, end.mean), False, False, math.nan
     facts = coverage.training
-    classes = facts.classes
-    level = chance_level(facts)
+    classes, level = chance_level(coverage)
     # the output has classes and its first loss is an untrained classifier's
     untrained = level is not None and bool(trace.first) and 0.75 * level <= trace.first[0][1] <= level / 0.75
     chance = level if untrained else None

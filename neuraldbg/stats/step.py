@@ -81,6 +81,9 @@ class StepData:
     # counted, labels outside the classes], and the number of classes (dimension 1 of the loss's input)
     label_prior: list[float] = field(default_factory=list)
     label_classes: int = 0
+    # ... and how many classes each of its rows chooses among: its finite entries (a contrastive loss masks each
+    # sample's own column), averaged over the rows; None: not read
+    loss_options: float | None = None
     # a binary cross-entropy or a mean squared error that is the loss (its mean): its chance level from the targets
     # of the first backward passes (capture/ledger.py), [per column, pooled, samples per column, values outside
     # [0, 1] or not finite], and the loss's kind ("bce", "mse")

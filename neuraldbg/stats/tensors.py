@@ -246,6 +246,13 @@ def label_counts(target: Tensor, classes: int, ignore: int) -> Tensor:
     return torch.zeros(classes + 1, device=t.device).scatter_add_(0, bins, counted)
 
 
+def finite_per_row(values: Tensor) -> Tensor:
+    """How many entries of each row of ``values`` (an ``nll_loss`` input, one row of classes per sample) are finite,
+    averaged over the rows, as a 0-d float tensor on its device (read later): the classes the loss chooses among (a
+    contrastive loss masks each sample's own column with -inf)."""
+    return torch.isfinite(values.detach()).sum(1, dtype=torch.float32).mean()
+
+
 def label_entropy(counts: Tensor) -> Tensor:
     """What the label counts of :func:`label_counts` say, as one 1-d float tensor on their device (read later): [the
     entropy of the labels' frequencies in nats, with the Miller-Madow correction (+ (classes seen - 1) / 2n) for

@@ -69,7 +69,10 @@ def test_met_trained_needs_a_cross_entropy_far_below_chance():
 
     def judge(first: float, classes: int, loss: str = "cross_entropy", probabilities: bool | None = None) -> bool:
         coverage = SimpleNamespace(
-            classifier_loss=loss, training=SimpleNamespace(classes=classes, probabilities=probabilities)
+            classifier_loss=loss,
+            classifier_mean=True,
+            loss_options=float(classes),
+            training=SimpleNamespace(classes=classes, probabilities=probabilities),
         )
         return met_trained(coverage, SimpleNamespace(start=SimpleNamespace(mean=first)))  # type: ignore[arg-type]
 

@@ -1,0 +1,86 @@
+"""A contrastive loss at chance: SimCLR's NT-Xent picks each view's partner among the batch's other 2N - 1 views
+(its own similarity masked with -inf), so a model that learns nothing sits at log(2N - 1), whatever its embedding
+width. Ground truth is plain torch in each test: with the second view taken from another sample (two loaders
+shuffled apart), the loss stays at log(2N - 1) and a held-out view finds its partner no better than by chance; the
+healthy twin's loss falls far below and it finds its partner."""
+
+from __future__ import annotations
+
+import math
+
+import support
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BATCH = 32
+STEPS = 120
+MIXING = torch.randn(16, 16, generator=torch.Generator().manual_seed(5))
+
+
+def views(step: int, apart: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two noisy views of the same 16-d samples (noise as large as the signal), or (``apart``) the second view of
+    other samples."""
+    g = torch.Generator().manual_seed(step)
+    x = torch.randn(BATCH, 16, generator=g) @ MIXING
+    noise = float(MIXING.norm()) / 4
+    a = x + noise * torch.randn(BATCH, 16, generator=g)
+    b = x + noise * torch.randn(BATCH, 16, generator=g)
+    if apart:
+        b = b[torch.randperm(BATCH, generator=g)]
+    return a, b
+
+
+def nt_xent(z: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
+    """z holds the two views' embeddings, first views then second views; each one's partner is the other view."""
+    z = F.normalize(z, dim=1)
+    sim = z @ z.t() / 0.2
+    sim = sim.masked_fill(torch.eye(len(z), dtype=torch.bool), float("-inf"))
+    n = len(z) // 2
+    partners = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)])
+    return F.cross_entropy(sim, partners)
+
+
+def encoder() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 32))
+
+
+def run(apart: bool, watched: bool):
+    torch.manual_seed(0)
+    model = encoder()
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+
+    def make(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = views(step, apart)
+        return torch.cat([a, b]), torch.zeros(())
+
+    if watched:
+        dbg, losses = support.train(model, make, nt_xent, steps=STEPS, optimizer=opt)
+        return model, losses, dbg
+    return model, support.plain_train(model, make, nt_xent, steps=STEPS, optimizer=opt), None
+
+
+def partner_found(model: nn.Module) -> float:
+    a, b = views(10_000, apart=False)
+    with torch.no_grad():
+        za, zb = F.normalize(model(a), dim=1), F.normalize(model(b), dim=1)
+    return float(((za @ zb.t()).argmax(1) == torch.arange(BATCH)).float().mean())
+
+
+def test_views_taken_apart_leave_the_loss_at_the_batch_chance_and_the_twin_is_silent():
+    chance = math.log(2 * BATCH - 1)
+    faulty, losses, _ = run(apart=True, watched=False)
+    healthy, healthy_losses, _ = run(apart=False, watched=False)
+    # plain torch: the fault's loss stays at log(2N - 1) and its views find their partners no better than chance
+    assert abs(sum(losses[-20:]) / 20 - chance) < 0.05 * chance
+    assert sum(healthy_losses[-20:]) / 20 < 0.7 * chance
+    assert partner_found(faulty) < 0.35 < 0.5 < partner_found(healthy)
+
+    _, watched, dbg = run(apart=True, watched=True)
+    assert watched == losses  # the debugger changes nothing
+    kinds = [h.kind.value for h in dbg.hypotheses()]
+    assert kinds[:1] == ["loss_at_chance"], dbg.explain_failure()
+    assert f"log({2 * BATCH - 1})" in dbg.hypotheses()[0].explanation
+
+    _, _, twin = run(apart=False, watched=True)
+    assert twin.healthy, twin.explain_failure()
