@@ -201,8 +201,11 @@ def chance_level(coverage: Coverage) -> tuple[int, float | None]:
     classes are the last dimension of the model's output, unless its averaged ``nll_loss`` (one row of classes per
     sample) chose among another number of finite entries per row: a contrastive loss over a batch's similarities
     (SimCLR's NT-Xent, its own column masked with -inf: 2N - 1 of them), logits an outside head made, a mask of
-    illegal moves. Those are the loss's own options."""
+    illegal moves. Those are the loss's own options. A loss the graph shows to be a mean squared error has no such
+    level, however many outputs the model has (a diffusion model's two noise coordinates are no two classes)."""
     facts = coverage.training
+    if coverage.baseline_kind == "mse" or coverage.regression_target:
+        return facts.classes, None  # the loss graph shows a mean squared error: its chance is its targets' variance
     options = coverage.loss_options
     if coverage.classifier_mean and options >= 2 and round(options) != facts.classes:
         return round(options), math.log(options)

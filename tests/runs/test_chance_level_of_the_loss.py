@@ -1,8 +1,9 @@
-"""A contrastive loss at chance: SimCLR's NT-Xent picks each view's partner among the batch's other 2N - 1 views
-(its own similarity masked with -inf), so a model that learns nothing sits at log(2N - 1), whatever its embedding
-width. Ground truth is plain torch in each test: with the second view taken from another sample (two loaders
-shuffled apart), the loss stays at log(2N - 1) and a held-out view finds its partner no better than by chance; the
-healthy twin's loss falls far below and it finds its partner."""
+"""Which chance level a loss has. A contrastive loss at chance: SimCLR's NT-Xent picks each view's partner among
+the batch's other 2N - 1 views (its own similarity masked with -inf), so a model that learns nothing sits at
+log(2N - 1), whatever its embedding width. Ground truth is plain torch in each test: with the second view taken
+from another sample (two loaders shuffled apart), the loss stays at log(2N - 1) and a held-out view finds its
+partner no better than by chance; the healthy twin's loss falls far below and it finds its partner. A mean squared
+error has no log(classes), however many outputs the model has."""
 
 from __future__ import annotations
 
@@ -84,3 +85,30 @@ def test_views_taken_apart_leave_the_loss_at_the_batch_chance_and_the_twin_is_si
 
     _, _, twin = run(apart=False, watched=True)
     assert twin.healthy, twin.explain_failure()
+
+
+def test_a_regression_of_two_outputs_near_log_2_is_no_classifier_at_chance():
+    """A mean squared error over two outputs that starts and ends near log 2 = 0.693 while its targets' variance is
+    0.8: a linear model explaining a quarter of it (plain torch: held-out R^2 about 0.2), not two classes at chance
+    (a diffusion model's two noise coordinates were called so)."""
+
+    def make(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(128, 4, generator=g)
+        part = 0.46 * x[:, :1]
+        return x, torch.cat([part + 1.17 * torch.sin(3 * x[:, 1:2]), -part + 1.17 * torch.sin(3 * x[:, 2:3])], 1)
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    with torch.no_grad():
+        model.weight.mul_(0.05)
+        model.bias.zero_()
+    dbg, losses = support.train(
+        model, make, F.mse_loss, steps=200, optimizer=torch.optim.Adam(model.parameters(), 3e-3)
+    )
+    x, y = make(10_000)
+    with torch.no_grad():
+        r2 = float(1 - F.mse_loss(model(x), y) / y.var(0).mean())
+    assert r2 > 0.15  # plain torch: it learned what a linear model can
+    assert abs(sum(losses[-20:]) / 20 - math.log(2)) < 0.05 * math.log(2)  # ... and ends by log 2
+    assert "loss_at_chance" not in [h.kind.value for h in dbg.hypotheses()], dbg.explain_failure()
