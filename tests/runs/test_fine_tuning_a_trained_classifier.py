@@ -72,6 +72,8 @@ def test_met_trained_needs_a_cross_entropy_far_below_chance():
             classifier_loss=loss,
             classifier_mean=True,
             loss_options=float(classes),
+            baseline_kind="",
+            regression_target=(),
             training=SimpleNamespace(classes=classes, probabilities=probabilities),
         )
         return met_trained(coverage, SimpleNamespace(start=SimpleNamespace(mean=first)))  # type: ignore[arg-type]
