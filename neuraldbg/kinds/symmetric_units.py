@@ -29,6 +29,9 @@ KIND = FailureKind.SYMMETRIC_UNITS
 
 #: A spread below which the rows are the same but for float rounding (the exact copies batch norm keeps).
 SAME = 1e-5
+#: A spread below which the units are near-copies (random biases part them this slowly); above, up to
+#: :data:`~neuraldbg.capture.symmetry.PARTED`, dropout's masks have begun to part them.
+NEAR = 0.5
 #: Fully observed steps on which the units were still identical after an update, at least.
 MIN_STEPS = 2
 
@@ -90,18 +93,21 @@ class SymmetricUnits(Kind):
         many = len(names) != 1
         units = count(m.get("units", 0.0))
         spread = m.get("spread", 0.0)
-        now = (
-            "every unit's weights were still the same, to within rounding"
-            if spread < SAME
-            else f"the units' weights still differed by at most {num(spread)} of the weight's norm (about 1 for a "
-            "random initialisation)"
-        )
+        if spread < SAME:
+            now = "every unit's weights were still the same, to within rounding"
+        else:
+            now = (
+                f"the units' weights still differed by at most {num(spread)} of the weight's norm (about 1 for a "
+                "random initialisation)"
+            )
+        alike = "nearly the same" if spread < NEAR else "much the same"
         what = (
             f"Identical units: every output unit of {layers} started with the same weights (up to {units} units per "
             f"layer), and training has not told them apart: on {count(m.get('checks', 0.0))} fully observed steps "
             f"from step {root.step_start}, after the optimizer had moved the weights, {now}. Each unit computes "
-            f"nearly the same value, gets nearly the same gradient and takes nearly the same update, so "
-            f"{'each layer' if many else 'the layer'} works as a few units repeated."
+            f"{alike} value, gets {alike} gradient and takes {alike} update as the others (only a random bias or "
+            f"dropout's masks tell them apart), so {'each layer' if many else 'the layer'} holds far fewer distinct "
+            "units than it has."
         )
         fix = (
             "initialise the weights randomly (keep PyTorch's default initialisation, or nn.init.kaiming_uniform_ / "
