@@ -541,11 +541,16 @@ def _first_input(node: object) -> object:
     return inputs[0][0] if inputs else None
 
 
+#: Nodes that pick some of their input's values, unchanged (a Q-network's value of the action taken, a mask).
+_SELECTING = frozenset({"GatherBackward0", "IndexBackward0", "MaskedSelectBackward0", "TakeBackward0"})
+
+
 def _producer(node: object) -> object:
-    """The node that produced the input of ``node``, looking through nodes that only reshape it."""
+    """The node that produced the input of ``node``, looking through nodes that only reshape it or pick some of its
+    values."""
     found = _first_input(node)
     for _ in range(_HOPS):
-        if found is None or type(found).__name__ not in SHAPE_ONLY:
+        if found is None or (type(found).__name__ not in SHAPE_ONLY and type(found).__name__ not in _SELECTING):
             break
         found = _first_input(found)
     return found

@@ -161,3 +161,50 @@ def test_a_relu_output_with_targets_barely_or_rarely_out_of_range_is_silent(case
     torch.manual_seed(0)
     _, dbg = train(autoencoder(nn.ReLU()), x, 30, watched=True)
     assert dbg is not None and not found(dbg), dbg.explain_failure()
+
+
+def test_the_value_of_the_action_taken_picked_from_a_relu_output_is_judged():
+    """A Q-network whose values pass through a ReLU, the value of each action taken gathered from them and regressed
+    onto returns that are mostly negative (a grid with pits): the values cannot go below 0 (plain torch: the loss
+    stays far above its twin's without the ReLU); the gather between the ReLU and the loss picks values, it does
+    not change their range."""
+
+    class Q(nn.Module):
+        def __init__(self, relu: bool) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4))
+            self.relu = relu
+
+        def forward(self, s: torch.Tensor) -> torch.Tensor:
+            q = self.net(s)
+            return F.relu(q) if self.relu else q
+
+    weights = torch.randn(8, 4, generator=torch.Generator().manual_seed(3))
+
+    def run(relu: bool, watched: bool) -> tuple[list[float], NeuralDbg | None]:
+        torch.manual_seed(0)
+        model = Q(relu)
+        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+        losses: list[float] = []
+        dbg = NeuralDbg(model) if watched else None
+        with dbg if dbg is not None else torch.enable_grad():
+            for step in range(150):
+                g = torch.Generator().manual_seed(step)
+                s = torch.randn(64, 8, generator=g)
+                a = torch.randint(0, 4, (64, 1), generator=g)
+                target = ((s @ weights).gather(1, a) - 1.0).squeeze(1)  # returns, mostly below 0
+                opt.zero_grad()
+                loss = F.smooth_l1_loss(model(s).gather(1, a).squeeze(1), target)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+        return losses, dbg
+
+    clamped, _ = run(relu=True, watched=False)
+    free, _ = run(relu=False, watched=False)
+    assert sum(clamped[-20:]) > 3 * sum(free[-20:])  # plain torch: the ReLU holds the values above the returns
+    watched, dbg = run(relu=True, watched=True)
+    assert watched == clamped
+    assert dbg is not None and found(dbg), dbg.explain_failure()
+    _, twin = run(relu=False, watched=True)
+    assert twin is not None and not found(twin), twin.explain_failure()
