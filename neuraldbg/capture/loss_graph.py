@@ -409,12 +409,16 @@ _TARGETED = {
     "BinaryCrossEntropyWithLogitsBackward0": "bce",
     "BinaryCrossEntropyBackward0": "bce",
     _MSE: "mse",
+    # a Huber loss's targets are read for their scale only (their chance level is not a variance)
+    "SmoothL1LossBackward0": "huber",
+    "HuberLossBackward0": "huber",
 }
 
 
 @dataclass(frozen=True, slots=True)
 class LossTargets:
-    """The targets of a binary cross-entropy (``kind`` ``"bce"``) or a mean squared error (``"mse"``) that is the
+    """The targets of a binary cross-entropy (``kind`` ``"bce"``), a mean squared error (``"mse"``) or a Huber loss
+    (``"huber"``: ``smooth_l1_loss``, ``huber_loss``, read for the targets' scale) that is the
     whole loss, averaged (to be profiled on the device, then dropped): samples on dimension 0."""
 
     kind: str

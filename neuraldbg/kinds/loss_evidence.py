@@ -204,8 +204,8 @@ def chance_level(coverage: Coverage) -> tuple[int, float | None]:
     illegal moves. Those are the loss's own options. A loss the graph shows to be a mean squared error has no such
     level, however many outputs the model has (a diffusion model's two noise coordinates are no two classes)."""
     facts = coverage.training
-    if coverage.baseline_kind == "mse" or coverage.regression_target:
-        return facts.classes, None  # the loss graph shows a mean squared error: its chance is its targets' variance
+    if coverage.baseline_kind in ("mse", "huber") or coverage.regression_target:
+        return facts.classes, None  # the graph shows a loss by value: no classes (an MSE's chance is a variance)
     options = coverage.loss_options
     if coverage.classifier_mean and options >= 2 and round(options) != facts.classes:
         return round(options), math.log(options)

@@ -44,14 +44,19 @@ UNIT_TARGETS = 4.0
 INPUT_RMS = 20.0
 
 
+#: The losses by value whose targets' variance is read, by the kind the ledger files them under.
+_BY_VALUE = {"mse": "mse_loss", "huber": "a Huber loss"}
+
+
 def _unit_regression(coverage: Coverage) -> str:
-    """``"mse_loss"`` when the loss is a mean squared error whose targets' variance (read from them, see
-    :mod:`neuraldbg.capture.ledger`) is at most :data:`UNIT_TARGETS`: a regression whose output must come out near
-    unit scale; "" otherwise (a regression on its inputs' scale, or a loss whose targets were not read)."""
-    found = coverage.target_baseline
-    if coverage.baseline_kind != "mse" or len(found) != 4 or not 0 < found[1] <= UNIT_TARGETS:
+    """``"mse_loss"`` (or ``"a Huber loss"``: ``smooth_l1_loss``, ``huber_loss``) when the loss is one whose
+    targets' variance (read from them, see :mod:`neuraldbg.capture.ledger`) is at most :data:`UNIT_TARGETS`: a
+    regression whose output must come out near unit scale; "" otherwise (a regression on its inputs' scale, or a
+    loss whose targets were not read)."""
+    found, kind = coverage.target_baseline, coverage.baseline_kind
+    if kind not in _BY_VALUE or len(found) != 4 or not 0 < found[1] <= UNIT_TARGETS:
         return ""
-    return "mse_loss"
+    return _BY_VALUE[kind]
 
 
 class UnnormalisedInputs(Kind):
@@ -85,9 +90,9 @@ class UnnormalisedInputs(Kind):
     ) -> tuple[str, str]:
         rms = root.metrics.get("input_rms", 0.0)
         fed = (
-            "a regression whose targets lie near unit scale (its loss, mse_loss, on targets of variance at most "
-            f"{num(UNIT_TARGETS)})"
-            if root.detail == "mse_loss"
+            f"a regression whose targets lie near unit scale (its loss, {root.detail}, on targets of variance at "
+            f"most {num(UNIT_TARGETS)})"
+            if root.detail in _BY_VALUE.values()
             else f"a classifier (its loss, {root.detail or 'cross-entropy'}, expects logits near unit scale)"
         )
         what = (

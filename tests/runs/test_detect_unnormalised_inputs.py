@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import pytest
 import support
 import torch
 import torch.nn.functional as F
@@ -343,7 +344,8 @@ def test_raw_pixels_that_enter_a_convolution_after_a_metadata_branch_are_found()
     assert found(dbg)[0].root.metrics["input_rms"] > 100
 
 
-def test_a_regression_of_unit_scale_targets_from_raw_inputs_is_found():
+@pytest.mark.parametrize(("loss_fn", "named"), [(F.mse_loss, "mse_loss"), (F.smooth_l1_loss, "a Huber loss")])
+def test_a_regression_of_unit_scale_targets_from_raw_inputs_is_found(loss_fn, named: str):
     """Raw features (x 100 + 400, root-mean-square ~400) regressed onto standardised targets (variance ~1): the
     output must come out near unit scale, not on the inputs' (as a diffusion model's noise prediction must)."""
     base = support.regression_batches(32, batch=64, scale=0.2)
@@ -360,7 +362,7 @@ def test_a_regression_of_unit_scale_targets_from_raw_inputs_is_found():
     def run(make: Callable[[int], support.Batch], watched: bool) -> tuple[nn.Module, list[float], NeuralDbg | None]:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
-        losses, _, dbg = train(model, make, F.mse_loss, watched)
+        losses, _, dbg = train(model, make, loss_fn, watched)
         return model, losses, dbg
 
     _, y = base(0)
@@ -372,6 +374,6 @@ def test_a_regression_of_unit_scale_targets_from_raw_inputs_is_found():
     _, watched, dbg = run(raw_make, watched=True)
     assert watched == losses
     assert dbg is not None and found(dbg) and dbg.hypotheses()[0].kind.value == KIND, dbg.explain_failure()
-    assert "a regression whose targets lie near unit scale" in found(dbg)[0].explanation
+    assert f"a regression whose targets lie near unit scale (its loss, {named}," in found(dbg)[0].explanation
     _, _, twin = run(base, watched=True)
     assert twin is not None and not found(twin), twin.explain_failure()
