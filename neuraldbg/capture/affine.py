@@ -116,3 +116,93 @@ def affine_layers(root: object) -> int | None:
                 seen.add(id(n))
                 queue.append(n)
     return layers
+
+
+#: Nodes looked through from a layer's input down to the layer that produced it, at most.
+_DESCENT = 64
+
+
+def _data_inputs(node: object) -> list[object]:
+    """The inputs of ``node`` that hold data (not a parameter, not a constant)."""
+    return [n for n, _ in getattr(node, "next_functions", ()) if _holds_data(n)]
+
+
+def _layer_input(output: object) -> object | None:
+    """From the graph node of a layer's output, the node of the data its weight was applied to: below the reshapes
+    of its output, its product's one data input (None when there is not exactly one)."""
+    node = output
+    for _ in range(_DESCENT):
+        name = type(node).__name__
+        if name in _LAYERS:
+            found = _data_inputs(node)
+            return found[0] if len(found) == 1 else None
+        if name not in _RESHAPING and name not in _LINEAR:
+            return None
+        inputs = getattr(node, "next_functions", ())
+        node = inputs[0][0] if inputs else None
+        if node is None:
+            return None
+    return None
+
+
+def composed_pairs(
+    root: object, layer_of: dict[int, str], widths: dict[str, tuple[int, int, int]]
+) -> list[tuple[str, str]]:
+    """Pairs ``(lower, upper)`` of layers that apply a weight (``widths``: layer -> (inputs, outputs, groups), the
+    Linear and convolution layers) where the output of ``lower`` reaches the input of ``upper`` alone, through
+    nodes linear in the data along one data path (reshapes, dropout's mask, batch norm, a parameter added), so that
+    the two compose into one linear map: an activation left out between them. ``layer_of``: graph node -> the layer
+    whose output it is. Not a pair: a lower layer that narrows its input (a low-rank factorisation: a LoRA adapter,
+    a linear bottleneck) or that is grouped (a depthwise convolution before its pointwise one), and a path whose
+    values go elsewhere too (a stem's output into a residual stream, an input projection shared by experts): those
+    are designs. Nothing when the graph holds more than :data:`BUDGET` nodes."""
+    consumers: dict[int, int] = {}
+    nodes, seen = [root], {id(root)}
+    i = 0
+    while i < len(nodes):
+        if len(nodes) > BUDGET:
+            return []
+        for n, _ in getattr(nodes[i], "next_functions", ()):
+            if n is not None:
+                consumers[id(n)] = consumers.get(id(n), 0) + 1
+                if id(n) not in seen:
+                    seen.add(id(n))
+                    nodes.append(n)
+        i += 1
+    pairs: list[tuple[str, str]] = []
+    for node in nodes:
+        upper = layer_of.get(id(node))
+        if upper not in widths:
+            continue
+        lower = _producing_layer(_layer_input(node), layer_of, widths, consumers)
+        if lower is not None and lower != upper:
+            inputs, outputs, groups = widths[lower]
+            if outputs >= inputs and groups == 1 and widths[upper][2] == 1 and outputs > 1:
+                pairs.append((lower, upper))
+    return pairs
+
+
+def _producing_layer(
+    node: object | None, layer_of: dict[int, str], widths: dict[str, tuple[int, int, int]], consumers: dict[int, int]
+) -> str | None:
+    """The weight layer whose output ``node`` is, or reaches through nodes linear in the data with one data input
+    each and no other use; None when a node on the way is not linear, joins two data paths, is used elsewhere too,
+    or no weight layer is met."""
+    for _ in range(_DESCENT):
+        if node is None or consumers.get(id(node), 0) > 1:
+            return None
+        name = layer_of.get(id(node))
+        if name in widths:
+            return name
+        kind = type(node).__name__
+        if kind not in _RESHAPING and kind not in _LINEAR and kind not in _SCALING:
+            return None
+        found = _data_inputs(node)
+        if len(found) != 1:
+            return None  # a residual sum or a concatenation of two data paths, or a leaf
+        node = found[0]
+    return None
+
+
+#: Products that scale the data by a constant or a parameter (dropout's mask, a learnt scale).
+_SCALING = frozenset({"MulBackward0", "DivBackward0"})

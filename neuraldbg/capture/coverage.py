@@ -143,6 +143,8 @@ class Coverage:
     # found it, or one found a node that is not linear in the data)
     affine_layers: int | None = None
     _not_affine: bool = False
+    # ... or, in a model that is not, two weight layers composed with nothing nonlinear between them: (lower, upper)
+    linear_pairs: set[tuple[str, str]] = field(default_factory=set)
     # layers whose output units started identical and had not parted while their weights moved (capture/symmetry.py),
     # as of the last step that checked: layer -> (units, first step seen, last step seen, steps seen, last spread)
     symmetric: dict[str, tuple[int, int, int, int, float]] = field(default_factory=dict)

@@ -16,7 +16,7 @@ from ..model.info import LayerInfo, Role
 from ..stats import tensors as stats
 from ..stats.step import SlotKey
 from . import hooks, measure
-from .affine import affine_layers
+from .affine import affine_layers, composed_pairs
 from .clock import StepMode
 from .compiled import CompiledSlots
 from .order import LayerOrder
@@ -58,6 +58,8 @@ class ForwardPath:
         self._infos = infos
         self._specs = {name: measure.spec_of(info) for name, info in infos.items()}
         self._names: dict[nn.Module, str] = {}
+        # the trainable Linear and convolution layers: (inputs, outputs, groups), for capture/affine.py
+        self._widths: dict[str, tuple[int, int, int]] = {}
         self._root: nn.Module | None = None
         self._thread = 0
         self.order = LayerOrder(infos, order)
@@ -106,6 +108,7 @@ class ForwardPath:
             raise RuntimeError("the model was garbage-collected")
         self._root = model
         self._names = {module: name for name, module in naming.named_modules(model) if name in self._infos}
+        self._widths = {name: w for module, name in self._names.items() if (w := _widths(module)) is not None}
         self._thread = threading.get_ident()
         self.compiled.attach(self._names)
         self._label_checks = LABEL_CHECKS if causal_lm.shifts_labels(model) else 0
@@ -365,7 +368,10 @@ class ForwardPath:
                 self._unlinked_cuts(args, kwargs)
             if self._affine_checks and t.requires_grad:
                 self._affine_checks -= 1
-                self._rec.coverage.note_affine(affine_layers(t.grad_fn))
+                layers = affine_layers(t.grad_fn)
+                self._rec.coverage.note_affine(layers)
+                if layers is None and self.nodes is not None:  # not one affine map: two layers composed as one?
+                    self._rec.coverage.linear_pairs.update(composed_pairs(t.grad_fn, self.nodes, self._widths))
             self.autocast = self.autocast or torch.is_autocast_enabled(t.device.type)
             data.classes = stats.class_count(output)
             if self.others:  # data after the first argument (raw numeric columns after categorical ids)
@@ -465,6 +471,20 @@ class ForwardPath:
             self._rec.coverage.eval_forwards += 1
             self.never_positive.clear()
             self.release()
+
+
+def _widths(module: nn.Module) -> tuple[int, int, int] | None:
+    """(inputs, outputs, groups) of a trainable Linear or convolution layer; None for any other module."""
+    # its own parameter, never the attribute: a parametrised weight (spectral_norm) is computed on each read, and
+    # in training mode that read runs a power iteration that changes the run
+    weight = module._parameters.get("weight")
+    if not isinstance(weight, nn.Parameter) or not weight.requires_grad:
+        return None  # a frozen layer (a backbone's projection before a linear probe) is no design to question
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features, 1
+    if isinstance(module, nn.modules.conv._ConvNd):
+        return module.in_channels, module.out_channels, module.groups
+    return None
 
 
 def _where(t: Tensor) -> int | None:

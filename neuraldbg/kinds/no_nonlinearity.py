@@ -6,10 +6,15 @@ programs without their activations: a tabular classifier's accuracy 0.79 against
 0.80 against 0.98, a coordinate MLP on Fourier features R^2 0.17 against 0.95.
 
 Read from the forward pass's autograd graph on the first fully observed steps (see
-:mod:`neuraldbg.capture.affine`: node types only, no value). Judged, as dropout too strong is, only on a run whose
-loss was judged (``loss_min_steps`` losses) and did not converge (it fell a hundredfold: the task was linear enough
-and the missing activation held nothing back). A single layer (logistic regression, a linear probe) is a linear
-model by design and never this finding.
+:mod:`neuraldbg.capture.affine`: node types only, no value). In a model that is not one affine map (its attention or
+a max-pool is nonlinear), two trainable Linear or convolution layers whose output and input meet through nodes
+linear in the data along one path (an activation left out of a transformer's feed-forward block or a U-Net's
+double convolution) are found the same way; a lower layer that narrows its input (a LoRA adapter, a linear
+bottleneck) or is grouped (a depthwise convolution) is a design, not this fault (plain torch: a ViT without its
+feed-forward activation 0.77 against 0.85, a U-Net without its activations Dice 0.85 against 0.90). Judged, as
+dropout too strong is, only on a run whose loss was judged (``loss_min_steps`` losses) and did not converge (it fell
+a hundredfold: the task was linear enough and the missing activation held nothing back). A single layer (logistic
+regression, a linear probe) is a linear model by design and never this finding.
 """
 
 from __future__ import annotations
@@ -34,14 +39,19 @@ class NoNonlinearity(Kind):
 
     def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
         layers = coverage.affine_layers
-        if layers is None or layers < MIN_LAYERS:
+        whole = layers is not None and layers >= MIN_LAYERS
+        pairs = sorted(coverage.linear_pairs)
+        if not whole and not pairs:
             return None
         curve = loss_evidence.judged(coverage, facts.config)
         if curve is None or loss_evidence.converged(coverage, curve):
             return None  # a run too short to judge its fit, or a fit the missing activation held nothing back from
         rows = coverage.training.rows
         first = rows[0].step if rows else 0
-        return run_event(KIND, first, max(first, coverage.last_step), "", layers=layers)
+        if whole:
+            return run_event(KIND, first, max(first, coverage.last_step), "", layers=float(layers or 0))
+        detail = ", ".join(f"{lower} > {upper}" for lower, upper in pairs)
+        return run_event(KIND, first, max(first, coverage.last_step), detail, pairs=len(pairs))
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
         # the model as it was built, in force from its first step: with the run's settings, before the loss findings
@@ -53,19 +63,32 @@ class NoNonlinearity(Kind):
     def explain(
         self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
     ) -> tuple[str, str]:
+        if "pairs" in root.metrics:
+            pairs = [p.split(" > ") for p in root.detail.split(", ") if " > " in p]
+            shown = "; ".join(f"'{lower}' feeds '{upper}'" for lower, upper in pairs[:3])
+            more = f" and {len(pairs) - 3} more pairs" if len(pairs) > 3 else ""
+            what = (
+                f"No nonlinearity between layers: {shown}{more}, with nothing nonlinear between them (no activation; "
+                "only reshapes, dropout, batch norm), so each pair computes one linear map: the width between them "
+                "adds nothing the lower layer could not do alone, and the model is far less expressive than it looks."
+            )
+            return what, self._fix
         layers = count(root.metrics.get("layers", 0.0))
         what = (
             f"The model is one affine map: its {layers} layers (linear maps and convolutions) compose with nothing "
             "nonlinear between them (no activation, no max-pool, no attention in its forward pass), so together they "
             "compute what a single layer could, and the fit stops where a linear model's does."
         )
-        fix = (
-            "put an activation between the layers (nn.ReLU, nn.GELU, nn.SiLU): check that none was replaced by "
-            "nn.Identity() and that forward() calls the ones __init__ builds."
-        )
-        return what, fix
+        return what, self._fix
+
+    _fix = (
+        "put an activation between the layers (nn.ReLU, nn.GELU, nn.SiLU): check that none was replaced by "
+        "nn.Identity() and that forward() calls the ones __init__ builds."
+    )
 
     def describe(self, event: SemanticEvent) -> str:
+        if "pairs" in event.metrics:
+            return f"{count(event.metrics['pairs'])} pair(s) of layers with nothing nonlinear between them"
         return f"one affine map of {count(event.metrics.get('layers', 0.0))} layers"
 
     def place(self, event: SemanticEvent) -> str:

@@ -111,3 +111,93 @@ def test_what_the_graph_walk_counts_as_linear():
     # a product of two data-dependent tensors (a gate) is not linear, whatever its factors are
     a, b = nn.Linear(8, 8), nn.Linear(8, 8)
     assert affine_layers((a(x) * b(x)).grad_fn) is None
+
+
+def narrow_then_linear(activation: type[nn.Module]) -> nn.Sequential:
+    """A first layer of 3 tanh units, then two wide layers: without their activations those compose linearly."""
+    return nn.Sequential(
+        nn.Linear(6, 3),
+        nn.Tanh(),
+        nn.Linear(3, 64),
+        activation(),
+        nn.Dropout(0.1),
+        nn.Linear(64, 64),
+        activation(),
+        nn.Linear(64, 2),
+    )
+
+
+def test_layers_composed_with_nothing_nonlinear_between_them_are_found_in_a_nonlinear_model():
+    linear, losses, _ = run(lambda: narrow_then_linear(nn.Identity), watched=False)
+    relu, _, _ = run(lambda: narrow_then_linear(nn.ReLU), watched=False)
+    assert accuracy(linear) < accuracy(relu) - 0.05  # plain torch: the wide layers add nothing without activations
+    assert affine_layers(linear(rings(0)[0]).grad_fn) is None  # the first tanh: not one affine map
+
+    _, watched, dbg = run(lambda: narrow_then_linear(nn.Identity), watched=True)
+    assert watched == losses
+    assert kinds(dbg)[:1] == [KIND], dbg.explain_failure()
+    found = dbg.hypotheses()[0]
+    assert found.root.detail == "2 > 5, 5 > 7" and found.root.metrics["pairs"] == 2
+    assert "'2' feeds '5'; '5' feeds '7'" in found.explanation
+    _, _, twin = run(lambda: narrow_then_linear(nn.ReLU), watched=True)
+    assert twin.healthy, twin.explain_failure()
+
+
+def pairs_of(model: nn.Module, x: torch.Tensor) -> list[tuple[str, str]]:
+    """What the graph walk finds in one forward pass, with the layers' outputs named as the debugger names them."""
+    from neuraldbg.capture.affine import composed_pairs
+    from neuraldbg.capture.forward import _widths
+
+    names: dict[int, str] = {}
+    widths = {n: w for n, m in model.named_modules() if (w := _widths(m)) is not None}
+
+    def note(name: str):
+        def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+            if output.grad_fn is not None:
+                names.setdefault(id(output.grad_fn), name)
+
+        return hook
+
+    for name, module in model.named_modules():
+        if name:
+            module.register_forward_hook(note(name))
+    return composed_pairs(model(x).grad_fn, names, widths)
+
+
+def test_deliberate_linear_compositions_are_no_pairs():
+    x = torch.randn(4, 16)
+    # a low-rank factorisation (a LoRA adapter's A then B): the lower layer narrows its input
+    assert pairs_of(nn.Sequential(nn.Linear(16, 2), nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 2)), x) == []
+    # a depthwise convolution then its pointwise one (a separable convolution)
+    separable = nn.Sequential(nn.Conv2d(8, 8, 3, groups=8), nn.Conv2d(8, 16, 1), nn.ReLU(), nn.Flatten())
+    assert pairs_of(separable, torch.randn(2, 8, 6, 6)) == []
+    # a frozen projection before a trained linear probe
+    probe = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 2))
+    probe[0].requires_grad_(False)
+    assert pairs_of(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), probe), x) == []
+
+    # a residual sum joins two data paths: no single linear path from one layer to the next
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            return self.b(h + self.a(h))
+
+    assert pairs_of(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), Block(), nn.ReLU()), x) == []
+
+    # a stem whose output is also the residual stream (its first block's layer is not its only use)
+    class Stream(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, self.f = nn.Linear(16, 32), nn.Linear(32, 32)
+
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            h = self.stem(h)
+            return torch.relu(h + torch.relu(self.f(h)))
+
+    assert pairs_of(Stream(), x) == []
+    # what is found: a feed-forward block without its activation, dropout and batch norm between
+    ffn = nn.Sequential(nn.Linear(16, 64), nn.BatchNorm1d(64), nn.Dropout(0.1), nn.Linear(64, 16), nn.ReLU())
+    assert pairs_of(ffn, x) == [("0", "3")]
