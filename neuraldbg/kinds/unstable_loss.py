@@ -46,6 +46,12 @@ CUT = 0.1
 WALK = 0.1
 
 
+#: A loss that stopped after falling this many times over is settled at a floor the steps allowed, not held up by
+#: them (LoRA adapters starting at zero: their first updates are large against their tiny weights, and the loss
+#: fell 23-fold to a fit of 0.98 accuracy before it flattened).
+SETTLED = 10.0
+
+
 def large_steps(coverage: Coverage, config: DebugConfig) -> str:
     """The evidence of steps too large for the loss to settle where it stopped, in words, or "": updates of at least
     ``loss_large_update`` of the weights' norm over the first quarter of the run, or weights whose norm grew
@@ -98,6 +104,8 @@ class UnstableLoss(loss_evidence.LossKind):
         curve = found[1]
         detail = curve.large_updates
         if curve.verdict != "climbing" and not curve.above_chance:  # stopped: large steps where it stopped
+            if curve.end.mean > 0 and curve.start.mean >= SETTLED * curve.end.mean:
+                return None  # it fell tenfold before it stopped: the steps let it settle (a fit's floor)
             detail = large_steps(coverage, facts.config)
             if not detail:
                 return None
