@@ -58,8 +58,6 @@ class ForwardPath:
         self._infos = infos
         self._specs = {name: measure.spec_of(info) for name, info in infos.items()}
         self._names: dict[nn.Module, str] = {}
-        # the trainable Linear and convolution layers: (inputs, outputs, groups), for capture/affine.py
-        self._widths: dict[str, tuple[int, int, int]] = {}
         self._root: nn.Module | None = None
         self._thread = 0
         self.order = LayerOrder(infos, order)
@@ -108,7 +106,6 @@ class ForwardPath:
             raise RuntimeError("the model was garbage-collected")
         self._root = model
         self._names = {module: name for name, module in naming.named_modules(model) if name in self._infos}
-        self._widths = {name: w for module, name in self._names.items() if (w := _widths(module)) is not None}
         self._thread = threading.get_ident()
         self.compiled.attach(self._names)
         self._label_checks = LABEL_CHECKS if causal_lm.shifts_labels(model) else 0
@@ -371,7 +368,8 @@ class ForwardPath:
                 layers = affine_layers(t.grad_fn)
                 self._rec.coverage.note_affine(layers)
                 if layers is None and self.nodes is not None:  # not one affine map: two layers composed as one?
-                    self._rec.coverage.linear_pairs.update(composed_pairs(t.grad_fn, self.nodes, self._widths))
+                    widths = {name: w for module, name in self._names.items() if (w := _widths(module)) is not None}
+                    self._rec.coverage.linear_pairs.update(composed_pairs(t.grad_fn, self.nodes, widths))
             self.autocast = self.autocast or torch.is_autocast_enabled(t.device.type)
             data.classes = stats.class_count(output)
             if self.others:  # data after the first argument (raw numeric columns after categorical ids)

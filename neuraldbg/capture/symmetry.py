@@ -20,6 +20,8 @@ on cheap steps, and a run without candidates does no work here after attaching.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
 
@@ -56,6 +58,9 @@ class SymmetryWatch:
     def __init__(self) -> None:
         # layer -> (its unit weight, the first unit's weights when the debugger attached, units are columns)
         self._candidates: dict[str, tuple[Tensor, Tensor, bool]] = {}
+        # weights already seen with distinct units, by identity (a tensor compares by value): they never become
+        # identical again, so a later attach (a ``with`` block per epoch) skips them
+        self._distinct: dict[int, weakref.ref[Tensor]] = {}
 
     def attach(self, infos: dict[str, LayerInfo], params: list[Param]) -> None:
         """Find the candidates among the unit weights of ``infos`` that are trainable ``params`` held whole, and the
@@ -66,13 +71,19 @@ class SymmetryWatch:
             for layer, info in infos.items():
                 columns = info.type_name in _EMBEDDINGS
                 p = by_name.get(f"{layer}.weight" if columns else info.unit_weight or "")
-                if p is None or not p.whole:
+                if p is None or not p.whole or self._seen_distinct(p.tensor):
                     continue
                 w = _units(p.tensor.detach(), columns)
                 if w.dim() < 2 or w.shape[0] < 2 or not w.is_floating_point() or w.is_meta or w[0].numel() == 0:
                     continue
                 if _identical_rows(w) and bool(w[0].any()):
                     self._candidates[layer] = (p.tensor, w[0].reshape(-1).clone(), columns)
+                else:
+                    self._distinct[id(p.tensor)] = weakref.ref(p.tensor)
+
+    def _seen_distinct(self, tensor: Tensor) -> bool:
+        found = self._distinct.get(id(tensor))
+        return found is not None and found() is tensor
 
     @property
     def watching(self) -> bool:

@@ -252,3 +252,26 @@ def test_dropout_parts_a_constant_start_only_partly():
     assert 0.05 < spread(faulty[0].weight) < 0.8  # parted somewhat, not as a random start (about 1)
     _, _, dbg = run(lambda: constant(dropped()), watched=True)
     assert kinds(dbg)[:1] == [KIND], dbg.explain_failure()
+
+
+def test_a_with_block_per_epoch_attaches_again_and_still_reads_the_units():
+    """Re-attaching (a ``with dbg:`` block per epoch) skips the weights already seen distinct and keeps following
+    the constant ones: the constant MLP is still found, its default twin still silent, and no attach fails."""
+
+    def epochs(build) -> NeuralDbg:
+        torch.manual_seed(0)
+        model = build()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        dbg = NeuralDbg(model)
+        for epoch in range(3):
+            with dbg:
+                for step in range(epoch * 40, epoch * 40 + 40):
+                    x, y = make(step)
+                    opt.zero_grad()
+                    F.cross_entropy(model(x), y).backward()
+                    opt.step()
+        return dbg
+
+    assert kinds(epochs(lambda: constant(mlp())))[:1] == [KIND]
+    healthy = epochs(mlp)
+    assert healthy.healthy and not healthy._recorder.coverage.failures, healthy.explain_failure()
