@@ -228,6 +228,22 @@ def plain_train(
     return losses
 
 
+def fit(
+    model: nn.Module,
+    batches: Callable[[int], Batch],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    steps: int,
+    optimizer: torch.optim.Optimizer,
+    watched: bool,
+) -> tuple[list[float], NeuralDbg | None]:
+    """The same loop under NeuralDbg (:func:`train`) or plain (:func:`plain_train`): the losses, and the debugger
+    when watched."""
+    if watched:
+        dbg, losses = train(model, batches, loss_fn, steps=steps, optimizer=optimizer)
+        return losses, dbg
+    return plain_train(model, batches, loss_fn, steps=steps, optimizer=optimizer), None
+
+
 # --------------------------------------------------------------------------------------------- plain-torch truth
 
 

@@ -29,6 +29,8 @@ _PRODUCTS = frozenset(
         "DivBackward0",
     }
 )
+#: Products that scale the data by a constant or a parameter (dropout's mask, a learnt scale).
+_SCALING = frozenset({"MulBackward0", "DivBackward0"})
 #: Products that are a layer applying its weight (counted as the affine map's layers).
 _LAYERS = frozenset({"AddmmBackward0", "MmBackward0", "MvBackward0", "BmmBackward0", "ConvolutionBackward0"})
 #: Nodes linear in each of their inputs: sums, reductions by averaging or summing, pooling by averaging, batch norm
@@ -66,6 +68,8 @@ _LINEAR = frozenset(
     }
 )
 _PARAMETER = "AccumulateGrad"
+#: Reshaping nodes looked through from a product's operand to its parameter, at most.
+_HOPS = 8
 #: Nodes whose output is their input rearranged.
 _RESHAPING = SHAPE_ONLY | {"TBackward0", "UnsafeSplitBackward0", "FlipBackward0", "RollBackward0", "RepeatBackward0"}
 
@@ -74,7 +78,7 @@ def _holds_data(branch: object) -> bool:
     """Whether a product's operand depends on the data: not a constant (no node), not a parameter (its
     ``AccumulateGrad``, seen through nodes that only reshape it, as a Linear's weight through its transpose)."""
     node = branch
-    for _ in range(8):
+    for _ in range(_HOPS):
         if node is None or type(node).__name__ == _PARAMETER:
             return False
         if type(node).__name__ not in _RESHAPING:
@@ -202,7 +206,3 @@ def _producing_layer(
             return None  # a residual sum or a concatenation of two data paths, or a leaf
         node = found[0]
     return None
-
-
-#: Products that scale the data by a constant or a parameter (dropout's mask, a learnt scale).
-_SCALING = frozenset({"MulBackward0", "DivBackward0"})

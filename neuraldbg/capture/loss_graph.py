@@ -73,8 +73,13 @@ ACTIVATIONS = {
 _HOPS = 8
 #: The nodes of ``nll_loss`` (a batch of vectors; images and sequences).
 _NLL = frozenset({"NllLossBackward0", "NllLoss2DBackward0"})
-#: Losses that compare a prediction with its target value by value (``mse_loss``, ``smooth_l1_loss``, ``huber_loss``).
-_BY_VALUE = frozenset({"MseLossBackward0", "SmoothL1LossBackward0", "HuberLossBackward0"})
+#: Losses that compare a prediction with its target value by value, and their names in words.
+_BY_VALUE_NAMES = {
+    "MseLossBackward0": "mse_loss",
+    "SmoothL1LossBackward0": "smooth_l1_loss",
+    "HuberLossBackward0": "huber_loss",
+}
+_BY_VALUE = frozenset(_BY_VALUE_NAMES)
 #: Activations whose outputs are bounded: their name, and the values they can take (low, high).
 BOUNDED = {
     "ReluBackward0": ("ReLU", 0.0, math.inf),
@@ -460,14 +465,6 @@ class Crossed:
     prediction: tuple[int, ...]
     compared: tuple[int, ...]
     node: int
-
-
-#: What a loss by value is called in words, by its node.
-_BY_VALUE_NAMES = {
-    "MseLossBackward0": "mse_loss",
-    "SmoothL1LossBackward0": "smooth_l1_loss",
-    "HuberLossBackward0": "huber_loss",
-}
 
 
 def _count(shape: tuple[int, ...]) -> int:

@@ -58,8 +58,8 @@ class SymmetryWatch:
     def __init__(self) -> None:
         # layer -> (its unit weight, the first unit's weights when the debugger attached, units are columns)
         self._candidates: dict[str, tuple[Tensor, Tensor, bool]] = {}
-        # weights already seen with distinct units, by identity (a tensor compares by value): they never become
-        # identical again, so a later attach (a ``with`` block per epoch) skips them
+        # weights already seen with distinct units or all zeros, by identity (a tensor compares by value): never a
+        # candidate, so a later attach (a ``with`` block per epoch) skips them
         self._distinct: dict[int, weakref.ref[Tensor]] = {}
 
     def attach(self, infos: dict[str, LayerInfo], params: list[Param]) -> None:

@@ -36,6 +36,11 @@ NEAR = 0.5
 MIN_STEPS = 2
 
 
+def _layers(event: SemanticEvent) -> list[str]:
+    """The layers a finding names (its detail lists them)."""
+    return [n for n in event.detail.split(", ") if n]
+
+
 class SymmetricUnits(Kind):
     name = KIND.value
     title = "identical units"
@@ -88,7 +93,7 @@ class SymmetricUnits(Kind):
         self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
     ) -> tuple[str, str]:
         m = root.metrics
-        names = [n for n in root.detail.split(", ") if n]
+        names = _layers(root)
         layers = quoted(names, 3) if names else "a layer"
         many = len(names) != 1
         units = count(m.get("units", 0.0))
@@ -121,5 +126,5 @@ class SymmetricUnits(Kind):
         return f"identical units in {count(event.metrics.get('layers', 0.0))} layer(s)"
 
     def place(self, event: SemanticEvent) -> str:
-        names = [n for n in event.detail.split(", ") if n]
+        names = _layers(event)
         return quoted(names, 3) if names else "the run"

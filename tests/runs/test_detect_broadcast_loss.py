@@ -43,10 +43,8 @@ def train(loss_fn, watched: bool, make=batches, outputs: int = 1):
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # torch's own size warning, the one users miss
-        if watched:
-            dbg, losses = support.train(model, make, loss_fn, steps=STEPS, optimizer=opt)
-            return model, losses, dbg
-        return model, support.plain_train(model, make, loss_fn, steps=STEPS, optimizer=opt), None
+        losses, dbg = support.fit(model, make, loss_fn, STEPS, opt, watched)
+    return model, losses, dbg
 
 
 def kinds(dbg) -> list[str]:

@@ -45,11 +45,8 @@ def accuracy(model: nn.Module) -> float:
 def run(build, watched: bool, steps: int = STEPS, make=rings, loss_fn=F.cross_entropy):
     torch.manual_seed(0)
     model = build()
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    if watched:
-        dbg, losses = support.train(model, make, loss_fn, steps=steps, optimizer=opt)
-        return model, losses, dbg
-    return model, support.plain_train(model, make, loss_fn, steps=steps, optimizer=opt), None
+    losses, dbg = support.fit(model, make, loss_fn, steps, torch.optim.Adam(model.parameters(), lr=3e-3), watched)
+    return model, losses, dbg
 
 
 def kinds(dbg) -> list[str]:

@@ -49,10 +49,8 @@ def run(build, watched: bool, steps: int = STEPS, batches=make, loss_fn=F.cross_
     torch.manual_seed(0)
     model = build()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    if watched:
-        dbg, losses = support.train(model, batches, loss_fn, steps=steps, optimizer=opt)
-        return model, losses, dbg
-    return model, support.plain_train(model, batches, loss_fn, steps=steps, optimizer=opt), None
+    losses, dbg = support.fit(model, batches, loss_fn, steps, opt, watched)
+    return model, losses, dbg
 
 
 def kinds(dbg: NeuralDbg | None) -> list[str]:
