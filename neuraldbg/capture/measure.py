@@ -218,6 +218,8 @@ def gradients(
                 value = top / loss_scale  # underflow: the largest element bounds the norm
             if not math.isfinite(top):
                 data.grad_nonfinite.add(name)
+            elif not math.isfinite(value):  # an overflow of finite elements (beyond ~1.8e19 in float32): the norm
+                value = stats.wide_norm(g) / loss_scale  # taken in float64, for this gradient alone
         data.grad[name] = value * p.factor(g.numel())
 
 

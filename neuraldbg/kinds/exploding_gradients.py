@@ -232,6 +232,24 @@ class InflatedUpdates(CausalRule):
         return a.step_start <= b.step_start
 
 
+#: A gradient norm beyond this holds elements whose square may overflow float32 (its largest value is ~3.4e38): an
+#: adaptive optimizer's second moment then becomes inf and its updates 0 (plain torch, a RealNVP flow initialised
+#: with N(0, 3) weights: gradients up to 5.9e33, Adam's exp_avg_sq inf, the weights unchanged for 300 steps).
+SQUARE_OVERFLOW = 1.8e19
+
+
+class OverflowStalls(CausalRule):
+    """Gradients so large that their squares overflow stall the updates of an adaptive optimizer (Adam, RMSprop):
+    its second-moment estimate is inf, every update 0. The stall is the explosion's consequence, not a learning
+    rate too low or a schedule."""
+
+    def explains(self, cause: SemanticEvent, effect: SemanticEvent, topo: Topology) -> bool:
+        if cause.kind is not KIND or effect.kind is not FailureKind.STALLED_UPDATES:
+            return False
+        largest = max(cause.metrics.get("grad_norm", 0.0), cause.metrics.get("max_layer_grad_norm", 0.0))
+        return largest >= SQUARE_OVERFLOW and effect.step_end >= cause.step_start - ONSET_TOLERANCE
+
+
 class ExplodingGradients(Kind):
     name = KIND.value
     acute = True
@@ -285,6 +303,7 @@ class ExplodingGradients(Kind):
             InflatedUpdates(
                 "explosion-inflates-updates", "inflates", KIND, (None,), "any", (UpdateHealth.EXPLODING,), False, True
             ),
+            OverflowStalls("explosion-overflows-the-optimizer", "stalls", KIND, (FailureKind.STALLED_UPDATES,)),
         ]
 
     def explain(

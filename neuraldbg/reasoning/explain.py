@@ -35,6 +35,7 @@ def effects(chain: Sequence[SemanticEvent], topo: Topology) -> str:
         start = min(e.step_start for e in evs)
         where = "in the model" if layers == [""] else f"in {quoted(layers)}"
         parts.append(f"{words} {where} (from step {start})")
+    parts = list(dict.fromkeys(parts))  # two events of one kind in the same place and step read the same
     return "It caused " + "; ".join(parts) + "." if parts else ""
 
 

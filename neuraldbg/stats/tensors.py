@@ -538,6 +538,13 @@ def largest_magnitudes(tensors: Sequence[Tensor]) -> list[float]:
     return readings.tolist() if isinstance(readings, Tensor) else to_host(readings)
 
 
+def wide_norm(t: Tensor) -> float:
+    """The 2-norm of ``t`` accumulated in float64, read on the host: finite for any finite tensor, where a float32
+    norm overflows once an element passes ~1.8e19 (its square passes float32's largest value). For the rare tensor
+    whose own-precision norm came back inf with every element finite."""
+    return float(torch.linalg.vector_norm(t.detach(), dtype=torch.float64))
+
+
 # --- many tensors at once ---------------------------------------------------------------------------------------
 #
 # On a CPU every kernel launch costs a few microseconds of dispatch whatever the tensor's size, and the
