@@ -92,7 +92,7 @@ _State = tuple[Tensor, int] | None
 #: count of values outside [0, 1]).
 _LossReadings = tuple[
     Tensor | None,
-    tuple[Tensor, int] | None,
+    tuple[Tensor, int, str, int] | None,
     tuple[Tensor, loss_graph.BoundedPrediction] | None,
     tuple[Tensor, int] | None,
     tuple[str, Tensor, Tensor] | None,
@@ -200,7 +200,7 @@ class GradLedger:
             profile = target_profile(found.target) if found is not None else None
             # ... and so is the input of an nll_loss that no log_softmax produced: are its values log-probabilities?
             nll = loss_graph.log_probabilities(checked) if checked else None
-            gap = (log_prob_gap(nll.values), nll.node) if nll is not None else None
+            gap = (log_prob_gap(nll.values), nll.node, nll.loss, nll.direct) if nll is not None else None
             # ... and the targets of a loss by value on a bounded activation's output: can it reach them?
             bounded = loss_graph.bounded_prediction(checked) if checked else None
             reach = (out_of_range(bounded.target, bounded.low, bounded.high), bounded) if bounded is not None else None
@@ -329,7 +329,7 @@ class GradLedger:
         on = set(reached) & set(carried)
         if fresh and self._open and rec.clock.mode is StepMode.OPTIMIZER and not rec.clock.in_closure:
             rec.coverage.discarded_backwards += 1  # the gradient of an earlier backward pass was never applied
-        if on and not fresh:
+        if on:  # beside fresh gradients too: an optimizer whose zero_grad was left out, beside one that has it
             self._carry = ([self._names[i] for i in sorted(on)], check)
         elif fresh:
             self._carry = None
@@ -364,7 +364,8 @@ class GradLedger:
             rec.pending.put_vector([("regression_target", None, float(i)) for i in range(4)], profile)
         nodes = rec.forward.nodes or {}
         if gap is not None:
-            rec.coverage.nll_layer = rec.coverage.nll_layer or nodes.get(gap[1], "")
+            rec.coverage.nll_layer = rec.coverage.nll_layer or nodes.get(gap[1]) or nodes.get(gap[3], "")
+            rec.coverage.nll_loss = gap[2]
             rec.pending.put("log_prob_gap", None, gap[0])
         if reach is not None:
             values, bounded = reach

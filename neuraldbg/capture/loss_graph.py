@@ -73,6 +73,8 @@ ACTIVATIONS = {
 _HOPS = 8
 #: The nodes of ``nll_loss`` (a batch of vectors; images and sequences).
 _NLL = frozenset({"NllLossBackward0", "NllLoss2DBackward0"})
+#: ``ctc_loss``: like ``nll_loss``, it takes log-probabilities and does not normalise them.
+_CTC = "CtcLossBackward0"
 #: Losses that compare a prediction with its target value by value, and their names in words.
 _BY_VALUE_NAMES = {
     "MseLossBackward0": "mse_loss",
@@ -313,6 +315,8 @@ class NllInput:
 
     values: Tensor
     node: int
+    loss: str = "nll_loss"  # or "ctc_loss", whose input is log-probabilities over its last dimension
+    direct: int = 0  # the identity of the node right below the loss (a layer's output may be a view of it)
 
 
 def log_probabilities(losses: list[Tensor]) -> NllInput | None:
@@ -322,10 +326,17 @@ def log_probabilities(losses: list[Tensor]) -> NllInput | None:
     log-probabilities, which the caller checks from the values (``log(softmax(x))`` or ``x - logsumexp(x)`` are;
     raw logits are not)."""
     for node, _ in _walk(losses):
-        if type(node).__name__ in _NLL:
+        name = type(node).__name__
+        if name in _NLL or name == _CTC:
             below = _producer(node)
             if below is None or type(below).__name__ in NORMALISING:
                 return None
+            if name == _CTC:  # (T, N, C) or (T, C): the classes last, moved to dimension 1 (a view)
+                saved = getattr(node, "_saved_log_probs", None)
+                if not isinstance(saved, Tensor) or saved.dim() < 2:
+                    return None
+                direct = getattr(node, "next_functions", ((None, 0),))[0][0]
+                return NllInput(saved.movedim(-1, 1), id(below), "ctc_loss", id(direct))
             saved = getattr(node, "_saved_self", None)
             return NllInput(saved, id(below)) if isinstance(saved, Tensor) else None
     return None

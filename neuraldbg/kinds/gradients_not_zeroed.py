@@ -6,7 +6,9 @@ parameter's ``.grad`` was still the very tensor the optimizer had applied at its
 update then follows the sum of every gradient so far, not the current batch: it grows with the number of steps,
 and the loss may do anything. Without an optimizer object (a manual update), the head parameter's ``.grad``
 survived the update unchanged. Legitimate gradient accumulation (several backward passes, then the step, then
-``zero_grad``) never matches: the gradients are reset after each step. Reported once it held on two steps.
+``zero_grad``) never matches: the gradients are reset after each step. The parameters carried over are named
+beside any others that got fresh gradients in the same pass: two optimizers, one whose ``zero_grad`` was left out
+(a body and a head trained apart). Reported once it held on two steps.
 """
 
 from __future__ import annotations

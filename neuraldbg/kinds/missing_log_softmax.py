@@ -1,8 +1,9 @@
-"""A missing log-softmax: ``nll_loss`` (``nn.NLLLoss``) given values that are not log-probabilities, most often the
-raw logits of the last layer. ``nll_loss`` does not normalise its input; it only picks the target class's entry and
-negates it. On raw logits the loss is minimised by making that one logit large, whatever the others do: the loss
-runs below zero towards minus infinity, the gradient never says which wrong class scored higher, and the classes
-are not learned against each other.
+"""A missing log-softmax: ``nll_loss`` (``nn.NLLLoss``) or ``ctc_loss`` (``nn.CTCLoss``) given values that are not
+log-probabilities, most often the raw logits of the last layer (for ``ctc_loss`` the classes are its input's last
+dimension; the rest reads the same). ``nll_loss`` does not normalise its input; it only picks the target class's
+entry and negates it. On raw logits the loss is minimised by making that one logit large, whatever the others do:
+the loss runs below zero towards minus infinity, the gradient never says which wrong class scored higher, and the
+classes are not learned against each other.
 
 Found from the loss's autograd graph and one reading of values on the first backward passes that reach the model
 (see :mod:`neuraldbg.capture.loss_graph`): the ``nll_loss`` node's input came from no ``log_softmax`` (a
@@ -40,7 +41,7 @@ class MissingLogSoftmax(Kind):
         if gap is None or not gap > GAP:
             return None
         layer, step = coverage.nll_layer, coverage.log_prob_step
-        metrics = {"gap": gap, "limit": GAP}
+        metrics = {"gap": gap, "limit": GAP, "ctc": float(coverage.nll_loss == "ctc_loss")}
         trace = coverage.losses
         if trace.first and trace.last is not None:
             metrics |= {"first_loss": trace.first[0][1], "last_loss": trace.last[1]}
@@ -58,27 +59,42 @@ class MissingLogSoftmax(Kind):
     ) -> tuple[str, str]:
         m = root.metrics
         where = f"the output of '{root.layer}'" if root.layer else "the model's output"
+        ctc = bool(m.get("ctc"))
+        loss = "ctc_loss (CTCLoss)" if ctc else "nll_loss (NLLLoss)"
+        how = (
+            "ctc_loss does not normalise its input, it adds up the entries of the target's alignments as they are, so "
+            "the loss falls by making those entries large whatever the other classes score"
+            if ctc
+            else "nll_loss does not normalise its input, it only negates the target class's entry, so the loss falls "
+            "by making that one value large whatever the other classes score"
+        )
         what = (
-            f"A missing log-softmax: from step {root.step_start}, nll_loss (NLLLoss) is given {where}, which is not "
+            f"A missing log-softmax: from step {root.step_start}, {loss} is given {where}, which is not "
             f"log-probabilities: the log-sum-exp of its rows over the classes reaches {num(m.get('gap', 0.0))} "
-            "(0 for log-probabilities). nll_loss does not normalise its input, it only negates the target class's "
-            "entry, so the loss falls by making that one value large whatever the other classes score: it runs "
-            "below zero without bound and the classes are never learned against each other."
+            f"(0 for log-probabilities). {how}: it runs below zero without bound and the classes are never learned "
+            "against each other."
         )
         if "last_loss" in m and m["last_loss"] < 0:
             what += f" The loss went from {num(m['first_loss'])} to {num(m['last_loss'])}."
-        fix = (
-            "give nll_loss log-probabilities (F.log_softmax(logits, dim=1), or nn.LogSoftmax(dim=1) as the model's "
-            "last layer), or replace it with cross_entropy (CrossEntropyLoss) on the raw logits, which applies "
-            "log_softmax itself."
-        )
+        if ctc:
+            fix = (
+                "give ctc_loss log-probabilities over the classes: F.log_softmax(logits, dim=-1) on its (T, N, C) "
+                "input (as torch's CTCLoss documentation does)."
+            )
+        else:
+            fix = (
+                "give nll_loss log-probabilities (F.log_softmax(logits, dim=1), or nn.LogSoftmax(dim=1) as the "
+                "model's last layer), or replace it with cross_entropy (CrossEntropyLoss) on the raw logits, which "
+                "applies log_softmax itself."
+            )
         return what, fix
 
     def describe(self, event: SemanticEvent) -> str:
-        return f"nll_loss on values that are not log-probabilities (log-sum-exp {num(event.metrics.get('gap', 0.0))})"
+        loss = "ctc_loss" if event.metrics.get("ctc") else "nll_loss"
+        return f"{loss} on values that are not log-probabilities (log-sum-exp {num(event.metrics.get('gap', 0.0))})"
 
     def label(self, event: SemanticEvent) -> str:
-        return "nll_loss without log_softmax"
+        return f"{'ctc_loss' if event.metrics.get('ctc') else 'nll_loss'} without log_softmax"
 
     def effect(self, event: SemanticEvent) -> str:
         return "a loss without log-softmax"

@@ -163,3 +163,82 @@ def test_nll_loss_over_an_empty_selection_keeps_the_observation_whole():
     kinds = {h.kind.value for h in dbg.hypotheses()}
     assert "incomplete_observation" not in kinds, dbg.explain_failure()
     assert not found(dbg)
+
+
+# --- ctc_loss: log-probabilities over the last dimension of a (T, N, C) input ------------------------------------
+
+SYMBOLS, FRAMES, LABEL = 5, 16, 4  # classes 1..5 and the blank 0; 16 frames per sequence, 4 labels
+
+
+class Recognizer(nn.Module):
+    def __init__(self, normalise: bool) -> None:
+        super().__init__()
+        self.normalise = normalise
+        self.rnn = nn.GRU(SYMBOLS + 1, 32)
+        self.out = nn.Linear(32, SYMBOLS + 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.out(self.rnn(x)[0])  # (T, N, C)
+        return F.log_softmax(scores, dim=-1) if self.normalise else scores
+
+
+def utterances(step: int, n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each label held for 4 noisy frames, one-hot: a greedy reading of the frames recovers the labels."""
+    g = torch.Generator().manual_seed(step)
+    labels = torch.randint(1, SYMBOLS + 1, (n, LABEL), generator=g)
+    frames = labels.repeat_interleave(FRAMES // LABEL, dim=1).T  # (T, N)
+    x = F.one_hot(frames, SYMBOLS + 1).float() + 0.5 * torch.randn(FRAMES, n, SYMBOLS + 1, generator=g)
+    return x, labels
+
+
+def ctc_train(normalise: bool, watched: bool) -> tuple[list[float], Recognizer, NeuralDbg | None]:
+    torch.manual_seed(0)
+    model = Recognizer(normalise)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    lengths, label_lengths = torch.full((16,), FRAMES), torch.full((16,), LABEL)
+    losses: list[float] = []
+
+    def loop() -> None:
+        for step in range(150):
+            x, y = utterances(step)
+            opt.zero_grad()
+            loss = F.ctc_loss(model(x), y, lengths, label_lengths)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+
+    if not watched:
+        loop()
+        return losses, model, None
+    with NeuralDbg(model) as dbg:
+        loop()
+    return losses, model, dbg
+
+
+def frame_accuracy(model: Recognizer) -> float:
+    """Held-out: the frames' most likely class against the label the frame holds."""
+    x, y = utterances(10_000, 256)
+    with torch.no_grad():
+        best = model(x).argmax(-1)  # (T, N)
+    return float((best == y.repeat_interleave(FRAMES // LABEL, dim=1).T).float().mean())
+
+
+def test_ctc_loss_on_raw_scores_runs_below_zero_and_is_found_as_a_missing_log_softmax():
+    losses, model, _ = ctc_train(normalise=False, watched=False)
+    twin_losses, twin, _ = ctc_train(normalise=True, watched=False)
+    # plain torch: a CTC loss of log-probabilities is never negative; on raw scores it runs below zero, and the
+    # frames are read worse than the twin reads them
+    assert min(losses) < 0 <= min(twin_losses)
+    assert frame_accuracy(model) < frame_accuracy(twin) - 0.1
+    watched_losses, _, dbg = ctc_train(normalise=False, watched=True)
+    assert watched_losses == losses
+    assert dbg is not None
+    hits = found(dbg)
+    assert hits and dbg.hypotheses()[0].kind.value == KIND, dbg.explain_failure()
+    assert hits[0].root.layer == "out" and hits[0].root.step_start == 0
+    assert "ctc_loss (CTCLoss)" in hits[0].explanation and "dim=-1" in hits[0].suggestion
+
+
+def test_ctc_loss_on_log_probabilities_is_silent():
+    _, _, dbg = ctc_train(normalise=True, watched=True)
+    assert dbg is not None and not found(dbg), dbg.explain_failure()

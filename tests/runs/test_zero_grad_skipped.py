@@ -41,3 +41,49 @@ def test_one_skipped_zero_grad_is_tolerated_and_two_are_reported(skipped: tuple[
     assert bool(found) is reported, dbg.report()
     if reported:
         assert found[0].root.step_start == skipped[0]
+
+
+@pytest.mark.parametrize("forgotten", ["body", "head", None])
+def test_two_optimizers_one_without_zero_grad_is_found_beside_the_one_that_has_it(forgotten: str | None) -> None:
+    """A body and a head, each with its own Adam; ``zero_grad`` is called on one of them only (the other's
+    gradients add up step after step, while the first's are fresh each step). Plain torch: the forgotten side's
+    ``.grad`` at the start of each backward pass is the gradient its optimizer applied. Found for either side,
+    whatever the loss does (here, under Adam, the body's summed gradients even fit these 120 steps faster); the twin
+    that zeroes both is silent."""
+    make = support.classification_batches((32,), 10, batch=64)
+
+    def run(forgotten: str | None) -> tuple[list[float], list[bool], NeuralDbg]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+        body, head = list(model[0].parameters()), list(model[2].parameters())
+        opts = {"body": torch.optim.Adam(body, lr=1e-3), "head": torch.optim.Adam(head, lr=1e-3)}
+        side = {"body": model[0].weight, "head": model[2].weight}
+        losses, carried = [], []
+        applied = None
+        with NeuralDbg(model) as dbg:
+            for step in range(120):
+                x, y = make(step)
+                if forgotten is not None:
+                    before = side[forgotten].grad
+                    carried.append(before is not None and applied is not None and torch.equal(before, applied))
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                for opt in opts.values():
+                    opt.step()
+                if forgotten is not None:
+                    applied = side[forgotten].grad.clone()
+                for name, opt in opts.items():
+                    if name != forgotten:
+                        opt.zero_grad()
+                losses.append(float(loss.detach()))
+        return losses, carried, dbg
+
+    _, carried, dbg = run(forgotten)
+    found = [h for h in dbg.hypotheses() if h.kind is FailureKind.GRADIENTS_NOT_ZEROED]
+    if forgotten is None:
+        assert not found, dbg.explain_failure()
+        return
+    assert all(carried[1:])  # plain torch: from step 1 on, the forgotten side still held the applied gradient
+    assert found and found[0].root.step_start == 1, dbg.explain_failure()
+    named = "'0.weight'" if forgotten == "body" else "'2.weight'"
+    assert named in found[0].explanation
