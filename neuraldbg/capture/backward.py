@@ -143,7 +143,7 @@ class BackwardPath:
                     rec.pending.data.resumed = True
             self._learning_rates(optimizer)
             if not closure:
-                rec.ledger.before_step(optimizer)
+                rec.ledger.before_step(optimizer, self._owned_by(optimizer))
                 self._gradients_final(optimizer)
             elif rec.config.track_updates and rec.schedule.is_full(rec.clock.next_index()):
                 # the forward and backward passes may still be to come, inside the step: measure the update across
@@ -165,7 +165,7 @@ class BackwardPath:
             if rec.clock.in_closure and rec.clock.optimizer_ends():
                 self._fwd.close()
                 self.grads.adopt_snapshot()  # a closure that ran no forward pass: an ordinary step
-                rec.ledger.before_step(optimizer)
+                rec.ledger.before_step(optimizer, owned)
                 self._gradients_final(optimizer)
             rec.ledger.after_step(owned)
         except Exception as exc:

@@ -411,14 +411,21 @@ class GradLedger:
 
     # --- optimizer steps ----------------------------------------------------------------------------------
 
-    def before_step(self, optimizer: object) -> None:
-        """An owned optimizer's step is about to use the gradients: a carry-over left in them is filed, and its
-        weight decay noted (:meth:`_note_decay`)."""
+    def before_step(self, optimizer: object, owned: frozenset[str]) -> None:
+        """An owned optimizer's step is about to use the gradients: a carry-over left in the parameters it owns
+        (``owned``) is filed, and its weight decay noted (:meth:`_note_decay`). A carry-over in parameters of another
+        optimizer waits for that one's step: a GAN's generator loss, backpropagated through the discriminator after
+        the discriminator stepped, adds to gradients the discriminator's optimizer resets before it steps again."""
         self._note_decay(optimizer)
-        carry, self._carry = self._carry, None
+        carry = self._carry
         if carry is None:
             return
-        names, check = carry
+        names = [n for n in carry[0] if n in owned]
+        rest = [n for n in carry[0] if n not in owned]
+        self._carry = (rest, carry[1]) if rest else None
+        if not names:
+            return
+        check = carry[1]
         data = self._rec.pending.data
         data.carried = tuple(names)
         data.carried_by = type(optimizer).__name__

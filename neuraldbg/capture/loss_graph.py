@@ -441,15 +441,34 @@ class LossTargets:
     target: Tensor
 
 
+_UNIT_SCALES = frozenset({"DivBackward0", "MulBackward0"})
+
+
+def _unit_scaled(node: object) -> object:
+    """The node below a division or a product by the constant 1 at the top of a loss (a script's ``loss /
+    accumulation_steps`` with one step), else ``node``. The constant is a number torch wrapped in a CPU tensor:
+    reading it costs no device transfer; any other scale, or a tensor on a device, is left as it is."""
+    while type(node).__name__ in _UNIT_SCALES:
+        other = getattr(node, "_saved_other", None)
+        inputs: tuple[tuple[object, int], ...] = getattr(node, "next_functions", ())
+        if not (isinstance(other, Tensor) and other.dim() == 0 and other.device.type == "cpu"):
+            return node
+        if len(inputs) != 2 or inputs[1][0] is not None or inputs[0][0] is None or float(other) != 1.0:
+            return node
+        node = inputs[0][0]
+    return node
+
+
 def loss_targets(losses: list[Tensor]) -> LossTargets | None:
     """The targets of the loss of one backward call (``losses``, its roots, before it runs: the pass frees what the
     graph saved) when that loss is a binary cross-entropy or a mean squared error itself: one root, its node that
     loss's with the mean reduction, no ``weight`` nor ``pos_weight`` (a weighted mean's chance level is not the
     targets' entropy), a prediction of the target's shape (a broadcast compares other pairs), plain floating
     targets. Nothing added to it, nothing masked out of it: a loss masked by hand (``reduction="none"``, a product
-    with a mask, a sum over a count) or divided by the micro-batches of an accumulation is not read. None
+    with a mask, a sum over a count) or divided by the micro-batches of an accumulation is not read; divided or
+    multiplied by exactly 1 it is the loss itself (``loss / gradient_accumulation_steps`` at its default of 1). None
     otherwise."""
-    node = losses[0].grad_fn if len(losses) == 1 else None
+    node = _unit_scaled(losses[0].grad_fn) if len(losses) == 1 else None
     kind = _TARGETED.get(type(node).__name__)
     if kind is None or getattr(node, "_saved_reduction", None) != _MEAN:
         return None

@@ -344,7 +344,18 @@ def test_raw_pixels_that_enter_a_convolution_after_a_metadata_branch_are_found()
     assert found(dbg)[0].root.metrics["input_rms"] > 100
 
 
-@pytest.mark.parametrize(("loss_fn", "named"), [(F.mse_loss, "mse_loss"), (F.smooth_l1_loss, "a Huber loss")])
+ACCUMULATION_STEPS = 1  # a script's gradient accumulation left at its default
+
+
+def mse_per_accumulation_step(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``loss / accumulation_steps``, as scripts write it whatever the number of steps: here 1, the loss itself."""
+    return F.mse_loss(prediction, target) / ACCUMULATION_STEPS
+
+
+@pytest.mark.parametrize(
+    ("loss_fn", "named"),
+    [(F.mse_loss, "mse_loss"), (F.smooth_l1_loss, "a Huber loss"), (mse_per_accumulation_step, "mse_loss")],
+)
 def test_a_regression_of_unit_scale_targets_from_raw_inputs_is_found(loss_fn, named: str):
     """Raw features (x 100 + 400, root-mean-square ~400) regressed onto standardised targets (variance ~1): the
     output must come out near unit scale, not on the inputs' (as a diffusion model's noise prediction must)."""

@@ -87,3 +87,38 @@ def test_two_optimizers_one_without_zero_grad_is_found_beside_the_one_that_has_i
     assert found and found[0].root.step_start == 1, dbg.explain_failure()
     named = "'0.weight'" if forgotten == "body" else "'2.weight'"
     assert named in found[0].explanation
+
+
+def test_a_gan_watched_whole_whose_generator_loss_passes_through_the_stepped_discriminator_is_not_flagged() -> None:
+    """One module holding a generator and a discriminator, two Adams, alternating steps: the generator's loss
+    backpropagates through the discriminator after the discriminator stepped, so it adds onto the gradients the
+    discriminator's optimizer just applied. Plain torch: that carry-over is real, but the discriminator's
+    ``zero_grad`` resets it before its optimizer steps again, so every discriminator step applies its own loss's
+    gradient alone. Not the fault (it was, when a carry-over was filed at the generator's step)."""
+    torch.manual_seed(0)
+    gen = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 2))
+    disc = nn.Sequential(nn.Linear(2, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+    model = nn.ModuleDict({"gen": gen, "disc": disc})
+    opt_d = torch.optim.Adam(disc.parameters(), lr=1e-3, betas=(0.5, 0.999))
+    opt_g = torch.optim.Adam(gen.parameters(), lr=2e-3, betas=(0.5, 0.999))
+    carried_into_g, own_gradient_at_d_step = [], []
+    with NeuralDbg(model) as dbg:
+        for step in range(60):
+            g = torch.Generator().manual_seed(step)
+            z, real = torch.randn(64, 4, generator=g), torch.randn(64, 2, generator=g) * 0.5 + 2.0
+            fake = gen(z)
+            opt_d.zero_grad()
+            d_loss = F.binary_cross_entropy_with_logits(disc(real), torch.ones(64, 1))
+            d_loss = d_loss + F.binary_cross_entropy_with_logits(disc(fake.detach()), torch.zeros(64, 1))
+            own = torch.autograd.grad(d_loss, disc[0].weight, retain_graph=True)[0]
+            d_loss.backward()
+            own_gradient_at_d_step.append(torch.equal(disc[0].weight.grad, own))
+            opt_d.step()
+            applied = disc[0].weight.grad.clone()
+            opt_g.zero_grad()
+            g_loss = F.binary_cross_entropy_with_logits(disc(fake), torch.ones(64, 1))
+            carried_into_g.append(torch.equal(disc[0].weight.grad, applied))
+            g_loss.backward()
+            opt_g.step()
+    assert all(carried_into_g) and all(own_gradient_at_d_step)  # plain torch: carried, yet never applied
+    assert not [h for h in dbg.hypotheses() if h.kind is FailureKind.GRADIENTS_NOT_ZEROED], dbg.explain_failure()

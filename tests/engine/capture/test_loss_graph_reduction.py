@@ -105,3 +105,17 @@ def test_a_weighted_binary_cross_entropy_is_not_one_sample_at_chance_before_or_a
     plain = F.binary_cross_entropy_with_logits(z, t)
     plain.backward()
     assert loss_graph.read([plain]).mean  # no weights: still a mean at chance
+
+
+def test_the_targets_are_read_through_a_scale_of_exactly_one_and_no_other():
+    """``loss / accumulation_steps`` (or ``* 1``) at a default of 1 is the loss itself: its targets are read; a
+    loss divided by 4 micro-batches is not (its level is not the targets'), nor one with a term added."""
+    prediction = torch.randn(8, 3).requires_grad_()
+    target = torch.randn(8, 3)
+    plain = loss_graph.loss_targets([F.mse_loss(prediction, target)])
+    assert plain is not None and plain.kind == "mse" and plain.target is target
+    for scaled in (F.mse_loss(prediction, target) / 1, 1 * F.mse_loss(prediction, target)):
+        found = loss_graph.loss_targets([scaled])
+        assert found is not None and found.target is target
+    assert loss_graph.loss_targets([F.mse_loss(prediction, target) / 4]) is None
+    assert loss_graph.loss_targets([F.mse_loss(prediction, target) / 1 + prediction.sum()]) is None
