@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from ..config import DebugConfig
 from ..stats.losses import LossTrace
 from ..stats.outputs import OutputScales
+from ..stats.samples import SampleRepeats
 from ..stats.step import StepData
 from ..stats.training import TrainingFacts
 
@@ -173,6 +174,8 @@ class Coverage:
     # share of such labels over the first forward passes (None: not a causal LM given input_ids and labels)
     labels_ahead: float | None = None
     labels_ahead_step: int = 0
+    # the input samples of the fully observed steps, until they come round again: the run's first epoch
+    repeats: SampleRepeats = field(default_factory=SampleRepeats)
     # an nll_loss given values that no log_softmax produced: the largest |logsumexp| of its input's rows over the
     # first backward passes (0 for log-probabilities; None: no such loss), the step first read, and the layer
     # whose output the input is ("" when no watched layer's)
@@ -262,6 +265,8 @@ class Coverage:
             if self.log_prob_gap is None:
                 self.log_prob_step = record.step
             self.log_prob_gap = max(record.log_prob_gap, self.log_prob_gap or 0.0)
+        if record.samples:
+            self.repeats.observe(record.step, record.samples, record.sample_losses)
         if record.labels_ahead is not None and (self.labels_ahead is None or record.labels_ahead > self.labels_ahead):
             self.labels_ahead, self.labels_ahead_step = record.labels_ahead, record.step
         changed = False

@@ -342,6 +342,16 @@ class ForwardPath:
         self._label_checks -= 1
         self._target().put("labels_ahead", None, stats.labels_ahead(ids, labels))
 
+    def _fingerprint(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """File one fingerprint per sample of the call's first tensor argument (its data, ids included), read at
+        the flush (see :mod:`neuraldbg.stats.samples`)."""
+        first = stats.tensor_arguments(args, kwargs, most=1)
+        prints = stats.sample_prints(first[0]) if first else None
+        if prints is not None:
+            target = self._target()
+            target.put_vector([("sample", None, 0.0)] * int(prints.shape[0]), prints)
+            target.data.sample_count += int(prints.shape[0])
+
     def _end(self, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         """The model's own forward returned: check a cheap CPU step's output now, and hook its gradient."""
         self._open = False
@@ -384,6 +394,8 @@ class ForwardPath:
                 self._target().put("padded", None, stats.holds(tokens, padding))
             if data.classes == 1:  # one output unit: probabilities (a binary classifier's sigmoid) or not
                 self._target().put("probabilities", None, stats.in_unit_interval(t))
+        if t.requires_grad and self._rec.coverage.repeats.printing:  # a training pass: were its samples seen?
+            self._fingerprint(args, kwargs)
         cheap_cpu = not self._full and t.is_cpu and self.host_reads_are_free
         if cheap_cpu:
             self._check_ends(t)

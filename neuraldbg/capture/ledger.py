@@ -52,6 +52,7 @@ from ..stats.tensors import (
     log_prob_gap,
     merge_moments,
     out_of_range,
+    sample_losses,
     target_baseline,
     target_moments,
     target_profile,
@@ -96,6 +97,7 @@ _LossReadings = tuple[
     tuple[Tensor, loss_graph.BoundedPrediction] | None,
     tuple[Tensor, int] | None,
     tuple[str, Tensor, Tensor] | None,
+    Tensor | None,
     Tensor | None,
 ]
 
@@ -193,7 +195,8 @@ class GradLedger:
             # the targets are looked for on fully observed steps only (a cheap step stays cheap; a smoke run's
             # first steps are mostly full ones)
             self._looked = self._target_passes < TARGET_CHECKS and rec.pending.data.full
-            roots = hooks.backward_roots() if self._loss_checks or self._looked else []
+            counted = rec.pending.data.sample_count if rec.pending.data.full else 0
+            roots = hooks.backward_roots() if self._loss_checks or self._looked or counted else []
             checked = roots if self._loss_checks else []
             # a mean squared error's target is profiled now: the backward pass frees what the graph saved
             found = loss_graph.regression(checked) if checked else None
@@ -208,6 +211,11 @@ class GradLedger:
             labels = loss_graph.class_labels(checked) if checked else None
             counts = (label_counts(labels.target, labels.classes, labels.ignore), labels.classes) if labels else None
             options = finite_per_row(labels.values) if labels is not None and labels.values is not None else None
+            # ... and each sample's own loss, beside the fingerprints its forward pass filed (see stats.samples)
+            own = loss_graph.class_labels(roots) if counted and roots else None
+            per_sample = None
+            if own is not None and own.values is not None:
+                per_sample = sample_losses(own.values, own.target, own.ignore, counted)
             # ... and a loss that compares each prediction with other samples' targets (shapes only, nothing read)
             if checked and rec.coverage.crossed_loss is None:
                 self._note_crossed(checked)
@@ -216,7 +224,7 @@ class GradLedger:
             moments = None
             if targeted is not None:
                 moments = (targeted.kind, *target_moments(targeted.target, targeted.kind == "bce"))
-            readings = (profile, gap, reach, counts, moments, options)
+            readings = (profile, gap, reach, counts, moments, options, per_sample)
             return partial(self._after, loss, states, carried, check, manual, roots, readings)
         except Exception as exc:
             rec.fail("the backward-call listener", exc)
@@ -300,6 +308,9 @@ class GradLedger:
             if not reached:
                 return
             self._account(loss, reached, carried, check, fresh)
+            own = readings[6]
+            if own is not None:  # read at the flush beside the fingerprints
+                rec.pending.put_vector([("sample_loss", None, 0.0)] * int(own.shape[0]), own)
             if self._loss_checks:
                 self._check_loss(roots, readings)
             elif readings[4] is not None:
@@ -348,7 +359,7 @@ class GradLedger:
         out of its reach (``reach``) and the entropy of the labels of an ``nll_loss`` counted so far (``counts``:
         this pass's counts, added to the earlier ones') and the chance level of a binary cross-entropy or a mean
         squared error from its targets' moments so far (``moments``) are filed for the flush."""
-        profile, gap, reach, counts, moments, options = readings
+        profile, gap, reach, counts, moments, options, _ = readings
         rec = self._rec
         self._loss_checks -= 1
         graph = loss_graph.read(roots)  # no roots (a backward pass from a given gradient, not a loss): nothing

@@ -168,6 +168,8 @@ class Pending:
         dst.baseline_kind = src.baseline_kind or dst.baseline_kind
         if src.labels_ahead is not None:
             dst.labels_ahead = merge_max(dst.labels_ahead, src.labels_ahead)
+        dst.samples.extend(src.samples)
+        dst.sample_losses.extend(src.sample_losses)
         if src.log_prob_gap is not None:
             dst.log_prob_gap = merge_max(dst.log_prob_gap, src.log_prob_gap)
         if src.loss_options is not None:
@@ -328,6 +330,14 @@ def _grad_checks(data: StepData, key: Any, extra: float, value: float) -> None:
         _grad_check(data, name, numel, probe)
 
 
+def _sample(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.samples.append(value)
+
+
+def _sample_loss(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.sample_losses.append(value)
+
+
 def _out_grad(data: StepData, key: Any, extra: float, value: float) -> None:
     old = data.out_grad.get(key)
     data.out_grad[key] = value if old is None else merge_max(old, value)
@@ -361,6 +371,8 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "probabilities": _probabilities,
     "regression_target": _profile("regression_target"),
     "labels_ahead": _largest("labels_ahead"),
+    "sample": _sample,
+    "sample_loss": _sample_loss,
     "input_scale": _largest("input_scale"),
     "entry_scale": _largest("entry_scale"),
     "log_prob_gap": _largest("log_prob_gap"),

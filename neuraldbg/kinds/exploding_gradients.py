@@ -246,8 +246,18 @@ class OverflowStalls(CausalRule):
     def explains(self, cause: SemanticEvent, effect: SemanticEvent, topo: Topology) -> bool:
         if cause.kind is not KIND or effect.kind is not FailureKind.STALLED_UPDATES:
             return False
-        largest = max(cause.metrics.get("grad_norm", 0.0), cause.metrics.get("max_layer_grad_norm", 0.0))
-        return largest >= SQUARE_OVERFLOW and effect.step_end >= cause.step_start - ONSET_TOLERANCE
+        return _largest(cause) >= SQUARE_OVERFLOW and effect.step_end >= cause.step_start - ONSET_TOLERANCE
+
+    def earliest_effect(self, cause: SemanticEvent) -> int | None:
+        return None  # a stall from the run's start is explained by an explosion found a few steps into it
+
+    def covers(self, a: SemanticEvent, b: SemanticEvent, topo: Topology) -> bool:
+        return a.step_start <= b.step_start and _largest(a) >= _largest(b)
+
+
+def _largest(event: SemanticEvent) -> float:
+    """The largest gradient norm an exploding-gradients event holds (0 when it holds none)."""
+    return max(event.metrics.get("grad_norm", 0.0), event.metrics.get("max_layer_grad_norm", 0.0))
 
 
 class ExplodingGradients(Kind):

@@ -62,12 +62,23 @@ class LossAtChance(loss_evidence.LossKind):
             guess = f"log({classes}) = {chance}, the loss of predicting each of the {classes} classes with equal odds"
         else:
             guess = f"log(2) = {chance}, the loss of a binary classifier that always answers 0.5"
-        what = (
-            f"The loss stayed at chance: over steps {int(m.get('end_from', root.step_end))}-{root.step_end} it "
-            f"averaged {num(m.get('end', 0.0))}, within {num(100 * m.get('band', 0.05))}% of {guess} (it started at "
-            f"{num(m.get('start', 0.0))}; {count(m.get('losses', 0.0))} steps). The predictions are no better than a "
-            "guess, although gradients flow and the optimizer moves the weights."
-        )
+        if "new_loss" in m:
+            what = (
+                f"The loss stayed at chance on samples the model had never seen: on the new samples of steps "
+                f"{int(m.get('new_from', 0.0))}-{int(m.get('new_until', 0.0))} ({count(m['new_samples'])} of them) it "
+                f"averaged {num(m['new_loss'])}, at {guess}, while on the samples it saw again (steps "
+                f"{int(m.get('seen_from', 0.0))}-{int(m.get('seen_until', 0.0))}) it fell to "
+                f"{num(m.get('seen_loss', 0.0))}. The model memorises the labels of the samples it is shown; it does "
+                f"not learn to predict them from the inputs (the whole loss went from {num(m.get('start', 0.0))} to "
+                f"{num(m.get('end', 0.0))} over {count(m.get('losses', 0.0))} steps, by memorising)."
+            )
+        else:
+            what = (
+                f"The loss stayed at chance: over steps {int(m.get('end_from', root.step_end))}-{root.step_end} it "
+                f"averaged {num(m.get('end', 0.0))}, within {num(100 * m.get('band', 0.05))}% of {guess} (it started "
+                f"at {num(m.get('start', 0.0))}; {count(m.get('losses', 0.0))} steps). The predictions are no better "
+                "than a guess, although gradients flow and the optimizer moves the weights."
+            )
         causes, fix = loss_evidence.ranked(m, "chance")
         return what + causes, fix
 
@@ -101,6 +112,10 @@ class LossAtChance(loss_evidence.LossKind):
 
     def describe(self, event: SemanticEvent) -> str:
         m = event.metrics
+        if "new_loss" in m:
+            return (
+                f"loss at chance on unseen samples ({num(m['new_loss'])}; {num(m.get('seen_loss', 0.0))} on seen ones)"
+            )
         if m.get("baseline") == loss_evidence.BASELINES["mse"]:
             return f"loss at chance ({num(m.get('end', 0.0))}, the targets' variance)"
         if "baseline" in m:
@@ -110,7 +125,10 @@ class LossAtChance(loss_evidence.LossKind):
         return f"loss at chance ({num(m.get('end', 0.0))}, log of {count(m.get('classes', 0.0))} classes)"
 
     def label(self, event: SemanticEvent) -> str:
-        return f"loss at chance: {num(event.metrics.get('end', 0.0))}"
+        m = event.metrics
+        if "new_loss" in m:
+            return f"loss at chance on unseen samples: {num(m['new_loss'])}"
+        return f"loss at chance: {num(m.get('end', 0.0))}"
 
     def effect(self, event: SemanticEvent) -> str:
         return "a loss at chance"

@@ -37,6 +37,7 @@ What a careful engineer would look at next is in :func:`causes`: the evidence fo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -45,7 +46,7 @@ from ..config import DebugConfig
 from ..events import SemanticEvent
 from ..stats.losses import LossTrace, Stretch, combine
 from ..stats.training import TrainingFacts
-from ..text import num
+from ..text import count, num
 from .base import LAST_RANK, Kind, RootLane, run_event
 
 #: Losses in each of the start and end windows, at least.
@@ -87,6 +88,9 @@ class Curve:
     baseline: str = ""
     target_level: float = math.nan
     target_pooled: float = math.nan
+    # the loss on samples the model had never seen stayed at chance while it memorised the ones it saw again (see
+    # :func:`memorised`): its numbers, or None
+    memorised: dict[str, float] | None = None
 
     @property
     def level(self) -> float | None:
@@ -171,6 +175,9 @@ def finding(coverage: Coverage, config: DebugConfig) -> tuple[str, Curve] | None
     trained = not curve.trained < config.loss_trained or (math.isfinite(clip) and clip >= TINY_CLIP)
     if curve.at_chance and trained and not curve.falling:
         return "loss_at_chance", curve
+    memo = memorised(coverage, curve)
+    if memo is not None:
+        return "loss_at_chance", dataclasses.replace(curve, memorised=memo)
     if curve.verdict == "climbing" or curve.above_chance:
         return "unstable_loss", curve
     if curve.stopped and curve.large_updates and curve.verdict != "flat" and not converged(coverage, curve):
@@ -178,6 +185,65 @@ def finding(coverage: Coverage, config: DebugConfig) -> tuple[str, Curve] | None
     if curve.verdict == "flat" and trained and not coverage.warm_start and not met_trained(coverage, curve):
         return "loss_not_decreasing", curve
     return None
+
+
+#: New samples (never seen before by the model) are judged from this many steps into the run (the first steps of
+#: any model are at chance) ...
+NEW_FROM = 32
+#: ... when there are at least this many of them.
+NEW_SAMPLES = 24
+#: Seen samples in the last quarter of the fingerprinted steps, at least.
+SEEN_SAMPLES = 64
+#: The run's loss ends at this share of the chance level or above: memorising labels the inputs do not give is slow
+#: (shuffled-label runs of hunted programs end at 0.78-0.99 of chance: MLPs of 2 and 10 classes, a tagger, an
+#: embedding-bag classifier), while a model that learns from its inputs, even one that starts late, ends far lower
+#: (a tiny BERT whose gradients are clipped to 1e-4: at chance on its first epoch's new samples, 0.16 of chance at
+#: its end, held-out accuracy 0.94).
+MEMORISED_END = 0.6
+
+
+def memorised(coverage: Coverage, curve: Curve) -> dict[str, float] | None:
+    """A classifier that memorises labels its inputs do not give (shuffled or random labels over a training set it
+    sees more than once), from each sample's own loss on the fully observed steps, split into samples it has seen
+    before and samples it has not (see :mod:`neuraldbg.stats.samples`): on the new samples of the steps from
+    :data:`NEW_FROM` on (at least :data:`NEW_SAMPLES` of them) the loss is still at chance (at or above the lower
+    edge of the band around :attr:`Curve.level`), while on the samples it saw again, over the last quarter of the
+    fingerprinted steps, it is below the new samples' loss by two standard errors: the weights moved enough to
+    memorise them (however little: the run's loss may still lie in the band of chance, or its updates add up to
+    less than ``loss_trained``, as an embedding table's do against its N(0, 1) rows). A model
+    that learns from its inputs predicts new samples better than chance as soon as it predicts seen ones better
+    (MLPs on tabular data, an embedding-bag text classifier: new samples at 0.55-0.9 of chance over steps 32-144);
+    one that can only memorise predicts them no better than a guess (0.99-1.03 of it). The run's whole loss may end
+    below chance then (memorising, 0.87 of log(10) after ten epochs), where the band of :attr:`Curve.at_chance`
+    misses it, though not below :data:`MEMORISED_END` of it. Its numbers as metrics, or None."""
+    chance, level = curve.chance, curve.level
+    repeats = coverage.repeats
+    if chance is None or level is None or not repeats.repeated or not repeats.rows:
+        return None
+    if curve.end.mean < MEMORISED_END * level:
+        return None  # fitted far below chance: learned from the inputs (memorising random labels is slow)
+    start, end = repeats.rows[0].step, repeats.rows[-1].step
+    late, late_first, late_last = repeats.new_losses(start + NEW_FROM)
+    if late.n < NEW_SAMPLES:
+        return None
+    edge = (1 - curve.band) * level
+    if late.mean < edge:
+        return None  # new samples are predicted better than a guess: the model learns from its inputs
+    since = end - (end - start) // 4
+    seen = repeats.seen_losses(since)
+    gap = 2 * math.hypot(seen.error, late.error)
+    if seen.n < SEEN_SAMPLES or not seen.mean + gap < late.mean:
+        return None
+    return {
+        "new_loss": late.mean,
+        "new_samples": float(late.n),
+        "new_from": float(late_first),
+        "new_until": float(late_last),
+        "seen_loss": seen.mean,
+        "seen_samples": float(seen.n),
+        "seen_from": float(since),
+        "seen_until": float(end),
+    }
 
 
 #: A classifier whose first losses average below this share of log(classes) was met already trained.
@@ -435,6 +501,8 @@ def evidence(coverage: Coverage, config: DebugConfig, curve: Curve) -> dict[str,
         )
     first, last = curve.second_half
     values.update(half_from=first, half_to=last, half_noise=curve.half_noise, by_factors=float(curve.by_factors))
+    if curve.memorised is not None:
+        values.update(curve.memorised)
     return {k: float(v) for k, v in values.items() if math.isfinite(v)}
 
 
@@ -563,6 +631,19 @@ def causes(m: dict[str, float], finding: str) -> list[Cause]:
             )
         )
     elif finding == "chance":
+        if "new_loss" in m:
+            found.append(
+                Cause(
+                    3.0,
+                    "labels that do not match the inputs",
+                    f"on the samples it had never seen it predicted no better than a guess ({num(m['new_loss'])} over "
+                    f"{count(m.get('new_samples', 0.0))} of them), on those it saw again it did "
+                    f"({num(m.get('seen_loss', 0.0))}): it memorises the labels it is shown and cannot predict them "
+                    "from the inputs",
+                    "check that inputs and labels are shuffled together (one permutation, or a Dataset of pairs) and "
+                    "decoded the same way; look at a few (input, label) pairs",
+                )
+            )
         found.append(
             Cause(
                 2.0,

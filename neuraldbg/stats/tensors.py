@@ -538,6 +538,43 @@ def largest_magnitudes(tensors: Sequence[Tensor]) -> list[float]:
     return readings.tolist() if isinstance(readings, Tensor) else to_host(readings)
 
 
+#: The fixed weights of :func:`sample_prints`, by (features, device).
+_PRINT_WEIGHTS: dict[tuple[int, str], Tensor] = {}
+
+
+def sample_prints(batch: Tensor) -> Tensor | None:
+    """One number per sample of ``batch`` (its first dimension), on its device: the sample's values, as float32,
+    weighed by fixed pseudo-random weights in [0.5, 1.5] and summed (the same sample gives the same number in any
+    batch; two different ones almost never do). None for a batch without two samples or without values."""
+    if batch.dim() < 1 or batch.shape[0] < 2 or batch.is_sparse or batch.is_complex() or type(batch) is not Tensor:
+        return None
+    rows = batch.detach().reshape(batch.shape[0], -1)
+    if not rows.shape[1]:
+        return None
+    key = (rows.shape[1], str(rows.device))
+    weights = _PRINT_WEIGHTS.get(key)
+    if weights is None:
+        g = torch.Generator().manual_seed(rows.shape[1])
+        weights = (torch.rand(rows.shape[1], generator=g) + 0.5).to(rows.device)
+        _PRINT_WEIGHTS[key] = weights
+    return (rows.float() * weights).sum(dim=1)
+
+
+def sample_losses(values: Tensor, target: Tensor, ignore: int, samples: int) -> Tensor | None:
+    """Each sample's own ``nll_loss`` on the device: minus its target's entry of ``values`` (rows of
+    log-probabilities, ``(rows, classes)``), averaged over the sample's rows when each of ``samples`` samples has
+    several (a tagger's tokens, sample after sample), leaving out ``ignore``; NaN for a sample whose rows are all
+    ignored. None when the rows are not a whole number of rows per sample."""
+    rows = values.shape[0]
+    if values.dim() != 2 or target.shape != (rows,) or samples < 1 or rows % samples:
+        return None
+    kept = target != ignore
+    picked = values.detach().float().gather(1, torch.where(kept, target, 0).unsqueeze(1)).squeeze(1)
+    losses = torch.where(kept, -picked, 0.0).view(samples, -1).sum(1)
+    counts = kept.view(samples, -1).sum(1)
+    return losses / counts  # 0 / 0: NaN
+
+
 def wide_norm(t: Tensor) -> float:
     """The 2-norm of ``t`` accumulated in float64, read on the host: finite for any finite tensor, where a float32
     norm overflows once an element passes ~1.8e19 (its square passes float32's largest value). For the rare tensor

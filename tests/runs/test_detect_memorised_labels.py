@@ -75,3 +75,83 @@ def test_labels_memorised_a_little_below_chance_are_still_a_loss_at_chance(seed)
     assert found and found[0].kind is FailureKind.LOSS_AT_CHANCE, dbg.report()
     assert "label" in found[0].explanation.lower()
     assert not support.kinds(twin) & LOSS_KINDS, twin.report()
+
+
+# --- memorised far below chance: the loss on samples never seen before ---------------------------------------------
+
+POOL = 2000  # a fixed training set drawn from with replacement, 64 at a time: ~10 passes over it in 300 steps
+
+
+def pool(labels: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A fixed training set labelled by a linear teacher (``"true"``), its labels permuted once (``"shuffled"``)
+    or 40 % of them replaced by random classes (``"noisy"``: the rest still follow the inputs); held-out data
+    labelled by the teacher."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(POOL, FEATURES, generator=g)
+    teacher = torch.randn(FEATURES, CLASSES, generator=g)
+    y = (x @ teacher).argmax(dim=1)
+    if labels == "shuffled":
+        y = y[torch.randperm(POOL, generator=torch.Generator().manual_seed(6))]
+    elif labels == "noisy":
+        flip = torch.rand(POOL, generator=torch.Generator().manual_seed(7)) < 0.4
+        y = torch.where(flip, torch.randint(0, CLASSES, (POOL,), generator=torch.Generator().manual_seed(8)), y)
+    held = torch.randn(1024, FEATURES, generator=g)
+    return x, y, held, (held @ teacher).argmax(dim=1)
+
+
+def train_pool(labels: str, watched: bool) -> tuple[NeuralDbg | None, list[float], float]:
+    """A loop that samples its batches with replacement (torch.randint indices), Adam 3e-3, 300 steps."""
+    x, y, held_x, held_y = pool(labels)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(FEATURES, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, CLASSES))
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(9)
+    losses: list[float] = []
+
+    def loop() -> None:
+        for _ in range(300):
+            i = torch.randint(0, POOL, (BATCH,), generator=g)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x[i]), y[i])
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+
+    dbg = None
+    if watched:
+        with NeuralDbg(model) as dbg:
+            loop()
+    else:
+        loop()
+    with torch.no_grad():
+        accuracy = (model(held_x).argmax(dim=1) == held_y).float().mean().item()
+    return dbg, losses, accuracy
+
+
+def test_labels_memorised_far_below_chance_are_found_from_the_loss_on_samples_never_seen():
+    chance = math.log(CLASSES)
+    _, plain, accuracy = train_pool("shuffled", watched=False)
+    _, _, twin_accuracy = train_pool("true", watched=False)
+    # plain torch: held-out accuracy a guess (the twin's far above), the training loss far under the band of
+    # chance by memorising (the band alone cannot call it)
+    assert accuracy < 0.2 < 0.6 < twin_accuracy
+    assert sum(plain[-50:]) / 50 < 0.9 * chance
+    dbg, losses, _ = train_pool("shuffled", watched=True)
+    assert losses == plain  # the debugger changed nothing
+    assert dbg is not None
+    found = dbg.hypotheses()
+    assert found and found[0].kind is FailureKind.LOSS_AT_CHANCE, dbg.report()
+    m = found[0].root.metrics
+    assert m["new_loss"] >= 0.95 * chance > m["seen_loss"]
+    assert m["new_from"] >= 32 and m["new_samples"] >= 24
+    assert "never seen" in found[0].explanation and "memorises" in found[0].explanation
+    assert "shuffled together" in found[0].suggestion
+
+
+@pytest.mark.parametrize("labels", ["true", "noisy"])
+def test_labels_the_inputs_give_are_silent_even_when_many_are_noise(labels: str):
+    """The twin, and a set whose labels are 40 % noise: the model memorises the noise but predicts new samples
+    better than chance (plain torch: held-out accuracy far above 1/10)."""
+    dbg, _, accuracy = train_pool(labels, watched=True)
+    assert accuracy > 0.4
+    assert dbg is not None and not support.kinds(dbg) & LOSS_KINDS, dbg.report()

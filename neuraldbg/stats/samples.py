@@ -1,0 +1,143 @@
+"""Which samples a model has seen before, and its loss on those and on the ones it has not.
+
+Each sample of every training step's input batch, for the first :data:`PRINT_STEPS` steps, is reduced on the device
+to one number (its values weighed by fixed pseudo-random weights and summed, see
+:func:`neuraldbg.stats.tensors.sample_prints`), read at the flush with the step's other readings and rounded here to
+:data:`BITS` bits of mantissa (a sum may differ in its last bits with the batch it was taken in). On fully observed
+steps comes with it, for a classifier's ``nll_loss`` (``cross_entropy``), each sample's own loss. A sample whose
+fingerprint was met before (on any step: a cheap one too) is *seen*; the others are *new*. Per fully observed step
+:class:`SampleRepeats` keeps the sum, the sum of squares and the count of the losses of each group.
+
+What it tells: a model whose labels do not follow from its inputs cannot predict a sample it has not seen better
+than chance, whatever it does with the ones it sees again (it memorises them); a model that learns from its inputs
+does better on new samples too (see :mod:`neuraldbg.kinds.loss_evidence`). Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+#: Bits of mantissa a fingerprint is compared on (a relative precision of about 4e-6).
+BITS = 18
+#: Training steps whose samples are fingerprinted, at most (the smoke runs and short fits the finding is for; past
+#: them nothing is added, and a run this long is judged on its first steps' samples).
+PRINT_STEPS = 1024
+#: Fingerprints remembered, at most: past it, samples not remembered count as new (a data set this large repeats
+#: too late for a short run to memorise it).
+LIMIT = 1 << 17
+#: Fully observed steps kept, at most (past it, every other one is dropped: the run is covered evenly).
+ROWS = 256
+
+
+@dataclass(slots=True)
+class Losses:
+    """The per-sample losses of one group: their sum, sum of squares and count."""
+
+    total: float = 0.0
+    squares: float = 0.0
+    n: int = 0
+
+    def add(self, value: float) -> None:
+        self.total += value
+        self.squares += value * value
+        self.n += 1
+
+    def merge(self, other: Losses) -> None:
+        self.total += other.total
+        self.squares += other.squares
+        self.n += other.n
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.n if self.n else math.nan
+
+    @property
+    def error(self) -> float:
+        """The standard error of the mean."""
+        if self.n < 2:
+            return math.inf
+        var = max(0.0, self.squares / self.n - self.mean**2) * self.n / (self.n - 1)
+        return math.sqrt(var / self.n)
+
+
+@dataclass(slots=True)
+class Row:
+    """One fully observed step: the losses of its new and of its seen samples."""
+
+    step: int
+    new: Losses
+    seen: Losses
+
+
+def _round(value: float) -> tuple[int, int]:
+    mantissa, exponent = math.frexp(value)
+    return round(mantissa * (1 << BITS)), exponent
+
+
+class SampleRepeats:
+    """See the module docstring."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[int, int]] = set()
+        self.rows: list[Row] = []
+        self.repeated = False  # a sample came round again
+        self.printed = 0  # steps whose fingerprints were taken in
+        self._stride = 1
+        self._offered = 0
+
+    @property
+    def printing(self) -> bool:
+        """Whether the next steps' fingerprints are still wanted."""
+        return self.printed < PRINT_STEPS
+
+    def observe(self, step: int, prints: list[float], losses: list[float]) -> None:
+        """One step's fingerprints, and its samples' losses in the same order (empty when they were not read: a
+        cheap step; NaN for a sample that has none)."""
+        if not self.printing:
+            return
+        self.printed += 1
+        with_loss = len(losses) == len(prints)
+        row = Row(step, Losses(), Losses())
+        fresh: list[tuple[int, int]] = []
+        for i, p in enumerate(prints):
+            if not math.isfinite(p):  # a sample holding inf or NaN (the non-finite rooms' story): no fingerprint
+                continue
+            key = _round(p)
+            seen = key in self._seen
+            self.repeated = self.repeated or seen
+            if not seen:
+                fresh.append(key)
+            loss = losses[i] if with_loss else math.nan
+            if math.isfinite(loss):
+                (row.seen if seen else row.new).add(loss)
+        if len(self._seen) < LIMIT:
+            self._seen.update(fresh)
+        if not with_loss:
+            return
+        offered, self._offered = self._offered, self._offered + 1
+        if offered % self._stride:
+            return
+        self.rows.append(row)
+        if len(self.rows) > ROWS:  # keep every other row, and take every other one from now on
+            self.rows = self.rows[::2]
+            self._stride *= 2
+
+    def new_losses(self, since: int) -> tuple[Losses, int, int]:
+        """The losses of the new samples of the steps from ``since`` on, and the first and last steps that had any
+        (-1 for none)."""
+        found, first, last = Losses(), -1, -1
+        for row in self.rows:
+            if row.step >= since and row.new.n:
+                found.merge(row.new)
+                first = row.step if first < 0 else first
+                last = row.step
+        return found, first, last
+
+    def seen_losses(self, since: int) -> Losses:
+        """The losses of the seen samples of the steps from ``since`` on."""
+        found = Losses()
+        for row in self.rows:
+            if row.step >= since:
+                found.merge(row.seen)
+        return found

@@ -1,0 +1,106 @@
+"""The rule that tells memorised labels from learned ones (``loss_evidence.memorised``), on per-sample readings made by
+hand: each of its conditions is removed in turn by changing one number, and the finding must go. The training runs
+that motivate it, with plain-torch truth, are in tests/runs/test_detect_memorised_labels.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from neuraldbg.capture.coverage import Coverage
+from neuraldbg.kinds import loss_evidence
+from neuraldbg.stats.losses import Stretch
+from neuraldbg.stats.samples import SampleRepeats
+from neuraldbg.stats.tensors import sample_losses
+
+CHANCE = math.log(10)
+
+
+def readings(new_loss: float, seen_loss: float, steps: int = 160, batch: int = 64) -> SampleRepeats:
+    """Fully observed steps every 16 steps of ``batch`` samples: at step 0 all new; then half new and half seen
+    until step 112, all seen after. Losses around the given levels (spread 0.3)."""
+    repeats = SampleRepeats()
+    fresh = 0
+    for step in range(0, steps, 16):
+        new = batch if step == 0 else batch // 2 if step < 112 else 0
+        ids = list(range(fresh, fresh + new)) + list(range(batch - new))  # the seen ones: drawn at step 0
+        fresh += new
+        losses = [(new_loss if k < new else seen_loss) + (0.3 if k % 2 else -0.3) for k in range(batch)]
+        repeats.observe(step, [1.0 + i * 1e-2 for i in ids], losses)
+    return repeats
+
+
+def curve(end: float) -> loss_evidence.Curve:
+    stretch = Stretch(64, end, 0.1, 100, 160)
+    return loss_evidence.Curve(
+        losses=160,
+        start=dataclasses.replace(stretch, mean=CHANCE, first=0, last=20),
+        end=stretch,
+        noise=0.1,
+        verdict="fell",
+        stopped=False,
+        falling=False,
+        second_half=(end, end),
+        by_factors=True,
+        half_noise=1.1,
+        chance=CHANCE,
+        classes=10,
+        trained=1.0,
+        large_updates="",
+        band=0.05,
+    )
+
+
+def judged(repeats: SampleRepeats, end: float) -> dict[str, float] | None:
+    coverage = Coverage()
+    coverage.repeats = repeats
+    return loss_evidence.memorised(coverage, curve(end))
+
+
+def test_new_samples_at_chance_and_seen_ones_far_lower_are_memorised_labels():
+    found = judged(readings(new_loss=CHANCE, seen_loss=1.8), end=2.0)
+    assert found is not None
+    assert found["new_loss"] == pytest.approx(CHANCE, abs=0.05) and found["seen_loss"] == pytest.approx(1.8, abs=0.05)
+    assert found["new_from"] >= loss_evidence.NEW_FROM
+
+
+@pytest.mark.parametrize(
+    ("new_loss", "seen_loss", "end", "why"),
+    [
+        (0.8 * CHANCE, 1.2, 1.6, "new samples predicted better than a guess: learned from the inputs"),
+        (CHANCE, CHANCE - 0.02, 2.25, "seen samples no lower than new ones: nothing memorised"),
+        (CHANCE, 0.5, 0.5 * CHANCE, "the loss ended far below chance: learned, if late"),
+    ],
+)
+def test_each_condition_is_needed(new_loss: float, seen_loss: float, end: float, why: str):
+    assert judged(readings(new_loss=new_loss, seen_loss=seen_loss), end=end) is None, why
+
+
+def test_data_that_never_repeats_is_not_judged():
+    repeats = SampleRepeats()
+    for step in range(0, 160, 16):
+        repeats.observe(step, [float(step * 100 + i) for i in range(64)], [CHANCE] * 64)
+    assert not repeats.repeated and judged(repeats, end=2.0) is None
+
+
+def test_a_samples_own_loss_averages_its_rows_and_leaves_out_the_ignored_ones():
+    import torch
+
+    log_probs = torch.log_softmax(torch.randn(6, 5, generator=torch.Generator().manual_seed(0)), dim=1)
+    target = torch.tensor([1, -100, 3, 0, -100, -100])
+    found = sample_losses(log_probs, target, -100, 3)  # three samples of two rows each
+    assert found is not None
+    assert found[0] == pytest.approx(float(-log_probs[0, 1]))
+    assert found[1] == pytest.approx(float(-(log_probs[2, 3] + log_probs[3, 0]) / 2))
+    assert math.isnan(float(found[2]))  # every row ignored
+    assert sample_losses(log_probs, target, -100, 4) is None  # 6 rows are no whole number of rows for 4 samples
+
+
+def test_samples_holding_inf_or_nan_get_no_fingerprint_and_break_nothing():
+    repeats = SampleRepeats()
+    repeats.observe(0, [1.0, math.inf, -math.inf, math.nan, 2.0], [1.0] * 5)
+    repeats.observe(1, [1.0, 3.0], [])
+    assert repeats.repeated and repeats.rows[0].new.n == 2  # 1.0 and 2.0 only; the cheap step adds no row
+    assert len(repeats.rows) == 1
