@@ -174,8 +174,9 @@ class Coverage:
     # share of such labels over the first forward passes (None: not a causal LM given input_ids and labels)
     labels_ahead: float | None = None
     labels_ahead_step: int = 0
-    # the input samples of the fully observed steps, until they come round again: the run's first epoch
+    # which input samples the model saw before, and its loss on them (see stats.samples)
     repeats: SampleRepeats = field(default_factory=SampleRepeats)
+    first_loss_terms: int = 1  # the backward passes whose losses the first recorded loss adds up
     # an nll_loss given values that no log_softmax produced: the largest |logsumexp| of its input's rows over the
     # first backward passes (0 for log-probabilities; None: no such loss), the step first read, and the layer
     # whose output the input is ("" when no watched layer's)
@@ -247,6 +248,8 @@ class Coverage:
         self.last_step = max(self.last_step, record.step)
         if record.loss is not None:
             self.last_loss = record.loss
+            if not self.losses.count and math.isfinite(record.loss):
+                self.first_loss_terms = record.loss_terms
             self.losses.add(record.step, record.loss)
         if len(record.regression_target) == 4:
             self._profile(record.regression_target)

@@ -345,7 +345,8 @@ class ForwardPath:
     def _fingerprint(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """File one fingerprint per sample of the call's first tensor argument (its data, ids included), read at
         the flush (see :mod:`neuraldbg.stats.samples`)."""
-        first = stats.tensor_arguments(args, kwargs, most=1)
+        head = args[0] if args else None
+        first = [head] if type(head) is Tensor else stats.tensor_arguments(args, kwargs, most=1)
         prints = stats.sample_prints(first[0]) if first else None
         if prints is not None:
             target = self._target()

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from ..stats import samples
 from ..stats.tensors import (
     dense,
     finite_per_row,
@@ -195,7 +196,8 @@ class GradLedger:
             # the targets are looked for on fully observed steps only (a cheap step stays cheap; a smoke run's
             # first steps are mostly full ones)
             self._looked = self._target_passes < TARGET_CHECKS and rec.pending.data.full
-            counted = rec.pending.data.sample_count if rec.pending.data.full else 0
+            data = rec.pending.data
+            counted = data.sample_count if data.full and data.step >= samples.LOSSES_FROM else 0
             roots = hooks.backward_roots() if self._loss_checks or self._looked or counted else []
             checked = roots if self._loss_checks else []
             # a mean squared error's target is profiled now: the backward pass frees what the graph saved
@@ -212,7 +214,7 @@ class GradLedger:
             counts = (label_counts(labels.target, labels.classes, labels.ignore), labels.classes) if labels else None
             options = finite_per_row(labels.values) if labels is not None and labels.values is not None else None
             # ... and each sample's own loss, beside the fingerprints its forward pass filed (see stats.samples)
-            own = loss_graph.class_labels(roots) if counted and roots else None
+            own = (labels or loss_graph.class_labels(roots)) if counted and roots else None
             per_sample = None
             if own is not None and own.values is not None:
                 per_sample = sample_losses(own.values, own.target, own.ignore, counted)

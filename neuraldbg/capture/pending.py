@@ -39,7 +39,7 @@ Entry = tuple[str, Any, float]  # (target, key, extra): where a reading is filed
 class Pending:
     """One step being collected: host fields, plus device tensors to move in the next flush."""
 
-    __slots__ = ("captured", "data", "lost", "restart", "targets", "tensors", "vectors", "vtargets")
+    __slots__ = ("captured", "data", "lost", "restart", "targets", "tensors", "terms", "vectors", "vtargets")
 
     def __init__(self, step: int, full: bool) -> None:
         self.data = StepData(step, full)
@@ -50,6 +50,7 @@ class Pending:
         self.captured: Tensor | None = None  # the loss whose gradient is in .grad (see capture.ledger)
         self.lost = False  # a backward pass of that gradient started from something that is not a loss
         self.restart = False  # a backward pass of this part found the gradients reset: earlier parts do not count
+        self.terms = 0  # the backward passes' losses added up in ``captured``
 
     def capture(self, loss: Tensor | None, restart: bool, keep_first: bool = False) -> None:
         """A backward pass that reached the model started from ``loss`` (None: not a loss). ``restart``: it found
@@ -59,11 +60,12 @@ class Pending:
         if restart:
             if keep_first and (self.captured is not None or self.lost):
                 return
-            self.captured, self.lost, self.restart = loss, loss is None, True
+            self.captured, self.lost, self.restart, self.terms = loss, loss is None, True, 1
         elif loss is None or self.lost:
             self.captured, self.lost = None, True
         else:
             self.captured = loss if self.captured is None else self.captured + loss
+            self.terms += 1
 
     def put(self, target: str, key: Any, tensor: Tensor, extra: float = 0) -> None:
         self.targets.append((target, key, extra))
@@ -92,8 +94,12 @@ class Pending:
             _ASSIGN[target](data, key, extra, value)
         i = 0
         for entries in self.vtargets:
-            for (target, key, extra), value in zip(entries, vectors[i : i + len(entries)]):
-                _ASSIGN[target](data, key, extra, value)
+            listed = _LISTED.get(entries[0][0])
+            if listed is not None:  # one value per sample: the whole vector goes to the step's list at once
+                getattr(data, listed).extend(vectors[i : i + len(entries)])
+            else:
+                for (target, key, extra), value in zip(entries, vectors[i : i + len(entries)]):
+                    _ASSIGN[target](data, key, extra, value)
             i += len(entries)
 
     def skip(self) -> None:
@@ -149,11 +155,12 @@ class Pending:
         self.vectors.extend(other.vectors)
         self.vtargets.extend(other.vtargets)
         if other.restart:
-            self.captured, self.lost, self.restart = other.captured, other.lost, True
+            self.captured, self.lost, self.restart, self.terms = other.captured, other.lost, True, other.terms
         elif other.lost or self.lost:
             self.captured, self.lost = None, self.lost or other.lost
         elif other.captured is not None:
             self.captured = other.captured if self.captured is None else self.captured + other.captured
+            self.terms += other.terms
         src, dst = other.data, self.data
         dst.classes = src.classes or dst.classes
         if src.probabilities is not None:
@@ -358,6 +365,9 @@ def _before(data: StepData, key: Any, extra: float, value: float) -> None:
     data.update[key] = (stats.update_norm(delta, scale, after, value), after)
     data.update_before[key] = value
 
+
+#: Vectors of one value per sample, filed whole into the step's list of that name.
+_LISTED = {"sample": "samples", "sample_loss": "sample_losses"}
 
 _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "act": _act,

@@ -206,6 +206,7 @@ class Recorder:
             self.pending.put("loss", None, loss if loss.dim() == 0 else loss.float().mean())
         elif self.pending.captured is not None and not self.pending.lost:
             self.pending.put("captured_loss", None, self.pending.captured)
+            self.pending.data.loss_terms = self.pending.terms
         finished = self.pending
         self.buffer.append(finished)
         self.clock.committed()

@@ -18,7 +18,7 @@ from ..events import FailureKind, SemanticEvent
 from ..health import ActivationHealth, GradientHealth, UpdateHealth
 from ..reasoning.rules import CausalRule
 from ..reasoning.topology import Topology
-from ..text import count, quoted
+from ..text import count, num, quoted
 from .base import Kind, RootLane, Series, run_event
 
 KIND = FailureKind.GRADIENTS_NOT_ZEROED
@@ -39,6 +39,9 @@ class GradientsNotZeroed(Kind):
         metrics = {"steps": float(coverage.carried_steps), "parameters": float(len(coverage.carried_params))}
         if coverage.carried_by:  # an optimizer applied the gradients (else a manual update did)
             metrics.update(stepped_steps=float(coverage.stepped_steps), optimizer=1.0)
+        scaler = coverage.scaler
+        if scaler is not None and scaler.min_scale is not None:  # a GradScaler unscaled the leftovers in place
+            metrics.update(loss_scale=scaler.min_scale[1])
         return run_event(KIND, first, last, ", ".join(coverage.carried_params), **metrics)
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
@@ -85,9 +88,22 @@ class GradientsNotZeroed(Kind):
                 f"Gradients are not zeroed between optimizer steps: on {steps}{of} steps, from step "
                 f"{root.step_start}, the backward pass began while {params} still held the very gradient the "
                 "optimizer had applied at the previous step, unmodified, and the optimizer then stepped with the new "
-                "gradient added to it. Each update follows the sum of every gradient so far instead of the current "
-                "batch, so it grows with the number of steps."
+                "gradient added to it."
             )
+            scale = m.get("loss_scale")
+            if scale is not None and scale > 1:
+                what += (
+                    " Under the GradScaler the leftover had been unscaled in place (divided by the scale) before the "
+                    "optimizer used it, and the next unscale divides it again: it adds about 1/scale of itself to the "
+                    "next gradient "
+                    f"(the scale was {num(scale)} at its lowest), little while the scale stays large, but the loop "
+                    "is wrong and the leftover weighs more as the scale falls."
+                )
+            else:
+                what += (
+                    " Each update follows the sum of every gradient so far instead of the current batch, so it grows "
+                    "with the number of steps."
+                )
             fix = (
                 "call optimizer.zero_grad() once per iteration, before loss.backward() (or right after "
                 "optimizer.step()); for gradient accumulation, zero after each optimizer.step(), not between the "

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from ..capture.coverage import Coverage, RunFacts
 from ..config import DebugConfig
 from ..events import SemanticEvent
+from ..stats import samples
 from ..stats.losses import LossTrace, Stretch, combine
 from ..stats.training import TrainingFacts
 from ..text import count, num
@@ -189,7 +190,7 @@ def finding(coverage: Coverage, config: DebugConfig) -> tuple[str, Curve] | None
 
 #: New samples (never seen before by the model) are judged from this many steps into the run (the first steps of
 #: any model are at chance) ...
-NEW_FROM = 32
+NEW_FROM = samples.LOSSES_FROM
 #: ... when there are at least this many of them.
 NEW_SAMPLES = 24
 #: Seen samples in the last quarter of the fingerprinted steps, at least.
@@ -223,7 +224,7 @@ def memorised(coverage: Coverage, curve: Curve) -> dict[str, float] | None:
     if curve.end.mean < MEMORISED_END * level:
         return None  # fitted far below chance: learned from the inputs (memorising random labels is slow)
     start, end = repeats.rows[0].step, repeats.rows[-1].step
-    late, late_first, late_last = repeats.new_losses(start + NEW_FROM)
+    late, late_first, late_last = repeats.new_losses(NEW_FROM)  # the rows begin there (steps count from attach)
     if late.n < NEW_SAMPLES:
         return None
     edge = (1 - curve.band) * level

@@ -16,7 +16,9 @@ loop does not hand it over; a learning rate far too high throws the next ones up
 initialisation), only for a loss that normalises logits itself and averages over its samples
 (read from the loss's autograd graph, :mod:`neuraldbg.capture.loss_graph`: a summed cross-entropy starts at
 samples x log(classes) whatever the logits), a model whose output has two or more classes, and a run the
-debugger met at its start (a model met mid-training may be anywhere) whose first step a GradScaler did not skip.
+debugger met at its start (a model met mid-training may be anywhere) whose first step a GradScaler did not skip, and
+whose first recorded loss is one backward pass's (LBFGS evaluating its closure four times without ``zero_grad``
+adds the four losses up: 8.8 = 2.35 + 2.34 + 2.15 + 1.96 for 10 classes, an untrained classifier's each).
 Logits that are cosine similarities times a scale (ArcFace and CosFace heads with s = 30 to 64 and an angular
 margin against the labels' class, CLIP's 1/0.07, read from the loss's graph) are not judged: they are bounded by a
 scale the user chose, whatever the initialisation, and a margin raises the first loss by design (ArcFace on
@@ -61,6 +63,9 @@ class OversizedLogits(Kind):
             return None  # met mid-training, or the first loss was not finite: no loss before any update is known
         if coverage.scaler is not None and step in coverage.scaler.first_skipped:
             return None  # a GradScaler skipped that step: its overflowing scaled loss is no reading of the logits
+        if coverage.first_loss_terms > 1:
+            return None  # the losses of several backward passes added up (a closure evaluated again without
+            # zero_grad, micro-batches): no one forward pass's level
         chance = math.log(classes)
         if not start >= START_FACTOR * chance:
             return None

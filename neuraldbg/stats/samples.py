@@ -2,8 +2,10 @@
 
 Each sample of every training step's input batch, for the first :data:`PRINT_STEPS` steps, is reduced on the device
 to one number (its values weighed by fixed pseudo-random weights and summed, see
-:func:`neuraldbg.stats.tensors.sample_prints`), read at the flush with the step's other readings and rounded here to
-:data:`BITS` bits of mantissa (a sum may differ in its last bits with the batch it was taken in). On fully observed
+:func:`neuraldbg.stats.tensors.sample_prints`), read at the flush with the step's other readings and compared
+exactly: the same sample gives the same number in any batch of the same size (on a CPU, in batches of 4, 8, 16, 32,
+64 or 128 samples alike; a batch of another size may sum its rows in another order, and a repeat it holds goes
+unseen, which only makes the finding rarer). On fully observed
 steps comes with it, for a classifier's ``nll_loss`` (``cross_entropy``), each sample's own loss. A sample whose
 fingerprint was met before (on any step: a cheap one too) is *seen*; the others are *new*. Per fully observed step
 :class:`SampleRepeats` keeps the sum, the sum of squares and the count of the losses of each group.
@@ -18,14 +20,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-#: Bits of mantissa a fingerprint is compared on (a relative precision of about 4e-6).
-BITS = 18
 #: Training steps whose samples are fingerprinted, at most (the smoke runs and short fits the finding is for; past
 #: them nothing is added, and a run this long is judged on its first steps' samples).
 PRINT_STEPS = 1024
 #: Fingerprints remembered, at most: past it, samples not remembered count as new (a data set this large repeats
 #: too late for a short run to memorise it).
 LIMIT = 1 << 17
+#: The samples' own losses are read from this step on (a model's first steps are at chance whatever its labels:
+#: the earlier ones would tell nothing, and the smoke regime's fully observed first steps stay as cheap as they were).
+LOSSES_FROM = 32
+_INFINITE = (math.inf, -math.inf)
 #: Fully observed steps kept, at most (past it, every other one is dropped: the run is covered evenly).
 ROWS = 256
 
@@ -70,16 +74,11 @@ class Row:
     seen: Losses
 
 
-def _round(value: float) -> tuple[int, int]:
-    mantissa, exponent = math.frexp(value)
-    return round(mantissa * (1 << BITS)), exponent
-
-
 class SampleRepeats:
     """See the module docstring."""
 
     def __init__(self) -> None:
-        self._seen: set[tuple[int, int]] = set()
+        self._seen: set[float] = set()
         self.rows: list[Row] = []
         self.repeated = False  # a sample came round again
         self.printed = 0  # steps whose fingerprints were taken in
@@ -97,24 +96,26 @@ class SampleRepeats:
         if not self.printing:
             return
         self.printed += 1
-        with_loss = len(losses) == len(prints)
+        if len(losses) != len(prints):  # a cheap step: only what was seen (set operations, no loop in Python)
+            if not self.repeated:
+                self.repeated = not self._seen.isdisjoint(prints)
+            if len(self._seen) < LIMIT:
+                self._seen.update(prints)
+                self._seen.difference_update(_INFINITE)  # a sample holding inf: no fingerprint (NaN never matches)
+            return
         row = Row(step, Losses(), Losses())
-        fresh: list[tuple[int, int]] = []
-        for i, p in enumerate(prints):
+        fresh: list[float] = []
+        for p, loss in zip(prints, losses):
             if not math.isfinite(p):  # a sample holding inf or NaN (the non-finite rooms' story): no fingerprint
                 continue
-            key = _round(p)
-            seen = key in self._seen
+            seen = p in self._seen
             self.repeated = self.repeated or seen
             if not seen:
-                fresh.append(key)
-            loss = losses[i] if with_loss else math.nan
+                fresh.append(p)
             if math.isfinite(loss):
                 (row.seen if seen else row.new).add(loss)
         if len(self._seen) < LIMIT:
             self._seen.update(fresh)
-        if not with_loss:
-            return
         offered, self._offered = self._offered, self._offered + 1
         if offered % self._stride:
             return

@@ -538,26 +538,31 @@ def largest_magnitudes(tensors: Sequence[Tensor]) -> list[float]:
     return readings.tolist() if isinstance(readings, Tensor) else to_host(readings)
 
 
-#: The fixed weights of :func:`sample_prints`, by (features, device).
-_PRINT_WEIGHTS: dict[tuple[int, str], Tensor] = {}
+#: The fixed weights of :func:`sample_prints`, by (features, device, dtype).
+_PRINT_WEIGHTS: dict[tuple[int, torch.device, torch.dtype], Tensor] = {}
 
 
 def sample_prints(batch: Tensor) -> Tensor | None:
-    """One number per sample of ``batch`` (its first dimension), on its device: the sample's values, as float32,
-    weighed by fixed pseudo-random weights in [0.5, 1.5] and summed (the same sample gives the same number in any
-    batch; two different ones almost never do). None for a batch without two samples or without values."""
+    """One number per sample of ``batch`` (its first dimension), on its device: the sample's values weighed by fixed
+    pseudo-random weights in [0.5, 1.5] and summed, in one matrix-vector product (float32 for integer ids and
+    half precisions; the same sample gives the same number in any batch up to rounding, two different ones almost
+    never do). None for a batch without two samples or without values."""
     if batch.dim() < 1 or batch.shape[0] < 2 or batch.is_sparse or batch.is_complex() or type(batch) is not Tensor:
         return None
-    rows = batch.detach().reshape(batch.shape[0], -1)
+    rows = batch.reshape(batch.shape[0], -1)
     if not rows.shape[1]:
         return None
-    key = (rows.shape[1], str(rows.device))
+    if rows.requires_grad:
+        rows = rows.detach()
+    if rows.dtype not in (torch.float32, torch.float64):
+        rows = rows.float()
+    key = (rows.shape[1], rows.device, rows.dtype)
     weights = _PRINT_WEIGHTS.get(key)
     if weights is None:
         g = torch.Generator().manual_seed(rows.shape[1])
-        weights = (torch.rand(rows.shape[1], generator=g) + 0.5).to(rows.device)
+        weights = (torch.rand(rows.shape[1], generator=g) + 0.5).to(rows.device, rows.dtype)
         _PRINT_WEIGHTS[key] = weights
-    return (rows.float() * weights).sum(dim=1)
+    return torch.mv(rows, weights)
 
 
 def sample_losses(values: Tensor, target: Tensor, ignore: int, samples: int) -> Tensor | None:

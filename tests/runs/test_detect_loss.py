@@ -113,6 +113,36 @@ def test_the_loss_of_a_closure_is_the_one_at_the_parameters_the_step_started_fro
     assert [v for _, v in recorded_losses(dbg)] == pytest.approx(returned, rel=1e-6)
 
 
+def test_a_closure_without_zero_grad_is_gradients_not_zeroed_not_oversized_logits():
+    """LBFGS evaluates its closure four times a step; without ``zero_grad`` inside it the four gradients add up,
+    and so do the four losses recorded from their backward passes (8.8 for 10 classes: four untrained losses of
+    about log 10). Plain torch: the first loss LBFGS returns is an untrained classifier's, near log(10); the second
+    evaluation's backward pass starts from the first's gradient. The sum is no one forward pass's level: the
+    finding is the missing reset."""
+    torch.manual_seed(0)
+    model = classifier()
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4, history_size=10)
+    make = batches()
+    returned, carried = [], []
+    with NeuralDbg(model) as dbg:
+        for step in range(80):
+            x, y = make(step)
+            calls: list[torch.Tensor | None] = []
+
+            def closure(x: torch.Tensor = x, y: torch.Tensor = y, calls: list = calls) -> torch.Tensor:
+                g = model[0].weight.grad
+                calls.append(None if g is None else g.clone())
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                return loss
+
+            returned.append(float(opt.step(closure).detach()))
+            carried.append(len(calls) > 1 and calls[1] is not None)
+    assert returned[0] < 1.2 * math.log(10) and all(carried[1:])  # plain torch
+    kinds = [h.kind.value for h in dbg.hypotheses()]
+    assert kinds and kinds[0] == "gradients_not_zeroed" and "oversized_logits" not in kinds, dbg.explain_failure()
+
+
 # --------------------------------------------------------------------------------------------- zero_grad missing
 
 

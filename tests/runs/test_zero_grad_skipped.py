@@ -122,3 +122,32 @@ def test_a_gan_watched_whole_whose_generator_loss_passes_through_the_stepped_dis
             opt_g.step()
     assert all(carried_into_g) and all(own_gradient_at_d_step)  # plain torch: carried, yet never applied
     assert not [h for h in dbg.hypotheses() if h.kind is FailureKind.GRADIENTS_NOT_ZEROED], dbg.explain_failure()
+
+
+def test_under_a_grad_scaler_the_leftover_is_divided_by_the_scale_and_the_explanation_says_so() -> None:
+    """``zero_grad`` forgotten under a GradScaler: ``scaler.step`` unscales ``.grad`` in place, so the next backward
+    pass adds the scaled new gradient to the unscaled leftover, and the next unscale divides the leftover by the
+    scale once more. Plain torch: the gradient the optimizer gets is the fresh one plus the leftover / scale. Still
+    found (the loop is wrong), explained in those terms rather than as a sum growing with the steps."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    make = support.classification_batches((32,), 10, batch=64)
+    matched = []
+    with NeuralDbg(model) as dbg:
+        for step in range(30):
+            x, y = make(step)
+            leftover = None if model[0].weight.grad is None else model[0].weight.grad.clone()
+            fresh = torch.autograd.grad(F.cross_entropy(model(x), y), model[0].weight)[0]
+            scaler.scale(F.cross_entropy(model(x), y)).backward()
+            scaler.unscale_(opt)
+            if leftover is not None:
+                expected = fresh + leftover / scaler.get_scale()
+                matched.append(torch.allclose(model[0].weight.grad, expected, rtol=1e-4, atol=1e-7))
+            scaler.step(opt)
+            scaler.update()
+    assert matched and all(matched)  # plain torch: the leftover comes back divided by the scale
+    found = [h for h in dbg.hypotheses() if h.kind is FailureKind.GRADIENTS_NOT_ZEROED]
+    assert found, dbg.explain_failure()
+    assert "1/scale of itself" in found[0].explanation and "grows with the number of steps" not in found[0].explanation

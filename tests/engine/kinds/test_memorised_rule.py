@@ -12,7 +12,7 @@ import pytest
 from neuraldbg.capture.coverage import Coverage
 from neuraldbg.kinds import loss_evidence
 from neuraldbg.stats.losses import Stretch
-from neuraldbg.stats.samples import SampleRepeats
+from neuraldbg.stats.samples import LOSSES_FROM, SampleRepeats
 from neuraldbg.stats.tensors import sample_losses
 
 CHANCE = math.log(10)
@@ -28,7 +28,8 @@ def readings(new_loss: float, seen_loss: float, steps: int = 160, batch: int = 6
         ids = list(range(fresh, fresh + new)) + list(range(batch - new))  # the seen ones: drawn at step 0
         fresh += new
         losses = [(new_loss if k < new else seen_loss) + (0.3 if k % 2 else -0.3) for k in range(batch)]
-        repeats.observe(step, [1.0 + i * 1e-2 for i in ids], losses)
+        read = losses if step >= LOSSES_FROM else []  # the samples' own losses are read from there on
+        repeats.observe(step, [1.0 + i * 1e-2 for i in ids], read)
     return repeats
 
 
@@ -104,3 +105,10 @@ def test_samples_holding_inf_or_nan_get_no_fingerprint_and_break_nothing():
     repeats.observe(1, [1.0, 3.0], [])
     assert repeats.repeated and repeats.rows[0].new.n == 2  # 1.0 and 2.0 only; the cheap step adds no row
     assert len(repeats.rows) == 1
+
+
+def test_an_inf_sample_on_a_cheap_step_is_no_repeat():
+    repeats = SampleRepeats()
+    repeats.observe(0, [math.inf, 1.0], [])
+    repeats.observe(1, [math.inf, 2.0], [])
+    assert not repeats.repeated
