@@ -20,6 +20,7 @@ MODULES = (
     "hf_text",
     "hf_vision",
     "frameworks",
+    "tabular",
 )
 
 
