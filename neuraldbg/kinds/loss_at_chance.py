@@ -64,13 +64,13 @@ class LossAtChance(loss_evidence.LossKind):
             guess = f"log(2) = {chance}, the loss of a binary classifier that always answers 0.5"
         if "new_loss" in m:
             what = (
-                f"The loss stayed at chance on samples the model had never seen: on the new samples of steps "
-                f"{int(m.get('new_from', 0.0))}-{int(m.get('new_until', 0.0))} ({count(m['new_samples'])} of them) it "
-                f"averaged {num(m['new_loss'])}, at {guess}, while on the samples it saw again (steps "
-                f"{int(m.get('seen_from', 0.0))}-{int(m.get('seen_until', 0.0))}) it fell to "
-                f"{num(m.get('seen_loss', 0.0))}. The model memorises the labels of the samples it is shown; it does "
-                f"not learn to predict them from the inputs (the whole loss went from {num(m.get('start', 0.0))} to "
-                f"{num(m.get('end', 0.0))} over {count(m.get('losses', 0.0))} steps, by memorising)."
+                "The loss stayed at chance on samples the model had never seen: over steps "
+                f"{int(m.get('new_from', 0.0))}-{int(m.get('new_until', 0.0))}, on the new samples of their batches "
+                f"({count(m['new_samples'])} of them) it averaged {num(m['new_loss'])}, at {guess}, while on the "
+                f"samples those same batches held again it was {num(m.get('seen_loss', 0.0))}, lower by "
+                f"{num(m.get('memorised_gap', 0.0))} at the same weights. The model memorises the labels of the "
+                "samples it is shown; it does not learn to predict them from the inputs (the whole loss went from "
+                f"{num(m.get('start', 0.0))} to {num(m.get('end', 0.0))} over {count(m.get('losses', 0.0))} steps)."
             )
         else:
             what = (

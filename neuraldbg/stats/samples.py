@@ -124,21 +124,24 @@ class SampleRepeats:
             self.rows = self.rows[::2]
             self._stride *= 2
 
-    def new_losses(self, since: int) -> tuple[Losses, int, int]:
-        """The losses of the new samples of the steps from ``since`` on, and the first and last steps that had any
-        (-1 for none)."""
-        found, first, last = Losses(), -1, -1
-        for row in self.rows:
-            if row.step >= since and row.new.n:
-                found.merge(row.new)
-                first = row.step if first < 0 else first
-                last = row.step
-        return found, first, last
-
-    def seen_losses(self, since: int) -> Losses:
-        """The losses of the seen samples of the steps from ``since`` on."""
-        found = Losses()
-        for row in self.rows:
-            if row.step >= since:
-                found.merge(row.seen)
-        return found
+    def paired(self, since: int) -> tuple[Losses, Losses, float, float, int, int] | None:
+        """New and seen samples compared on the same steps, from ``since`` on: the losses of each group over the
+        steps whose batch holds both, the mean of the steps' differences (new minus seen) weighed by their
+        precision, its standard error (from one spread of the per-sample losses, pooled over those steps), and the
+        first and last of those steps. None without two such steps."""
+        rows = [r for r in self.rows if r.step >= since and r.new.n and r.seen.n]
+        if len(rows) < 2:
+            return None
+        new, seen = Losses(), Losses()
+        for r in rows:
+            new.merge(r.new)
+            seen.merge(r.seen)
+        n = new.n + seen.n
+        squares = new.squares + seen.squares
+        centred = squares - sum(r.new.total**2 / r.new.n + r.seen.total**2 / r.seen.n for r in rows)
+        spread = max(0.0, centred) / max(n - 2 * len(rows), 1)  # within-group variance
+        weights = [1 / (1 / r.new.n + 1 / r.seen.n) for r in rows]
+        total = sum(weights)
+        difference = sum(w * (r.new.mean - r.seen.mean) for w, r in zip(weights, rows)) / total
+        error = math.sqrt(spread / total)
+        return new, seen, difference, error, rows[0].step, rows[-1].step

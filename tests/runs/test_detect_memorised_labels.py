@@ -79,7 +79,7 @@ def test_labels_memorised_a_little_below_chance_are_still_a_loss_at_chance(seed)
 
 # --- memorised far below chance: the loss on samples never seen before ---------------------------------------------
 
-POOL = 2000  # a fixed training set drawn from with replacement, 64 at a time: ~10 passes over it in 300 steps
+POOL = 3000  # a fixed training set drawn from with replacement, 64 at a time: ~6 passes over it in 300 steps
 
 
 def pool(labels: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -142,7 +142,7 @@ def test_labels_memorised_far_below_chance_are_found_from_the_loss_on_samples_ne
     found = dbg.hypotheses()
     assert found and found[0].kind is FailureKind.LOSS_AT_CHANCE, dbg.report()
     m = found[0].root.metrics
-    assert m["new_loss"] >= 0.95 * chance > m["seen_loss"]
+    assert m["new_loss"] >= 0.95 * chance and m["seen_loss"] < m["new_loss"] - m["memorised_gap"] / 2
     assert m["new_from"] >= 32 and m["new_samples"] >= 24
     assert "never seen" in found[0].explanation and "memorises" in found[0].explanation
     assert "shuffled together" in found[0].suggestion
