@@ -125,7 +125,8 @@ class BackwardPath:
         if not rec.active:
             return
         try:
-            if not self._owned_by(optimizer):
+            owned = self._owned_by(optimizer)
+            if not owned:
                 rec.coverage.foreign_optimizer_steps += 1
                 return
             if rec.scaler.scaler is None and rec.scaler.discover():
@@ -143,7 +144,7 @@ class BackwardPath:
                     rec.pending.data.resumed = True
             self._learning_rates(optimizer)
             if not closure:
-                rec.ledger.before_step(optimizer, self._owned_by(optimizer))
+                rec.ledger.before_step(optimizer, owned)
                 self._gradients_final(optimizer)
             elif rec.config.track_updates and rec.schedule.is_full(rec.clock.next_index()):
                 # the forward and backward passes may still be to come, inside the step: measure the update across

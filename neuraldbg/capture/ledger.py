@@ -195,8 +195,8 @@ class GradLedger:
             manual = self._manual_check() if rec.clock.mode is not StepMode.OPTIMIZER else None
             # the targets are looked for on fully observed steps only (a cheap step stays cheap; a smoke run's
             # first steps are mostly full ones)
-            self._looked = self._target_passes < TARGET_CHECKS and rec.pending.data.full
             data = rec.pending.data
+            self._looked = self._target_passes < TARGET_CHECKS and data.full
             counted = data.sample_count if data.full and data.step >= samples.LOSSES_FROM else 0
             roots = hooks.backward_roots() if self._loss_checks or self._looked or counted else []
             checked = roots if self._loss_checks else []

@@ -337,14 +337,6 @@ def _grad_checks(data: StepData, key: Any, extra: float, value: float) -> None:
         _grad_check(data, name, numel, probe)
 
 
-def _sample(data: StepData, key: Any, extra: float, value: float) -> None:
-    data.samples.append(value)
-
-
-def _sample_loss(data: StepData, key: Any, extra: float, value: float) -> None:
-    data.sample_losses.append(value)
-
-
 def _out_grad(data: StepData, key: Any, extra: float, value: float) -> None:
     old = data.out_grad.get(key)
     data.out_grad[key] = value if old is None else merge_max(old, value)
@@ -381,8 +373,6 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "probabilities": _probabilities,
     "regression_target": _profile("regression_target"),
     "labels_ahead": _largest("labels_ahead"),
-    "sample": _sample,
-    "sample_loss": _sample_loss,
     "input_scale": _largest("input_scale"),
     "entry_scale": _largest("entry_scale"),
     "log_prob_gap": _largest("log_prob_gap"),

@@ -95,9 +95,8 @@ class GradientsNotZeroed(Kind):
                 what += (
                     " Under the GradScaler the leftover had been unscaled in place (divided by the scale) before the "
                     "optimizer used it, and the next unscale divides it again: it adds about 1/scale of itself to the "
-                    "next gradient "
-                    f"(the scale was {num(scale)} at its lowest), little while the scale stays large, but the loop "
-                    "is wrong and the leftover weighs more as the scale falls."
+                    f"next gradient (the scale was {num(scale)} at its lowest), little while the scale stays large, "
+                    "but the loop is wrong and the leftover weighs more as the scale falls."
                 )
             else:
                 what += (

@@ -56,14 +56,6 @@ class Losses:
     def mean(self) -> float:
         return self.total / self.n if self.n else math.nan
 
-    @property
-    def error(self) -> float:
-        """The standard error of the mean."""
-        if self.n < 2:
-            return math.inf
-        var = max(0.0, self.squares / self.n - self.mean**2) * self.n / (self.n - 1)
-        return math.sqrt(var / self.n)
-
 
 @dataclass(slots=True)
 class Row:

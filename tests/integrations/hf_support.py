@@ -68,16 +68,17 @@ class Tokens(Dataset):
         return {"input_ids": self.ids[i], "labels": self.labels[i]}
 
 
-def bert_classifier() -> Any:
+def bert_classifier(vocab: int = VOCAB, positions: int = SEQ, labels: int = 2) -> Any:
+    """A tiny BERT classifier (2 layers, hidden 64), seeded 0."""
     torch.manual_seed(0)
     config = BertConfig(
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         hidden_size=64,
         num_hidden_layers=2,
         num_attention_heads=2,
         intermediate_size=128,
-        max_position_embeddings=SEQ,
-        num_labels=2,
+        max_position_embeddings=positions,
+        num_labels=labels,
     )
     return BertForSequenceClassification(config)
 

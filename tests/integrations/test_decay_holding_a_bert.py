@@ -13,10 +13,10 @@ import pytest
 
 pytest.importorskip("transformers")
 
+import hf_support
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import BertConfig, BertForSequenceClassification
 
 from neuraldbg import NeuralDbg
 from neuraldbg.kinds import excessive_weight_decay
@@ -47,17 +47,7 @@ IDS, LABELS = marker_sequences(TRAIN + 512)
 class Classifier(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        torch.manual_seed(0)
-        config = BertConfig(
-            vocab_size=VOCAB,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=128,
-            max_position_embeddings=32,
-            num_labels=CLASSES,
-        )
-        self.bert = BertForSequenceClassification(config)
+        self.bert = hf_support.bert_classifier(vocab=VOCAB, positions=32, labels=CLASSES)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.bert(input_ids=ids).logits

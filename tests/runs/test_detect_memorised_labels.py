@@ -104,25 +104,14 @@ def train_pool(labels: str, watched: bool) -> tuple[NeuralDbg | None, list[float
     x, y, held_x, held_y = pool(labels)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(FEATURES, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, CLASSES))
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(9)
-    losses: list[float] = []
 
-    def loop() -> None:
-        for _ in range(300):
-            i = torch.randint(0, POOL, (BATCH,), generator=g)
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x[i]), y[i])
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+    def draw(step: int) -> support.Batch:
+        i = torch.randint(0, POOL, (BATCH,), generator=g)
+        return x[i], y[i]
 
-    dbg = None
-    if watched:
-        with NeuralDbg(model) as dbg:
-            loop()
-    else:
-        loop()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses, dbg = support.fit(model, draw, F.cross_entropy, 300, opt, watched)
     with torch.no_grad():
         accuracy = (model(held_x).argmax(dim=1) == held_y).float().mean().item()
     return dbg, losses, accuracy

@@ -196,22 +196,11 @@ def ctc_train(normalise: bool, watched: bool) -> tuple[list[float], Recognizer, 
     model = Recognizer(normalise)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     lengths, label_lengths = torch.full((16,), FRAMES), torch.full((16,), LABEL)
-    losses: list[float] = []
 
-    def loop() -> None:
-        for step in range(150):
-            x, y = utterances(step)
-            opt.zero_grad()
-            loss = F.ctc_loss(model(x), y, lengths, label_lengths)
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
+    def ctc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.ctc_loss(scores, labels, lengths, label_lengths)
 
-    if not watched:
-        loop()
-        return losses, model, None
-    with NeuralDbg(model) as dbg:
-        loop()
+    losses, dbg = support.fit(model, utterances, ctc, 150, opt, watched)
     return losses, model, dbg
 
 
