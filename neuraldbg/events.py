@@ -69,6 +69,7 @@ class FailureKind(str, metaclass=_Names):
     ACTIVATION_BEFORE_LOSS: ClassVar[FailureKind]
     UNNORMALISED_INPUTS: ClassVar[FailureKind]
     MISSING_LOG_SOFTMAX: ClassVar[FailureKind]
+    MISSING_SIGMOID: ClassVar[FailureKind]
     DETACHED_LAYERS: ClassVar[FailureKind]
     UNREACHABLE_TARGETS: ClassVar[FailureKind]
     CLASS_INDEX_REGRESSION: ClassVar[FailureKind]
@@ -157,6 +158,7 @@ for _name in (
     "oversized_logits",
     "unmasked_padding",
     "missing_log_softmax",
+    "missing_sigmoid",
     "detached_layers",
     "excessive_weight_decay",
     "unreachable_targets",

@@ -53,6 +53,7 @@ KINDS = frozenset(
         "oversized_logits",
         "unmasked_padding",
         "missing_log_softmax",
+        "missing_sigmoid",
         "detached_layers",
         "excessive_weight_decay",
         "excessive_dropout",

@@ -20,6 +20,7 @@ EMPTY_MASK_ZERO = frozenset({"degenerate_loss", "no_gradient"})  # a masked mean
 RELU_ON_LOGITS = frozenset({"dead_neurons", "loss_not_decreasing", "activation_before_loss"})
 SOFTMAX_BEFORE_CE = WRONG_LOSS | {"activation_before_loss"}  # the loss applies log_softmax itself
 NLL_ON_LOGITS = WRONG_LOSS | {"missing_log_softmax"}  # the fault's own name
+BCE_ON_SCORES = WRONG_LOSS | {"missing_sigmoid"}  # raw scores clamped into [0, 1] for BCELoss: the fault's own name
 MSE_ON_CLASS_INDEX = WRONG_LOSS | {"class_index_regression"}  # the fault's own name
 SHIFTED_TWICE = WRONG_LABELS | {"labels_shifted_twice"}  # the fault's own name
 KL_DOMINATES = WRONG_LOSS | {"collapsed_output"}  # a VAE's KL term outweighs its reconstruction: posterior collapse

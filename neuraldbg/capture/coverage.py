@@ -187,6 +187,11 @@ class Coverage:
     target_range_step: int = 0
     log_prob_gap: float | None = None
     log_prob_step: int = 0
+    # a binary_cross_entropy given a clamp's output: the largest share of the clamp's input outside [0, 1] over the
+    # first backward passes (None: no such loss), the step first read, and the layer whose output the clamp was given
+    clamped_outside: float | None = None
+    clamped_step: int = 0
+    clamped_layer: str = ""
     # the labels of an nll_loss over the first backward passes (capture/ledger.py): (entropy of their frequencies,
     # labels counted, labels outside the classes), the reading that counted the most; and the number of classes
     label_prior: tuple[float, ...] = ()
@@ -268,6 +273,10 @@ class Coverage:
             if self.log_prob_gap is None:
                 self.log_prob_step = record.step
             self.log_prob_gap = max(record.log_prob_gap, self.log_prob_gap or 0.0)
+        if record.clamped_outside is not None:
+            if self.clamped_outside is None:
+                self.clamped_step = record.step
+            self.clamped_outside = max(record.clamped_outside, self.clamped_outside or 0.0)
         if record.samples:
             self.repeats.observe(record.step, record.samples, record.sample_losses)
         if record.labels_ahead is not None and (self.labels_ahead is None or record.labels_ahead > self.labels_ahead):

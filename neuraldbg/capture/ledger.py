@@ -53,6 +53,7 @@ from ..stats.tensors import (
     log_prob_gap,
     merge_moments,
     out_of_range,
+    outside_unit,
     sample_losses,
     target_baseline,
     target_moments,
@@ -100,6 +101,7 @@ _LossReadings = tuple[
     tuple[str, Tensor, Tensor] | None,
     Tensor | None,
     Tensor | None,
+    tuple[Tensor, loss_graph.ClampedScores] | None,
 ]
 
 
@@ -206,6 +208,9 @@ class GradLedger:
             # ... and so is the input of an nll_loss that no log_softmax produced: are its values log-probabilities?
             nll = loss_graph.log_probabilities(checked) if checked else None
             gap = (log_prob_gap(nll.values), nll.node, nll.loss, nll.direct) if nll is not None else None
+            # ... and the input of a clamp that made a binary cross-entropy's input: were they probabilities?
+            clamped = loss_graph.clamped_scores(checked) if checked else None
+            clamp = (outside_unit(clamped.values), clamped) if clamped is not None else None
             # ... and the targets of a loss by value on a bounded activation's output: can it reach them?
             bounded = loss_graph.bounded_prediction(checked) if checked else None
             reach = (out_of_range(bounded.target, bounded.low, bounded.high), bounded) if bounded is not None else None
@@ -226,7 +231,7 @@ class GradLedger:
             moments = None
             if targeted is not None:
                 moments = (targeted.kind, *target_moments(targeted.target, targeted.kind == "bce"))
-            readings = (profile, gap, reach, counts, moments, options, per_sample)
+            readings = (profile, gap, reach, counts, moments, options, per_sample, clamp)
             return partial(self._after, loss, states, carried, check, manual, roots, readings)
         except Exception as exc:
             rec.fail("the backward-call listener", exc)
@@ -361,7 +366,7 @@ class GradLedger:
         out of its reach (``reach``) and the entropy of the labels of an ``nll_loss`` counted so far (``counts``:
         this pass's counts, added to the earlier ones') and the chance level of a binary cross-entropy or a mean
         squared error from its targets' moments so far (``moments``) are filed for the flush."""
-        profile, gap, reach, counts, moments, options, _ = readings
+        profile, gap, reach, counts, moments, options, _, clamp = readings
         rec = self._rec
         self._loss_checks -= 1
         graph = loss_graph.read(roots)  # no roots (a backward pass from a given gradient, not a loss): nothing
@@ -380,6 +385,10 @@ class GradLedger:
             rec.coverage.nll_layer = rec.coverage.nll_layer or nodes.get(gap[1]) or nodes.get(gap[3], "")
             rec.coverage.nll_loss = gap[2]
             rec.pending.put("log_prob_gap", None, gap[0])
+        if clamp is not None:
+            share, clamped = clamp
+            rec.coverage.clamped_layer = rec.coverage.clamped_layer or nodes.get(clamped.below) or ""
+            rec.pending.put("clamped_outside", None, share)
         if reach is not None:
             values, bounded = reach
             if rec.coverage.bounded_output is None:

@@ -75,6 +75,10 @@ _HOPS = 8
 _NLL = frozenset({"NllLossBackward0", "NllLoss2DBackward0"})
 #: ``ctc_loss``: like ``nll_loss``, it takes log-probabilities and does not normalise them.
 _CTC = "CtcLossBackward0"
+#: ``binary_cross_entropy`` (``nn.BCELoss``): it takes probabilities as they are.
+_BCE = "BinaryCrossEntropyBackward0"
+#: Clamps, with bounds given as numbers or tensors, or one bound only.
+_CLAMPS = frozenset({"ClampBackward0", "ClampBackward1", "ClampMinBackward0", "ClampMaxBackward0"})
 #: Losses that compare a prediction with its target value by value, and their names in words.
 _BY_VALUE_NAMES = {
     "MseLossBackward0": "mse_loss",
@@ -372,6 +376,35 @@ def class_labels(losses: list[Tensor]) -> ClassLabels | None:
             classes = int(values.shape[1] if values.dim() >= 2 else values.shape[0])
             rows = values if values.dim() == 2 and type(values) is Tensor else None
             return ClassLabels(target, classes, ignore if isinstance(ignore, int) else -100, rows)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ClampedScores:
+    """The values a clamp was given before ``binary_cross_entropy`` took its output as probabilities (to be checked
+    on the device, then dropped), and the identities of the clamp's graph node and of the node of its input (to name
+    the layer whose output they are)."""
+
+    values: Tensor
+    node: int
+    below: int
+
+
+def clamped_scores(losses: list[Tensor]) -> ClampedScores | None:
+    """The input of the clamp that made the input of the first ``binary_cross_entropy`` met from ``losses`` (the
+    roots of one backward call, before it runs); None when no clamp made it. ``binary_cross_entropy`` refuses values
+    outside [0, 1], so scores that are no probabilities (a sigmoid forgotten) reach it clamped into that range;
+    whether the clamp's input was probabilities already (a sigmoid's output clamped away from 0 and 1 for the log) is
+    for the caller to read from the values."""
+    for node, _ in _walk(losses):
+        if type(node).__name__ == _BCE:
+            clamp = _producer(node)
+            if clamp is None or type(clamp).__name__ not in _CLAMPS:
+                return None
+            values = getattr(clamp, "_saved_self", None)
+            if not isinstance(values, Tensor):
+                return None
+            return ClampedScores(values, id(clamp), id(_producer(clamp)))
     return None
 
 

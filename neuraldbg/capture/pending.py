@@ -179,6 +179,8 @@ class Pending:
         dst.sample_losses.extend(src.sample_losses)
         if src.log_prob_gap is not None:
             dst.log_prob_gap = merge_max(dst.log_prob_gap, src.log_prob_gap)
+        if src.clamped_outside is not None:
+            dst.clamped_outside = merge_max(dst.clamped_outside, src.clamped_outside)
         if src.loss_options is not None:
             dst.loss_options = merge_max(dst.loss_options, src.loss_options)
         dst.carried = src.carried or dst.carried
@@ -376,6 +378,7 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "input_scale": _largest("input_scale"),
     "entry_scale": _largest("entry_scale"),
     "log_prob_gap": _largest("log_prob_gap"),
+    "clamped_outside": _largest("clamped_outside"),
     "loss_options": _largest("loss_options"),
     "target_range": _profile("target_range"),
     "label_prior": _profile("label_prior"),

@@ -77,6 +77,9 @@ class StepData:
     target_range: list[float] = field(default_factory=list)
     # the input of an nll_loss that no log_softmax produced: its largest |logsumexp| over the classes (0: log-probs)
     log_prob_gap: float | None = None
+    # the input of a clamp that made a binary_cross_entropy's input: its share of values outside [0, 1] (0 for
+    # probabilities clamped away from 0 and 1; raw scores, a sigmoid forgotten, have many)
+    clamped_outside: float | None = None
     # the labels of an nll_loss counted over the first backward passes: [entropy of their frequencies (nats), labels
     # counted, labels outside the classes], and the number of classes (dimension 1 of the loss's input)
     label_prior: list[float] = field(default_factory=list)

@@ -276,6 +276,15 @@ def log_prob_gap(t: Tensor) -> Tensor:
     return gap.amax() if gap.numel() else gap.new_zeros(())
 
 
+def outside_unit(t: Tensor) -> Tensor:
+    """The share of the finite values of ``t`` outside [0, 1] (0 for probabilities, and for no finite value), as a
+    0-d float tensor on ``t``'s device (read later)."""
+    values = t.detach()
+    finite = torch.isfinite(values)
+    outside = finite & ((values < 0) | (values > 1))
+    return outside.sum().float() / finite.sum().clamp(min=1).float()
+
+
 def labels_ahead(input_ids: Tensor, labels: Tensor, ignore: int = -100) -> Tensor:
     """The fraction of the scored label positions t (all but the last; ``ignore`` is not scored) whose label is
     the next input token ``input_ids[:, t + 1]``, as a 0-d float tensor on the labels' device (read later)."""

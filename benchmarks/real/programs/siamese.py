@@ -18,8 +18,9 @@ from ._common import image_split, to_input
 
 
 class SiameseNetwork(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, head: str = "sigmoid") -> None:
         super().__init__()
+        self.head = head
         self.tower = nn.Sequential(
             nn.Conv2d(1, 16, 3, padding=1),
             nn.BatchNorm2d(16),
@@ -44,7 +45,10 @@ class SiameseNetwork(nn.Module):
 
     def forward(self, input1: torch.Tensor, input2: torch.Tensor) -> torch.Tensor:
         output = torch.cat((self.forward_once(input1), self.forward_once(input2)), 1)
-        return self.sigmoid(self.fc(output))
+        scores = self.fc(output)
+        if self.head == "clamp":  # the sigmoid dropped, and BCELoss's refusal of values outside [0, 1] silenced
+            return scores.clamp(1e-7, 1 - 1e-7)
+        return self.sigmoid(scores)
 
 
 def make_pairs(labels: torch.Tensor, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -70,7 +74,7 @@ def train(hp: SimpleNamespace, session: Session) -> dict[str, float]:
     first, second, target = make_pairs(y_train, 2048, 5)
     if hp.pair_labels == "random":  # targets computed from a different array than the pairs
         target = target[torch.randperm(len(target), generator=torch.Generator().manual_seed(8))]
-    model = SiameseNetwork()
+    model = SiameseNetwork(hp.head)
     optimizer = torch.optim.Adadelta(model.parameters(), lr=hp.lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
     criterion = nn.BCELoss()
@@ -99,7 +103,7 @@ PROGRAM = Program(
     family="siamese",
     name="siamese",
     train=train,
-    defaults=dict(lr=1.0, batch_size=64, epochs=6, pair_labels="true"),
+    defaults=dict(lr=1.0, batch_size=64, epochs=6, pair_labels="true", head="sigmoid"),
     metric="held-out pair accuracy",
     higher_is_better=True,
     floor=0.03,
@@ -114,6 +118,14 @@ PROGRAM = Program(
             K.WRONG_LABELS,
         ),
         Variant("lr_100x", "learning_rate", "Adadelta lr 100", {"lr": 100.0}, K.LR_FAR_TOO_HIGH),
+        Variant(
+            "sigmoid_clamped",
+            "loss_function",
+            "the head's sigmoid replaced by a clamp into [0, 1] (BCELoss on raw scores)",
+            {"head": "clamp"},
+            K.BCE_ON_SCORES,
+            ("fc.2",),
+        ),
     ),
 )
 
