@@ -52,6 +52,21 @@ WALK = 0.1
 SETTLED = 10.0
 
 
+#: The run's first losses that say where the loss began.
+BEGAN = 8
+
+
+def _began(coverage: Coverage, curve: loss_evidence.Curve) -> float:
+    """Where a loss that held its level over the second half began: the larger of the mean of the curve's start (its
+    first eighth) and the mean of the run's first :data:`BEGAN` losses. A loss that falls fast has fallen most of the
+    way within the first eighth of a long run (an autoencoder under Adam at 0.03: 0.39 -> 0.08 in its first 37 steps,
+    then 0.008), so the eighth alone would understate its fall. A loss that rose over its second half is judged from
+    the eighth only: it did not settle where it stopped (a heavy-tailed loss whose first losses are its largest)."""
+    first = [value for _, value in coverage.losses.first[:BEGAN]]
+    held = curve.second_half[1] <= curve.second_half[0]
+    return max(curve.start.mean, sum(first) / len(first)) if first and held else curve.start.mean
+
+
 def large_steps(coverage: Coverage, config: DebugConfig) -> str:
     """The evidence of steps too large for the loss to settle where it stopped, in words, or "": updates of at least
     ``loss_large_update`` of the weights' norm over the first quarter of the run, or weights whose norm grew
@@ -104,7 +119,7 @@ class UnstableLoss(loss_evidence.LossKind):
         curve = found[1]
         detail = curve.large_updates
         if curve.verdict != "climbing" and not curve.above_chance:  # stopped: large steps where it stopped
-            if curve.end.mean > 0 and curve.start.mean >= SETTLED * curve.end.mean:
+            if curve.end.mean > 0 and _began(coverage, curve) >= SETTLED * curve.end.mean:
                 return None  # it fell tenfold before it stopped: the steps let it settle (a fit's floor)
             detail = large_steps(coverage, facts.config)
             if not detail:
