@@ -82,7 +82,9 @@ def large_steps(coverage: Coverage, config: DebugConfig) -> str:
     w0, w1 = facts.median("weight_norm", start, start + 0.1), facts.median("weight_norm", 0.9, 1.0)
     if not (math.isfinite(w0) and math.isfinite(w1) and w0 > 0 and w1 >= loss_evidence.WEIGHT_GROWTH * w0):
         return ""
-    walk = random_walk(facts, coverage.stepped_steps or coverage.steps, start)
+    # the walk over the stretch the growth is measured over: from the middle of the window of its first norm (the
+    # first steps of weights initialised small move them by more than their size, which is not where they grew)
+    walk = random_walk(facts, coverage.stepped_steps or coverage.steps, start + 0.05)
     if walk < WALK * math.log(w1 / w0):
         return ""
     span = "the second half of the run" if start else "the run"
@@ -99,7 +101,7 @@ def random_walk(facts: TrainingFacts, steps: int, start: float) -> float:
         return 0.0
     end = rows[0].step + steps  # the step after the run's last
     total = 0.0
-    for i in range(min(int(start * len(rows)), len(rows) - 1), len(rows)):  # the rows facts.median reads
+    for i in range(facts.between(start, 1.0)[0], len(rows)):  # the rows facts.median reads
         span = (rows[i + 1].step if i + 1 < len(rows) else end) - rows[i].step  # the steps this row stands for
         if math.isfinite(rows[i].update_ratio):
             total += rows[i].update_ratio ** 2 * max(span, 1)
