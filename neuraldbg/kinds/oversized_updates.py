@@ -145,7 +145,9 @@ class UpdateSurgeDetector(Detector):
         lr 20, large updates by design and a loss of 3.7-4.0 from batch to batch: 3.94 and 3.88 during them were
         a rise over 3.84, the mean of the last four calm readings, by their own spread alone).
 
-        Once worse, the run of large updates counts to its end. A run without either reading is judged by the
+        A rise of less than ``_RISE`` of where it stood is none, however steady the readings (a loss that hardly
+        moves from batch to batch has next to no standard error). Once worse, the run of large updates counts to its
+        end. A run without either reading is judged by the
         updates alone."""
         readings = self._readings(view)
         if self._start is None:
@@ -167,10 +169,13 @@ class UpdateSurgeDetector(Detector):
         if not self._worse and len(since) >= 2:
             if reference > 0 and min(since) > 0 and min(before, default=1.0) > 0:  # moves by factors: log scale
                 since, before, reference = _logs(since), _logs(before), math.log(reference)
+                least = math.log1p(_RISE)
+            else:
+                least = _RISE * abs(reference)
             variance = statistics.variance(since) / len(since)  # the error of the mean of the readings since ...
             if len(before) >= 2:
                 variance += statistics.variance(before) / len(before)  # ... and of where it stood before them
-            self._worse = statistics.fmean(since) - reference > 2 * math.sqrt(variance)
+            self._worse = statistics.fmean(since) - reference > max(2 * math.sqrt(variance), least)
         return self._worse
 
     def _readings(self, view: StepView) -> dict[str, float]:
@@ -188,6 +193,10 @@ def _logs(values: list[float]) -> list[float]:
     return [math.log(v) for v in values]
 
 
+#: A rise of the fit's reading by less than this share of where it stood is no rise, however steady: a loss that
+#: barely moves from batch to batch (a skip-gram model's first losses, near 6 log 2 from its zero-initialised output
+#: vectors) rose by 0.3 % under bfloat16 autocast, whose 8-bit mantissa rounds by 0.4 %.
+_RISE = 0.01
 #: The last calm readings before a run of large updates whose median says where the fit stood ...
 _CALM_READINGS = 8
 #: ... when there are at least this many (fewer: the run's first reading does).

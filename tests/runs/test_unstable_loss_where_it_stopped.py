@@ -246,72 +246,6 @@ def test_a_loss_that_fell_fortyfold_mostly_in_the_first_eighth_settled_and_is_no
 
 # --- updates that were large only against weights initialised small ---------------------------------------------
 
-VOCAB, TOPICS = 200, 10
-
-
-class SkipGram(nn.Module):
-    """word2vec's skip-gram with negative sampling, initialised as word2vec is: input vectors uniform in
-    +-0.5/dim, output vectors zero."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inp, self.out = nn.Embedding(VOCAB, 32), nn.Embedding(VOCAB, 32)
-        nn.init.uniform_(self.inp.weight, -0.5 / 32, 0.5 / 32)
-        nn.init.zeros_(self.out.weight)
-
-    def forward(self, centre: torch.Tensor, context: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
-        u = self.inp(centre)
-        positive = F.logsigmoid((u * self.out(context)).sum(-1))
-        negative = F.logsigmoid(-(self.out(negatives) @ u[:, :, None]).squeeze(-1)).sum(-1)
-        return -(positive + negative).mean()
-
-
-def skipgram_run(lr: float, seed: int, watched: bool) -> tuple[list[float], float, NeuralDbg | None]:
-    """Sentences of 8 words of one topic each (a word's topic: its index mod 10), neighbouring words as (centre,
-    context) pairs, 5 random negatives each, Adam, batches of 128, 300 steps. Returns the losses, the share of words
-    whose nearest neighbour (cosine, input vectors) is of their topic, and the debugger."""
-    g = torch.Generator().manual_seed(0)
-    topic = torch.arange(VOCAB) % TOPICS
-    sentences = []
-    for _ in range(1500):
-        words = torch.nonzero(topic == int(torch.randint(0, TOPICS, (1,), generator=g))).flatten()
-        sentences.append(words[torch.randint(0, len(words), (8,), generator=g)])
-    s = torch.stack(sentences)
-    centre = torch.cat([s[:, :-1].reshape(-1), s[:, 1:].reshape(-1)])
-    context = torch.cat([s[:, 1:].reshape(-1), s[:, :-1].reshape(-1)])
-    torch.manual_seed(seed)
-    model = SkipGram()
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    draw, sampler = torch.Generator().manual_seed(seed + 100), torch.Generator().manual_seed(5)
-    losses: list[float] = []
-
-    def loop() -> None:
-        order, at = torch.randperm(len(centre), generator=draw), 0
-        for _ in range(300):
-            if at + 128 > len(order):
-                order, at = torch.randperm(len(centre), generator=draw), 0
-            idx = order[at : at + 128]
-            at += 128
-            negatives = torch.randint(0, VOCAB, (len(idx), 5), generator=sampler)
-            opt.zero_grad()
-            loss = model(centre[idx], context[idx], negatives)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-
-    dbg = None
-    if watched:
-        with NeuralDbg(model) as dbg:
-            loop()
-    else:
-        loop()
-    with torch.no_grad():
-        e = F.normalize(model.inp.weight, dim=1)
-        similarity = e @ e.t()
-        similarity.fill_diagonal_(-2)
-        neighbours = float((topic[similarity.argmax(1)] == topic).float().mean())
-    return losses, neighbours, dbg
-
 
 def test_updates_large_only_against_weights_initialised_small_are_no_evidence_of_a_learning_rate_too_high():
     """Adam at 0.02 on word2vec's small initialisation: the first steps move the weights by 15-30 % of their norm
@@ -321,12 +255,12 @@ def test_updates_large_only_against_weights_initialised_small_are_no_evidence_of
     first quarter of the run is its first 75 steps (median ratio 0.03), not its first 8 fully observed steps (0.2)
     that a median over the recorded rows read."""
     for seed in range(3):
-        losses, neighbours, _ = skipgram_run(0.02, seed, watched=False)
-        _, twin, _ = skipgram_run(0.01, seed, watched=False)
+        losses, neighbours, _ = support.skipgram_run(0.02, seed, watched=False)
+        _, twin, _ = support.skipgram_run(0.01, seed, watched=False)
         assert neighbours == twin == 1.0
         assert statistics.mean(losses[:8]) > 3 * statistics.mean(losses[-75:])
-    plain, _, _ = skipgram_run(0.02, 0, watched=False)
-    losses, _, dbg = skipgram_run(0.02, 0, watched=True)
+    plain, _, _ = support.skipgram_run(0.02, 0, watched=False)
+    losses, _, dbg = support.skipgram_run(0.02, 0, watched=True)
     assert losses == plain and dbg is not None
     rows = dbg._recorder.coverage.training.rows
     assert max(r.update_ratio for r in rows[:8]) > 0.1  # the first steps: large against weights still small
