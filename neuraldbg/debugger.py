@@ -36,6 +36,7 @@ from .config import ENGINE_KEYWORDS, DebugConfig, make_config
 from .distributed.process import ProcessInfo, process_info
 from .errors import ConfigError, NeuralDbgError, NeuralDbgWarning
 from .events import SemanticEvent
+from .kinds import loss_evidence
 from .model import naming
 from .model.info import LayerInfo
 from .model.layers import describe
@@ -264,6 +265,9 @@ class NeuralDbg(Queries):
         scaler = self._recorder.coverage.scaler
         if scaler is not None:
             extra["grad_scaler"] = scaler.facts()
+        moved = loss_evidence.unjudged_moves(self._recorder.coverage, self.config)
+        if moved is not None:  # its loss stayed where it began, after too little training to say why
+            extra["loss_unjudged_moved"] = moved
         return {
             **extra,
             "model": self._model_class,

@@ -322,12 +322,12 @@ class SkipGram(nn.Module):
 
 
 def skipgram_run(
-    lr: float, seed: int, watched: bool, bf16: bool = False
+    lr: float, seed: int, watched: bool, bf16: bool = False, sgd: bool = False
 ) -> tuple[list[float], float, NeuralDbg | None]:
     """Sentences of 8 words of one topic each (a word's topic: its index mod 10), neighbouring words as (centre,
     context) pairs, 5 random negatives each, Adam, batches of 128, 300 steps. Returns the losses, the share of words
     whose nearest neighbour (cosine, input vectors) is of their topic, and the debugger. ``bf16``: the forward pass
-    under bfloat16 autocast."""
+    under bfloat16 autocast; ``sgd``: plain SGD instead of Adam."""
     g = torch.Generator().manual_seed(0)
     topic = torch.arange(VOCAB) % TOPICS
     sentences = []
@@ -339,7 +339,7 @@ def skipgram_run(
     context = torch.cat([s[:, 1:].reshape(-1), s[:, :-1].reshape(-1)])
     torch.manual_seed(seed)
     model = SkipGram()
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    opt = torch.optim.SGD(model.parameters(), lr=lr) if sgd else torch.optim.Adam(model.parameters(), lr=lr)
     draw, sampler = torch.Generator().manual_seed(seed + 100), torch.Generator().manual_seed(5)
     losses: list[float] = []
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import textwrap
 from collections.abc import Sequence
 from typing import Any
 
 from ..kinds import registry
 from ..reasoning.hypothesis import CausalHypothesis
+from ..text import num
 from .inert import inert
 
 
@@ -32,6 +34,12 @@ def _loss_caveat(meta: dict[str, Any]) -> str:
     """What a healthy verdict did not cover: a loss too short to judge (a smoke run checks the gradients, the
     activations and the updates, not yet whether the model learns). Empty where the loss was judged, and for traces
     written before the count was kept."""
+    moved = meta.get("loss_unjudged_moved")
+    if isinstance(moved, (int, float)) and not isinstance(moved, bool) and math.isfinite(moved) and moved >= 0:
+        return (
+            f" Its loss was not judged: it stayed where it began while the updates added up to {num(moved)} of the "
+            "weights' norm over the run, too little to tell a loss that cannot fall from one that has not started to."
+        )
     losses = meta.get("losses_recorded")
     needed = meta.get("config", {}).get("loss_min_steps")
     if not isinstance(losses, int) or not isinstance(needed, int) or losses >= needed:

@@ -7,7 +7,9 @@ batch-to-batch spread ``noise`` (from the differences of consecutive losses, whi
 unit. The curve's *start* is the mean of its first eighth (at least 8 losses), its *end* the mean of its last
 quarter (at least 8).
 
-* It **fell** when start - end >= noise: over the run it moved more than it moves from one batch to the next.
+* It **fell** when start - end >= noise: over the run it moved more than it moves from one batch to the next (and
+  by at least ``LEAST_MOVE`` of its start: a loss that hardly varies from batch to batch does not fall by a
+  rounding; the same unit holds for the other verdicts).
 * It is **flat** when it fell by less than that with confidence: the drop plus two standard errors (of window means
   whose losses spread by ``noise``) stays below ``noise``. In between it is unclear: too short or too noisy a run to
   tell, and nothing is said.
@@ -50,6 +52,10 @@ from ..stats.training import TrainingFacts
 from ..text import count, num
 from .base import LAST_RANK, Kind, RootLane, run_event
 
+#: The least move of a loss that counts, as a share of its start, when its batch-to-batch spread is smaller: a loss
+#: that hardly varies from batch to batch (a skip-gram model held at 6 log 2 by its zero-initialised output vectors
+#: under SGD: 4.1589 -> 4.1588, a spread of 1e-5) neither fell nor climbed by moving a thousandth of a percent.
+LEAST_MOVE = 0.01
 #: Losses in each of the start and end windows, at least.
 WINDOW = 8
 #: Weights whose norm grew this many times over a run were pushed by steps too large (calibrated: healthy programs
@@ -188,6 +194,20 @@ def finding(coverage: Coverage, config: DebugConfig) -> tuple[str, Curve] | None
     return None
 
 
+def unjudged_moves(coverage: Coverage, config: DebugConfig) -> float | None:
+    """How much a run whose loss did not fall moved its weights, when that was too little to judge it (its per-step
+    update ratios added up to less than ``loss_trained``, without clipping to a tiny norm): a loss that stayed where
+    it began then may be one that has not started to fall, and :func:`finding` says nothing; None otherwise (no
+    curve, a loss that fell or climbed, or updates enough to judge)."""
+    curve = judged(coverage, config)
+    if curve is None or curve.verdict not in ("flat", "unclear"):
+        return None
+    clip = coverage.training.median("clip")
+    if not curve.trained < config.loss_trained or (math.isfinite(clip) and clip >= TINY_CLIP):
+        return None
+    return curve.trained
+
+
 #: New samples (never seen before by the model) are judged from this many steps into the run (the first steps of
 #: any model are at chance) ...
 NEW_FROM = samples.LOSSES_FROM
@@ -321,11 +341,12 @@ def read(coverage: Coverage, config: DebugConfig) -> Curve | None:
     noise = trace.noise()
     drop = start.mean - end.mean
     error = 2 * noise * math.sqrt(1 / start.n + 1 / end.n)  # two standard errors of the drop
-    if drop >= noise:
+    unit = max(noise, LEAST_MOVE * abs(start.mean))  # a loss that barely moves from batch to batch: a share of it
+    if drop >= unit:
         verdict = "fell"
-    elif -drop >= max(noise, error):
+    elif -drop >= max(unit, error):
         verdict = "climbing"
-    elif drop + error < noise:
+    elif drop + error < unit:
         verdict = "flat"  # confidently less than one batch-to-batch spread
     else:
         verdict = "unclear"
