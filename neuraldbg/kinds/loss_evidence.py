@@ -285,14 +285,18 @@ def chance_level(coverage: Coverage) -> tuple[int, float | None]:
     sample) chose among another number of finite entries per row: a contrastive loss over a batch's similarities
     (SimCLR's NT-Xent, its own column masked with -inf: 2N - 1 of them), logits an outside head made, a mask of
     illegal moves. Those are the loss's own options. A loss the graph shows to be a mean squared error has no such
-    level, however many outputs the model has (a diffusion model's two noise coordinates are no two classes)."""
+    level, however many outputs the model has (a diffusion model's two noise coordinates are no two classes). When
+    the labels of an ``nll_loss`` were read, its input's dimension 1 holds the classes (a segmentation's (N, C, H, W)
+    logits end in the image's width)."""
     facts = coverage.training
     if coverage.baseline_kind in ("mse", "huber") or coverage.regression_target:
         return facts.classes, None  # the graph shows a loss by value: no classes (an MSE's chance is a variance)
     options = coverage.loss_options
     if coverage.classifier_mean and options >= 2 and round(options) != facts.classes:
         return round(options), math.log(options)
-    classes = facts.classes
+    # the classes the loss's own input holds on its dimension 1 (an nll_loss over images or sequences: (N, C, H, W)
+    # logits, whose last dimension is the image's width), when its labels were read; else the output's last
+    classes = coverage.label_classes or facts.classes
     if classes > 1:
         return classes, math.log(classes)
     return classes, math.log(2.0) if classes == 1 and facts.probabilities is True else None

@@ -8,11 +8,14 @@ error has no log(classes), however many outputs the model has."""
 from __future__ import annotations
 
 import math
+import statistics
 
 import support
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from neuraldbg import NeuralDbg
 
 BATCH = 32
 STEPS = 120
@@ -112,3 +115,47 @@ def test_a_regression_of_two_outputs_near_log_2_is_no_classifier_at_chance():
     assert r2 > 0.15  # plain torch: it learned what a linear model can
     assert abs(sum(losses[-20:]) / 20 - math.log(2)) < 0.05 * math.log(2)  # ... and ends by log 2
     assert "loss_at_chance" not in [h.kind.value for h in dbg.hypotheses()], dbg.explain_failure()
+
+
+def test_a_segmentation_whose_pixel_labels_do_not_depend_on_the_image_is_at_the_chance_of_its_classes():
+    """Per-pixel cross-entropy over (N, 2, 24, 24) logits with labels drawn apart from the images: nothing to learn,
+    the loss stays at log 2 (plain torch: held-out pixel accuracy a coin flip). The chance level is that of the
+    loss's 2 classes (its input's dimension 1), not of the logits' last dimension (the image's width, 24: log 24 =
+    3.2, which the loss never comes near)."""
+
+    def run(watched: bool) -> tuple[list[float], float, NeuralDbg | None]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 2, 1))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(1)
+        losses: list[float] = []
+
+        def loop() -> None:
+            for _ in range(150):
+                x = torch.randn(16, 1, 24, 24, generator=g)
+                y = torch.randint(0, 2, (16, 24, 24), generator=g)  # drawn apart from x
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+
+        dbg = None
+        if watched:
+            with NeuralDbg(model) as dbg:
+                loop()
+        else:
+            loop()
+        x, y = torch.randn(64, 1, 24, 24, generator=g), torch.randint(0, 2, (64, 24, 24), generator=g)
+        with torch.no_grad():
+            accuracy = float((model(x).argmax(1) == y).float().mean())
+        return losses, accuracy, dbg
+
+    plain, accuracy, _ = run(watched=False)
+    assert abs(accuracy - 0.5) < 0.02
+    assert abs(statistics.fmean(plain[-40:]) - math.log(2)) < 0.01
+    losses, _, dbg = run(watched=True)
+    assert losses == plain and dbg is not None
+    kinds = [h.kind.value for h in dbg.hypotheses()]
+    assert kinds and kinds[0] == "loss_at_chance", dbg.explain_failure()
+    assert dbg.hypotheses()[0].root.metrics["classes"] == 2
