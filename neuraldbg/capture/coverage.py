@@ -112,6 +112,7 @@ class Coverage:
     forwards: int = 0  # training forward passes (gradients enabled, training thread), compiled ones included
     no_grad_forwards: int = 0  # forwards of the model under no_grad / inference_mode
     other_thread_forwards: int = 0  # forwards of the model from another thread (never recorded)
+    transformed_forwards: int = 0  # forwards of the model inside torch.func transforms (vmap, grad: not measured)
     eval_forwards: int = 0  # eval-mode forwards not followed by a backward pass (validation)
     eval_steps: list[int] = field(default_factory=list)  # steps trained with the model in eval mode
     failures: list[tuple[int, str]] = field(default_factory=list)  # (step, what failed) of the debugger itself

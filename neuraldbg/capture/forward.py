@@ -131,6 +131,9 @@ class ForwardPath:
         if not torch.is_grad_enabled():
             rec.coverage.no_grad_forwards += not name
             return
+        if _transformed():  # per-sample values inside vmap or grad: not a training step's tensors
+            rec.coverage.transformed_forwards += not name
+            return
         if not rec.active:
             return
         try:
@@ -507,3 +510,11 @@ def _where(t: Tensor) -> int | None:
         return t.data_ptr() or None
     except RuntimeError:  # a tensor without storage
         return None
+
+
+def _transformed() -> bool:
+    """Whether a ``torch.func`` transform (``vmap``, ``grad``, ``jacrev``...) is running: its tensors are wrapped
+    per-sample values that most operations of the measurements have no batching rule for (DP-SGD's per-sample
+    gradients: ``vmap(grad(loss of functional_call(model, ...)))``)."""
+    peek = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+    return peek is not None and peek() is not None

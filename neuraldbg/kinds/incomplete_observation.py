@@ -33,7 +33,14 @@ class IncompleteObservation(Kind):
             names = sorted(coverage.skipped)
             parts.append(f"the gradients of {quoted(names, 5)} could not be read ({coverage.skipped[names[0]]})")
             start = min(start, coverage.first_skip)
-        if coverage.steps and coverage.forwards == 0:
+        if coverage.steps and coverage.forwards == 0 and coverage.transformed_forwards:
+            parts.append(
+                "the watched model ran only inside torch.func transforms (vmap, grad: per-sample gradients, as in "
+                "DP-SGD), whose per-sample values are not measured, and without a forward pass of its own the run's "
+                "steps are not told apart: only what its optimizer steps showed was checked"
+            )
+            start = 0
+        elif coverage.steps and coverage.forwards == 0:
             parts.append(
                 "no forward pass of the watched model was seen (was it called through a copy, torch.func, or "
                 "another object?): only gradients and updates were checked"

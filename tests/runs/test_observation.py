@@ -7,6 +7,7 @@ hypothesis; validation passes, partly frozen models and healthy loops must stay 
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import support
@@ -239,3 +240,50 @@ def test_a_loss_detached_from_the_output_is_no_gradient_and_the_explanation_name
     found = only(dbg, FailureKind.NO_GRADIENT)
     assert found.root.metrics["steps"] == 10
     assert ".detach()" in found.explanation and "loss.backward() was never called" in found.explanation
+
+
+def test_per_sample_gradients_through_torch_func_keep_the_run_observed_and_say_what_was_not_measured():
+    """DP-SGD's per-sample gradients: vmap(grad(cross-entropy of functional_call(model, ...))), averaged into each
+    parameter's .grad by hand before optimizer.step(). The model's forward hooks run inside the transforms, on
+    per-sample wrapped tensors that the measurements have no batching rule for (torch._foreach_norm raised inside
+    vmap, and the recorder stopped at step 0 with a failure of its own). Those forwards are left alone: the
+    recorder stays active, the training is unchanged, and the caveat names the transforms."""
+    from torch.func import functional_call, grad, vmap
+
+    def run(watched: bool) -> tuple[dict[str, torch.Tensor], NeuralDbg | None]:
+        torch.manual_seed(0)
+        x, y = torch.randn(256, 20), torch.randint(0, 4, (256,))
+        model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def one(params: dict[str, torch.Tensor], a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(functional_call(model, params, (a[None],)), b[None])
+
+        def loop() -> None:
+            for _ in range(3):
+                for i in range(0, 256, 32):
+                    params = {k: v.detach() for k, v in model.named_parameters()}
+                    per_sample = vmap(grad(one), in_dims=(None, 0, 0))(params, x[i : i + 32], y[i : i + 32])
+                    for k, p in model.named_parameters():
+                        p.grad = per_sample[k].mean(0)
+                    opt.step()
+                    opt.zero_grad()
+
+        dbg = None
+        if watched:
+            with NeuralDbg(model) as dbg:
+                loop()
+        else:
+            loop()
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}, dbg
+
+    plain, _ = run(watched=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NeuralDbgWarning)  # a recorder that stopped observing warns
+        watched, dbg = run(watched=True)
+    assert dbg is not None
+    assert all(torch.equal(plain[k], watched[k]) for k in plain)  # the debugger changed nothing
+    hypotheses = dbg.hypotheses()
+    assert [h.kind.value for h in hypotheses] == ["incomplete_observation"], dbg.explain_failure()
+    assert "torch.func transforms" in hypotheses[0].explanation
+    assert "failed" not in hypotheses[0].explanation
