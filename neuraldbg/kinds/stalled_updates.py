@@ -31,7 +31,9 @@ ratios of the run's steps add up to less than :data:`RUN_SHARE` of ``loss_traine
 percent of their norm in all), while the loss shows that the model has not trained: it stayed at chance (log of the
 classes), it is flat, or its second half still fell by :data:`STILL_FALLING` of its whole fall or more (no plateau
 in sight). A learning rate far too low, or clipping to a tiny norm under SGD, does that; a fit that converged
-(its loss fell a hundredfold, or its gradients did) or a run met mid-training is not judged.
+(its loss fell a hundredfold, or its gradients did), a run met mid-training, and a classifier met already trained
+(its first losses far below chance: a trained model continued by a new optimizer at a small learning rate, whose
+small steps are the fine-tuning's, not a run too small to train) are not judged.
 """
 
 from __future__ import annotations
@@ -72,8 +74,8 @@ def undertrained(coverage: Coverage, config: DebugConfig) -> tuple[str, loss_evi
     curve = loss_evidence.judged(coverage, config)
     if curve is None or coverage.warm_start or not curve.trained < RUN_SHARE * config.loss_trained:
         return None
-    if loss_evidence.converged(coverage, curve):
-        return None
+    if loss_evidence.converged(coverage, curve) or loss_evidence.met_trained(coverage, curve):
+        return None  # a fit that converged, or a classifier met already trained (fine-tuned by a new optimizer)
     if curve.at_chance:
         return "chance", curve
     if curve.verdict == "flat":

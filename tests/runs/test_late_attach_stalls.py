@@ -8,6 +8,7 @@ Ground truth by plain torch: the loss over the watched steps, and the update rat
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import torch
@@ -74,3 +75,65 @@ def test_a_schedule_that_decays_to_nothing_while_watched_is_stalled_even_when_at
     assert statistics.fmean(ratios[-100:]) < 1e-3 * statistics.fmean(ratios[:10])
     assert abs(statistics.fmean(losses[-100:]) / statistics.fmean(losses[-300:-200]) - 1) < 0.01
     assert stalled(dbg)
+
+
+def _teacher(n: int = 3000) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(n, 20, generator=g)
+    w1, w2 = torch.randn(20, 32, generator=g), torch.randn(32, 8, generator=g)
+    return x, (torch.tanh(x @ w1 / 4) @ w2).argmax(1)
+
+
+def _continued(lr: float, seed: int, watched: bool) -> tuple[float, float, list[float], NeuralDbg | None]:
+    """An 8-class MLP trained 600 steps (Adam 1e-3, not watched), then continued 250 steps by a new Adam at ``lr``.
+    Returns the held-out accuracy before and after the continued run, its losses and the debugger."""
+    x, y = _teacher()
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(20, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 8))
+    first, draw = torch.optim.Adam(model.parameters(), 1e-3), torch.Generator().manual_seed(5)
+    for _ in range(600):
+        idx = torch.randint(0, 2000, (64,), generator=draw)
+        first.zero_grad()
+        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        first.step()
+
+    def accuracy() -> float:
+        with torch.no_grad():
+            return float((model(x[2000:]).argmax(1) == y[2000:]).float().mean())
+
+    before = accuracy()
+    opt, order = torch.optim.Adam(model.parameters(), lr), torch.Generator().manual_seed(seed + 100)
+    losses: list[float] = []
+
+    def loop() -> None:
+        for _ in range(250):
+            idx = torch.randint(0, 2000, (64,), generator=order)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x[idx]), y[idx])
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+
+    dbg = None
+    if watched:
+        with NeuralDbg(model) as dbg:
+            loop()
+    else:
+        loop()
+    return before, accuracy(), losses, dbg
+
+
+def test_a_trained_classifier_continued_by_a_new_optimizer_at_a_small_learning_rate_is_not_a_run_too_small():
+    """Hunt 11: its small steps (5e-5; they add up to a few percent of the weights) are the fine-tuning's. Plain
+    torch over three seeds: the held-out accuracy holds where it was before (0.80), as at twice the learning rate;
+    its first losses are far below chance (log 8). It was told the run was too small to train and to raise the
+    learning rate."""
+    for seed in range(3):
+        before, after, losses, _ = _continued(5e-5, seed, watched=False)
+        _, twice, _, _ = _continued(1e-4, seed, watched=False)
+        assert after >= before - 0.02 and after >= twice - 0.02
+        assert statistics.fmean(losses[:8]) < 0.3 * math.log(8)
+    _, _, plain, _ = _continued(5e-5, 0, watched=False)
+    _, _, losses, dbg = _continued(5e-5, 0, watched=True)
+    assert losses == plain and dbg is not None
+    assert dbg.hypotheses() == [], dbg.explain_failure()
