@@ -512,9 +512,12 @@ def _where(t: Tensor) -> int | None:
         return None
 
 
+#: What says whether a ``torch.func`` transform is running (looked up once: the forward hook runs per module call).
+_PEEK = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+
+
 def _transformed() -> bool:
     """Whether a ``torch.func`` transform (``vmap``, ``grad``, ``jacrev``...) is running: its tensors are wrapped
     per-sample values that most operations of the measurements have no batching rule for (DP-SGD's per-sample
     gradients: ``vmap(grad(loss of functional_call(model, ...)))``)."""
-    peek = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
-    return peek is not None and peek() is not None
+    return _PEEK is not None and _PEEK() is not None
