@@ -273,9 +273,14 @@ def met_trained(coverage: Coverage, curve: Curve) -> bool:
     of the number of classes: it picks them with about equal odds). A fine-tuning script that builds a new optimizer
     for a model trained before (so no optimizer state says so, as it does for a resumed run) meets a fit that may
     have converged: its flat loss is the floor it reached (an MLP trained 2,000 steps to 0.19 on 5 noisy classes,
-    log 5 = 1.61, then fine-tuned under AdamW at 1e-3: 0.192 -> 0.191), not a model that cannot learn."""
+    log 5 = 1.61, then fine-tuned under AdamW at 1e-3: 0.192 -> 0.191), not a model that cannot learn. A mean
+    squared error's chance is its targets' variance (:func:`target_chance`): a regression whose first losses are
+    under ``TRAINED_START`` of it was met already fitted (an MLP trained 1,500 steps, continued at 5e-5)."""
     level = chance_level(coverage)[1]
-    return bool(coverage.classifier_loss) and level is not None and curve.start.mean < TRAINED_START * level
+    if bool(coverage.classifier_loss) and level is not None and curve.start.mean < TRAINED_START * level:
+        return True
+    targets = target_chance(coverage)  # a mean squared error's: its targets' variance (predicting their mean)
+    return targets is not None and targets[0] == "mse" and curve.start.mean < TRAINED_START * targets[1]
 
 
 def chance_level(coverage: Coverage) -> tuple[int, float | None]:

@@ -75,6 +75,7 @@ def test_met_trained_needs_a_cross_entropy_far_below_chance():
             baseline_kind="",
             regression_target=(),
             label_classes=0,
+            target_baseline=(),
             training=SimpleNamespace(classes=classes, probabilities=probabilities),
         )
         return met_trained(coverage, SimpleNamespace(start=SimpleNamespace(mean=first)))  # type: ignore[arg-type]
