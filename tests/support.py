@@ -244,6 +244,17 @@ def fit(
     return plain_train(model, batches, loss_fn, steps=steps, optimizer=optimizer), None
 
 
+def watching(model: nn.Module, loop: Callable[[], None], watched: bool) -> NeuralDbg | None:
+    """Run a test's own training ``loop`` under ``NeuralDbg(model)`` when ``watched``, else plain: the debugger, or
+    None."""
+    if not watched:
+        loop()
+        return None
+    with NeuralDbg(model) as dbg:
+        loop()
+    return dbg
+
+
 # --------------------------------------------------------------------------------------------- plain-torch truth
 
 
@@ -358,12 +369,7 @@ def skipgram_run(
             opt.step()
             losses.append(loss.item())
 
-    dbg = None
-    if watched:
-        with NeuralDbg(model) as dbg:
-            loop()
-    else:
-        loop()
+    dbg = watching(model, loop, watched)
     with torch.no_grad():
         e = F.normalize(model.inp.weight, dim=1)
         similarity = e @ e.t()

@@ -238,6 +238,15 @@ def held(e: SemanticEvent, topo: Topology | None = None) -> str:
     return f"from step {e.step_start} to {e.step_end}"
 
 
+def loss_ends(coverage: Coverage) -> dict[str, float]:
+    """The run's first and last recorded losses as event metrics (``first_loss``, ``last_loss``), for an explanation
+    that says where the loss went; empty when none was recorded."""
+    trace = coverage.losses
+    if trace.first and trace.last is not None:
+        return {"first_loss": trace.first[0][1], "last_loss": trace.last[1]}
+    return {}
+
+
 def run_event(kind: FailureKind, start: int, end: int, detail: str = "", /, **metrics: float) -> SemanticEvent:
     """A finding about the run as a whole (layer ``""``, its kind as its state), with its numbers as metrics."""
     return SemanticEvent(

@@ -39,7 +39,7 @@ from ..health import ActivationHealth, GradientHealth, UpdateHealth
 from ..reasoning.rules import CausalRule
 from ..reasoning.topology import Topology
 from ..text import num, pct
-from .base import Kind, RootLane, Series, run_event
+from .base import Kind, RootLane, Series, loss_ends, run_event
 
 KIND = FailureKind.EXCESSIVE_WEIGHT_DECAY
 
@@ -147,9 +147,7 @@ class ExcessiveWeightDecay(Kind):
             "decayed_only": float(some),
             "held": float(held),
         }
-        trace = coverage.losses
-        if trace.first and trace.last is not None:
-            metrics |= {"first_loss": trace.first[0][1], "last_loss": trace.last[1]}
+        metrics |= loss_ends(coverage)
         start = coverage.weight_decay[0][0]
         return run_event(KIND, start, max(start, coverage.last_step), "", **metrics)
 

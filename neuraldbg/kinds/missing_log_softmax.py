@@ -21,7 +21,7 @@ from ..capture.coverage import Coverage, RunFacts
 from ..events import FailureKind, SemanticEvent
 from ..reasoning.topology import Topology
 from ..text import num
-from .base import Kind, RootLane, Series, layer_event
+from .base import Kind, RootLane, Series, layer_event, loss_ends
 
 KIND = FailureKind.MISSING_LOG_SOFTMAX
 
@@ -42,9 +42,7 @@ class MissingLogSoftmax(Kind):
             return None
         layer, step = coverage.nll_layer, coverage.log_prob_step
         metrics = {"gap": gap, "limit": GAP, "ctc": float(coverage.nll_loss == "ctc_loss")}
-        trace = coverage.losses
-        if trace.first and trace.last is not None:
-            metrics |= {"first_loss": trace.first[0][1], "last_loss": trace.last[1]}
+        metrics |= loss_ends(coverage)
         return layer_event(KIND, layer, step, coverage.last_step, metrics)
 
     def lane(self, event: SemanticEvent) -> RootLane | None:

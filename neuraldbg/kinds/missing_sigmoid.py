@@ -17,7 +17,7 @@ from ..capture.coverage import Coverage, RunFacts
 from ..events import FailureKind, SemanticEvent
 from ..reasoning.topology import Topology
 from ..text import num
-from .base import Kind, RootLane, Series, layer_event
+from .base import Kind, RootLane, Series, layer_event, loss_ends
 
 KIND = FailureKind.MISSING_SIGMOID
 
@@ -37,9 +37,7 @@ class MissingSigmoid(Kind):
         if share is None or not share >= OUTSIDE:
             return None
         metrics = {"outside": share, "limit": OUTSIDE}
-        trace = coverage.losses
-        if trace.first and trace.last is not None:
-            metrics |= {"first_loss": trace.first[0][1], "last_loss": trace.last[1]}
+        metrics |= loss_ends(coverage)
         return layer_event(KIND, coverage.clamped_layer, coverage.clamped_step, coverage.last_step, metrics)
 
     def lane(self, event: SemanticEvent) -> RootLane | None:

@@ -140,12 +140,7 @@ def test_a_segmentation_whose_pixel_labels_do_not_depend_on_the_image_is_at_the_
                 opt.step()
                 losses.append(loss.item())
 
-        dbg = None
-        if watched:
-            with NeuralDbg(model) as dbg:
-                loop()
-        else:
-            loop()
+        dbg = support.watching(model, loop, watched)
         x, y = torch.randn(64, 1, 24, 24, generator=g), torch.randint(0, 2, (64, 24, 24), generator=g)
         with torch.no_grad():
             accuracy = float((model(x).argmax(1) == y).float().mean())

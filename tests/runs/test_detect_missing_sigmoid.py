@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+import support
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -65,12 +66,7 @@ def train(
                 opt.step()
                 losses.append(float(loss.detach()))
 
-    dbg = None
-    if watched:
-        with NeuralDbg(model) as dbg:
-            loop()
-    else:
-        loop()
+    dbg = support.watching(model, loop, watched)
     with torch.no_grad():
         accuracy = float(((probabilities(model(x_test)) > 0.5).float() == y_test).float().mean())
     return losses, accuracy, sum(cut) / max(len(cut), 1), dbg

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 
+import support
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -84,24 +86,32 @@ def _teacher(n: int = 3000) -> tuple[torch.Tensor, torch.Tensor]:
     return x, (torch.tanh(x @ w1 / 4) @ w2).argmax(1)
 
 
-def _continued(lr: float, seed: int, watched: bool) -> tuple[float, float, list[float], NeuralDbg | None]:
-    """An 8-class MLP trained 600 steps (Adam 1e-3, not watched), then continued 250 steps by a new Adam at ``lr``.
-    Returns the held-out accuracy before and after the continued run, its losses and the debugger."""
-    x, y = _teacher()
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(20, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 8))
+def _continue(
+    model: nn.Module,
+    data: tuple[torch.Tensor, torch.Tensor],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    measure: Callable[[torch.Tensor, torch.Tensor], float],
+    trained: int,
+    lr: float,
+    seed: int,
+    watched: bool,
+) -> tuple[float, float, list[float], NeuralDbg | None]:
+    """``model`` trained ``trained`` steps on the first 2,000 rows of ``data`` (Adam 1e-3, not watched), then
+    continued 250 steps by a new Adam at ``lr``. Returns ``measure(output, target)`` on the rows after 2,000 before
+    and after the continued run, its losses and the debugger."""
+    x, y = data
     first, draw = torch.optim.Adam(model.parameters(), 1e-3), torch.Generator().manual_seed(5)
-    for _ in range(600):
+    for _ in range(trained):
         idx = torch.randint(0, 2000, (64,), generator=draw)
         first.zero_grad()
-        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        loss_fn(model(x[idx]), y[idx]).backward()
         first.step()
 
-    def accuracy() -> float:
+    def held_out() -> float:
         with torch.no_grad():
-            return float((model(x[2000:]).argmax(1) == y[2000:]).float().mean())
+            return measure(model(x[2000:]), y[2000:])
 
-    before = accuracy()
+    before = held_out()
     opt, order = torch.optim.Adam(model.parameters(), lr), torch.Generator().manual_seed(seed + 100)
     losses: list[float] = []
 
@@ -109,18 +119,26 @@ def _continued(lr: float, seed: int, watched: bool) -> tuple[float, float, list[
         for _ in range(250):
             idx = torch.randint(0, 2000, (64,), generator=order)
             opt.zero_grad()
-            loss = F.cross_entropy(model(x[idx]), y[idx])
+            loss = loss_fn(model(x[idx]), y[idx])
             loss.backward()
             opt.step()
             losses.append(loss.item())
 
-    dbg = None
-    if watched:
-        with NeuralDbg(model) as dbg:
-            loop()
-    else:
-        loop()
-    return before, accuracy(), losses, dbg
+    dbg = support.watching(model, loop, watched)
+    return before, held_out(), losses, dbg
+
+
+def _continued(lr: float, seed: int, watched: bool) -> tuple[float, float, list[float], NeuralDbg | None]:
+    """An 8-class MLP trained 600 steps, continued at ``lr`` (:func:`_continue`): its held-out accuracy before and
+    after, its losses and the debugger."""
+    data = _teacher()
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(20, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 8))
+
+    def accuracy(out: torch.Tensor, target: torch.Tensor) -> float:
+        return float((out.argmax(1) == target).float().mean())
+
+    return _continue(model, data, F.cross_entropy, accuracy, 600, lr, seed, watched)
 
 
 def test_a_trained_classifier_continued_by_a_new_optimizer_at_a_small_learning_rate_is_not_a_run_too_small():
@@ -139,58 +157,30 @@ def test_a_trained_classifier_continued_by_a_new_optimizer_at_a_small_learning_r
     assert dbg.hypotheses() == [], dbg.explain_failure()
 
 
-def _continued_regression(lr: float, seed: int, watched: bool) -> tuple[float, float, list[float], NeuralDbg | None]:
-    """A regression MLP trained 1,500 steps (Adam 1e-3, not watched), then continued 250 steps by a new Adam at
-    ``lr``. Returns the held-out MSE before and after the continued run, its losses and the debugger."""
+def _regression_data() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3000, 16, generator=g)
     y = (torch.sin(x[:, :4] * 2).sum(1) + x[:, 4] * x[:, 5])[:, None] + 0.3 * torch.randn(3000, 1, generator=g)
+    return x, y
+
+
+def _continued_regression(lr: float, seed: int, watched: bool) -> tuple[float, float, list[float], NeuralDbg | None]:
+    """A regression MLP trained 1,500 steps, continued at ``lr`` (:func:`_continue`): its held-out MSE before and
+    after, its losses and the debugger."""
+    data = _regression_data()
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 1))
-    first, draw = torch.optim.Adam(model.parameters(), 1e-3), torch.Generator().manual_seed(5)
-    for _ in range(1500):
-        idx = torch.randint(0, 2000, (64,), generator=draw)
-        first.zero_grad()
-        F.mse_loss(model(x[idx]), y[idx]).backward()
-        first.step()
-
-    def held_out() -> float:
-        with torch.no_grad():
-            return F.mse_loss(model(x[2000:]), y[2000:]).item()
-
-    before = held_out()
-    opt, order = torch.optim.Adam(model.parameters(), lr), torch.Generator().manual_seed(seed + 100)
-    losses: list[float] = []
-
-    def loop() -> None:
-        for _ in range(250):
-            idx = torch.randint(0, 2000, (64,), generator=order)
-            opt.zero_grad()
-            loss = F.mse_loss(model(x[idx]), y[idx])
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-
-    dbg = None
-    if watched:
-        with NeuralDbg(model) as dbg:
-            loop()
-    else:
-        loop()
-    return before, held_out(), losses, dbg
+    return _continue(model, data, F.mse_loss, lambda out, y: F.mse_loss(out, y).item(), 1500, lr, seed, watched)
 
 
 def test_a_fitted_regression_continued_by_a_new_optimizer_at_a_small_learning_rate_is_not_a_run_too_small():
     """Hunt 11's continue_reg: the regression's first losses are far under its targets' variance (met already
     fitted). Plain torch over three seeds: the held-out MSE holds where it was, as at twice the learning rate."""
-    g = torch.Generator().manual_seed(0)
     for seed in range(3):
         before, after, losses, _ = _continued_regression(5e-5, seed, watched=False)
         _, twice, _, _ = _continued_regression(1e-4, seed, watched=False)
         assert after <= before * 1.05 and after <= twice * 1.05
-    x = torch.randn(3000, 16, generator=g)
-    y = (torch.sin(x[:, :4] * 2).sum(1) + x[:, 4] * x[:, 5]) + 0.3 * torch.randn(3000, generator=g)
-    assert statistics.fmean(losses[:8]) < 0.3 * float(y.var())  # met far below the targets' variance
+    assert statistics.fmean(losses[:8]) < 0.3 * float(_regression_data()[1].var())  # far below the targets' variance
     _, _, plain, _ = _continued_regression(5e-5, 0, watched=False)
     _, _, watched, dbg = _continued_regression(5e-5, 0, watched=True)
     assert watched == plain and dbg is not None

@@ -269,12 +269,7 @@ def test_per_sample_gradients_through_torch_func_keep_the_run_observed_and_say_w
                     opt.step()
                     opt.zero_grad()
 
-        dbg = None
-        if watched:
-            with NeuralDbg(model) as dbg:
-                loop()
-        else:
-            loop()
+        dbg = support.watching(model, loop, watched)
         return {k: v.detach().clone() for k, v in model.state_dict().items()}, dbg
 
     plain, _ = run(watched=False)

@@ -215,12 +215,7 @@ def autoencoder_run(lr: float, seed: int, watched: bool) -> tuple[list[float], f
             opt.step()
             losses.append(loss.item())
 
-    dbg = None
-    if watched:
-        with NeuralDbg(model) as dbg:
-            loop()
-    else:
-        loop()
+    dbg = support.watching(model, loop, watched)
     with torch.no_grad():
         r2 = 1 - F.mse_loss(model(test), test).item() / test.var().item()
     return losses, r2, dbg
