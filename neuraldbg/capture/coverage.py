@@ -194,7 +194,8 @@ class Coverage:
     clamped_step: int = 0
     clamped_layer: str = ""
     # the labels of an nll_loss over the first backward passes (capture/ledger.py): (entropy of their frequencies,
-    # labels counted, labels outside the classes), the reading that counted the most; and the number of classes
+    # labels counted, labels outside the classes, the most frequent class's share), the reading that counted the
+    # most; and the number of classes
     label_prior: tuple[float, ...] = ()
     label_classes: int = 0
     # the classes an nll_loss of one row per sample chose among on its first backward passes: the most finite entries
@@ -263,7 +264,7 @@ class Coverage:
             if not self.target_range:
                 self.target_range_step = record.step  # the first reading
             self.target_range = (record.target_range[0], record.target_range[1], record.target_range[2])
-        if len(record.label_prior) == 3 and (not self.label_prior or record.label_prior[1] >= self.label_prior[1]):
+        if len(record.label_prior) == 4 and (not self.label_prior or record.label_prior[1] >= self.label_prior[1]):
             self.label_prior, self.label_classes = tuple(record.label_prior), record.label_classes
         found = record.target_baseline
         if len(found) == 4 and (not self.target_baseline or found[2] >= self.target_baseline[2]):
@@ -279,7 +280,7 @@ class Coverage:
                 self.clamped_step = record.step
             self.clamped_outside = max(record.clamped_outside, self.clamped_outside or 0.0)
         if record.samples:
-            self.repeats.observe(record.step, record.samples, record.sample_losses)
+            self.repeats.observe(record.step, record.samples, record.sample_losses, record.sample_hits)
         if record.labels_ahead is not None and (self.labels_ahead is None or record.labels_ahead > self.labels_ahead):
             self.labels_ahead, self.labels_ahead_step = record.labels_ahead, record.step
         changed = False

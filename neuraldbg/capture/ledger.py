@@ -54,6 +54,7 @@ from ..stats.tensors import (
     merge_moments,
     out_of_range,
     outside_unit,
+    sample_hits,
     sample_losses,
     target_baseline,
     target_moments,
@@ -92,7 +93,8 @@ _State = tuple[Tensor, int] | None
 #: nll_loss input is from log-probabilities (with the node that produced it), how much of a bounded output's targets
 #: it cannot reach (with what bounds it), how often each class is an nll_loss's label (with the number of classes),
 #: the per-column moments of a binary cross-entropy's or a mean squared error's targets (with the loss's kind and the
-#: count of values outside [0, 1]).
+#: count of values outside [0, 1]), the classes a row chose among, each sample's own loss and hit (see
+#: stats.samples), and how much of a clamped binary cross-entropy input lay outside [0, 1].
 _LossReadings = tuple[
     Tensor | None,
     tuple[Tensor, int, str, int] | None,
@@ -100,7 +102,7 @@ _LossReadings = tuple[
     tuple[Tensor, int] | None,
     tuple[str, Tensor, Tensor] | None,
     Tensor | None,
-    Tensor | None,
+    tuple[Tensor, Tensor] | None,
     tuple[Tensor, loss_graph.ClampedScores] | None,
 ]
 
@@ -222,7 +224,9 @@ class GradLedger:
             own = (labels or loss_graph.class_labels(roots)) if counted and roots else None
             per_sample = None
             if own is not None and own.values is not None:
-                per_sample = sample_losses(own.values, own.target, own.ignore, counted)
+                losses = sample_losses(own.values, own.target, own.ignore, counted)
+                hits = sample_hits(own.values, own.target, own.ignore, counted)
+                per_sample = (losses, hits) if losses is not None and hits is not None else None
             # ... and a loss that compares each prediction with other samples' targets (shapes only, nothing read)
             if checked and rec.coverage.crossed_loss is None:
                 self._note_crossed(checked)
@@ -317,7 +321,8 @@ class GradLedger:
             self._account(loss, reached, carried, check, fresh)
             own = readings[6]
             if own is not None:  # read at the flush beside the fingerprints
-                rec.pending.put_vector([("sample_loss", None, 0.0)] * int(own.shape[0]), own)
+                rec.pending.put_vector([("sample_loss", None, 0.0)] * int(own[0].shape[0]), own[0])
+                rec.pending.put_vector([("sample_hit", None, 0.0)] * int(own[1].shape[0]), own[1])
             if self._loss_checks:
                 self._check_loss(roots, readings)
             elif readings[4] is not None:
@@ -400,7 +405,7 @@ class GradLedger:
             if so_far is not None and so_far[1] == counts[1] and so_far[0].device == counts[0].device:
                 counts = (so_far[0] + counts[0], counts[1])
             self._labels = counts
-            entries = [("label_prior", None, float(i)) for i in range(3)]
+            entries = [("label_prior", None, float(i)) for i in range(4)]
             rec.pending.put_vector(entries, label_entropy(counts[0]))
             rec.pending.data.label_classes = counts[1]
         if moments is not None:

@@ -177,6 +177,7 @@ class Pending:
             dst.labels_ahead = merge_max(dst.labels_ahead, src.labels_ahead)
         dst.samples.extend(src.samples)
         dst.sample_losses.extend(src.sample_losses)
+        dst.sample_hits.extend(src.sample_hits)
         if src.log_prob_gap is not None:
             dst.log_prob_gap = merge_max(dst.log_prob_gap, src.log_prob_gap)
         if src.clamped_outside is not None:
@@ -361,7 +362,7 @@ def _before(data: StepData, key: Any, extra: float, value: float) -> None:
 
 
 #: Vectors of one value per sample, filed whole into the step's list of that name.
-_LISTED = {"sample": "samples", "sample_loss": "sample_losses"}
+_LISTED = {"sample": "samples", "sample_loss": "sample_losses", "sample_hit": "sample_hits"}
 
 _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "act": _act,

@@ -213,6 +213,11 @@ def unjudged_moves(coverage: Coverage, config: DebugConfig) -> float | None:
 NEW_FROM = samples.LOSSES_FROM
 #: ... when there are at least this many of them.
 NEW_SAMPLES = 24
+#: ... or, over the second half of the steps whose samples were fingerprinted, at least this many: a training set
+#: drawn from with replacement has few new samples left by the time memorising shows (2,000 rows drawn 64 at a time
+#: with shuffled labels: 65 new samples from step 32, most before step 100, where the seen ones were still at
+#: chance too; from step 128 on, 7 new ones at 1.19x chance and the seen ones at 0.86x).
+NEW_LATE = 6
 #: The run's loss ends at this share of the chance level or above: memorising labels the inputs do not give is slow
 #: (shuffled-label runs of hunted programs end at 0.78-0.99 of chance: MLPs of 2 and 10 classes, a tagger, an
 #: embedding-bag classifier), while a model that learns from its inputs, even one that starts late, ends far lower
@@ -227,7 +232,9 @@ def memorised(coverage: Coverage, curve: Curve) -> dict[str, float] | None:
     before and samples it has not (see :mod:`neuraldbg.stats.samples`), compared *on the same steps* (the same
     weights): over the steps from :data:`NEW_FROM` on whose batches hold both, the new samples' loss is still at
     chance (at or above the lower edge of the band around :attr:`Curve.level`; at least :data:`NEW_SAMPLES` of
-    them) while the seen ones' is lower, by two standard errors of the steps' differences weighed together. A model
+    them, and their class picked right no more often than a guess picks it, see :func:`_guessed`) while the seen
+    ones' is lower, by two standard errors of the steps' differences weighed together; or the same over the second
+    half of those steps alone (at least :data:`NEW_LATE` new samples there), where memorising shows. A model
     that learns from its inputs predicts a new sample about as well as a seen one at the same weights, however slow
     its progress; one that can only memorise predicts new samples no better than a guess. Comparing new samples of
     early steps with seen samples of late ones instead would take any slow learner for a memoriser (a hunt of
@@ -241,18 +248,20 @@ def memorised(coverage: Coverage, curve: Curve) -> dict[str, float] | None:
         return None
     if curve.end.mean < MEMORISED_END * level:
         return None  # fitted far below chance: learned from the inputs (memorising random labels is slow)
-    paired = repeats.paired(NEW_FROM)
+    every = repeats.paired(NEW_FROM)
+    top = coverage.label_prior[3] if len(coverage.label_prior) == 4 else 0.0
+    if every is None or every[0].n < NEW_SAMPLES or every[1].n < NEW_SAMPLES or not _guessed(every[0], level, top):
+        return None  # too few new samples, or new ones predicted better than a guess: the model learns from inputs
+    edge = (1 - curve.band) * level
+    late = max(NEW_FROM, repeats.rows[-1].step // 2)
+    paired = _memorising(every, NEW_SAMPLES, edge) or _memorising(repeats.paired(late), NEW_LATE, edge)
     if paired is None:
         return None
-    new, seen, difference, error, first, last = paired
-    if new.n < NEW_SAMPLES or seen.n < NEW_SAMPLES:
-        return None
-    edge = (1 - curve.band) * level
-    if new.mean < edge:
-        return None  # new samples are predicted better than a guess: the model learns from its inputs
-    if not difference > 2 * error:
-        return None  # seen samples no better than new ones at the same weights: nothing memorised
+    new, seen, difference, _, first, last = paired
+    guess = max(math.exp(-level), top)
+    judged = {"new_accuracy": every[0].accuracy, "guess_accuracy": guess} if every[0].judged else {}
     return {
+        **judged,
         "new_loss": new.mean,
         "new_samples": float(new.n),
         "new_from": float(first),
@@ -261,6 +270,36 @@ def memorised(coverage: Coverage, curve: Curve) -> dict[str, float] | None:
         "seen_samples": float(seen.n),
         "memorised_gap": difference,
     }
+
+
+def _guessed(new: samples.Losses, level: float, top: float) -> bool:
+    """Whether the new samples were predicted right no more often than a guess does: at most two standard errors
+    above what a guess scores: exp(-level), the accuracy of a guess whose cross-entropy is the chance level
+    (1/classes for balanced classes), or ``top``, the most frequent label's share (always picking it), when that is
+    more (shuffled labels keep their frequencies, and a memoriser learns them first). A model overconfident
+    on labels that are mostly noise has a loss on new samples above chance and yet picks their class far more
+    often than a guess (plain torch: 60 % of the labels random, new samples' loss 1.03x chance, held-out accuracy
+    0.56 against 0.1). True when no hit was read."""
+    if not new.judged:
+        return True
+    guess = max(math.exp(-level), top)
+    return new.accuracy <= guess + 2 * math.sqrt(guess * (1 - guess) / new.judged)
+
+
+def _memorising(paired: samples.Paired | None, least: int, edge: float) -> samples.Paired | None:
+    """``paired`` (new and seen samples compared on the same steps, :meth:`SampleRepeats.paired`) when at least
+    ``least`` new and :data:`NEW_SAMPLES` seen ones show memorising: the new ones' loss at or above ``edge`` (still
+    a guess) and the seen ones' lower by two standard errors; else None."""
+    if paired is None:
+        return None
+    new, seen, difference, error, _, _ = paired
+    if new.n < least or seen.n < NEW_SAMPLES:
+        return None
+    if new.mean < edge:
+        return None  # new samples are predicted better than a guess: the model learns from its inputs
+    if not difference > 2 * error:
+        return None  # seen samples no better than new ones at the same weights: nothing memorised
+    return paired
 
 
 #: A classifier whose first losses average below this share of log(classes) was met already trained.
@@ -450,9 +489,9 @@ def label_prior(coverage: Coverage, band: float) -> float | None:
     cross-entropy settles at that entropy (a character-level GRU given shuffled targets: 2.47 nats, the characters'
     unigram entropy, log 17 = 2.83), not at log(classes). None otherwise."""
     classes = coverage.training.classes
-    if not coverage.classifier_mean or len(coverage.label_prior) != 3 or coverage.label_classes != classes:
+    if not coverage.classifier_mean or len(coverage.label_prior) != 4 or coverage.label_classes != classes:
         return None
-    entropy, counted, outside = coverage.label_prior
+    entropy, counted, outside, _ = coverage.label_prior
     if outside or counted < LABELS_PER_CLASS * classes or not math.isfinite(entropy) or classes < 2:
         return None
     return entropy if entropy < (1 - band) * math.log(classes) else None

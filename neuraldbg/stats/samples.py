@@ -6,9 +6,11 @@ to one number (its values weighed by fixed pseudo-random weights and summed, see
 exactly: the same sample gives the same number in any batch of the same size (on a CPU, in batches of 4, 8, 16, 32,
 64 or 128 samples alike; a batch of another size may sum its rows in another order, and a repeat it holds goes
 unseen, which only makes the finding rarer). On fully observed
-steps comes with it, for a classifier's ``nll_loss`` (``cross_entropy``), each sample's own loss. A sample whose
+steps comes with it, for a classifier's ``nll_loss`` (``cross_entropy``), each sample's own loss and whether the
+model's most likely class was its label (its share of rows that were, for a sample of several). A sample whose
 fingerprint was met before (on any step: a cheap one too) is *seen*; the others are *new*. Per fully observed step
-:class:`SampleRepeats` keeps the sum, the sum of squares and the count of the losses of each group.
+:class:`SampleRepeats` keeps the sum, the sum of squares and the count of the losses of each group, and the sum of
+its hits.
 
 What it tells: a model whose labels do not follow from its inputs cannot predict a sample it has not seen better
 than chance, whatever it does with the ones it sees again (it memorises them); a model that learns from its inputs
@@ -36,25 +38,38 @@ ROWS = 256
 
 @dataclass(slots=True)
 class Losses:
-    """The per-sample losses of one group: their sum, sum of squares and count."""
+    """The per-sample losses of one group: their sum, sum of squares and count; and how many of those samples the
+    model predicted right (``hits``, of ``judged``: the samples whose hit was read)."""
 
     total: float = 0.0
     squares: float = 0.0
     n: int = 0
+    hits: float = 0.0
+    judged: int = 0
 
-    def add(self, value: float) -> None:
+    def add(self, value: float, hit: float = math.nan) -> None:
         self.total += value
         self.squares += value * value
         self.n += 1
+        if math.isfinite(hit):
+            self.hits += hit
+            self.judged += 1
 
     def merge(self, other: Losses) -> None:
         self.total += other.total
         self.squares += other.squares
         self.n += other.n
+        self.hits += other.hits
+        self.judged += other.judged
 
     @property
     def mean(self) -> float:
         return self.total / self.n if self.n else math.nan
+
+    @property
+    def accuracy(self) -> float:
+        """The share of the judged samples predicted right (NaN without any)."""
+        return self.hits / self.judged if self.judged else math.nan
 
 
 @dataclass(slots=True)
@@ -64,6 +79,10 @@ class Row:
     step: int
     new: Losses
     seen: Losses
+
+
+#: New and seen samples compared on the same steps (see :meth:`SampleRepeats.paired`).
+Paired = tuple[Losses, Losses, float, float, int, int]
 
 
 class SampleRepeats:
@@ -82,9 +101,9 @@ class SampleRepeats:
         """Whether the next steps' fingerprints are still wanted."""
         return self.printed < PRINT_STEPS
 
-    def observe(self, step: int, prints: list[float], losses: list[float]) -> None:
+    def observe(self, step: int, prints: list[float], losses: list[float], hits: list[float] | None = None) -> None:
         """One step's fingerprints, and its samples' losses in the same order (empty when they were not read: a
-        cheap step; NaN for a sample that has none)."""
+        cheap step; NaN for a sample that has none), and their hits likewise (None or another length: not read)."""
         if not self.printing:
             return
         self.printed += 1
@@ -97,7 +116,9 @@ class SampleRepeats:
             return
         row = Row(step, Losses(), Losses())
         fresh: list[float] = []
-        for p, loss in zip(prints, losses):
+        if hits is None or len(hits) != len(prints):
+            hits = [math.nan] * len(prints)
+        for p, loss, hit in zip(prints, losses, hits):
             if not math.isfinite(p):  # a sample holding inf or NaN (the non-finite rooms' story): no fingerprint
                 continue
             seen = p in self._seen
@@ -105,7 +126,7 @@ class SampleRepeats:
             if not seen:
                 fresh.append(p)
             if math.isfinite(loss):
-                (row.seen if seen else row.new).add(loss)
+                (row.seen if seen else row.new).add(loss, hit)
         if len(self._seen) < LIMIT:
             self._seen.update(fresh)
         offered, self._offered = self._offered, self._offered + 1
@@ -116,7 +137,7 @@ class SampleRepeats:
             self.rows = self.rows[::2]
             self._stride *= 2
 
-    def paired(self, since: int) -> tuple[Losses, Losses, float, float, int, int] | None:
+    def paired(self, since: int) -> Paired | None:
         """New and seen samples compared on the same steps, from ``since`` on: the losses of each group over the
         steps whose batch holds both, the mean of the steps' differences (new minus seen) weighed by their
         precision, its standard error (from one spread of the per-sample losses, pooled over those steps), and the

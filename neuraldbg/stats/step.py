@@ -98,4 +98,5 @@ class StepData:
     samples: list[float] = field(default_factory=list)  # a fingerprint of each sample of the input batch
     sample_count: int = 0  # ... how many (known when the forward pass files them, before the flush)
     sample_losses: list[float] = field(default_factory=list)  # each sample's own loss, in the same order
+    sample_hits: list[float] = field(default_factory=list)  # ... whether it was predicted right (see stats.samples)
     padded: bool | None = None  # ... the model's token input holds the id the loss ignores (None: not read)

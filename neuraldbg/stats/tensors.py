@@ -256,12 +256,13 @@ def finite_per_row(values: Tensor) -> Tensor:
 def label_entropy(counts: Tensor) -> Tensor:
     """What the label counts of :func:`label_counts` say, as one 1-d float tensor on their device (read later): [the
     entropy of the labels' frequencies in nats, with the Miller-Madow correction (+ (classes seen - 1) / 2n) for
-    the bias of a plug-in estimate from n labels; n; the labels outside the classes]."""
+    the bias of a plug-in estimate from n labels; n; the labels outside the classes; the most frequent class's
+    share of the labels]."""
     seen = counts[:-1]
     n = seen.sum()
     p = seen / n.clamp(min=1)
     entropy = -torch.special.xlogy(p, p).sum() + ((seen > 0).sum() - 1).clamp(min=0) / (2 * n.clamp(min=1))
-    return torch.stack((entropy, n, counts[-1]))
+    return torch.stack((entropy, n, counts[-1], p.max()))
 
 
 def log_prob_gap(t: Tensor) -> Tensor:
@@ -587,6 +588,17 @@ def sample_losses(values: Tensor, target: Tensor, ignore: int, samples: int) -> 
     losses = torch.where(kept, -picked, 0.0).view(samples, -1).sum(1)
     counts = kept.view(samples, -1).sum(1)
     return losses / counts  # 0 / 0: NaN
+
+
+def sample_hits(values: Tensor, target: Tensor, ignore: int, samples: int) -> Tensor | None:
+    """Each sample's share of rows (of ``values``, as in :func:`sample_losses`) whose largest entry is its target's:
+    1 or 0 for a sample of one row; NaN for a sample whose rows are all ignored. None as there."""
+    rows = values.shape[0]
+    if values.dim() != 2 or target.shape != (rows,) or samples < 1 or rows % samples:
+        return None
+    kept = target != ignore
+    hit = (values.detach().argmax(1) == target) & kept
+    return hit.view(samples, -1).sum(1).float() / kept.view(samples, -1).sum(1)  # 0 / 0: NaN
 
 
 def wide_norm(t: Tensor) -> float:

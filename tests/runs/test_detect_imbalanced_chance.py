@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -194,7 +195,8 @@ def test_the_labels_are_counted_on_the_device_as_bincount_counts_them_leaving_ou
     kept = target[target != -100]
     assert counts[:5].tolist() == torch.bincount(kept, minlength=5).float().tolist()
     assert counts[5] == 0
-    h, n, outside = label_entropy(counts).tolist()
+    h, n, outside, top = label_entropy(counts).tolist()
+    assert top == pytest.approx(float(torch.bincount(kept, minlength=5).max()) / len(kept))
     seen = int((torch.bincount(kept, minlength=5) > 0).sum())
     assert abs(h - (entropy(kept, 5) + (seen - 1) / (2 * len(kept)))) < 1e-5  # Miller-Madow's correction
     assert (n, outside) == (len(kept), 0)

@@ -19,11 +19,17 @@ CHANCE = math.log(10)
 
 
 def readings(
-    new_loss: float, seen_loss: float, steps: int = 160, batch: int = 64, late_seen: float | None = None
+    new_loss: float,
+    seen_loss: float,
+    steps: int = 160,
+    batch: int = 64,
+    late_seen: float | None = None,
+    new_hits: int | None = None,
 ) -> SampleRepeats:
     """Fully observed steps every 16 steps of ``batch`` samples: at step 0 all new; then half new and half seen
     until step 112, all seen after (at ``late_seen`` then, when given). Losses around the given levels (spread
-    0.3)."""
+    0.3). ``new_hits``: one new sample in every ``new_hits`` predicted right (1 in 10 of a guess among ten
+    classes), the seen ones half; None: no hits read."""
     repeats = SampleRepeats()
     fresh = 0
     for step in range(0, steps, 16):
@@ -33,7 +39,29 @@ def readings(
         seen = late_seen if late_seen is not None and not new else seen_loss
         losses = [(new_loss if k < new else seen) + (0.3 if k % 2 else -0.3) for k in range(batch)]
         read = losses if step >= LOSSES_FROM else []  # the samples' own losses are read from there on
-        repeats.observe(step, [1.0 + i * 1e-2 for i in ids], read)
+        hits = None
+        if new_hits is not None:
+            hits = [float(k % new_hits == 0) if k < new else float(k % 2) for k in range(batch)]
+        repeats.observe(step, [1.0 + i * 1e-2 for i in ids], read, hits)
+    return repeats
+
+
+def sparse_readings(late_new: float, late_seen: float, late_every: int = 1, spread: float = 0.8) -> SampleRepeats:
+    """A training set drawn from with replacement, whose new samples run out before memorising shows: fully
+    observed steps every 16 steps of 64 samples; at steps 16-96 half new, all at chance; from step 112 on one new
+    sample on every ``late_every``-th step (at ``late_new``) and the seen ones at ``late_seen``. Losses spread by
+    ``spread`` about those levels."""
+    repeats = SampleRepeats()
+    fresh = 64
+    repeats.observe(0, [float(i) for i in range(64)], [])
+    for k, step in enumerate(range(16, 320, 16)):
+        early = step < 112
+        new = 32 if early else int(k % late_every == 0)
+        ids = list(range(fresh, fresh + new)) + list(range(64 - new))
+        fresh += new
+        levels = [CHANCE] * 64 if early else [late_new] * new + [late_seen] * (64 - new)
+        losses = [level + (spread if (i + k) % 2 else -spread) for i, level in enumerate(levels)]
+        repeats.observe(step, [float(i) for i in ids], losses if step >= LOSSES_FROM else [])
     return repeats
 
 
@@ -124,3 +152,37 @@ def test_an_inf_sample_on_a_cheap_step_is_no_repeat():
     repeats.observe(0, [math.inf, 1.0], [])
     repeats.observe(1, [math.inf, 2.0], [])
     assert not repeats.repeated
+
+
+def test_memorising_that_shows_only_once_new_samples_are_rare_is_found_on_the_later_steps():
+    """Early, new and seen samples are both at chance (nothing memorised yet) and outnumber the later ones, so
+    over every step the gap is lost in their noise; over the second half of the steps the few new samples left are
+    at chance and the seen ones far lower."""
+    repeats = sparse_readings(late_new=CHANCE, late_seen=1.5)
+    found = judged(repeats, end=2.0)
+    assert found is not None
+    assert found["new_from"] >= 304 // 2 and found["new_samples"] >= loss_evidence.NEW_LATE
+    assert found["seen_loss"] == pytest.approx(1.5, abs=0.05)
+    every = repeats.paired(loss_evidence.NEW_FROM)
+    assert every is not None and not every[2] > 2 * every[3]  # over every step: no gap by two standard errors
+
+
+@pytest.mark.parametrize(
+    ("late_new", "late_seen", "late_every", "why"),
+    [
+        (0.7 * CHANCE, 1.5, 1, "the late new samples predicted better than a guess"),
+        (CHANCE, CHANCE - 0.05, 1, "the late seen samples no lower than the new ones"),
+        (CHANCE, 1.5, 4, "too few new samples late (2 of them)"),
+    ],
+)
+def test_each_condition_of_the_later_steps_is_needed(late_new: float, late_seen: float, late_every: int, why: str):
+    assert judged(sparse_readings(late_new, late_seen, late_every), end=2.0) is None, why
+
+
+def test_new_samples_whose_class_is_picked_far_more_often_than_a_guess_are_not_memorised_labels():
+    """New samples at chance by their loss (a model overconfident on noisy labels) but predicted right one time in
+    two: learned from the inputs. One time in ten, a guess among ten classes: memorised."""
+    found = judged(readings(new_loss=CHANCE, seen_loss=1.8, new_hits=10), end=2.0)
+    assert found is not None and found["new_accuracy"] == pytest.approx(0.1, abs=0.03)
+    assert found["guess_accuracy"] == pytest.approx(0.1)
+    assert judged(readings(new_loss=CHANCE, seen_loss=1.8, new_hits=2), end=2.0) is None
