@@ -150,6 +150,7 @@ class Coverage:
     # layers whose output units started identical and had not parted while their weights moved (capture/symmetry.py),
     # as of the last step that checked: layer -> (units, first step seen, last step seen, steps seen, last spread)
     symmetric: dict[str, tuple[int, int, int, int, float]] = field(default_factory=dict)
+    zero_started: set[str] = field(default_factory=set)  # ... those that started at zero (their units move as one)
     # what makes one loss curve meaningless: several objectives
     foreign_optimizer_steps: int = 0  # steps of optimizers that hold none of the watched parameters
     discarded_backwards: int = 0  # backward passes that reached the model and whose gradient was never applied

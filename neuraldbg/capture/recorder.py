@@ -102,6 +102,7 @@ class Recorder:
         self.ledger.attach()
         self.backward.grads.attach()
         self.symmetry.attach(self.infos, self.backward.grads.params)
+        self.coverage.zero_started |= self.symmetry.zero_started
         self.active = True
         self._handle = hooks.attach(
             self._on_output,

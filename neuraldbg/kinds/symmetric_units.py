@@ -7,12 +7,19 @@ against 0.88 (its hidden rows differ by 0.23 of their norm after 188 steps), a m
 against 0.73 (its filters move in lockstep and die together), a residual net's accuracy 0.33 against 0.85 (its
 filters stay exact copies: batch norm cancels their gradient).
 
+Zero weights in two layers or more (every layer zeroed) are the other way units start alike: a layer given a
+constant input (the zero layer before it passes only its bias) or a constant error takes updates whose rows are
+multiples of one row, so its units move along one direction as scaled copies (plain torch, a multi-label MLP with
+every weight zeroed: F1 0.46 against 0.91, its hidden and last layers still 0.99 along one direction after 300 Adam
+steps). Those are told in words of their own (metric ``zero_started``).
+
 Read by :mod:`neuraldbg.capture.symmetry`: when the debugger attached, every row of the layer's weight was equal
-and not zero, and on the fully observed steps since, after the optimizer moved those weights, the rows' spread
-(``||W - mean row|| / ||W||``, about 1 for a default initialisation) stayed at most
-:data:`~neuraldbg.capture.symmetry.PARTED`. A zero weight (a last layer, a residual branch or an adapter that starts
-at zero, whose units part at the first update) is never a candidate. Reported once it held on :data:`MIN_STEPS`
-checks, at any length of run: the initialisation is the fault whatever the loss did.
+and not zero (or, beside another zero weight, all zero), and on the fully observed steps since, after the optimizer
+moved those weights, the rows' spread (``||W - mean row|| / ||W||``, about 1 for a default initialisation; for zero
+starts the energy outside the largest row's direction) stayed at most :data:`~neuraldbg.capture.symmetry.PARTED`
+(:data:`~neuraldbg.capture.symmetry.ONE_DIRECTION`). A lone zero weight (a last layer, a residual branch or an
+adapter that starts at zero, whose units part at the first update) is never a candidate. Reported once it held on
+:data:`MIN_STEPS` checks, at any length of run: the initialisation is the fault whatever the loss did.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ class SymmetricUnits(Kind):
         first = min(v[1] for v in held.values())
         last = max(v[2] for v in held.values())
         layers = sorted(held, key=lambda layer: held[layer][1])
+        zero = any(layer in coverage.zero_started for layer in layers)
         return run_event(
             KIND,
             first,
@@ -62,6 +70,7 @@ class SymmetricUnits(Kind):
             units=max(v[0] for v in held.values()),
             checks=min(v[3] for v in held.values()),
             spread=max(v[4] for v in held.values()),
+            zero_started=float(zero),
         )
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
@@ -105,6 +114,8 @@ class SymmetricUnits(Kind):
                 f"the units' weights still differed by at most {num(spread)} of the weight's norm (about 1 for a "
                 "random initialisation)"
             )
+        if m.get("zero_started"):
+            return self._one_direction(root, layers, many, units, spread)
         alike = "nearly the same" if spread < NEAR else "much the same"
         what = (
             f"Identical units: every output unit of {layers} started with the same weights (up to {units} units per "
@@ -119,6 +130,29 @@ class SymmetricUnits(Kind):
             "xavier_uniform_); a constant such as nn.init.constant_(w, 0.05) or fill_() gives every unit the same "
             "weights. Zero or constant weights are safe only where the next layer tells the units apart (a last "
             "layer, a residual branch's last layer)."
+        )
+        return what, fix
+
+    def _one_direction(
+        self, root: SemanticEvent, layers: str, many: bool, units: str, spread: float
+    ) -> tuple[str, str]:
+        """The words for layers that started at zero beside other zero layers (:mod:`neuraldbg.capture.symmetry`)."""
+        what = (
+            f"Units moving as one: every weight of {layers} started at zero (up to {units} units per layer), as did "
+            "other layers of the model, so each of these layers was given a constant input or a constant error and "
+            "every update moved all its units along one direction: on "
+            f"{count(root.metrics.get('checks', 0.0))} fully observed steps from step {root.step_start}, after the "
+            "optimizer had moved the weights, each unit's weights were still a multiple of one row (at most "
+            f"{num(spread)} of the weight's energy outside that row's direction; about 1 for a random "
+            "initialisation). Each unit computes a scaled copy of one value, so "
+            f"{'each layer holds' if many else 'the layer holds'} about one unit's worth of features however many it "
+            "has."
+        )
+        fix = (
+            "initialise the weights randomly (keep PyTorch's default initialisation, or nn.init.kaiming_uniform_ / "
+            "xavier_uniform_) instead of zeroing every layer; a zero weight is safe only where its input and its "
+            "error vary from sample to sample: one last layer, each residual branch's last layer, an adapter beside "
+            "a random one."
         )
         return what, fix
 

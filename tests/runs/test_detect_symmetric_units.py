@@ -7,12 +7,14 @@ averaging filter nobody trains, and a zero head whose two outputs are the same t
 
 from __future__ import annotations
 
+import pytest
 import support
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from neuraldbg import NeuralDbg
+from neuraldbg.capture import symmetry
 
 KIND = "symmetric_units"
 CLASSES = 4
@@ -273,3 +275,100 @@ def test_a_with_block_per_epoch_attaches_again_and_still_reads_the_units():
     assert kinds(epochs(lambda: constant(mlp())))[:1] == [KIND]
     healthy = epochs(mlp)
     assert healthy.healthy and not healthy._recorder.coverage.failures, healthy.explain_failure()
+
+
+# --- every layer zeroed: units that move along one direction ----------------------------------------------------
+
+
+def zeroed(model: nn.Module) -> nn.Module:
+    """What the fault does: every weight matrix zeroed (``nn.init.zeros_`` in an init loop); biases keep their start."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.zero_()
+    return model
+
+
+def off_direction(weight: torch.Tensor) -> float:
+    """The share of the weight's energy outside its top singular direction: 0 when every row is a multiple of one."""
+    s = torch.linalg.svdvals(weight.detach().reshape(weight.shape[0], -1).double())
+    return float(1 - s[0] ** 2 / (s**2).sum())
+
+
+def adam_run(build, watched: bool):
+    torch.manual_seed(0)
+    model = build()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses, dbg = support.fit(model, make, F.cross_entropy, STEPS, opt, watched)
+    return model, losses, dbg
+
+
+@pytest.mark.parametrize("runner", [run, adam_run], ids=["sgd", "adam"])
+def test_every_layer_zeroed_moves_each_layers_units_as_one_and_is_found(runner):
+    faulty, losses, _ = runner(lambda: zeroed(mlp()), watched=False)
+    healthy, _, _ = runner(mlp, watched=False)
+    # plain torch: the zeroed net trains far worse, and each layer's rows are still multiples of one row (they are
+    # no copies: the row spread the constant start is read by says nothing here)
+    assert accuracy(faulty) < accuracy(healthy) - 0.3
+    assert off_direction(faulty[2].weight) < 0.01 and off_direction(faulty[4].weight) < 0.01
+    assert spread(faulty[2].weight) > 0.5
+    assert off_direction(healthy[2].weight) > 0.5
+
+    _, watched, dbg = runner(lambda: zeroed(mlp()), watched=True)
+    assert watched == losses
+    assert kinds(dbg)[:1] == [KIND], dbg and dbg.explain_failure()
+    found = dbg.hypotheses()[0]
+    assert {"2", "4"} <= set(found.root.detail.split(", ")) and found.root.metrics["zero_started"] == 1.0
+    assert found.root.metrics["spread"] < symmetry.ONE_DIRECTION
+    assert "Units moving as one" in found.explanation and "a multiple of one row" in found.explanation
+    assert "instead of zeroing every layer" in found.suggestion
+    _, _, twin = runner(mlp, watched=True)
+    assert twin is not None and twin.healthy, twin.explain_failure()
+
+
+class ZeroBranches(nn.Module):
+    """A residual MLP whose branches' last layers start at zero (each block an identity at first): three zero weights,
+    each given a varying input and a varying error."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(16, 64)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)) for _ in range(3)])
+        self.out = nn.Linear(64, CLASSES)
+        for block in self.blocks:
+            nn.init.zeros_(block[2].weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for block in self.blocks:
+            h = h + block(h)
+        return self.out(F.relu(h))
+
+
+class ZeroAdapters(nn.Module):
+    """Two layers with rank-4 adapters whose up-projections start at zero, and two zero heads side by side."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(16, 64), nn.Linear(64, CLASSES)
+        self.down1, self.up1 = nn.Linear(16, 4, bias=False), nn.Linear(4, 64, bias=False)
+        self.down2, self.up2 = nn.Linear(64, 4, bias=False), nn.Linear(4, CLASSES, bias=False)
+        self.side = nn.Linear(64, CLASSES)
+        for layer in (self.up1, self.up2, self.side):
+            nn.init.zeros_(layer.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.l1(x) + self.up1(self.down1(x)))
+        return self.l2(h) + self.up2(self.down2(h)) + 0.5 * self.side(h)
+
+
+@pytest.mark.parametrize("build", [ZeroBranches, ZeroAdapters], ids=["residual_branches", "adapters_and_heads"])
+@pytest.mark.parametrize("runner", [run, adam_run], ids=["sgd", "adam"])
+def test_zero_starts_whose_units_get_varying_errors_part_and_are_silent(build, runner):
+    model, _, _ = runner(build, watched=False)
+    assert accuracy(model) > 0.85  # plain torch: they train as well as a default start
+    started = [b[2] for b in model.blocks] if isinstance(model, ZeroBranches) else [model.up1, model.up2, model.side]
+    # ... and no zero layer's units kept to one row (a 4-class head's rows sum to zero: 3 directions at most)
+    assert min(off_direction(layer.weight) for layer in started) > 0.25
+    _, _, dbg = runner(build, watched=True)
+    assert dbg is not None and KIND not in kinds(dbg), dbg.explain_failure()
