@@ -23,7 +23,9 @@ first backward passes are profiled on the device for it when that loss is the wh
 weights and no mask (see :func:`.loss_evidence.target_chance`); the loss is at chance within the band of that
 level (up to the band of the pooled level: one rate, or one mean, for every column), under the same gates. A
 healthy program whose task holds little signal ends near that level too (a regression whose best R^2 is below
-about 0.05): that limit is in docs/limitations.md.
+about 0.05): that limit is in docs/limitations.md. A mean squared error that ends at ten times that level or more
+is reported here too, under no gate on the run's length or updates: the predictions are worse than that guess,
+off the targets' scale (see :data:`.loss_evidence.FAR_ABOVE`).
 """
 
 from __future__ import annotations
@@ -93,7 +95,14 @@ class LossAtChance(loss_evidence.LossKind):
             "The gradients flow and the optimizer moves the weights."
         )
         band = num(100 * m.get("band", 0.05))
-        if m.get("baseline") == loss_evidence.BASELINES["mse"]:
+        if "far_above" in m:
+            whole = f", {num(pooled)} over all of them" if pooled > 1.05 * level else ""
+            what = (
+                "The mean squared error stayed far above the targets' variance: the predictions are worse than "
+                f"predicting the targets' mean, far off their scale. {span[0].upper()}{span[1:]}, "
+                f"{num(m['far_above'])} times {num(level)}, the targets' variance per output column{whole} {tail}"
+            )
+        elif m.get("baseline") == loss_evidence.BASELINES["mse"]:
             whole = f", {num(pooled)} over all of them" if pooled > 1.05 * level else ""
             what = (
                 f"The mean squared error stayed at the targets' variance: the predictions explain none of it, no "
@@ -116,6 +125,8 @@ class LossAtChance(loss_evidence.LossKind):
             return (
                 f"loss at chance on unseen samples ({num(m['new_loss'])}; {num(m.get('seen_loss', 0.0))} on seen ones)"
             )
+        if "far_above" in m:
+            return f"loss far above the targets' variance ({num(m['far_above'])} times)"
         if m.get("baseline") == loss_evidence.BASELINES["mse"]:
             return f"loss at chance ({num(m.get('end', 0.0))}, the targets' variance)"
         if "baseline" in m:
@@ -131,4 +142,4 @@ class LossAtChance(loss_evidence.LossKind):
         return f"loss at chance: {num(m.get('end', 0.0))}"
 
     def effect(self, event: SemanticEvent) -> str:
-        return "a loss at chance"
+        return "a loss far above its targets' variance" if "far_above" in event.metrics else "a loss at chance"

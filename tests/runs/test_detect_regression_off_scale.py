@@ -1,0 +1,89 @@
+"""A regression whose predictions stay far off its targets' scale: its mean squared error ends at ten times the
+targets' variance or more, worse than predicting their mean (``loss_at_chance`` with the metric ``far_above``).
+Targets left unstandardised (a quantity around 5 that varies by 0.08) or weights initialised far too large put
+the outputs far from the targets at the start, and steps of the learning rate's size bring them there slowly.
+Ground truth is plain torch in each test: the held-out error against the targets' variance, and the same program
+with its targets standardised."""
+
+from __future__ import annotations
+
+import support
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import FailureKind
+
+STEPS = 300
+
+
+def batches(shift: float, scale: float):
+    """Batches of 64 from a smooth function of 8 standard-normal inputs, scaled by ``scale`` around ``shift``."""
+
+    def draw(step: int) -> support.Batch:
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(64, 8, generator=g)
+        y = torch.sin(x[:, :1]) + 0.5 * x[:, 1:2] * x[:, 2:3]
+        return x, y * scale + shift
+
+    return draw
+
+
+def fit(shift: float, scale: float, init_std: float | None = None, steps: int = STEPS, watched: bool = True):
+    """An MLP regression under Adam 1e-3: the losses, the debugger, and the held-out error over the targets'
+    variance (plain torch: 1 is predicting their mean)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+    if init_std is not None:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() > 1:
+                    p.normal_(0, init_std)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    draw = batches(shift, scale)
+    losses, dbg = support.fit(model, draw, F.mse_loss, steps, opt, watched)
+    x, y = draw(10_000)
+    with torch.no_grad():
+        relative = float(F.mse_loss(model(x), y) / y.var())
+    return losses, dbg, relative
+
+
+def test_unstandardised_targets_leave_the_error_far_above_their_variance_and_are_found():
+    plain, _, relative = fit(shift=5.0, scale=0.1, watched=False)
+    _, _, standardised = fit(shift=0.0, scale=1.0, watched=False)
+    # plain torch: after 300 steps the predictions are worse than predicting the targets' mean, by far; the same
+    # targets standardised are fitted
+    assert relative > 20 and standardised < 0.3
+    losses, dbg, _ = fit(shift=5.0, scale=0.1)
+    assert losses == plain and dbg is not None
+    found = dbg.hypotheses()
+    assert found and found[0].kind is FailureKind.LOSS_AT_CHANCE, dbg.report()
+    m = found[0].root.metrics
+    assert m["far_above"] >= 10 and m["start"] > 100 * m["target_level"]
+    assert "far above the targets' variance" in found[0].explanation
+    assert "outputs and targets on different scales" in found[0].explanation
+    assert found[0].suggestion.startswith("standardise the targets")
+
+
+def test_weights_far_too_large_name_the_loss_off_scale_among_their_effects():
+    plain, _, relative = fit(shift=0.0, scale=1.0, init_std=10.0, watched=False)
+    assert relative > 1e6  # plain torch: outputs of the order of 1e4 against targets of unit scale
+    losses, dbg, _ = fit(shift=0.0, scale=1.0, init_std=10.0)
+    assert losses == plain and dbg is not None
+    found = dbg.hypotheses()
+    assert found, dbg.report()
+    assert "a loss far above its targets' variance" in found[0].explanation, dbg.report()
+
+
+def test_standardised_targets_are_silent_however_short_the_run():
+    for steps in (64, STEPS):
+        _, dbg, relative = fit(shift=0.0, scale=1.0, steps=steps)
+        assert relative < 1.0  # plain torch: better than predicting the mean
+        assert dbg is not None and dbg.healthy, dbg.report()
+
+
+def test_targets_of_a_large_scale_that_the_fit_reaches_are_not_off_scale():
+    """Targets 100 times larger, centred: the error ends under their variance (plain torch), nothing said of it."""
+    _, dbg, relative = fit(shift=0.0, scale=100.0)
+    assert relative < 1.0
+    assert dbg is not None and "far_above" not in {k for h in dbg.hypotheses() for k in h.root.metrics}
