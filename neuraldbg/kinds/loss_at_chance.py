@@ -23,7 +23,7 @@ first backward passes are profiled on the device for it when that loss is the wh
 weights and no mask (see :func:`.loss_evidence.target_chance`); the loss is at chance within the band of that
 level (up to the band of the pooled level: one rate, or one mean, for every column), under the same gates. A
 healthy program whose task holds little signal ends near that level too (a regression whose best R^2 is below
-about 0.05): that limit is in docs/limitations.md. A mean squared error that ends at ten times that level or more
+about 0.05): that limit is in docs/limitations.md. A mean squared error that ends at 30 times that level or more
 is reported here too, under no gate on the run's length or updates: the predictions are worse than that guess,
 off the targets' scale (see :data:`.loss_evidence.FAR_ABOVE`).
 """

@@ -314,10 +314,11 @@ def _memorising(paired: samples.Paired | None, least: int, edge: float) -> sampl
 #: A mean squared error that ends at this many times its targets' variance or more is far off their scale, whatever
 #: the run's length or its updates (a trained regression ends below the variance; one that did not move ends near
 #: it, where it starts from a unit-scale output and standardised targets). Plain torch, a matrix-factorisation
-#: recommender with weights of std 10: MSE 1.6e5 -> 1.0e5 over 400 steps against a variance of 1.26 (held-out RMSE
+#: recommender with weights of std 10: MSE 1.6e5 -> 1.1e5 over 400 steps against a variance of 1.26 (held-out RMSE
 #: 336 against 0.52); targets around 5 with a spread of 0.08: 63x after 300 steps; the same targets standardised:
-#: 0.13x.
-FAR_ABOVE = 10.0
+#: 0.13x. A short run still on its way from a unit-scale output to targets around 5 with a spread of 0.77 ends at
+#: 12x (120 steps at Adam 4e-4, the loss a third of where it began and falling fast): not called off scale.
+FAR_ABOVE = 30.0
 
 
 #: A classifier whose first losses average below this share of log(classes) was met already trained.

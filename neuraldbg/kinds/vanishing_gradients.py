@@ -27,15 +27,17 @@ gradients, and are recognised from the structure, the layer's output and its ear
   gradient, while W_v's gradient, which lacks two of the factors, is ~1e-2. It is not a trap: the softmax is in its
   near-linear regime, and the gradient grows as W_k, W_v and W_o grow with training. It is *saturation* that traps
   (logits so large that ``p_ij (1 - p_ij)`` is ~0 for every pair): then the query and key outputs are large. So a
-  layer whose tiny gradient comes with a *quiet* output (rms below ``quiet_output_rms`` = 1: no sigmoid, tanh or
-  softmax is saturated by such inputs, and queries and keys that quiet give logits spread by ~1 at most) is in the
+  layer whose tiny gradient comes with a *quiet* output (rms below ``quiet_output_rms`` = 1.5: no sigmoid, tanh or
+  softmax is saturated by such inputs, and queries and keys that quiet give logits spread by ~2 at most) is in the
   small-signal regime, provided the gradient does reach it: a layer before it in forward order gets a healthy
-  gradient (otherwise the gradient vanishes through depth, as in a GRU whose update gate is stuck open, whose output
-  is quiet too), and so does a layer beside it, in the same parent module (the value projection next to the query
-  and the key; otherwise the whole block is cut off, as behind a gate stuck closed, however small its outputs are).
-  The small gradient is then local to its branch: it did not vanish on its way back. Hugging Face BART and
-  Wav2Vec2 grow their queries to an rms of 0.3-0.7 under Adam while their keys stay at 0.2 and the query gradient
-  at 1e-5 (an earlier bound of 0.3 flagged them; they train to 100 %). A normalisation layer's output is
+  gradient (otherwise the gradient vanishes through depth, as in a GRU whose update gate is stuck open, whose
+  output is quiet too), and so does a layer beside it, in the same parent module (the value projection next to the
+  query and the key; otherwise the whole block is cut off, as behind a gate stuck closed, however small its outputs
+  are). A BERT whose embeddings are kept frozen has no layer before its first attention to show it: that query and
+  key are reported (docs/limitations.md). The small gradient is then local to its
+  branch: it did not vanish on its way back. Hugging Face BART and Wav2Vec2 grow their queries to an rms of
+  0.3-0.7 under Adam while their keys stay at 0.2 and the query gradient at 1e-5 (an earlier bound of 0.3 flagged
+  them; they train to 100 %). A normalisation layer's output is
   standardised (its rms is its gain, ~1 whatever the regime), so for it the output of the layer it feeds is read
   instead: Whisper's cross-attention pre-norm feeds only the query (rms 0.17-0.57) and gets 5e-5 to 4e-6 of
   gradient against the head's 0.5, in a run that reaches 100 %.

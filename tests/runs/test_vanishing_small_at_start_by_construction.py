@@ -72,3 +72,70 @@ def test_a_distilbert_classifier_that_converges_is_silent_though_its_key_project
     assert sum(losses[-30:]) / 30 < 0.01 * math.log(2)
     assert accuracy > 0.98
     assert dbg.hypotheses() == []
+
+
+def marked(g: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token sequences whose class is a marker token (3 or 4) at a random position after the first."""
+    ids = torch.randint(5, 40, (n, 16), generator=g)
+    labels = torch.randint(0, 2, (n,), generator=g)
+    ids[torch.arange(n), torch.randint(1, 16, (n,), generator=g)] = 3 + labels
+    ids[:, 0] = 2
+    return ids, labels
+
+
+def tiny_bert() -> torch.nn.Module:
+    config = transformers.BertConfig(
+        vocab_size=40,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        num_labels=2,
+    )
+    return transformers.BertForSequenceClassification(config)
+
+
+def fit_marked(model: torch.nn.Module, schedule: bool) -> tuple[NeuralDbg, float, list[tuple[float, float, float]]]:
+    """200 AdamW steps on the marker task (a cosine schedule when ``schedule``): the debugger, the held-out accuracy,
+    and at each step the first attention key's output rms and its gradient norm beside the classifier's."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-3, weight_decay=0.01)
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 200) if schedule else None
+    g = torch.Generator().manual_seed(3)
+    ids, labels = marked(g, 3000)
+    key = model.bert.encoder.layer[0].attention.self.key
+    rms: list[float] = []
+    key.register_forward_hook(lambda m, i, o: rms.append(float(o.detach().pow(2).mean().sqrt())))
+    readings: list[tuple[float, float, float]] = []
+    with NeuralDbg(model) as dbg:
+        model.train()
+        for _ in range(200):
+            i = torch.randint(0, 3000, (32,), generator=g)
+            out = model(input_ids=ids[i], labels=labels[i])
+            opt.zero_grad()
+            out.loss.backward()
+            readings.append((rms[-1], norm(key), norm(model.classifier)))
+            opt.step()
+            if cosine is not None:
+                cosine.step()
+    model.eval()
+    held, held_labels = marked(torch.Generator().manual_seed(4), 500)
+    with torch.no_grad():
+        accuracy = float((model(input_ids=held).logits.argmax(1) == held_labels).float().mean())
+    return dbg, accuracy, readings
+
+
+def test_a_bert_whose_keys_grow_past_unit_scale_while_it_fits_is_silent():
+    """Under a cosine schedule the first attention's keys grow to an rms of about 1.3 while the fit goes on and
+    their gradient is still small: logits spread by ~1.7, a softmax far from saturation. A quiet output bounded
+    at rms 1 took it for vanishing gradients."""
+    torch.manual_seed(0)
+    dbg, accuracy, readings = fit_marked(tiny_bert(), schedule=True)
+    cfg = dbg.config
+    grown = [
+        rms
+        for rms, key, head in readings
+        if rms > 1.0 and key < cfg.vanishing_norm and key < cfg.vanishing_ratio * head
+    ]
+    assert accuracy > 0.95 and grown and max(grown) < cfg.quiet_output_rms  # plain torch
+    assert dbg.hypotheses() == [], dbg.report()
