@@ -49,6 +49,9 @@ gradients, and are recognised from the structure, the layer's output and its ear
   trained intermittently: its exact zeros are not reported from then on. A layer that trains and then gets exactly
   zero for good is still reported, and so is one zero from the start; zeros confirmed before the layer's first
   non-zero reading after them (a branch skipped on the first five steps in a row) are too.
+* *Switched on later.* A layer whose gradient was exactly zero for a stretch and non-zero again before the run's
+  last fully observed step (a loss term weighted 0 for a curriculum's first steps) is not reported for that stretch
+  (:meth:`VanishingGradients.undone`); an exact zero that lasts to the end is.
 * *The end of a fit.* A fit that has converged (:class:`~neuraldbg.detectors.base.FitProgress`: the loss's
   gradient w.r.t. the output fell tenfold, or the reported loss a hundredfold) has little left to learn, and its
   gradients shrink with it, the inner layers' often faster than the head's: a 16-block residual net with LayerNorm
@@ -70,6 +73,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 
+from ..capture.coverage import Coverage, RunFacts
 from ..config import DebugConfig
 from ..detectors.base import Detector, Finding, FitProgress, LayerGradient, Observation, StepView, strength
 from ..events import EventType, FailureKind, SemanticEvent
@@ -229,6 +233,16 @@ class VanishingGradients(Kind):
 
     def detectors(self, config: DebugConfig) -> list[Detector]:
         return [VanishingDetector()]
+
+    def undone(self, event: SemanticEvent, coverage: Coverage, facts: RunFacts) -> bool:
+        """An exact zero that ended: the layer's gradient was exactly zero for a stretch and non-zero again at a
+        fully observed step before the last one (a loss term weighted 0 for the first 100 steps of a multi-task
+        curriculum, then 0.5: its head trained after and learned its regression). An exact zero is a switch, not a
+        gradient shrinking on its way back; one that holds to the end (the term never switched on, a detached
+        branch) is still reported, and so is a small gradient that recovered."""
+        if event.kind is not KIND or event.metrics.get("exact_zero") != 1.0:
+            return False
+        return event.step_end < coverage.last_full_step
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
         return RootLane(6, last_first=True)
