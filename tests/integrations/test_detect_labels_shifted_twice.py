@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import hf_support
+import support
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -54,12 +55,7 @@ def train(model: nn.Module, shifted: bool, watched: bool) -> NeuralDbg | None:
             model(**call(tokens(step), shifted))["loss"].backward()
             opt.step()
 
-    if not watched:
-        loop()
-        return None
-    with NeuralDbg(model) as dbg:
-        loop()
-    return dbg
+    return support.watching(model, loop, watched)
 
 
 @torch.no_grad()

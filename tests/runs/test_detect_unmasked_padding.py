@@ -6,6 +6,7 @@ whose batches hold no padding, and a loss with torch's default ``ignore_index`` 
 
 from __future__ import annotations
 
+import support
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -72,12 +73,7 @@ def train(model: nn.Module, watched: bool, padded: bool = True, ignore: int = PA
             F.cross_entropy(out.reshape(-1, VOCAB), targets.reshape(-1), ignore_index=ignore).backward()
             opt.step()
 
-    if not watched:
-        loop()
-        return None
-    with NeuralDbg(model) as dbg:
-        loop()
-    return dbg
+    return support.watching(model, loop, watched)
 
 
 def padding_dependence(model: nn.Module) -> float:
