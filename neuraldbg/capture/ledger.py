@@ -54,8 +54,7 @@ from ..stats.tensors import (
     merge_moments,
     out_of_range,
     outside_unit,
-    sample_hits,
-    sample_losses,
+    sample_outcomes,
     target_baseline,
     target_moments,
     target_profile,
@@ -224,9 +223,7 @@ class GradLedger:
             own = (labels or loss_graph.class_labels(roots)) if counted and roots else None
             per_sample = None
             if own is not None and own.values is not None:
-                losses = sample_losses(own.values, own.target, own.ignore, counted)
-                hits = sample_hits(own.values, own.target, own.ignore, counted)
-                per_sample = (losses, hits) if losses is not None and hits is not None else None
+                per_sample = sample_outcomes(own.values, own.target, own.ignore, counted)
             # ... and a loss that compares each prediction with other samples' targets (shapes only, nothing read)
             if checked and rec.coverage.crossed_loss is None:
                 self._note_crossed(checked)

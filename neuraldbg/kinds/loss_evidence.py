@@ -130,11 +130,15 @@ class Curve:
         return c is not None and level is not None and (1 - self.band) * level <= self.end.mean <= (1 + self.band) * c
 
     @property
+    def target_high(self) -> float:
+        """The higher of the targets' two chance levels (per column, pooled)."""
+        return max(self.target_level, self.target_pooled)
+
+    @property
     def far_above_targets(self) -> bool:
         """A mean squared error that ends at :data:`FAR_ABOVE` times its targets' variance or more (the pooled one
         when larger): its predictions are far worse than predicting the targets' mean, far off their scale."""
-        high = max(self.target_level, self.target_pooled)
-        return self.baseline == "mse" and self.end.mean >= FAR_ABOVE * high
+        return self.baseline == "mse" and self.end.mean >= FAR_ABOVE * self.target_high
 
     @property
     def above_chance(self) -> bool:
@@ -259,7 +263,8 @@ def memorised(coverage: Coverage, curve: Curve) -> dict[str, float] | None:
         return None  # fitted far below chance: learned from the inputs (memorising random labels is slow)
     every = repeats.paired(NEW_FROM)
     top = coverage.label_prior[3] if len(coverage.label_prior) == 4 else 0.0
-    if every is None or every[0].n < NEW_SAMPLES or every[1].n < NEW_SAMPLES or not _guessed(every[0], level, top):
+    guess = max(math.exp(-level), top)  # a guess's accuracy: see _guessed
+    if every is None or every[0].n < NEW_SAMPLES or every[1].n < NEW_SAMPLES or not _guessed(every[0], guess):
         return None  # too few new samples, or new ones predicted better than a guess: the model learns from inputs
     edge = (1 - curve.band) * level
     late = max(NEW_FROM, repeats.rows[-1].step // 2)
@@ -267,7 +272,6 @@ def memorised(coverage: Coverage, curve: Curve) -> dict[str, float] | None:
     if paired is None:
         return None
     new, seen, difference, _, first, last = paired
-    guess = max(math.exp(-level), top)
     judged = {"new_accuracy": every[0].accuracy, "guess_accuracy": guess} if every[0].judged else {}
     return {
         **judged,
@@ -281,17 +285,16 @@ def memorised(coverage: Coverage, curve: Curve) -> dict[str, float] | None:
     }
 
 
-def _guessed(new: samples.Losses, level: float, top: float) -> bool:
+def _guessed(new: samples.Losses, guess: float) -> bool:
     """Whether the new samples were predicted right no more often than a guess does: at most two standard errors
-    above what a guess scores: exp(-level), the accuracy of a guess whose cross-entropy is the chance level
-    (1/classes for balanced classes), or ``top``, the most frequent label's share (always picking it), when that is
+    above ``guess``, what a guess scores: exp(-level), the accuracy of a guess whose cross-entropy is the chance
+    level (1/classes for balanced classes), or the most frequent label's share (always picking it), when that is
     more (shuffled labels keep their frequencies, and a memoriser learns them first). A model overconfident
     on labels that are mostly noise has a loss on new samples above chance and yet picks their class far more
     often than a guess (plain torch: 60 % of the labels random, new samples' loss 1.03x chance, held-out accuracy
     0.56 against 0.1). True when no hit was read."""
     if not new.judged:
         return True
-    guess = max(math.exp(-level), top)
     return new.accuracy <= guess + 2 * math.sqrt(guess * (1 - guess) / new.judged)
 
 
@@ -589,7 +592,7 @@ def evidence(coverage: Coverage, config: DebugConfig, curve: Curve) -> dict[str,
     if curve.memorised is not None:
         values.update(curve.memorised)
     if curve.far_above_targets:
-        values.update(far_above=curve.end.mean / max(curve.target_level, curve.target_pooled))
+        values.update(far_above=curve.end.mean / curve.target_high)
     return {k: float(v) for k, v in values.items() if math.isfinite(v)}
 
 

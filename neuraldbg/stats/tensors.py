@@ -575,30 +575,22 @@ def sample_prints(batch: Tensor) -> Tensor | None:
     return torch.mv(rows, weights)
 
 
-def sample_losses(values: Tensor, target: Tensor, ignore: int, samples: int) -> Tensor | None:
+def sample_outcomes(values: Tensor, target: Tensor, ignore: int, samples: int) -> tuple[Tensor, Tensor] | None:
     """Each sample's own ``nll_loss`` on the device: minus its target's entry of ``values`` (rows of
     log-probabilities, ``(rows, classes)``), averaged over the sample's rows when each of ``samples`` samples has
-    several (a tagger's tokens, sample after sample), leaving out ``ignore``; NaN for a sample whose rows are all
+    several (a tagger's tokens, sample after sample), leaving out ``ignore``; and its hit, the share of those rows
+    whose largest entry is its target's (1 or 0 for a sample of one row). NaN for a sample whose rows are all
     ignored. None when the rows are not a whole number of rows per sample."""
     rows = values.shape[0]
     if values.dim() != 2 or target.shape != (rows,) or samples < 1 or rows % samples:
         return None
     kept = target != ignore
-    picked = values.detach().float().gather(1, torch.where(kept, target, 0).unsqueeze(1)).squeeze(1)
+    detached = values.detach()
+    picked = detached.float().gather(1, torch.where(kept, target, 0).unsqueeze(1)).squeeze(1)
     losses = torch.where(kept, -picked, 0.0).view(samples, -1).sum(1)
+    hits = ((detached.argmax(1) == target) & kept).view(samples, -1).sum(1).float()
     counts = kept.view(samples, -1).sum(1)
-    return losses / counts  # 0 / 0: NaN
-
-
-def sample_hits(values: Tensor, target: Tensor, ignore: int, samples: int) -> Tensor | None:
-    """Each sample's share of rows (of ``values``, as in :func:`sample_losses`) whose largest entry is its target's:
-    1 or 0 for a sample of one row; NaN for a sample whose rows are all ignored. None as there."""
-    rows = values.shape[0]
-    if values.dim() != 2 or target.shape != (rows,) or samples < 1 or rows % samples:
-        return None
-    kept = target != ignore
-    hit = (values.detach().argmax(1) == target) & kept
-    return hit.view(samples, -1).sum(1).float() / kept.view(samples, -1).sum(1)  # 0 / 0: NaN
+    return losses / counts, hits / counts  # 0 / 0: NaN
 
 
 def wide_norm(t: Tensor) -> float:

@@ -13,7 +13,7 @@ from neuraldbg.capture.coverage import Coverage
 from neuraldbg.kinds import loss_evidence
 from neuraldbg.stats.losses import Stretch
 from neuraldbg.stats.samples import LOSSES_FROM, SampleRepeats
-from neuraldbg.stats.tensors import sample_losses
+from neuraldbg.stats.tensors import sample_outcomes
 
 CHANCE = math.log(10)
 
@@ -131,12 +131,18 @@ def test_a_samples_own_loss_averages_its_rows_and_leaves_out_the_ignored_ones():
 
     log_probs = torch.log_softmax(torch.randn(6, 5, generator=torch.Generator().manual_seed(0)), dim=1)
     target = torch.tensor([1, -100, 3, 0, -100, -100])
-    found = sample_losses(log_probs, target, -100, 3)  # three samples of two rows each
-    assert found is not None
+    outcomes = sample_outcomes(log_probs, target, -100, 3)  # three samples of two rows each
+    assert outcomes is not None
+    found, hits = outcomes
     assert found[0] == pytest.approx(float(-log_probs[0, 1]))
     assert found[1] == pytest.approx(float(-(log_probs[2, 3] + log_probs[3, 0]) / 2))
     assert math.isnan(float(found[2]))  # every row ignored
-    assert sample_losses(log_probs, target, -100, 4) is None  # 6 rows are no whole number of rows for 4 samples
+    # ... and its hits: the share of its kept rows whose most likely class is the label
+    best = log_probs.argmax(1)
+    assert float(hits[0]) == float(best[0] == 1)
+    assert float(hits[1]) == pytest.approx((float(best[2] == 3) + float(best[3] == 0)) / 2)
+    assert math.isnan(float(hits[2]))
+    assert sample_outcomes(log_probs, target, -100, 4) is None  # 6 rows are no whole number of rows for 4 samples
 
 
 def test_samples_holding_inf_or_nan_get_no_fingerprint_and_break_nothing():
