@@ -95,12 +95,16 @@ class LossAtChance(loss_evidence.LossKind):
             "The gradients flow and the optimizer moves the weights."
         )
         band = num(100 * m.get("band", 0.05))
-        if "far_above" in m:
-            whole = f", {num(pooled)} over all of them" if pooled > 1.05 * level else ""
+        if "far_above" in m:  # the ratio is to the higher of the two levels
+            against = (
+                f"{num(pooled)}, the variance of all the targets ({num(level)} per output column)"
+                if pooled > level
+                else f"{num(level)}, the targets' variance per output column"
+            )
             what = (
                 "The mean squared error stayed far above the targets' variance: the predictions are worse than "
                 f"predicting the targets' mean, far off their scale. {span[0].upper()}{span[1:]}, "
-                f"{num(m['far_above'])} times {num(level)}, the targets' variance per output column{whole} {tail}"
+                f"{num(m['far_above'])} times {against} {tail}"
             )
         elif m.get("baseline") == loss_evidence.BASELINES["mse"]:
             whole = f", {num(pooled)} over all of them" if pooled > 1.05 * level else ""

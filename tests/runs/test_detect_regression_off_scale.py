@@ -7,6 +7,7 @@ with its targets standardised."""
 
 from __future__ import annotations
 
+import pytest
 import support
 import torch
 import torch.nn.functional as F
@@ -14,6 +15,7 @@ from torch import nn
 
 from neuraldbg import FailureKind
 from neuraldbg.kinds import loss_evidence
+from neuraldbg.text import num
 
 STEPS = 300
 
@@ -88,3 +90,27 @@ def test_targets_of_a_large_scale_that_the_fit_reaches_are_not_off_scale():
     _, dbg, relative = fit(shift=0.0, scale=100.0)
     assert relative < 1.0
     assert dbg is not None and "far_above" not in {k for h in dbg.hypotheses() for k in h.root.metrics}
+
+
+def test_the_ratio_is_told_against_the_level_it_was_taken_from():
+    """Two target columns of small spread around 8 and 9: the variance of all the targets (their means apart) is far
+    above each column's, the finding's ratio is to the former, and the words name that one."""
+
+    def draw(step: int) -> support.Batch:
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(64, 8, generator=g)
+        a, b = torch.sin(x[:, :1]), 0.5 * x[:, 1:2] * x[:, 2:3]
+        return x, torch.cat([0.1 * a + 8.0, 0.1 * b + 9.0], 1)
+
+    _, y = draw(10_000)
+    assert y.var() > 20 * y.var(0).mean()  # plain torch: the pooled variance is the larger level, by far
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
+    _, dbg = support.fit(model, draw, F.mse_loss, STEPS, torch.optim.Adam(model.parameters(), lr=1e-4), True)
+    assert dbg is not None
+    found = dbg.hypotheses()
+    assert found and "far_above" in found[0].root.metrics, dbg.report()
+    m = found[0].root.metrics
+    assert m["target_pooled"] > m["target_level"]
+    assert m["far_above"] * m["target_pooled"] == pytest.approx(m["end"])
+    assert f"times {num(m['target_pooled'])}, the variance of all the targets" in found[0].explanation
