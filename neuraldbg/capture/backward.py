@@ -44,6 +44,12 @@ class BackwardPath:
     def params(self) -> list[Param]:
         return self.grads.params
 
+    def forget_owners(self) -> None:
+        """The parameters followed changed (one was unfrozen): which of them each optimizer holds is asked again."""
+        self._owned = {}
+        self._last = (None, -1, frozenset())
+        self._rec.ledger.forget_decay()
+
     def detach(self) -> None:
         self.grads.drop()
         self._last = (None, -1, frozenset())

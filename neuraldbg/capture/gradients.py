@@ -30,8 +30,12 @@ class GradientReader:
         self._order: LayerOrder = forward.order
         self._infos = rec.infos
         self._track_updates = rec.config.track_updates
-        self.params: list[Param] = [p for p in naming.parameters(model) if p.requires_grad]
+        every = naming.parameters(model)
+        self.params: list[Param] = [p for p in every if p.requires_grad]
         self._by_name = {p.name: p for p in self.params}
+        # parameters without requires_grad when the debugger was made (a backbone frozen on purpose): read from the
+        # first fully observed step after one is switched on (see adopt_unfrozen)
+        self._unfrozen_later: list[Param] = [p for p in every if not p.requires_grad]
         # gradient norms at the end of backward (fully observed steps): a 1-d tensor, or 0-d ones on several devices
         self.raw: Tensor | list[Tensor] | None = None
         self.snapshot: stats.Snapshot | None = None
@@ -157,10 +161,28 @@ class GradientReader:
         # a gradient's dtype may differ from its parameter's: the flat sum takes float32 only
         return stats.surely_finite(grads, flat=self._flat and stats.all_float32(grads))
 
+    def adopt_unfrozen(self) -> None:
+        """Follow the parameters switched to ``requires_grad=True`` since the debugger was made, as if they had
+        always required one: a backbone unfrozen after a warm-up gets gradients from then on, and is measured like
+        the rest (its updates too: one left out of the optimizer is frozen, see
+        :mod:`neuraldbg.kinds.frozen_parameters`). The list only grows (one switched off again has no gradient to
+        read)."""
+        switched = [p for p in self._unfrozen_later if p.tensor.requires_grad]
+        if not switched:
+            return
+        self._unfrozen_later = [p for p in self._unfrozen_later if not p.tensor.requires_grad]
+        self.params.extend(switched)  # the same list: the backward path and the ledger read it
+        self._by_name.update((p.name, p) for p in switched)
+        self._whole = None  # the cheap steps' finite check covers them from now on
+        self._head = None
+        self._rec.backward.forget_owners()  # which optimizer holds which parameter: asked again
+
     def capture(self, loss_scale: float = 1.0) -> None:
         """A fully observed step's gradient statistics. Read again at the optimizer step when first read at the end
         of backward before an optimizer was known: what the optimizer receives, after clipping, is what counts.
         ``loss_scale``: a GradScaler's scale still in the gradients (read before the scaler unscaled them)."""
+        if self._unfrozen_later:
+            self.adopt_unfrozen()
         rec = self._rec
         pending = rec.pending
         with_grad, skipped = measure.readable(self.params)

@@ -523,6 +523,10 @@ class GradLedger:
         self._decayed[id(optimizer)] = (shape, found)
         return found
 
+    def forget_decay(self) -> None:
+        """The parameters followed changed: which of them each optimizer decays is asked again."""
+        self._decayed = {}
+
     def after_step(self, owned: frozenset[str]) -> None:
         """An owned optimizer stepped: note the gradients it applied, as it left them."""
         self._open = False
