@@ -202,9 +202,32 @@ def finding(coverage: Coverage, config: DebugConfig) -> tuple[str, Curve] | None
         return "loss_at_chance", curve
     if curve.stopped and curve.large_updates and curve.verdict != "flat" and not converged(coverage, curve):
         return "unstable_loss", curve
-    if curve.verdict == "flat" and trained and not coverage.warm_start and not met_trained(coverage, curve):
+    if (
+        curve.verdict == "flat"
+        and trained
+        and not coverage.warm_start
+        and not met_trained(coverage, curve)
+        and not fell_from_first(coverage, curve)
+    ):
         return "loss_not_decreasing", curve
     return None
+
+
+#: The run's first losses, whose mean says where a loss began ...
+FIRST_LOSSES = 8
+#: ... and a loss whose end averages this share of it or less fell, whatever its spread.
+FELL_SHARE = 0.1
+
+
+def fell_from_first(coverage: Coverage, curve: Curve) -> bool:
+    """A positive loss whose last quarter averages at most ``FELL_SHARE`` of its first ``FIRST_LOSSES`` losses fell:
+    a task learned in its first steps leaves a first eighth already low and a batch-to-batch spread made of those
+    steps' jumps, so the drop from the eighth is "less than the spread" (a CNN under BCE whose loss went 0.69 ->
+    0.013 over its first eighth and on to 1.8e-6, held-out accuracy 1.0: fuzzed configuration 226 of hunt 16)."""
+    first = [value for _, value in coverage.losses.first[:FIRST_LOSSES]]
+    if not first or not coverage.losses.positive:
+        return False
+    return curve.end.mean <= FELL_SHARE * sum(first) / len(first)
 
 
 def unjudged_moves(coverage: Coverage, config: DebugConfig) -> float | None:
