@@ -52,19 +52,16 @@ WALK = 0.1
 SETTLED = 10.0
 
 
-#: The run's first losses that say where the loss began.
-BEGAN = 8
-
-
 def _began(coverage: Coverage, curve: loss_evidence.Curve) -> float:
     """Where a loss that held its level over the second half began: the larger of the mean of the curve's start (its
-    first eighth) and the mean of the run's first :data:`BEGAN` losses. A loss that falls fast has fallen most of the
-    way within the first eighth of a long run (an autoencoder under Adam at 0.03: 0.39 -> 0.08 in its first 37 steps,
-    then 0.008), so the eighth alone would understate its fall. A loss that rose over its second half is judged from
-    the eighth only: it did not settle where it stopped (a heavy-tailed loss whose first losses are its largest)."""
-    first = [value for _, value in coverage.losses.first[:BEGAN]]
+    first eighth) and the mean of the run's first losses (:func:`.loss_evidence.first_losses_mean`). A loss that
+    falls fast has fallen most of the way within the first eighth of a long run (an autoencoder under Adam at 0.03:
+    0.39 -> 0.08 in its first 37 steps, then 0.008), so the eighth alone would understate its fall. A loss that
+    rose over its second half is judged from the eighth only: it did not settle where it stopped (a heavy-tailed
+    loss whose first losses are its largest)."""
+    first = loss_evidence.first_losses_mean(coverage)
     held = curve.second_half[1] <= curve.second_half[0]
-    return max(curve.start.mean, sum(first) / len(first)) if first and held else curve.start.mean
+    return max(curve.start.mean, first) if first is not None and held else curve.start.mean
 
 
 def large_steps(coverage: Coverage, config: DebugConfig) -> str:
