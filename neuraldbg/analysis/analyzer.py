@@ -6,6 +6,7 @@ plugin, say) is switched off with a warning, never allowed to break the training
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -141,7 +142,7 @@ class Analyzer:
         findings, by onset; the same list until something changes."""
         base = self.tracker.events(final)
         if self._undoing and base:
-            facts = self._facts()
+            facts = dataclasses.replace(self._facts(), history=self.history)
             kept = [e for e in base if not any(k.undone(e, self.coverage, facts) for k in self._undoing)]
             base = kept if len(kept) < len(base) else base  # a new list only when the run undid one
         run = self.run_findings()

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..config import DebugConfig
+from ..stats.history import History
 from ..stats.losses import LossTrace
 from ..stats.outputs import OutputScales
 from ..stats.samples import SampleRepeats
@@ -384,6 +385,7 @@ class RunFacts:
     backward_passes: int
     optimizer_steps: int
     config: DebugConfig = field(default_factory=DebugConfig)  # the thresholds of the run
+    history: History | None = None  # the analysed steps' readings (the analyzer's, when it asks a kind)
 
 
 def trained_elsewhere(coverage: Coverage, facts: RunFacts) -> bool:

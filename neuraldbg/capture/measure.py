@@ -204,6 +204,11 @@ def gradients(
     data.grad.clear()
     data.grad_exact_zero.clear()
     data.grad_nonfinite.clear()
+    data.grad_before_clip.clear()
+    if data.grad_clip_factor is not None:  # which gradients the clipping shrank, and from what
+        for (name, p, g), value, before in zip(with_grad, values, raw_values):
+            if math.isfinite(before) and before > 1.01 * value:
+                data.grad_before_clip[name] = before * p.factor(g.numel())
     # a norm of exactly 0 or inf is ambiguous (an exact zero or an underflow; inf/NaN elements or an overflow):
     # the largest element of each such gradient tells, read for all of them in one transfer
     unclear = [i for i, v in enumerate(values) if v == 0.0 or not math.isfinite(v)]

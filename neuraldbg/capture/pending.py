@@ -128,6 +128,7 @@ class Pending:
             readings.clear()
         data.grad_exact_zero.clear()
         data.grad_nonfinite.clear()
+        data.grad_before_clip.clear()
         data.stepped.clear()
         data.head_grad = data.head_finite = data.grad_clip_factor = None
 

@@ -259,7 +259,15 @@ class Recorder:
         for part in parts:
             merged.absorb(part)
         last = self.pending.data  # host-side gradient readings of the latest micro-batch
-        for attr in ("grad", "grad_numel", "grad_exact_zero", "grad_nonfinite", "stepped", "head_finite"):
+        for attr in (
+            "grad",
+            "grad_numel",
+            "grad_exact_zero",
+            "grad_nonfinite",
+            "grad_before_clip",
+            "stepped",
+            "head_finite",
+        ):
             setattr(merged.data, attr, getattr(last, attr))
         self.buffer.clear()
         self.pending = merged

@@ -145,6 +145,21 @@ class StepView:
         return {layer: LayerGradient(math.sqrt(s), int(n), bool(z), bool(nf)) for layer, (s, n, z, nf) in sums.items()}
 
     @cached_property
+    def layer_norms_before_clip(self) -> dict[str, float]:
+        """Each layer's gradient norm as the backward pass left it, before clipping shrank it (empty when nothing
+        was clipped at this step)."""
+        before = self.data.grad_before_clip
+        if not before:
+            return {}
+        sums: dict[str, float] = {}
+        for name, norm in self.data.grad.items():
+            layer = self.ctx.owners.get(name)
+            if layer is not None:
+                value = before.get(name, norm)
+                sums[layer] = sums.get(layer, 0.0) + value * value
+        return {layer: math.sqrt(s) for layer, s in sums.items()}
+
+    @cached_property
     def layer_updates(self) -> dict[str, LayerUpdate]:
         sums: dict[str, list[float]] = {}
         before = self.data.update_before

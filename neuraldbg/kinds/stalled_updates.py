@@ -40,12 +40,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass
 
 from ..capture.coverage import Coverage, RunFacts
 from ..config import DebugConfig
 from ..detectors.base import Detector, Finding, FitProgress, Observation, StepView, strength
 from ..events import EventType, FailureKind, SemanticEvent
 from ..health import UpdateHealth
+from ..reasoning.rules import CausalRule
 from ..reasoning.topology import Topology
 from ..text import num
 from . import loss_evidence
@@ -177,15 +179,57 @@ class StalledDetector(Detector):
             self._add_moved(view.step, census.median)
             if census.median < limit and not converged and not regime and not tail:
                 obs.findings.append(self._finding(census.ratio_metrics(), strength(census.median, limit, decades=3)))
+            elif not converged and not (census.lr is not None and 0 < census.lr <= DECAYED * self._peak_lr):
+                self._clipped_still(view, limit, obs)  # (not on a schedule's tail: see _schedule_tail)
         return obs
+
+    def _clipped_still(self, view: StepView, limit: float, obs: Observation) -> None:
+        """Layers that clipping holds still while the rest of the model trains: gradients made at least
+        ``TINY_CLIP`` times smaller than the backward pass left them, and updates below ``stalled_ratio`` of the
+        weights. Clipping only some parameters (an encoder's ``clip_grad_norm_`` to 1e-5 under SGD: its weights
+        move by 1e-7 a step, and a decoder learns to read features that never change) stalls them alone; an
+        optimizer that rescales the gradient (Adam) keeps the updates' size, and nothing stalls."""
+        before = view.layer_norms_before_clip
+        if not before:
+            return
+        grads = view.layer_gradients
+        for layer, u in view.layer_updates.items():
+            g, b = grads.get(layer), before.get(layer)
+            if g is None or b is None or not (g.norm > 0 and math.isfinite(b)):
+                continue
+            obs.saw(self.event_type, layer)
+            shrink, ratio = b / g.norm, u.ratio
+            if shrink >= loss_evidence.TINY_CLIP and ratio < limit:
+                metrics = {"median_update_ratio": ratio, "clip": shrink, "grad_norm_before_clip": b}
+                obs.findings.append(
+                    Finding(self.event_type, KIND, layer, UpdateHealth.STALLED, metrics, strength(ratio, limit, 3))
+                )
 
     def _finding(self, metrics: dict[str, float], s: float) -> Finding:
         return Finding(self.event_type, KIND, "", UpdateHealth.STALLED, metrics, s)
 
 
+@dataclass(frozen=True)
+class _HeldStillTogether(CausalRule):
+    """Layers held still by the same clipping are one fault: each layer's event joins the first one's."""
+
+    def applies_to(self, cause: SemanticEvent) -> bool:
+        return "clip" in cause.metrics and super().applies_to(cause)
+
+    def explains(self, cause: SemanticEvent, effect: SemanticEvent, topo: Topology) -> bool:
+        return "clip" in cause.metrics and "clip" in effect.metrics and super().explains(cause, effect, topo)
+
+    def earliest_effect(self, cause: SemanticEvent) -> int | None:
+        return super().earliest_effect(cause)
+
+    def covers(self, a: SemanticEvent, b: SemanticEvent, topo: Topology) -> bool:
+        return ("clip" in a.metrics or "clip" not in b.metrics) and super().covers(a, b, topo)
+
+
 class StalledUpdates(Kind):
     name = KIND.value
     states = (UpdateHealth.STALLED,)
+    lists_own = True  # the layers one clipping holds still (_explain_clipped)
     check = Check("assert_parameters_update", "parameters do not update")
 
     def detectors(self, config: DebugConfig) -> list[Detector]:
@@ -218,6 +262,9 @@ class StalledUpdates(Kind):
     def lane(self, event: SemanticEvent) -> RootLane | None:
         return RootLane(7)
 
+    def rules(self) -> list[CausalRule]:
+        return [_HeldStillTogether("clipping-holds-still", "is held still with", KIND, (KIND,), "other", joins=True)]
+
     def explain(
         self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
     ) -> tuple[str, str]:
@@ -225,6 +272,8 @@ class StalledUpdates(Kind):
         lr = root.metrics.get("lr")
         if "run_updates" in root.metrics:
             return _explain_run(root.metrics)
+        if "clip" in root.metrics and root.layer:
+            return _explain_clipped([root, *rest], topo)
         if median == 0.0:
             what = (
                 f"Stalled updates: no parameter changes at all {held(root, topo)}"
@@ -263,6 +312,27 @@ class StalledUpdates(Kind):
 
     def effect(self, event: SemanticEvent) -> str:
         return "stalled updates"
+
+
+def _explain_clipped(events: list[SemanticEvent], topo: Topology) -> tuple[str, str]:
+    """The words of layers that clipping holds still (see :meth:`StalledDetector._clipped_still`)."""
+    clipped = [e for e in events if "clip" in e.metrics and e.layer]
+    layers = sorted({e.layer for e in clipped}, key=topo.position)
+    root = clipped[0]
+    shrink = min(e.metrics["clip"] for e in clipped)
+    ratio = max(e.metrics.get("median_update_ratio", 0.0) for e in clipped)
+    more = f" and {len(layers) - 4} more" if len(layers) > 4 else ""
+    named = ", ".join(f"'{layer}'" for layer in layers[:4]) + more
+    what = (
+        f"Stalled updates in {named} {held(root, topo)}: gradient clipping made their gradients at least "
+        f"{num(shrink)} times smaller than the backward pass left them, and their updates move the weights by "
+        f"{num(ratio)} of their norm per step or less, while the rest of the model trains. They barely learn."
+    )
+    fix = (
+        "raise max_norm of the clip_grad_norm_ (or clip_gradients) call over these parameters - 1.0 is usual - or "
+        "remove it; an optimizer that rescales the gradient (Adam) is not held still by clipping."
+    )
+    return what, fix
 
 
 def _explain_run(m: dict[str, float]) -> tuple[str, str]:

@@ -49,6 +49,17 @@ gradients, and are recognised from the structure, the layer's output and its ear
   trained intermittently: its exact zeros are not reported from then on. A layer that trains and then gets exactly
   zero for good is still reported, and so is one zero from the start; zeros confirmed before the layer's first
   non-zero reading after them (a branch skipped on the first five steps in a row) are too.
+* *Small from the start, and grown out of.* A layer whose gradient was small from its first reading and reads
+  healthy later (:meth:`VanishingGradients.undone`, on the readings' history) was in a regime its initialisation
+  set and training left: DeBERTa-v2's relative position table (read as a tensor by the disentangled attention,
+  reached only through position projections of std 0.02: 3e-8 at step 0, 1e-3 by step 40) and Mamba's
+  ``dt_proj`` (feeding a softplus held in its flat region on purpose: 6e-6, then 2e-4), in models that fit their
+  tasks to 100 % and fit as well with those layers frozen outright (hunt 17). A gradient that stays small (behind
+  a saturated softmax, through a deep sigmoid stack) is still reported; so is one that is exactly zero. A layer
+  healthy at any reading before the fit converged is not vanishing on a converged fit either.
+* *Clipped, not vanished.* A gradient small only as clipping left it: judged as the backward pass left it (see
+  :func:`_clipped`). Clipping some parameters and not others shrinks them against the rest; under SGD that holds
+  the clipped layers still (``stalled_updates``), under Adam it changes nothing.
 * *Switched on later.* A layer whose gradient was exactly zero for a stretch and non-zero again before the run's
   last fully observed step (a loss term weighted 0 for a curriculum's first steps) is not reported for that stretch
   (:meth:`VanishingGradients.undone`); an exact zero that lasts to the end is.
@@ -96,6 +107,8 @@ class VanishingDetector(Detector):
     def __init__(self) -> None:
         self._fit = FitProgress()
         self._started_healthy: dict[str, bool] = {}  # layer -> its first finite reading was not vanishing
+        self._healthy_since: set[str] = set()  # layers with a healthy reading, at their first or a later one
+        self._small_from_start: set[str] = set()  # layers small since their first reading, not healthy since
         self._zero_seen: set[str] = set()  # layers whose gradient was exactly zero at an observed step
         self._intermittent: set[str] = set()  # ... and non-zero at a later one: skipped at times
 
@@ -118,6 +131,10 @@ class VanishingDetector(Detector):
                 self._started_healthy[layer] = not (g.exact_zero or small)
                 if not self._started_healthy[layer]:
                     first.add(layer)
+                    self._small_from_start.add(layer)
+            if not (g.non_finite or g.exact_zero or small) and math.isfinite(top):
+                self._healthy_since.add(layer)
+                self._small_from_start.discard(layer)
             if g.exact_zero:
                 self._zero_seen.add(layer)
             elif layer in self._zero_seen and not g.non_finite:
@@ -131,11 +148,16 @@ class VanishingDetector(Detector):
                 metrics["exact_zero"] = 1.0
                 vanishing[layer] = metrics
             elif small:
-                if fitted and self._started_healthy.get(layer, False):
-                    continue  # healthy at first, it shrank as the fit converged: the fit, not a fault
+                if fitted and (self._started_healthy.get(layer, False) or layer in self._healthy_since):
+                    continue  # healthy before, it shrank as the fit converged: the fit, not a fault
                 metrics["ratio_to_max"] = g.norm / top if top > 0 else 0.0
+                if layer in self._small_from_start:
+                    # undone if the layer grows out of it (VanishingGradients.undone)
+                    metrics["small_from_first_reading"] = 1.0
                 vanishing[layer] = metrics
         for layer, metrics in vanishing.items():
+            if "exact_zero" not in metrics and _clipped(view, layer):
+                continue  # small as clipping left it, not as the backward pass did
             if _cancelled(view, layer) or _quiet(view, layer, grads, vanishing) or _gated(view, layer, vanishing):
                 if layer in first:  # small at its first reading by construction, not vanishing: it started healthy
                     self._started_healthy[layer] = True
@@ -143,6 +165,21 @@ class VanishingDetector(Detector):
             s = 1.0 if "exact_zero" in metrics else strength(metrics["grad_norm"], cfg.vanishing_norm, decades=6)
             obs.findings.append(Finding(self.event_type, KIND, layer, GradientHealth.VANISHING, metrics, s))
         return obs
+
+
+def _clipped(view: StepView, layer: str) -> bool:
+    """A gradient small only after clipping: as the backward pass left it, the layer's gradient was not small
+    (by the same test, against the largest layer's before clipping). Clipping the gradients of some parameters
+    and not others (``clip_grad_norm_`` over an encoder's parameters alone, Lightning's ``clip_gradients`` on one
+    of two optimizers) shrinks them against the rest; the backward pass did not lose them. A clipping that keeps
+    the updates from moving the weights is ``stalled_updates``' to find."""
+    before = view.layer_norms_before_clip
+    norm = before.get(layer)
+    if norm is None or not math.isfinite(norm):
+        return False
+    cfg = view.ctx.config
+    top = max((v for v in before.values() if math.isfinite(v)), default=0.0)
+    return norm >= cfg.vanishing_floor and (norm >= cfg.vanishing_norm or norm >= cfg.vanishing_ratio * top)
 
 
 def _cancelled(view: StepView, layer: str) -> bool:
@@ -225,6 +262,24 @@ def _gated(view: StepView, layer: str, vanishing: Collection[str]) -> bool:
     return False
 
 
+def _grew_out(event: SemanticEvent, facts: RunFacts) -> bool:
+    """Whether the layer of ``event`` read a gradient that is not small (see :class:`VanishingDetector`) at a fully
+    observed step after the event ended."""
+    history, cfg = facts.history, facts.config
+    own = history.get("grad_norm", event.layer) if history is not None else None
+    if history is None or own is None:
+        return False
+    later = [(step, norm) for step, norm in own.points() if step > event.step_end and norm >= cfg.vanishing_floor]
+    if any(norm >= cfg.vanishing_norm and math.isfinite(norm) for _, norm in later):
+        return True
+    tops: dict[int, float] = {}  # the largest layer gradient at each step read
+    for layer in history.layers("grad_norm"):
+        for step, value in history.get("grad_norm", layer) or ():
+            if math.isfinite(value) and value > tops.get(step, 0.0):
+                tops[step] = value
+    return any(math.isfinite(norm) and norm >= cfg.vanishing_ratio * tops.get(step, math.inf) for step, norm in later)
+
+
 class VanishingGradients(Kind):
     name = KIND.value
     states = (GradientHealth.VANISHING,)
@@ -240,8 +295,11 @@ class VanishingGradients(Kind):
         curriculum, then 0.5: its head trained after and learned its regression). An exact zero is a switch, not a
         gradient shrinking on its way back; one that holds to the end (the term never switched on, a detached
         branch) is still reported, and so is a small gradient that recovered."""
-        if event.kind is not KIND or event.metrics.get("exact_zero") != 1.0:
+        if event.kind is not KIND:
             return False
+        m = event.metrics
+        if m.get("exact_zero") != 1.0:
+            return m.get("small_from_first_reading") == 1.0 and _grew_out(event, facts)
         return event.step_end < coverage.last_full_step
 
     def lane(self, event: SemanticEvent) -> RootLane | None:

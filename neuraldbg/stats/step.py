@@ -47,6 +47,8 @@ class StepData:
     grad_numel: dict[str, int] = field(default_factory=dict)
     grad_exact_zero: set[str] = field(default_factory=set)
     grad_nonfinite: set[str] = field(default_factory=set)  # has inf/NaN elements (not a norm overflow)
+    # parameter -> gradient norm as the backward pass left it, for those that clipping then made smaller
+    grad_before_clip: dict[str, float] = field(default_factory=dict)
     update: dict[str, tuple[float, float]] = field(default_factory=dict)  # parameter -> (||dW||, ||W||)
     update_before: dict[str, float] = field(default_factory=dict)  # parameter -> ||W|| before the step
     update_parts: dict[str, list[float]] = field(default_factory=dict, repr=False)  # readings being assembled

@@ -449,7 +449,12 @@ def test_vanishing_needs_a_small_norm_and_a_small_ratio_unless_below_the_floor_o
     )
     embed = found["embed"]
     assert (embed.kind, embed.state) == (FailureKind.VANISHING_GRADIENTS, "vanishing")
-    assert embed.metrics == {"grad_norm": 1e-5, "max_layer_grad_norm": 1.0, "ratio_to_max": 1e-5}
+    assert embed.metrics == {
+        "grad_norm": 1e-5,
+        "max_layer_grad_norm": 1.0,
+        "ratio_to_max": 1e-5,
+        "small_from_first_reading": 1.0,  # small at its first reading: undone if it grows out of it
+    }
     assert embed.strength == pytest.approx(1 / 6)  # one decade below 1e-4, of six
     assert "attn.query" not in found  # 5e-4: above vanishing_norm
     zero = found["attn.key"]
@@ -459,6 +464,28 @@ def test_vanishing_needs_a_small_norm_and_a_small_ratio_unless_below_the_floor_o
     assert uniform == {}  # 5e-5 is 5e-3 of the largest: uniformly small, not vanishing
     (floor,) = observe_gradients([grad_step(0, {name: 1e-10 for name in HEALTHY} | {"head": 1e-8})])
     assert set(floor) == {"embed", "attn.query", "attn.key", "attn.value"}  # below 1e-9 whatever the ratio
+
+
+def test_a_gradient_small_since_its_first_reading_is_marked_so_until_it_reads_healthy():
+    steps = [1e-5, 2e-5, 1e-2, 1e-5]
+    found = observe_gradients([grad_step(i, {**HEALTHY, "embed": norm}) for i, norm in enumerate(steps)])
+    assert [f["embed"].metrics.get("small_from_first_reading") for f in (found[0], found[1])] == [1.0, 1.0]
+    assert "embed" not in found[2]  # grown out of it
+    assert "small_from_first_reading" not in found[3]["embed"].metrics  # small again: a new stretch, not the start
+    (later,) = observe_gradients([grad_step(0, HEALTHY), grad_step(1, {**HEALTHY, "embed": 1e-5})])[1:]
+    assert "small_from_first_reading" not in later["embed"].metrics  # healthy at first
+
+
+def test_a_gradient_small_only_after_clipping_is_not_vanishing():
+    def clipped(before: float) -> StepData:
+        data = grad_step(0, {**HEALTHY, "embed": 1e-5}, clip=50.0)
+        data.grad_before_clip["embed.weight"] = before
+        return data
+
+    (kept,) = observe_gradients([clipped(0.3)])
+    assert "embed" not in kept  # clipping left it small; the backward pass did not
+    (still,) = observe_gradients([clipped(2e-5)])
+    assert "embed" in still  # small before clipping too
 
 
 def test_a_loss_with_almost_no_gradient_left_makes_no_layer_vanish():
