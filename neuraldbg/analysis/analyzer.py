@@ -19,7 +19,7 @@ from ..errors import NeuralDbgWarning
 from ..events import SemanticEvent
 from ..kinds.base import Kind
 from ..model.info import LayerInfo, owner_of_params
-from ..stats.history import History
+from ..stats.history import History, Series
 from ..stats.step import SlotKey, StepData
 from .tracker import Tracker
 
@@ -43,6 +43,7 @@ class Analyzer:
         self._undoing = [k for k in kinds if type(k).undone is not Kind.undone]  # kinds whose findings a run undoes
         self.tracker = Tracker(config, kinds)
         self.history = History(config.history_points)
+        self._largest = Series(config.history_points)  # the largest layer gradient of each fully observed step
         self.steps_observed = 0
         self.full_steps = 0
         self.last_step = -1
@@ -113,8 +114,13 @@ class Analyzer:
             return
         if data.stepped:
             add("lr", "", step, max(data.stepped.values()))
+        top = 0.0
         for layer, g in view.layer_gradients.items():
             add("grad_norm", layer, step, g.norm)
+            if math.isfinite(g.norm) and g.norm > top:
+                top = g.norm
+        if view.layer_gradients:
+            self._largest.add(step, top)  # the largest layer's, at the same steps (vanishing_gradients)
         for layer, u in view.layer_updates.items():
             if math.isfinite(u.ratio):
                 add("update_ratio", layer, step, u.ratio)
@@ -142,7 +148,7 @@ class Analyzer:
         findings, by onset; the same list until something changes."""
         base = self.tracker.events(final)
         if self._undoing and base:
-            facts = dataclasses.replace(self._facts(), history=self.history)
+            facts = dataclasses.replace(self._facts(), history=self.history, largest_gradient=self._largest)
             kept = [e for e in base if not any(k.undone(e, self.coverage, facts) for k in self._undoing)]
             base = kept if len(kept) < len(base) else base  # a new list only when the run undid one
         run = self.run_findings()

@@ -16,13 +16,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..config import DebugConfig
-from ..stats.history import History
+from ..stats.history import History, Series
 from ..stats.losses import LossTrace
 from ..stats.outputs import OutputScales
 from ..stats.samples import SampleRepeats
 from ..stats.step import StepData
 from ..stats.training import TrainingFacts
 
+#: Steps that add up the same number of backward passes before a step of fewer is taken for a partial one.
+PARTIAL_AFTER = 4
 #: The trailing window the scale-collapse rule looks at: a default GradScaler (initial scale 2**16, backoff 0.5)
 #: that skips every step falls to a scale of 1 within these 16 steps.
 SCALE_WINDOW = 16
@@ -180,6 +182,9 @@ class Coverage:
     # which input samples the model saw before, and its loss on them (see stats.samples)
     repeats: SampleRepeats = field(default_factory=SampleRepeats)
     first_loss_terms: int = 1  # the backward passes whose losses the first recorded loss adds up
+    # how many recorded losses added up each number of backward passes (see partial_loss)
+    loss_term_counts: dict[int, int] = field(default_factory=dict)
+    partial_losses: int = 0  # losses left out of the trace as partial (see partial_loss)
     # an nll_loss given values that no log_softmax produced: the largest |logsumexp| of its input's rows over the
     # first backward passes (0 for log-probabilities; None: no such loss), the step first read, and the layer
     # whose output the input is ("" when no watched layer's)
@@ -251,6 +256,16 @@ class Coverage:
             )
         self._regression_profiles = n + 1
 
+    def partial_loss(self, terms: int) -> bool:
+        """Whether a step's loss, the sum of ``terms`` backward passes' losses, holds only part of a step's: fewer
+        passes than most steps so far, which add up several (gradient accumulation). Lightning steps the optimizer
+        at an epoch's end on the micro-batches left, each loss still divided by ``accumulate_grad_batches``: 125
+        micro-batches of 16 accumulated by 4 end each epoch on a step of one, recorded at a quarter of the loss
+        (0.32 among losses of 1.3), which would drag the loss curve's windows and inflate its spread."""
+        counts = self.loss_term_counts
+        usual = max(counts, key=lambda k: (counts[k], k), default=terms)
+        return usual > 1 and terms < usual and counts[usual] >= PARTIAL_AFTER
+
     def observe(self, record: StepData) -> None:
         """Count one analysed step."""
         self.steps += 1
@@ -259,7 +274,11 @@ class Coverage:
             self.last_loss = record.loss
             if not self.losses.count and math.isfinite(record.loss):
                 self.first_loss_terms = record.loss_terms
-            self.losses.add(record.step, record.loss)
+            if self.partial_loss(record.loss_terms):
+                self.partial_losses += 1
+            else:
+                self.losses.add(record.step, record.loss)
+            self.loss_term_counts[record.loss_terms] = self.loss_term_counts.get(record.loss_terms, 0) + 1
         if len(record.regression_target) == 4:
             self._profile(record.regression_target)
         if len(record.target_range) == 3 and (not self.target_range or record.target_range[0] > self.target_range[0]):
@@ -386,6 +405,7 @@ class RunFacts:
     optimizer_steps: int
     config: DebugConfig = field(default_factory=DebugConfig)  # the thresholds of the run
     history: History | None = None  # the analysed steps' readings (the analyzer's, when it asks a kind)
+    largest_gradient: Series | None = None  # ... and the largest layer gradient of each fully observed step
 
 
 def trained_elsewhere(coverage: Coverage, facts: RunFacts) -> bool:

@@ -2,7 +2,9 @@
 
 Measured on fully observed steps (see :class:`~neuraldbg.detectors.base.UpdateCensus`): the median update/weight
 ratio ||dW||/||W|| over the model's layers is below ``stalled_ratio`` (a learning rate far too small for this
-model). A single layer with small updates is usually a symptom of vanishing gradients and is reported there. When
+model). A single layer with small updates is usually a symptom of vanishing gradients and is reported there, unless
+clipping made its gradients at least ``TINY_CLIP`` times smaller than the backward pass left them while the rest of
+the model trains (:meth:`StalledDetector._clipped_still`): those layers are held still by the clipping. When
 nothing moves at all and the optimizers hold the parameters with learning rate 0 (a schedule that reached 0), that
 is one global stall, not every parameter frozen.
 
@@ -44,7 +46,7 @@ from dataclasses import dataclass
 
 from ..capture.coverage import Coverage, RunFacts
 from ..config import DebugConfig
-from ..detectors.base import Detector, Finding, FitProgress, Observation, StepView, strength
+from ..detectors.base import Detector, Finding, FitProgress, Observation, StepView, UpdateCensus, strength
 from ..events import EventType, FailureKind, SemanticEvent
 from ..health import UpdateHealth
 from ..reasoning.rules import CausalRule
@@ -179,31 +181,43 @@ class StalledDetector(Detector):
             self._add_moved(view.step, census.median)
             if census.median < limit and not converged and not regime and not tail:
                 obs.findings.append(self._finding(census.ratio_metrics(), strength(census.median, limit, decades=3)))
-            elif not converged and not (census.lr is not None and 0 < census.lr <= DECAYED * self._peak_lr):
-                self._clipped_still(view, limit, obs)  # (not on a schedule's tail: see _schedule_tail)
+            elif census.median >= limit and not converged and not self._decayed(census.lr):
+                self._clipped_still(view, census, limit, obs)
         return obs
 
-    def _clipped_still(self, view: StepView, limit: float, obs: Observation) -> None:
+    def _decayed(self, lr: float | None) -> bool:
+        """The learning rate is on a schedule's tail: at most ``DECAYED`` of the largest the run stepped with."""
+        return lr is not None and 0 < lr <= DECAYED * self._peak_lr
+
+    def _clipped_still(self, view: StepView, census: UpdateCensus, limit: float, obs: Observation) -> None:
         """Layers that clipping holds still while the rest of the model trains: gradients made at least
         ``TINY_CLIP`` times smaller than the backward pass left them, and updates below ``stalled_ratio`` of the
         weights. Clipping only some parameters (an encoder's ``clip_grad_norm_`` to 1e-5 under SGD: its weights
         move by 1e-7 a step, and a decoder learns to read features that never change) stalls them alone; an
-        optimizer that rescales the gradient (Adam) keeps the updates' size, and nothing stalls."""
-        before = view.layer_norms_before_clip
-        if not before:
-            return
-        grads = view.layer_gradients
-        for layer, u in view.layer_updates.items():
-            g, b = grads.get(layer), before.get(layer)
-            if g is None or b is None or not (g.norm > 0 and math.isfinite(b)):
+        optimizer that rescales the gradient (Adam) mostly keeps the updates' size. Only the layers the update census
+        counts (neither held still by their optimizer nor idle: ``frozen_parameters``' and a GAN's other network's),
+        and only while some layer that clipping did not shrink so far moves: the rest of the model trains."""
+        before, grads, updates = view.layer_norms_before_clip, view.layer_gradients, view.layer_updates
+        still: list[tuple[str, float, float, float]] = []  # (layer, shrink, update ratio, norm before clipping)
+        rest_trains = False
+        for layer in dict.fromkeys(census.layers):
+            obs.saw(self.event_type, layer)  # seen every step the rule runs: a stretch ends when clipping does
+            g, u = grads.get(layer), updates.get(layer)
+            if g is None or u is None:
                 continue
-            obs.saw(self.event_type, layer)
-            shrink, ratio = b / g.norm, u.ratio
-            if shrink >= loss_evidence.TINY_CLIP and ratio < limit:
-                metrics = {"median_update_ratio": ratio, "clip": shrink, "grad_norm_before_clip": b}
-                obs.findings.append(
-                    Finding(self.event_type, KIND, layer, UpdateHealth.STALLED, metrics, strength(ratio, limit, 3))
-                )
+            b = before.get(layer, g.norm)
+            shrink = b / g.norm if g.norm > 0 and math.isfinite(b) else 1.0
+            if shrink >= loss_evidence.TINY_CLIP and u.ratio < limit:
+                still.append((layer, shrink, u.ratio, b))
+            elif shrink < loss_evidence.TINY_CLIP and u.ratio >= limit:
+                rest_trains = True
+        if not rest_trains:
+            return
+        for layer, shrink, ratio, b in still:
+            metrics = {"median_update_ratio": ratio, "clip": shrink, "grad_norm_before_clip": b}
+            obs.findings.append(
+                Finding(self.event_type, KIND, layer, UpdateHealth.STALLED, metrics, strength(ratio, limit, 3))
+            )
 
     def _finding(self, metrics: dict[str, float], s: float) -> Finding:
         return Finding(self.event_type, KIND, "", UpdateHealth.STALLED, metrics, s)
@@ -211,19 +225,25 @@ class StalledDetector(Detector):
 
 @dataclass(frozen=True)
 class _HeldStillTogether(CausalRule):
-    """Layers held still by the same clipping are one fault: each layer's event joins the first one's."""
+    """Layers held still by the same clipping are one fault: each layer's event joins the first one's (layer
+    events only: the run-level finding of a run too small to train carries the run's clip factor too)."""
 
     def applies_to(self, cause: SemanticEvent) -> bool:
-        return "clip" in cause.metrics and super().applies_to(cause)
+        return _held_still(cause) and super().applies_to(cause)
 
     def explains(self, cause: SemanticEvent, effect: SemanticEvent, topo: Topology) -> bool:
-        return "clip" in cause.metrics and "clip" in effect.metrics and super().explains(cause, effect, topo)
+        return _held_still(cause) and _held_still(effect) and super().explains(cause, effect, topo)
 
     def earliest_effect(self, cause: SemanticEvent) -> int | None:
         return super().earliest_effect(cause)
 
     def covers(self, a: SemanticEvent, b: SemanticEvent, topo: Topology) -> bool:
-        return ("clip" in a.metrics or "clip" not in b.metrics) and super().covers(a, b, topo)
+        return (_held_still(a) or not _held_still(b)) and super().covers(a, b, topo)
+
+
+def _held_still(event: SemanticEvent) -> bool:
+    """A layer's stall that clipping made (see :meth:`StalledDetector._clipped_still`)."""
+    return bool(event.layer) and "clip" in event.metrics and "run_updates" not in event.metrics
 
 
 class StalledUpdates(Kind):
@@ -272,7 +292,7 @@ class StalledUpdates(Kind):
         lr = root.metrics.get("lr")
         if "run_updates" in root.metrics:
             return _explain_run(root.metrics)
-        if "clip" in root.metrics and root.layer:
+        if _held_still(root):
             return _explain_clipped([root, *rest], topo)
         if median == 0.0:
             what = (
@@ -316,7 +336,7 @@ class StalledUpdates(Kind):
 
 def _explain_clipped(events: list[SemanticEvent], topo: Topology) -> tuple[str, str]:
     """The words of layers that clipping holds still (see :meth:`StalledDetector._clipped_still`)."""
-    clipped = [e for e in events if "clip" in e.metrics and e.layer]
+    clipped = [e for e in events if _held_still(e)]
     layers = sorted({e.layer for e in clipped}, key=topo.position)
     root = clipped[0]
     shrink = min(e.metrics["clip"] for e in clipped)
@@ -330,7 +350,7 @@ def _explain_clipped(events: list[SemanticEvent], topo: Topology) -> tuple[str, 
     )
     fix = (
         "raise max_norm of the clip_grad_norm_ (or clip_gradients) call over these parameters - 1.0 is usual - or "
-        "remove it; an optimizer that rescales the gradient (Adam) is not held still by clipping."
+        "remove it; an optimizer that rescales the gradient (Adam) is seldom held still by clipping."
     )
     return what, fix
 

@@ -56,7 +56,7 @@ gradients, and are recognised from the structure, the layer's output and its ear
   ``dt_proj`` (feeding a softplus held in its flat region on purpose: 6e-6, then 2e-4), in models that fit their
   tasks to 100 % and fit as well with those layers frozen outright (hunt 17). A gradient that stays small (behind
   a saturated softmax, through a deep sigmoid stack) is still reported; so is one that is exactly zero. A layer
-  healthy at any reading before the fit converged is not vanishing on a converged fit either.
+  healthy at any earlier reading is not vanishing on a converged fit either.
 * *Clipped, not vanished.* A gradient small only as clipping left it: judged as the backward pass left it (see
   :func:`_clipped`). Clipping some parameters and not others shrinks them against the rest; under SGD that holds
   the clipped layers still (``stalled_updates``), under Adam it changes nothing.
@@ -161,6 +161,7 @@ class VanishingDetector(Detector):
             if _cancelled(view, layer) or _quiet(view, layer, grads, vanishing) or _gated(view, layer, vanishing):
                 if layer in first:  # small at its first reading by construction, not vanishing: it started healthy
                     self._started_healthy[layer] = True
+                    self._small_from_start.discard(layer)
                 continue
             s = 1.0 if "exact_zero" in metrics else strength(metrics["grad_norm"], cfg.vanishing_norm, decades=6)
             obs.findings.append(Finding(self.event_type, KIND, layer, GradientHealth.VANISHING, metrics, s))
@@ -264,20 +265,32 @@ def _gated(view: StepView, layer: str, vanishing: Collection[str]) -> bool:
 
 def _grew_out(event: SemanticEvent, facts: RunFacts) -> bool:
     """Whether the layer of ``event`` read a gradient that is not small (see :class:`VanishingDetector`) at a fully
-    observed step after the event ended."""
+    observed step after the event ended, and at none within it (an event the store merged from two small stretches
+    with a healthy gap between them is not one start that training grew out of). Read from the history of the
+    layer's gradient norms and of the largest layer's (``RunFacts.largest_gradient``) at the same steps: a step one
+    series dropped as it thinned and the other kept is not compared."""
     history, cfg = facts.history, facts.config
-    own = history.get("grad_norm", event.layer) if history is not None else None
-    if history is None or own is None:
+    if history is None or event.metrics.get("ongoing"):
         return False
-    later = [(step, norm) for step, norm in own.points() if step > event.step_end and norm >= cfg.vanishing_floor]
-    if any(norm >= cfg.vanishing_norm and math.isfinite(norm) for _, norm in later):
-        return True
-    tops: dict[int, float] = {}  # the largest layer gradient at each step read
-    for layer in history.layers("grad_norm"):
-        for step, value in history.get("grad_norm", layer) or ():
-            if math.isfinite(value) and value > tops.get(step, 0.0):
-                tops[step] = value
-    return any(math.isfinite(norm) and norm >= cfg.vanishing_ratio * tops.get(step, math.inf) for step, norm in later)
+    own, largest = history.get("grad_norm", event.layer), facts.largest_gradient
+    if own is None or largest is None:
+        return False
+    tops = dict(largest.points())
+
+    def healthy(step: int, norm: float) -> bool:
+        if not math.isfinite(norm) or norm < cfg.vanishing_floor or step not in tops:
+            return False
+        return norm >= cfg.vanishing_norm or norm >= cfg.vanishing_ratio * tops[step]
+
+    grew = False
+    for step, norm in own.points():
+        if step < event.step_start:
+            continue
+        if healthy(step, norm):
+            if step <= event.step_end:
+                return False  # healthy within the event: two stretches merged
+            grew = True
+    return grew
 
 
 class VanishingGradients(Kind):
@@ -294,7 +307,10 @@ class VanishingGradients(Kind):
         fully observed step before the last one (a loss term weighted 0 for the first 100 steps of a multi-task
         curriculum, then 0.5: its head trained after and learned its regression). An exact zero is a switch, not a
         gradient shrinking on its way back; one that holds to the end (the term never switched on, a detached
-        branch) is still reported, and so is a small gradient that recovered."""
+        branch) is still reported, and so is a small gradient that recovered after starting healthy.
+
+        A small gradient from the layer's first reading that reads healthy after the event and at no step within it
+        (:func:`_grew_out`) is undone too: a start small by construction that training grew out of."""
         if event.kind is not KIND:
             return False
         m = event.metrics

@@ -30,24 +30,27 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
     return x[:2000], x[2000:]
 
 
-def run(clip: float, sgd: bool, watched: bool) -> dict:
+def run(clip: float, sgd: bool, watched: bool, clip_until: int = STEPS, left_out: bool = False) -> dict:
+    """``clip_until``: the step from which the encoder is no longer clipped; ``left_out``: its first layer is in no
+    optimizer."""
     torch.manual_seed(0)
     train, held_out = data()
     enc = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 6))
     dec = nn.Sequential(nn.Linear(6, 64), nn.ReLU(), nn.Linear(64, 32))
     model = nn.Sequential(enc, dec)
-    opt = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9) if sgd else torch.optim.Adam(model.parameters(), 2e-3)
+    params = [p for p in model.parameters() if not (left_out and any(p is q for q in enc[0].parameters()))]
+    opt = torch.optim.SGD(params, 0.1, momentum=0.9) if sgd else torch.optim.Adam(params, 2e-3)
     start = enc[0].weight.detach().clone()
     out: dict = {"losses": [], "raw": [], "clipped": []}
     order = torch.Generator().manual_seed(1)
 
     def loop() -> None:
-        for _ in range(STEPS):
+        for step in range(STEPS):
             x = train[torch.randint(0, len(train), (32,), generator=order)]
             opt.zero_grad()
             loss = F.mse_loss(model(x), x)
             loss.backward()
-            if clip:
+            if clip and step < clip_until:
                 out["raw"].append(float(enc[0].weight.grad.norm()))
                 torch.nn.utils.clip_grad_norm_(enc.parameters(), clip)
                 out["clipped"].append(float(enc[0].weight.grad.norm()))
@@ -98,3 +101,26 @@ def test_the_same_programs_unclipped_are_silent():
     for sgd in (False, True):
         watched = run(0.0, sgd=sgd, watched=True)
         assert kinds(watched["dbg"]) == [], watched["dbg"].explain_failure()
+
+
+def test_clipping_that_stops_holds_the_layers_still_only_while_it_lasts():
+    clipped = run(CLIP, sgd=True, watched=False, clip_until=100)
+    assert max(clipped["clipped"]) < 1e-4 < 1e-3 < min(clipped["raw"])  # plain torch: clipped for 100 steps
+    watched = run(CLIP, sgd=True, watched=True, clip_until=100)
+    dbg = watched["dbg"]
+    assert watched["losses"] == clipped["losses"]
+    (hypothesis,) = dbg.hypotheses()
+    assert hypothesis.kind is FailureKind.STALLED_UPDATES
+    assert hypothesis.root.step_end < 100 <= STEPS - 1  # it ended with the clipping, it did not last the run
+    assert "until the run ended" not in dbg.explain_failure()[0]
+
+
+def test_a_clipped_layer_left_out_of_the_optimizer_is_frozen_not_held_still_by_clipping():
+    watched = run(CLIP, sgd=True, watched=True, left_out=True)
+    dbg = watched["dbg"]
+    # plain torch: '0.0' never moves (no optimizer holds it); '0.2' is clipped and barely moves
+    found = {(h.kind, h.layer) for h in dbg.hypotheses()}
+    assert (FailureKind.FROZEN_PARAMETERS, "0.0") in found, dbg.explain_failure()
+    stalled = [h for h in dbg.hypotheses() if h.kind is FailureKind.STALLED_UPDATES]
+    assert [h.layer for h in stalled] == ["0.2"], dbg.explain_failure()
+    assert "'0.0'" not in dbg.explain_failure()[[h.kind for h in dbg.hypotheses()].index(stalled[0].kind)]
