@@ -126,7 +126,7 @@ class StalledDetector(Detector):
         or the updates so far added up to ``trained``, more than a run too small to train (the tail of a schedule
         that ends near 0, not a learning rate too low to train: that one never moves the weights that far)."""
         peak = self._peak_lr
-        if lr is None or not 0 < lr <= DECAYED * peak or median * peak / lr < limit:
+        if lr is None or not self._decayed(lr) or median * peak / lr < limit:
             return False
         if self._moved >= trained:
             return True

@@ -108,7 +108,6 @@ class VanishingDetector(Detector):
         self._fit = FitProgress()
         self._started_healthy: dict[str, bool] = {}  # layer -> its first finite reading was not vanishing
         self._healthy_since: set[str] = set()  # layers with a healthy reading, at their first or a later one
-        self._small_from_start: set[str] = set()  # layers small since their first reading, not healthy since
         self._zero_seen: set[str] = set()  # layers whose gradient was exactly zero at an observed step
         self._intermittent: set[str] = set()  # ... and non-zero at a later one: skipped at times
 
@@ -120,21 +119,18 @@ class VanishingDetector(Detector):
         top = max((g.norm for g in grads.values() if math.isfinite(g.norm)), default=0.0)
         converged = view.data.target_grad is not None and view.data.target_grad < cfg.vanishing_floor * 1e3
         fitted = self._fit.converged(view)
-        floor = cfg.vanishing_floor
         obs = Observation()
         vanishing: dict[str, dict[str, float]] = {}
         first: set[str] = set()  # layers read for the first time, small then
         for layer, g in grads.items():
             obs.saw(self.event_type, layer)
-            small = g.norm < floor or (g.norm < cfg.vanishing_norm and g.norm < cfg.vanishing_ratio * top)
+            small = _small(g.norm, top, cfg)
             if layer not in self._started_healthy and not g.non_finite and math.isfinite(top):
                 self._started_healthy[layer] = not (g.exact_zero or small)
                 if not self._started_healthy[layer]:
                     first.add(layer)
-                    self._small_from_start.add(layer)
             if not (g.non_finite or g.exact_zero or small) and math.isfinite(top):
                 self._healthy_since.add(layer)
-                self._small_from_start.discard(layer)
             if g.exact_zero:
                 self._zero_seen.add(layer)
             elif layer in self._zero_seen and not g.non_finite:
@@ -151,8 +147,8 @@ class VanishingDetector(Detector):
                 if fitted and (self._started_healthy.get(layer, False) or layer in self._healthy_since):
                     continue  # healthy before, it shrank as the fit converged: the fit, not a fault
                 metrics["ratio_to_max"] = g.norm / top if top > 0 else 0.0
-                if layer in self._small_from_start:
-                    # undone if the layer grows out of it (VanishingGradients.undone)
+                if self._started_healthy.get(layer) is False and layer not in self._healthy_since:
+                    # small since its first reading (not excused then): undone if it grows out of it (undone)
                     metrics["small_from_first_reading"] = 1.0
                 vanishing[layer] = metrics
         for layer, metrics in vanishing.items():
@@ -161,7 +157,6 @@ class VanishingDetector(Detector):
             if _cancelled(view, layer) or _quiet(view, layer, grads, vanishing) or _gated(view, layer, vanishing):
                 if layer in first:  # small at its first reading by construction, not vanishing: it started healthy
                     self._started_healthy[layer] = True
-                    self._small_from_start.discard(layer)
                 continue
             s = 1.0 if "exact_zero" in metrics else strength(metrics["grad_norm"], cfg.vanishing_norm, decades=6)
             obs.findings.append(Finding(self.event_type, KIND, layer, GradientHealth.VANISHING, metrics, s))
@@ -178,9 +173,14 @@ def _clipped(view: StepView, layer: str) -> bool:
     norm = before.get(layer)
     if norm is None or not math.isfinite(norm):
         return False
-    cfg = view.ctx.config
     top = max((v for v in before.values() if math.isfinite(v)), default=0.0)
-    return norm >= cfg.vanishing_floor and (norm >= cfg.vanishing_norm or norm >= cfg.vanishing_ratio * top)
+    return not _small(norm, top, view.ctx.config)
+
+
+def _small(norm: float, top: float, cfg: DebugConfig) -> bool:
+    """Whether a layer's gradient norm is vanishingly small: below ``vanishing_floor``, or below both
+    ``vanishing_norm`` and ``vanishing_ratio`` of the largest layer's (``top``) at the same step."""
+    return norm < cfg.vanishing_floor or (norm < cfg.vanishing_norm and norm < cfg.vanishing_ratio * top)
 
 
 def _cancelled(view: StepView, layer: str) -> bool:
@@ -278,9 +278,7 @@ def _grew_out(event: SemanticEvent, facts: RunFacts) -> bool:
     tops = dict(largest.points())
 
     def healthy(step: int, norm: float) -> bool:
-        if not math.isfinite(norm) or norm < cfg.vanishing_floor or step not in tops:
-            return False
-        return norm >= cfg.vanishing_norm or norm >= cfg.vanishing_ratio * tops[step]
+        return math.isfinite(norm) and step in tops and not _small(norm, tops[step], cfg)
 
     grew = False
     for step, norm in own.points():

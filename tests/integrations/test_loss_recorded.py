@@ -54,9 +54,9 @@ def test_the_loss_under_a_grad_scaler_is_recorded_unscaled_and_the_training_is_u
     assert recorded(dbg) == pytest.approx(losses, rel=1e-5)  # not 1024 times larger
 
 
-@pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`")
-@pytest.mark.filterwarnings(r"ignore:`isinstance\(treespec, LeafSpec\)` is deprecated")
-def test_the_loss_of_a_lightning_step_with_accumulation_is_the_mean_of_its_micro_batches(tmp_path: Any):
+def fit_logged(tmp_path: Any, batches: int, epochs: int, accumulate: int) -> tuple[NeuralDbg, list[float], Any]:
+    """The small Lightning classifier fitted under NeuralDBG with ``accumulate_grad_batches``: the debugger, the loss
+    of each micro-batch as its ``training_step`` computed it (plain torch), and the trainer."""
     pytest.importorskip("lightning.pytorch")
     import lightning.pytorch as pl
 
@@ -71,9 +71,16 @@ def test_the_loss_of_a_lightning_step_with_accumulation_is_the_mean_of_its_micro
 
     torch.manual_seed(0)
     module = Logged()
-    trainer = quiet_trainer(pl, tmp_path, max_epochs=1, accumulate_grad_batches=2)
+    trainer = quiet_trainer(pl, tmp_path, max_epochs=epochs, accumulate_grad_batches=accumulate)
     with NeuralDbg(module) as dbg:
-        trainer.fit(module, make_loader(16))
+        trainer.fit(module, make_loader(batches))
+    return dbg, seen, trainer
+
+
+@pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`")
+@pytest.mark.filterwarnings(r"ignore:`isinstance\(treespec, LeafSpec\)` is deprecated")
+def test_the_loss_of_a_lightning_step_with_accumulation_is_the_mean_of_its_micro_batches(tmp_path: Any):
+    dbg, seen, _ = fit_logged(tmp_path, batches=16, epochs=1, accumulate=2)
     # plain torch: 16 batches, 8 optimizer steps; each step's loss is the mean of its two batches' losses
     expected = [(seen[i] + seen[i + 1]) / 2 for i in range(0, 16, 2)]
     assert dbg.steps == 8
@@ -99,23 +106,7 @@ def test_the_partial_step_that_ends_a_lightning_epoch_under_accumulation_is_left
     # Lightning steps the optimizer at an epoch's end on the micro-batches left, each loss still divided by
     # accumulate_grad_batches: that step's recorded loss is a fraction of a step's (hunt 18: 0.32 among losses of
     # 1.3 once an epoch, which pulled a shuffled-label run's loss under the band of chance)
-    pytest.importorskip("lightning.pytorch")
-    import lightning.pytorch as pl
-
-    classes = kit("lightning.pytorch")
-    seen: list[float] = []
-
-    class Logged(classes.Classifier):  # type: ignore[misc,name-defined]
-        def training_step(self, batch: Any, batch_idx: int) -> Any:
-            loss = super().training_step(batch, batch_idx)
-            seen.append(float(loss.detach()))
-            return loss
-
-    torch.manual_seed(0)
-    module = Logged()
-    trainer = quiet_trainer(pl, tmp_path, max_epochs=2, accumulate_grad_batches=4)
-    with NeuralDbg(module) as dbg:
-        trainer.fit(module, make_loader(18))
+    dbg, seen, trainer = fit_logged(tmp_path, batches=18, epochs=2, accumulate=4)
     # plain torch: 18 batches an epoch, steps of 4, 4, 4, 4 and 2 micro-batches; the last holds half of a step's
     # loss (two losses divided by 4)
     assert trainer.global_step == dbg.steps == 10
