@@ -157,6 +157,12 @@ class Coverage:
     # what makes one loss curve meaningless: several objectives
     foreign_optimizer_steps: int = 0  # steps of optimizers that hold none of the watched parameters
     discarded_backwards: int = 0  # backward passes that reached the model and whose gradient was never applied
+    handed_steps: int = 0  # optimizer steps after a backward pass reached parameters they own
+    cleared_steps: int = 0  # ... that found those parameters' gradients reset to None (see capture.ledger)
+    first_cleared: int = -1  # the first such step
+    left_readings: int = 0  # fully observed steps where the gradients a backward pass left were read, not all zero
+    zeroed_steps: int = 0  # ... and read again at the optimizer step: zeroed in place in between
+    first_zeroed: int = -1
     optimizer_changes: int = 0  # steps stepped by another set of owned optimizers than the step before
     _optimizers: frozenset[int] = frozenset()
     size_changes: int = 0  # steps whose input batch, or number of forward passes, differed from the step before
@@ -340,6 +346,12 @@ class Coverage:
                 self.padded_steps += record.padded
             if record.stepped:
                 self.optimized.update(name for name, lr in record.stepped.items() if lr > 0)
+            if record.grad_left is not None and record.grad_left > 0:
+                self.left_readings += 1
+                if record.grad_kept == 0.0:
+                    self.zeroed_steps += 1
+                    if self.first_zeroed < 0:
+                        self.first_zeroed = record.step
             if record.grad:
                 self.graded.update(record.grad)
                 self.graded_steps += 1

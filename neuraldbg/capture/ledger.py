@@ -127,6 +127,10 @@ class GradLedger:
         self._owned_indices: tuple[frozenset[str] | None, list[int]] = (None, [])  # the last owner's, by index
         self._carry: tuple[list[str], Tensor | None] | None = None  # carried-over gradients awaiting the step
         self._open = False  # a backward pass reached the model since its optimizer last stepped
+        self._reached: set[int] = set()  # tracked parameters a backward pass reached since their optimizer stepped
+        # a fully observed step: a few gradients the last backward pass left (indices, tensors and their versions),
+        # and their largest magnitude on the device
+        self._left: tuple[list[int], list[Tensor], list[int], Tensor] | None = None
         self._sample: tuple[weakref.ref[Tensor], Tensor] | None = None  # manual updates: head .grad, parameter
         self._thread = 0
         self._loss_checks = 0
@@ -157,6 +161,8 @@ class GradLedger:
         self._carry = None
         self._sample = None
         self._open = False
+        self._reached = set()
+        self._left = None
         self._thread = threading.get_ident()
         self._loss_checks = LOSS_CHECKS
         self._labels = None
@@ -166,6 +172,8 @@ class GradLedger:
     def detach(self) -> None:
         self._tensors = []
         self._marks = []
+        self._reached = set()
+        self._left = None
         self._carry = None
         self._sample = None
         self._loss_checks = 0
@@ -252,16 +260,7 @@ class GradLedger:
         """The largest magnitude of a few carried gradients, on the device (0: they were zeroed through ``.data``)."""
         small = sorted((i for i in carried if self._tensors[i].numel()), key=lambda i: self._tensors[i].numel())
         grads = [self._tensors[i].grad for i in small[:_CONFIRMED]]
-        # local values only (a DTensor's shard): an operation on a DTensor would be a collective of its own, out of
-        # step with the ranks' backward passes
-        local = [dense(g) for g in grads if g is not None]
-        plain = [d for d in local if d is not None and d.layout is torch.strided and d.numel()]
-        if not plain:
-            return None
-        with torch.no_grad():
-            values = [torch.linalg.vector_norm(g.detach(), float("inf")).float() for g in plain]
-            largest: Tensor = torch.stack(values).amax() if len(values) > 1 else values[0]
-            return largest
+        return _largest_magnitude([g for g in grads if g is not None])
 
     def _manual_check(self) -> Tensor | None:
         """Without an optimizer: 1 when the head parameter's ``.grad`` is the tensor the last backward pass left,
@@ -315,6 +314,9 @@ class GradLedger:
                 self._marks[i] = _Mark(weakref.ref(g), g._version, False)
             if not reached:
                 return
+            self._reached.update(reached)
+            if rec.pending.data.full:
+                self._note_left(reached)
             self._account(loss, reached, carried, check, fresh)
             own = readings[6]
             if own is not None:  # read at the flush beside the fingerprints
@@ -441,6 +443,7 @@ class GradLedger:
         optimizer waits for that one's step: a GAN's generator loss, backpropagated through the discriminator after
         the discriminator stepped, adds to gradients the discriminator's optimizer resets before it steps again."""
         self._note_decay(optimizer)
+        self._note_cleared(owned)
         carry = self._carry
         if carry is None:
             return
@@ -457,6 +460,59 @@ class GradLedger:
             self._rec.pending.put("carried", None, check)
         else:
             data.grad_carried = 1.0
+
+    def _note_cleared(self, owned: frozenset[str]) -> None:
+        """Whether the gradients this optimizer is about to apply are still there: a backward pass since its last
+        step reached parameters it owns, and every one of them now has ``.grad`` None. Something reset them between
+        ``backward()`` and ``step()`` (``optimizer.zero_grad()`` called after the backward pass), and the step moves
+        nothing. Attribute reads only; the first gradient still present ends the look (a healthy step reads one)."""
+        reached = self._reached
+        if not reached:
+            return
+        waiting = [i for i in self._owned(owned) if i in reached]
+        if not waiting:
+            return
+        coverage = self._rec.coverage
+        coverage.handed_steps += 1
+        tensors = self._tensors
+        if all(tensors[i].grad is None for i in waiting):
+            coverage.cleared_steps += 1
+            if coverage.first_cleared < 0:
+                coverage.first_cleared = self._rec.pending.data.step
+            return
+        left, self._left = self._left, None
+        if left is None or not self._rec.pending.data.full:
+            return
+        picked, grads, versions, largest = left
+        pending = self._rec.pending
+        pending.put("grad_left", None, largest)
+        now = [tensors[i].grad for i in picked]
+        if all(g is t and g._version == v for g, t, v in zip(now, grads, versions)):
+            return  # untouched since the backward pass
+        kept = _largest_magnitude([g for g in now if g is not None])
+        if kept is not None:
+            pending.put("grad_kept", None, kept)
+
+    def _note_left(self, reached: list[int]) -> None:
+        """A fully observed step: the largest magnitude of a few gradients this backward pass left (the smallest
+        tensors; on the device, read at the flush), to tell at the step whether they were zeroed in place since."""
+        tensors = self._tensors
+        small = sorted((i for i in reached if tensors[i].numel()), key=lambda i: tensors[i].numel())[:_CONFIRMED]
+        grads = [tensors[i].grad for i in small]
+        present = [g for g in grads if g is not None]
+        largest = _largest_magnitude(present)
+        if largest is None or len(present) != len(grads):
+            self._left = None
+            return
+        self._left = (small, present, [g._version for g in present], largest)
+
+    def _owned(self, owned: frozenset[str]) -> list[int]:
+        """The indices of the tracked parameters among ``owned`` (cached for the last owner)."""
+        indices = self._owned_indices
+        if indices[0] is not owned:  # a different optimizer, or its groups changed (see BackwardPath._owned_by)
+            indices = (owned, [i for i in map(self._index.get, owned) if i is not None])
+            self._owned_indices = indices
+        return indices[1]
 
     def _note_decay(self, optimizer: object) -> None:
         """The optimizer's weight decay, noted in the coverage when it differs from the last noted (host reads of its
@@ -531,14 +587,25 @@ class GradLedger:
         """An owned optimizer stepped: note the gradients it applied, as it left them."""
         self._open = False
         self._sample = None
-        indices = self._owned_indices
-        if indices[0] is not owned:  # a different optimizer, or its groups changed (see BackwardPath._owned_by)
-            indices = (owned, [i for i in map(self._index.get, owned) if i is not None])
-            self._owned_indices = indices
-        tensors, marks = self._tensors, self._marks
-        for i in indices[1]:
+        tensors, marks, reached = self._tensors, self._marks, self._reached
+        for i in self._owned(owned):
             g = tensors[i].grad
             marks[i] = _Mark(weakref.ref(g), g._version, True) if g is not None else None
+            reached.discard(i)
+
+
+def _largest_magnitude(grads: list[Tensor]) -> Tensor | None:
+    """The largest magnitude over ``grads``, a 0-d float tensor on the device; None when none can be read. Local
+    values only (a DTensor's shard): an operation on a DTensor would be a collective of its own, out of step with
+    the ranks' backward passes."""
+    local = [dense(g) for g in grads]
+    plain = [d for d in local if d is not None and d.layout is torch.strided and d.numel()]
+    if not plain:
+        return None
+    with torch.no_grad():
+        values = [torch.linalg.vector_norm(g.detach(), float("inf")).float() for g in plain]
+        largest: Tensor = torch.stack(values).amax() if len(values) > 1 else values[0]
+        return largest
 
 
 def _decays(value: object) -> bool:

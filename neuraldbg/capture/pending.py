@@ -387,6 +387,8 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "target_baseline": _profile("target_baseline"),
     "padded": _padded,
     "carried": _largest("grad_carried"),
+    "grad_left": _largest("grad_left"),
+    "grad_kept": _largest("grad_kept"),
     "loss_scale": _loss_scale,
     "dead": _dead,
     "output_dead_pulled": _output_dead_pulled,

@@ -1,6 +1,11 @@
 """No gradient: training steps were taken, but no gradient ever reached a trainable parameter (``loss.backward()``
 forgotten, or the loss detached from the graph): every fully observed step carried no gradient. The model cannot
-learn, whatever its layers do; the zero gradients and the stillness that follow are its effects."""
+learn, whatever its layers do; the zero gradients and the stillness that follow are its effects.
+
+Or the gradients reached the parameters and were gone when the optimizer stepped: after a backward pass reached
+parameters an optimizer owns, every one of them had ``.grad`` None at that optimizer's step, on most steps
+(``optimizer.zero_grad()`` between ``loss.backward()`` and ``optimizer.step()``; exact, see
+:mod:`neuraldbg.capture.ledger`)."""
 
 from __future__ import annotations
 
@@ -13,6 +18,11 @@ from ..text import count
 from .base import Kind, RootLane, Series, run_event
 
 KIND = FailureKind.NO_GRADIENT
+#: Steps whose gradients were reset before the optimizer applied them, at least (one or two can be a loop's
+#: first iterations)...
+CLEARED_STEPS = 3
+#: ... and at least this share of the optimizer steps that followed a backward pass reaching their parameters.
+CLEARED_SHARE = 0.5
 
 
 class NoGradient(Kind):
@@ -21,6 +31,21 @@ class NoGradient(Kind):
     tier = 0
 
     def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
+        found = _cleared(coverage)
+        if found is not None:
+            first, cleared, handed, how = found
+            return run_event(
+                KIND,
+                max(first, 0),
+                max(coverage.last_step, 0),
+                steps=coverage.steps,
+                cleared_steps=cleared,
+                handed_steps=handed,
+                zeroed=how,
+                trainable_parameters=facts.trainable,
+                backward_passes=facts.backward_passes,
+                optimizer_steps=facts.optimizer_steps,
+            )
         if not (coverage.full_steps and coverage.steps_with_gradient == 0 and facts.trainable):
             return None
         if trained_elsewhere(coverage, facts):
@@ -56,6 +81,8 @@ class NoGradient(Kind):
         m = root.metrics
         backward = int(m.get("backward_passes", 0.0))
         params, taken = count(m.get("trainable_parameters", 0.0)), count(m.get("steps", 0.0))
+        if "cleared_steps" in m:
+            return _explain_cleared(m)
         if backward == 0:
             what = (
                 f"No gradient: the optimizer stepped {taken} times, but no backward pass ever reached the model, so "
@@ -83,6 +110,11 @@ class NoGradient(Kind):
 
     def describe(self, event: SemanticEvent) -> str:
         m = event.metrics
+        if "cleared_steps" in m:
+            return (
+                f"gradients reset before {count(m['cleared_steps'])} of {count(m.get('handed_steps', 0.0))} "
+                "optimizer steps"
+            )
         return (
             f"no gradient reached the {count(m.get('trainable_parameters', 0.0))} trainable parameters "
             f"({count(m.get('steps', 0.0))} optimizer steps, {count(m.get('backward_passes', 0.0))} backward passes)"
@@ -90,3 +122,36 @@ class NoGradient(Kind):
 
     def place(self, event: SemanticEvent) -> str:
         return "the loss"
+
+
+def _cleared(coverage: Coverage) -> tuple[int, int, int, float] | None:
+    """Gradients reset between the backward pass and the optimizer step on most steps: (the first such step, the
+    steps, the steps judged, 1.0 when zeroed in place else 0.0), or None. Set to None: every optimizer step is
+    judged; zeroed in place: the fully observed ones."""
+    for first, cleared, handed, how in (
+        (coverage.first_cleared, coverage.cleared_steps, coverage.handed_steps, 0.0),
+        (coverage.first_zeroed, coverage.zeroed_steps, coverage.left_readings, 1.0),
+    ):
+        if cleared >= CLEARED_STEPS and cleared >= CLEARED_SHARE * handed:
+            return first, cleared, handed, how
+    return None
+
+
+def _explain_cleared(m: dict[str, float]) -> tuple[str, str]:
+    """The words of gradients reset between the backward pass and the optimizer step."""
+    cleared, handed = int(m["cleared_steps"]), int(m.get("handed_steps", 0.0))
+    steps = "every one" if cleared == handed else f"{count(cleared)}"
+    observed = " observed in full" if m.get("zeroed") else ""
+    reset = "zeroed in place" if m.get("zeroed") else "reset to None"
+    what = (
+        f"No gradient reached the optimizer: loss.backward() left gradients on the parameters before {steps} of "
+        f"{count(handed)} optimizer steps{observed}, but they had been {reset} when optimizer.step() ran, so those "
+        "steps moved nothing: optimizer.zero_grad() (or model.zero_grad()) is called between loss.backward() and "
+        "optimizer.step(). "
+        + ("The model cannot learn." if cleared == handed else "The model does not learn on those steps.")
+    )
+    fix = (
+        "call optimizer.zero_grad() before the forward pass (or right after optimizer.step()), never between "
+        "loss.backward() and optimizer.step()."
+    )
+    return what, fix

@@ -364,10 +364,15 @@ def _explain_run(m: dict[str, float]) -> tuple[str, str]:
     lr_text = f" at learning rate {num(lr)}" if lr is not None else ""
     shape = m.get("shape", 0.0)
     start, end = m.get("start", 0.0), m.get("end", 0.0)
-    if shape == SHAPES["chance"]:
+    if shape == SHAPES["chance"] and "classes" in m:
         loss = (
-            f"the loss stayed at chance ({num(start)} to {num(end)}, log({int(m.get('classes', 0.0))}) = "
+            f"the loss stayed at chance ({num(start)} to {num(end)}, log({int(m['classes'])}) = "
             f"{num(m.get('chance', 0.0))}): the model learned nothing"
+        )
+    elif shape == SHAPES["chance"]:  # a BCE's or an MSE's chance level, from its targets
+        loss = (
+            f"the loss stayed at chance ({num(start)} to {num(end)}, the loss of predicting the targets' mean or "
+            "base rate): the model learned nothing"
         )
     elif shape == SHAPES["flat"]:
         loss = f"the loss did not fall ({num(start)} to {num(end)}, within its batch-to-batch spread)"
@@ -377,16 +382,25 @@ def _explain_run(m: dict[str, float]) -> tuple[str, str]:
             f"{num(m.get('half_from', end))} to {num(m.get('half_to', end))} over its second half): the run ended "
             "long before it could settle"
         )
+    moved = (
+        "Each step moved the weights, but the steps were too small for this run to train."
+        if total > 0
+        else "No step moved the weights at all."
+    )
     what = (
         f"Stalled updates over the whole run{lr_text}: over {steps} steps the updates added up to {num(total)} of "
-        f"the weights' norm{per_step}, and {loss}. Each step moved the weights, but the steps were too small for "
-        "this run to train."
+        f"the weights' norm{per_step}, and {loss}. {moved}"
     )
     clip = m.get("clip")
     if clip is not None and clip >= loss_evidence.TINY_CLIP:
         fix = (
             f"raise max_norm of clip_grad_norm_ (it made the gradients {num(clip)} times smaller; 1.0 is usual) or "
             "remove the clipping."
+        )
+    elif total == 0:
+        fix = (
+            "check that optimizer.step() is given gradients (nothing may reset them between loss.backward() and "
+            "the step) and that its learning rate is not 0."
         )
     else:
         fix = (

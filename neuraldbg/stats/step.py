@@ -69,6 +69,10 @@ class StepData:
     # cheap step, or no layer started with identical units)
     symmetric: dict[str, tuple[int, float]] | None = None
     grad_carried: float | None = None  # > 0: that carried gradient was not all zeros (the carry-over is proved)
+    # fully observed steps: the largest magnitude of a few gradients the backward pass left (grad_left) and, when
+    # something changed them before the optimizer step, of the same gradients at the step (grad_kept; 0: zeroed)
+    grad_left: float | None = None
+    grad_kept: float | None = None
     optimizers: set[int] = field(default_factory=set)  # ids of the owned optimizers that stepped
     classes: int = 0  # fully observed steps: the last dimension of the model's (logit) output, 0 if none
     probabilities: bool | None = None  # ... of one unit: every output in [0, 1] (a sigmoid's probabilities)
