@@ -221,6 +221,7 @@ class Coverage:
     baseline_kind: str = ""
     nll_layer: str = ""
     nll_loss: str = "nll_loss"  # the loss given values that may not be log-probabilities: nll_loss or ctc_loss
+    nll_dim: int = -1  # ... the dimension a log_softmax normalised instead of the classes' (-1: no log_softmax)
     classifier_mean: bool = False  # ... and averages over its samples (its value is one sample's loss)
     classifier_cosine: bool = False  # ... and its logits are cosine similarities times a scale (ArcFace, CLIP)
     # attention over padding: the token id the loss ignores (its ignore_index), the fully observed steps whose

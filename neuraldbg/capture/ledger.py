@@ -96,7 +96,7 @@ _State = tuple[Tensor, int] | None
 #: stats.samples), and how much of a clamped binary cross-entropy input lay outside [0, 1].
 _LossReadings = tuple[
     Tensor | None,
-    tuple[Tensor, int, str, int] | None,
+    tuple[Tensor, int, str, int, int] | None,
     tuple[Tensor, loss_graph.BoundedPrediction] | None,
     tuple[Tensor, int] | None,
     tuple[str, Tensor, Tensor] | None,
@@ -216,7 +216,7 @@ class GradLedger:
             profile = target_profile(found.target) if found is not None else None
             # ... and so is the input of an nll_loss that no log_softmax produced: are its values log-probabilities?
             nll = loss_graph.log_probabilities(checked) if checked else None
-            gap = (log_prob_gap(nll.values), nll.node, nll.loss, nll.direct) if nll is not None else None
+            gap = (log_prob_gap(nll.values), nll.node, nll.loss, nll.direct, nll.dim) if nll is not None else None
             # ... and the input of a clamp that made a binary cross-entropy's input: were they probabilities?
             clamped = loss_graph.clamped_scores(checked) if checked else None
             clamp = (outside_unit(clamped.values), clamped) if clamped is not None else None
@@ -388,6 +388,7 @@ class GradLedger:
         if gap is not None:
             rec.coverage.nll_layer = rec.coverage.nll_layer or nodes.get(gap[1]) or nodes.get(gap[3], "")
             rec.coverage.nll_loss = gap[2]
+            rec.coverage.nll_dim = gap[4]
             rec.pending.put("log_prob_gap", None, gap[0])
         if clamp is not None:
             share, clamped = clamp

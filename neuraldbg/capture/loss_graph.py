@@ -321,18 +321,21 @@ class NllInput:
     node: int
     loss: str = "nll_loss"  # or "ctc_loss", whose input is log-probabilities over its last dimension
     direct: int = 0  # the identity of the node right below the loss (a layer's output may be a view of it)
+    dim: int = -1  # a log_softmax over another dimension than the classes produced it: that dimension (else -1)
 
 
 def log_probabilities(losses: list[Tensor]) -> NllInput | None:
     """The input of the first ``nll_loss`` met from ``losses`` (the roots of one backward call, before it runs),
-    unless a ``log_softmax`` produced it (``cross_entropy``, ``nll_loss(log_softmax(x))``: log-probabilities by
-    construction): ``nll_loss`` only picks and negates the target's entry, so its input must already be
-    log-probabilities, which the caller checks from the values (``log(softmax(x))`` or ``x - logsumexp(x)`` are;
-    raw logits are not)."""
+    unless a ``log_softmax`` over the classes produced it (``cross_entropy``, ``nll_loss(log_softmax(x, 1))``:
+    log-probabilities by construction): ``nll_loss`` only picks and negates the target's entry, so its input must
+    already be log-probabilities, which the caller checks from the values (``log(softmax(x))`` or ``x -
+    logsumexp(x)`` are; raw logits are not, nor a ``log_softmax`` over the batch, ``dim=0``)."""
     for node, _ in _walk(losses):
         name = type(node).__name__
         if name in _NLL or name == _CTC:
             below = _producer(node)
+            if below is not None and name in _NLL and type(below).__name__ == "LogSoftmaxBackward0":
+                return _across(node, below)
             if below is None or type(below).__name__ in NORMALISING:
                 return None
             if name == _CTC:  # (T, N, C) or (T, C): the classes last, moved to dimension 1 (a view)
@@ -344,6 +347,20 @@ def log_probabilities(losses: list[Tensor]) -> NllInput | None:
             saved = getattr(node, "_saved_self", None)
             return NllInput(saved, id(below)) if isinstance(saved, Tensor) else None
     return None
+
+
+def _across(nll: object, below: object) -> NllInput | None:
+    """An ``nll_loss`` given a ``log_softmax``'s output of the same shape: its input when that ``log_softmax``
+    normalised another dimension than the classes (dimension 1 of a batch, 0 of one unbatched vector), else None."""
+    values, result = getattr(nll, "_saved_self", None), getattr(below, "_saved_result", None)
+    dim = getattr(below, "_saved_dim", None)
+    if not (isinstance(values, Tensor) and isinstance(result, Tensor) and isinstance(dim, int)):
+        return None
+    if values.shape != result.shape or not values.dim():
+        return None  # reshaped in between: which dimension the classes were is not known here
+    dim = (dim - _WRAP if dim >= _WRAP // 2 else dim) % values.dim()
+    classes = 1 if values.dim() >= 2 else 0
+    return None if dim == classes else NllInput(values, id(below), dim=dim)
 
 
 @dataclass(frozen=True, slots=True)

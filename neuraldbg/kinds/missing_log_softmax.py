@@ -13,6 +13,9 @@ log-probabilities, whatever computed them (``torch.log(softmax(x))``, ``x - x.lo
 of a mixture's probabilities), and the largest ``|log-sum-exp|`` is read at the flush. Raw logits of a fresh 10-class
 head read about log(10) = 2.3 or more; float32 log-probabilities read below 1e-5. Rows whose classes are all masked
 to -inf are left out.
+
+A ``log_softmax`` over another dimension than the classes (``dim=0``: across the batch, a classic slip) is read the
+same way: its rows are not log-probabilities over the classes, and the text names the dimension.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ class MissingLogSoftmax(Kind):
             return None
         layer, step = coverage.nll_layer, coverage.log_prob_step
         metrics = {"gap": gap, "limit": GAP, "ctc": float(coverage.nll_loss == "ctc_loss")}
+        if coverage.nll_dim >= 0:
+            metrics["dim"] = float(coverage.nll_dim)
         metrics |= loss_ends(coverage)
         return layer_event(KIND, layer, step, coverage.last_step, metrics)
 
@@ -57,6 +62,8 @@ class MissingLogSoftmax(Kind):
     ) -> tuple[str, str]:
         m = root.metrics
         where = f"the output of '{root.layer}'" if root.layer else "the model's output"
+        if "dim" in m:
+            return _explain_across(root, where)
         ctc = bool(m.get("ctc"))
         loss = "ctc_loss (CTCLoss)" if ctc else "nll_loss (NLLLoss)"
         how = (
@@ -88,11 +95,38 @@ class MissingLogSoftmax(Kind):
         return what, fix
 
     def describe(self, event: SemanticEvent) -> str:
+        if "dim" in event.metrics:
+            return f"nll_loss on a log_softmax over dimension {int(event.metrics['dim'])}, not the classes"
         loss = "ctc_loss" if event.metrics.get("ctc") else "nll_loss"
         return f"{loss} on values that are not log-probabilities (log-sum-exp {num(event.metrics.get('gap', 0.0))})"
 
     def label(self, event: SemanticEvent) -> str:
+        if "dim" in event.metrics:
+            return f"log_softmax over dimension {int(event.metrics['dim'])}"
         return f"{'ctc_loss' if event.metrics.get('ctc') else 'nll_loss'} without log_softmax"
 
     def effect(self, event: SemanticEvent) -> str:
         return "a loss without log-softmax"
+
+
+def _explain_across(root: SemanticEvent, where: str) -> tuple[str, str]:
+    """The words of a log_softmax over another dimension than the classes."""
+    m = root.metrics
+    dim = int(m["dim"])
+    across = (
+        "the batch: each sample's scores are normalised against the other samples'"
+        if dim == 0
+        else ("it, not against the other classes")
+    )
+    what = (
+        f"A log-softmax over the wrong dimension: from step {root.step_start}, nll_loss (NLLLoss) is given "
+        f"log_softmax over dimension {dim} of {where}, not over its classes (dimension 1), so its rows are not "
+        f"log-probabilities: their log-sum-exp over the classes reaches {num(m.get('gap', 0.0))} (0 for "
+        f"log-probabilities). It normalises across {across}, and the loss no longer weighs the classes against "
+        "each other."
+    )
+    fix = (
+        "normalise over the classes: F.log_softmax(logits, dim=1) (or dim=-1 for (N, C) logits), or use "
+        "cross_entropy (CrossEntropyLoss) on the raw logits, which applies log_softmax over the classes itself."
+    )
+    return what, fix

@@ -108,6 +108,47 @@ def test_nll_loss_on_true_log_probabilities_is_silent_and_training_unchanged(los
     assert dbg is not None and not found(dbg), dbg.explain_failure()
 
 
+def test_a_log_softmax_over_the_batch_learns_worse_than_its_twin_and_is_found_naming_the_dimension():
+    """``F.nll_loss(F.log_softmax(out, dim=0), y)``: a log_softmax, over the batch instead of the classes (hunt 20).
+    It produced the input, so the check used to trust it."""
+
+    def across(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.nll_loss(F.log_softmax(out, dim=0), y)
+
+    torch.manual_seed(0)
+    model = classifier()
+    losses, _ = train(model, across, 200, watched=False)
+    torch.manual_seed(0)
+    twin = classifier()
+    train(twin, lambda out, y: F.nll_loss(F.log_softmax(out, dim=1), y), 200, watched=False)
+    # plain torch: the rows are not log-probabilities over the classes, and the classifier learns worse
+    x, _ = support.classification_batches((32,), CLASSES, batch=64)(0)
+    rows = F.log_softmax(model(x), dim=0).logsumexp(dim=1)
+    assert float(rows.abs().max()) > 1.0
+    assert accuracy(model) < accuracy(twin) - 0.03  # 0.82 against 0.87 here; a CNN of hunt 20 fell to 0.28
+
+    torch.manual_seed(0)
+    watched_losses, dbg = train(classifier(), across, 200, watched=True)
+    assert watched_losses == losses
+    assert dbg is not None
+    hits = found(dbg)
+    assert hits and dbg.hypotheses()[0].kind.value == KIND, dbg.explain_failure()
+    assert hits[0].root.metrics["dim"] == 0
+    text = hits[0].explanation
+    assert "over dimension 0" in text and "dim=1" in text and "missing log-softmax" not in text.lower()
+
+
+@pytest.mark.parametrize("dim", [1, -1])
+def test_a_log_softmax_over_the_classes_by_any_name_or_through_a_transpose_is_silent(dim: int):
+    def through_transpose(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # (C, N) normalised over C
+        return F.nll_loss(F.log_softmax(out.t(), dim=0).t(), y)
+
+    for loss_fn in (lambda out, y: F.nll_loss(F.log_softmax(out, dim=dim), y), through_transpose):
+        torch.manual_seed(0)
+        _, dbg = train(classifier(), loss_fn, 40, watched=True)
+        assert dbg is not None and not found(dbg), dbg.explain_failure()
+
+
 def test_a_segmentation_nll_loss_over_pixels_is_judged_on_its_class_dimension():
     """NLLLoss over (N, C, H, W): the log-sum-exp is over dimension 1, the classes, for every pixel."""
     torch.manual_seed(0)
