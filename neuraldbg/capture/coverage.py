@@ -224,6 +224,7 @@ class Coverage:
     nll_dim: int = -1  # ... the dimension a log_softmax normalised instead of the classes' (-1: no log_softmax)
     classifier_mean: bool = False  # ... and averages over its samples (its value is one sample's loss)
     classifier_cosine: bool = False  # ... and its logits are cosine similarities times a scale (ArcFace, CLIP)
+    classifier_smoothed: bool = False  # ... and it is label-smoothed (cross_entropy's label_smoothing)
     # attention over padding: the token id the loss ignores (its ignore_index), the fully observed steps whose
     # integer input was read for it and those that held it, and the attention layers' calls without any mask
     padding_id: int | None = None

@@ -381,6 +381,7 @@ class GradLedger:
             rec.coverage.classifier_loss = graph.loss
             rec.coverage.classifier_mean = graph.mean
             rec.coverage.classifier_cosine = graph.cosine
+            rec.coverage.classifier_smoothed = graph.smoothed
             rec.coverage.padding_id = graph.ignored
         if profile is not None:  # read at the flush, with the step's readings
             rec.pending.put_vector([("regression_target", None, float(i)) for i in range(4)], profile)

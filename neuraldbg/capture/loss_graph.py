@@ -167,6 +167,7 @@ class LossGraph:
     mean: bool = False
     ignored: int | None = None  # the ``ignore_index`` of that loss when it names a token id (>= 0)
     cosine: bool = False  # the logits are cosine similarities times a scale (see scaled_cosine)
+    smoothed: bool = False  # a label-smoothed cross-entropy (its chance level is log(classes), not the labels')
 
 
 def _weighted(node: object) -> bool:
@@ -208,7 +209,9 @@ def _walk(losses: list[Tensor]) -> Iterator[tuple[object, object]]:
 def read(losses: list[Tensor]) -> LossGraph:
     """The first loss node that normalises logits, from ``losses`` (the roots of one backward call), and the
     activation between it and the model's logits (see the module docstring)."""
-    root = losses[0].grad_fn if len(losses) == 1 else None  # the loss's value is its root node's output
+    root: object = losses[0].grad_fn if len(losses) == 1 else None  # the loss's value is its root node's output
+    smoothed = _smoothed_nll(root)  # cross_entropy(label_smoothing=...): its nll_loss term stands for it
+    root = smoothed or root
     reduced: dict[int, tuple[bool, int | None]] = {}  # node -> (mean, ignored) of the nearest reducing loss node
     first = ""
     mean, ignored, cosine = False, None, False
@@ -228,8 +231,40 @@ def read(losses: list[Tensor]) -> LossGraph:
                 kind = ACTIVATIONS.get(type(found).__name__)
                 if kind is not None:
                     activated = ActivatedInput(NORMALISING[name], kind, id(found), id(_first_input(found)))
-                    return LossGraph(NORMALISING[name], activated, averaged, ignore)
-    return LossGraph(first, None, mean, ignored, cosine)
+                    return LossGraph(NORMALISING[name], activated, averaged, ignore, smoothed=smoothed is not None)
+    return LossGraph(first, None, mean, ignored, cosine, smoothed is not None)
+
+
+#: Nodes of the smoothing term of ``cross_entropy(label_smoothing=eps)`` below its weight: a sum over the classes
+#: of the negated log-probabilities, padded positions masked, averaged over the samples.
+_SMOOTHING = frozenset(
+    {"MulBackward0", "MulBackward1", "DivBackward0", "SumBackward0", "SumBackward1", "MaskedFillBackward0"}
+    | {"NegBackward0", "MeanBackward0", "MeanBackward1", "IndexBackward0"}
+)
+
+
+def _smoothed_nll(root: object) -> object | None:
+    """The ``nll_loss`` node of a label-smoothed cross-entropy whose graph ``root`` is, else None. torch computes it
+    as ``(1 - eps) * nll_loss(log_softmax(x)) + eps * smoothing``, where the smoothing term reads the same
+    log_softmax; its mean over the samples is log(classes) at zero logits, as a plain cross-entropy's."""
+    if type(root).__name__ != "AddBackward0":
+        return None
+    inputs = [n for n, _ in getattr(root, "next_functions", ())]
+    if len(inputs) != 2 or any(n is None for n in inputs):
+        return None
+    for nll_side, other in (inputs, inputs[::-1]):
+        nll = _first_input(nll_side) if type(nll_side).__name__ in ("MulBackward0", "MulBackward1") else nll_side
+        if type(nll).__name__ not in _NLL:
+            continue
+        log_probs = _first_input(nll)
+        node = other
+        for _ in range(_HOPS):
+            if node is None or type(node).__name__ not in _SMOOTHING:
+                break
+            node = _first_input(node)
+        if node is not None and node is log_probs and type(node).__name__ == "LogSoftmaxBackward0":
+            return nll
+    return None
 
 
 def scaled_cosine(logits: object) -> bool:

@@ -538,7 +538,9 @@ def label_prior(coverage: Coverage, band: float) -> float | None:
     cross-entropy settles at that entropy (a character-level GRU given shuffled targets: 2.47 nats, the characters'
     unigram entropy, log 17 = 2.83), not at log(classes). None otherwise."""
     classes = coverage.training.classes
-    if not coverage.classifier_mean or len(coverage.label_prior) != 4 or coverage.label_classes != classes:
+    if not coverage.classifier_mean or coverage.classifier_smoothed:
+        return None
+    if len(coverage.label_prior) != 4 or coverage.label_classes != classes:
         return None
     entropy, counted, outside, _ = coverage.label_prior
     if outside or counted < LABELS_PER_CLASS * classes or not math.isfinite(entropy) or classes < 2:

@@ -11,14 +11,14 @@ neighbours where ``D^-1/2 (A + I) D^-1/2`` averages them). The softmax is satura
 the batch's gradient comes from the confidently wrong samples, and the first epochs are spent shrinking the logits
 back to a usable scale (a CNN with ``N(0, 1)`` weights: first loss 281 log(10), still 10 log(10) at the end).
 
-Judged on the first recorded loss, the one before any update (the loss is recorded from the backward pass when the
-loop does not hand it over; a learning rate far too high throws the next ones up, which says nothing of the
-initialisation), only for a loss that normalises logits itself and averages over its samples
-(read from the loss's autograd graph, :mod:`neuraldbg.capture.loss_graph`: a summed cross-entropy starts at
-samples x log(classes) whatever the logits), a model whose output has two or more classes, and a run the
-debugger met at its start (a model met mid-training may be anywhere) whose first step a GradScaler did not skip, and
-whose first recorded loss is one backward pass's (LBFGS evaluating its closure four times without ``zero_grad``
-adds the four losses up: 8.8 = 2.35 + 2.34 + 2.15 + 1.96 for 10 classes, an untrained classifier's each).
+Judged on the first recorded loss, the one before any update (the loss is recorded from the backward pass when the loop
+does not hand it over; a learning rate far too high throws the next ones up, which says nothing of the initialisation),
+only for a loss that normalises logits itself and averages over its samples (read from the loss's autograd graph,
+:mod:`neuraldbg.capture.loss_graph`: a summed cross-entropy starts at samples x log(classes) whatever the logits; a
+label-smoothed mean starts at log(classes) too), a model whose output has two or more classes, and a run the debugger
+met at its start (a model met mid-training may be anywhere) whose first step a GradScaler did not skip, and whose first
+recorded loss is one backward pass's (LBFGS evaluating its closure four times without ``zero_grad`` adds the four losses
+up: 8.8 = 2.35 + 2.34 + 2.15 + 1.96 for 10 classes, an untrained classifier's each).
 Logits that are cosine similarities times a scale (ArcFace and CosFace heads with s = 30 to 64 and an angular
 margin against the labels' class, CLIP's 1/0.07, read from the loss's graph) are not judged: they are bounded by a
 scale the user chose, whatever the initialisation, and a margin raises the first loss by design (ArcFace on

@@ -102,6 +102,40 @@ def test_a_classifier_initialised_from_normal_0_1_is_found_and_its_default_init_
     assert twin is not None and twin.healthy, twin.explain_failure()
 
 
+def test_a_label_smoothed_cross_entropy_is_judged_as_a_mean_cross_entropy():
+    """``cross_entropy(label_smoothing=0.1)`` (timm's and many recipes' default) is an average over the samples
+    that starts at log(classes) at zero logits, like the plain one: torch builds it as a weighted nll_loss plus a
+    smoothing term, and its first loss was not judged (hunt 19: a head bias of 0-45 went unseen)."""
+
+    def smoothed(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(out, y, label_smoothing=0.1)
+
+    torch.manual_seed(0)
+    losses, _, _ = train_classifier(classifier(normal_init=True), watched=False, loss_fn=smoothed)
+    torch.manual_seed(0)
+    twin_losses, _, _ = train_classifier(classifier(normal_init=False), watched=False, loss_fn=smoothed)
+    assert start(losses, CLASSES) > 20 and start(twin_losses, CLASSES) < 1.2  # plain torch
+    torch.manual_seed(0)
+    _, _, dbg = train_classifier(classifier(normal_init=True), watched=True, loss_fn=smoothed)
+    assert dbg is not None and found(dbg) and dbg.hypotheses()[0].kind.value == KIND, dbg.explain_failure()
+    torch.manual_seed(0)
+    _, _, twin = train_classifier(classifier(normal_init=False), watched=True, loss_fn=smoothed)
+    assert twin is not None and twin.healthy, twin.explain_failure()
+
+
+def test_the_loss_graph_reads_a_label_smoothed_mean_and_nothing_more() -> None:
+    from neuraldbg.capture import loss_graph
+
+    x, y = torch.randn(8, 4, requires_grad=True), torch.randint(0, 4, (8,))
+    graph = loss_graph.read([F.cross_entropy(x, y, label_smoothing=0.1)])
+    assert graph.mean and graph.smoothed
+    assert loss_graph.read([F.cross_entropy(x, y, label_smoothing=0.1, ignore_index=2)]).mean
+    assert not loss_graph.read([F.cross_entropy(x, y, label_smoothing=0.1, reduction="sum")]).mean
+    assert not loss_graph.read([F.cross_entropy(x, y, label_smoothing=0.1) + x.pow(2).mean()]).mean
+    plain = loss_graph.read([F.cross_entropy(x, y)])
+    assert plain.mean and not plain.smoothed
+
+
 def test_a_summed_cross_entropy_starts_at_samples_times_chance_and_is_not_judged():
     """reduction="sum" over 64 samples: the first loss is ~64 log(10) with logits near zero; nothing is wrong."""
     torch.manual_seed(0)
@@ -360,3 +394,16 @@ def test_a_multi_label_classifier_with_a_pos_weight_is_not_judged_by_its_first_l
     assert start(losses, 3) > 3  # plain torch: what a mean at chance would call oversized
     assert sum(losses[-20:]) / 20 < 0.6 * losses[0]  # ... and it learns
     assert found(dbg) == []
+
+
+def test_a_label_smoothed_loss_keeps_log_classes_as_its_chance_level_not_the_labels_entropy() -> None:
+    """Smoothing mixes in a uniform target: a model that learned only the labels' frequencies does not reach their
+    entropy, so imbalanced labels do not lower the chance level of a smoothed loss."""
+    from neuraldbg.capture.coverage import Coverage
+    from neuraldbg.kinds import loss_evidence
+
+    coverage = Coverage(classifier_mean=True, label_classes=4, label_prior=(0.8, 400.0, 0.0, 0.7))
+    coverage.training.classes = 4
+    assert loss_evidence.label_prior(coverage, 0.05) == 0.8  # below the band of log 4 = 1.39: imbalanced
+    coverage.classifier_smoothed = True
+    assert loss_evidence.label_prior(coverage, 0.05) is None
