@@ -373,6 +373,10 @@ def log_probabilities(losses: list[Tensor]) -> NllInput | None:
                 return _across(node, below)
             if below is None or type(below).__name__ in NORMALISING:
                 return None
+            if name in _NLL and type(below).__name__ == "LogBackward0":  # log(softmax(x, dim)): over which dim?
+                found = _across(node, _first_input(below), "SoftmaxBackward0")
+                if found is not None:
+                    return found
             if name == _CTC:  # (T, N, C) or (T, C): the classes last, moved to dimension 1 (a view)
                 saved = getattr(node, "_saved_log_probs", None)
                 if not isinstance(saved, Tensor) or saved.dim() < 2:
@@ -384,9 +388,12 @@ def log_probabilities(losses: list[Tensor]) -> NllInput | None:
     return None
 
 
-def _across(nll: object, below: object) -> NllInput | None:
-    """An ``nll_loss`` given a ``log_softmax``'s output of the same shape: its input when that ``log_softmax``
-    normalised another dimension than the classes (dimension 1 of a batch, 0 of one unbatched vector), else None."""
+def _across(nll: object, below: object, kind: str = "LogSoftmaxBackward0") -> NllInput | None:
+    """An ``nll_loss`` given a ``log_softmax``'s output of the same shape (``kind``: or the log of a softmax's): its
+    input when that (log-)softmax normalised another dimension than the classes (dimension 1 of a batch, 0 of one
+    unbatched vector), else None."""
+    if type(below).__name__ != kind:
+        return None
     values, result = getattr(nll, "_saved_self", None), getattr(below, "_saved_result", None)
     dim = getattr(below, "_saved_dim", None)
     if not (isinstance(values, Tensor) and isinstance(result, Tensor) and isinstance(dim, int)):

@@ -120,8 +120,8 @@ def _explain_across(root: SemanticEvent, where: str) -> tuple[str, str]:
     )
     what = (
         f"A log-softmax over the wrong dimension: from step {root.step_start}, nll_loss (NLLLoss) is given "
-        f"log_softmax over dimension {dim} of {where}, not over its classes (dimension 1), so its rows are not "
-        f"log-probabilities: their log-sum-exp over the classes reaches {num(m.get('gap', 0.0))} (0 for "
+        f"{where} normalised by a (log-)softmax over dimension {dim}, not over its classes (dimension 1), so its "
+        f"rows are not log-probabilities: their log-sum-exp over the classes reaches {num(m.get('gap', 0.0))} (0 for "
         f"log-probabilities). It normalises across {across}, and the loss no longer weighs the classes against "
         "each other."
     )

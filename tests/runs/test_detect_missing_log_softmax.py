@@ -138,6 +138,18 @@ def test_a_log_softmax_over_the_batch_learns_worse_than_its_twin_and_is_found_na
     assert "over dimension 0" in text and "dim=1" in text and "missing log-softmax" not in text.lower()
 
 
+def test_the_log_of_a_softmax_over_the_batch_is_found_naming_the_dimension_not_a_loss_without_bound():
+    """``nll_loss(torch.log(softmax(out, dim=0)), y)``: log-probabilities over the batch, never above 0, so the loss
+    cannot run below zero as on raw logits; the text says what is wrong instead."""
+    torch.manual_seed(0)
+    losses, dbg = train(classifier(), lambda out, y: F.nll_loss(torch.log(F.softmax(out, dim=0)), y), 80, True)
+    assert min(losses) > 0  # plain torch: the values are logs of probabilities
+    assert dbg is not None
+    hits = found(dbg)
+    assert hits and hits[0].root.metrics["dim"] == 0, dbg.explain_failure()
+    assert "over dimension 0" in hits[0].explanation and "below zero" not in hits[0].explanation
+
+
 @pytest.mark.parametrize("dim", [1, -1])
 def test_a_log_softmax_over_the_classes_by_any_name_or_through_a_transpose_is_silent(dim: int):
     def through_transpose(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # (C, N) normalised over C
