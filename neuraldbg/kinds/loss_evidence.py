@@ -418,9 +418,15 @@ def judged(coverage: Coverage, config: DebugConfig) -> Curve | None:
 
 def converged(coverage: Coverage, curve: Curve) -> bool:
     """A fit that converged, not one held up: its loss fell a hundredfold, or its gradients did (a stationary
-    point; the thresholds of ``fit_loss_drop`` and of the stalled-updates room's stationary point)."""
+    point; the thresholds of ``fit_loss_drop`` and of the stalled-updates room's stationary point). A classifier
+    whose loss ends at log(classes) did not converge, whatever its gradients did: they fall as much when a layer dies
+    (hunt 20: a CNN with dropout 0.9 lost its last BatchNorm's channels, its gradients fell a hundredfold, its loss
+    ended at log 5 = 1.61)."""
     if curve.start.mean > 0 and curve.end.mean <= 0.01 * curve.start.mean:
         return True
+    chance = math.log(curve.classes) if coverage.classifier_loss and curve.classes > 1 else None
+    if chance is not None and abs(curve.end.mean - chance) <= curve.band * chance:
+        return False
     facts = coverage.training
     g0, g1 = facts.median("grad_norm", 0.0, 0.1), facts.median("grad_norm", 0.9, 1.0)
     return math.isfinite(g0) and math.isfinite(g1) and g1 <= 0.01 * g0
