@@ -160,8 +160,8 @@ class Coverage:
     handed_steps: int = 0  # optimizer steps after a backward pass reached parameters they own
     cleared_steps: int = 0  # ... that found those parameters' gradients reset to None (see capture.ledger)
     first_cleared: int = -1  # the first such step
-    left_readings: int = 0  # fully observed steps where the gradients a backward pass left were read, not all zero
-    zeroed_steps: int = 0  # ... and read again at the optimizer step: zeroed in place in between
+    left_readings: int = 0  # fully observed optimizer steps after a backward pass left gradients on its parameters
+    zeroed_steps: int = 0  # ... whose gradients, not all zero at its end, were zeroed in place before the step
     first_zeroed: int = -1
     optimizer_changes: int = 0  # steps stepped by another set of owned optimizers than the step before
     _optimizers: frozenset[int] = frozenset()
@@ -348,12 +348,10 @@ class Coverage:
                 self.padded_steps += record.padded
             if record.stepped:
                 self.optimized.update(name for name, lr in record.stepped.items() if lr > 0)
-            if record.grad_left is not None and record.grad_left > 0:
-                self.left_readings += 1
-                if record.grad_kept == 0.0:
-                    self.zeroed_steps += 1
-                    if self.first_zeroed < 0:
-                        self.first_zeroed = record.step
+            if record.grad_left is not None and record.grad_left > 0 and record.grad_kept == 0.0:
+                self.zeroed_steps += 1
+                if self.first_zeroed < 0:
+                    self.first_zeroed = record.step
             if record.grad:
                 self.graded.update(record.grad)
                 self.graded_steps += 1

@@ -128,9 +128,8 @@ class GradLedger:
         self._carry: tuple[list[str], Tensor | None] | None = None  # carried-over gradients awaiting the step
         self._open = False  # a backward pass reached the model since its optimizer last stepped
         self._reached: set[int] = set()  # tracked parameters a backward pass reached since their optimizer stepped
-        # a fully observed step: a few gradients the last backward pass left (indices, tensors and their versions),
-        # and their largest magnitude on the device
-        self._left: tuple[list[int], list[Tensor], list[int], Tensor] | None = None
+        # a fully observed step: a few gradients the last backward pass left (indices, tensors and their versions)
+        self._left: tuple[list[int], list[Tensor], list[int]] | None = None
         self._sample: tuple[weakref.ref[Tensor], Tensor] | None = None  # manual updates: head .grad, parameter
         self._thread = 0
         self._loss_checks = 0
@@ -485,28 +484,29 @@ class GradLedger:
         left, self._left = self._left, None
         if left is None or not self._rec.pending.data.full:
             return
-        picked, grads, versions, largest = left
-        pending = self._rec.pending
-        pending.put("grad_left", None, largest)
+        coverage.left_readings += 1
+        picked, grads, versions = left
         now = [tensors[i].grad for i in picked]
         if all(g is t and g._version == v for g, t, v in zip(now, grads, versions)):
-            return  # untouched since the backward pass
+            return  # untouched since the backward pass: nothing to measure
+        # changed in place (clipping, a scaler's unscaling, a reset): were they zeroed? The norms the backward pass
+        # left were read at its end (BackwardPath._on_backward_end); their largest, and these gradients' now
+        raw = self._rec.backward.grads.raw
         kept = _largest_magnitude([g for g in now if g is not None])
-        if kept is not None:
+        if isinstance(raw, Tensor) and raw.numel() and kept is not None:
+            pending = self._rec.pending
+            with torch.no_grad():
+                pending.put("grad_left", None, raw.detach().amax().float())
             pending.put("grad_kept", None, kept)
 
     def _note_left(self, reached: list[int]) -> None:
-        """A fully observed step: the largest magnitude of a few gradients this backward pass left (the smallest
-        tensors; on the device, read at the flush), to tell at the step whether they were zeroed in place since."""
+        """A fully observed step: a few gradients this backward pass left (the smallest tensors) and their version
+        counters (host reads), to tell at the step whether something changed them in place since."""
         tensors = self._tensors
         small = sorted((i for i in reached if tensors[i].numel()), key=lambda i: tensors[i].numel())[:_CONFIRMED]
         grads = [tensors[i].grad for i in small]
         present = [g for g in grads if g is not None]
-        largest = _largest_magnitude(present)
-        if largest is None or len(present) != len(grads):
-            self._left = None
-            return
-        self._left = (small, present, [g._version for g in present], largest)
+        self._left = (small, present, [g._version for g in present]) if present and len(present) == len(grads) else None
 
     def _owned(self, owned: frozenset[str]) -> list[int]:
         """The indices of the tracked parameters among ``owned`` (cached for the last owner)."""

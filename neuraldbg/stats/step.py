@@ -69,8 +69,9 @@ class StepData:
     # cheap step, or no layer started with identical units)
     symmetric: dict[str, tuple[int, float]] | None = None
     grad_carried: float | None = None  # > 0: that carried gradient was not all zeros (the carry-over is proved)
-    # fully observed steps: the largest magnitude of a few gradients the backward pass left (grad_left) and, when
-    # something changed them before the optimizer step, of the same gradients at the step (grad_kept; 0: zeroed)
+    # fully observed steps whose gradients something changed in place between the backward pass and the optimizer
+    # step: the largest gradient norm the backward pass left (grad_left), and the largest magnitude of a few of
+    # those gradients at the step (grad_kept; 0: zeroed)
     grad_left: float | None = None
     grad_kept: float | None = None
     optimizers: set[int] = field(default_factory=set)  # ids of the owned optimizers that stepped
