@@ -257,9 +257,13 @@ class GradLedger:
 
     def _confirmation(self, carried: list[int]) -> Tensor | None:
         """The largest magnitude of a few carried gradients, on the device (0: they were zeroed through ``.data``)."""
-        small = sorted((i for i in carried if self._tensors[i].numel()), key=lambda i: self._tensors[i].numel())
-        grads = [self._tensors[i].grad for i in small[:_CONFIRMED]]
+        grads = [self._tensors[i].grad for i in self._smallest(carried)]
         return _largest_magnitude([g for g in grads if g is not None])
+
+    def _smallest(self, indices: list[int]) -> list[int]:
+        """The :data:`_CONFIRMED` smallest non-empty tracked parameters among ``indices`` (the cheapest to read)."""
+        tensors = self._tensors
+        return sorted((i for i in indices if tensors[i].numel()), key=lambda i: tensors[i].numel())[:_CONFIRMED]
 
     def _manual_check(self) -> Tensor | None:
         """Without an optimizer: 1 when the head parameter's ``.grad`` is the tensor the last backward pass left,
@@ -502,9 +506,8 @@ class GradLedger:
     def _note_left(self, reached: list[int]) -> None:
         """A fully observed step: a few gradients this backward pass left (the smallest tensors) and their version
         counters (host reads), to tell at the step whether something changed them in place since."""
-        tensors = self._tensors
-        small = sorted((i for i in reached if tensors[i].numel()), key=lambda i: tensors[i].numel())[:_CONFIRMED]
-        grads = [tensors[i].grad for i in small]
+        small = self._smallest(reached)
+        grads = [self._tensors[i].grad for i in small]
         present = [g for g in grads if g is not None]
         self._left = (small, present, [g._version for g in present]) if present and len(present) == len(grads) else None
 

@@ -147,7 +147,7 @@ def _revived(event: SemanticEvent, coverage: Coverage, facts: RunFacts) -> bool:
     if curve is None or curve.verdict != "fell" or curve.at_chance:
         return False
     steps = max(coverage.last_step + 1, 1)
-    return event.step_end - event.step_start + 1 <= REVIVED_SPAN * steps and event.step_end < curve.end.first
+    return event.steps <= REVIVED_SPAN * steps and event.step_end < curve.end.first
 
 
 class DeadNeurons(Kind):
