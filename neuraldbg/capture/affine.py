@@ -157,7 +157,9 @@ def composed_pairs(
     nodes linear in the data along one data path (reshapes, dropout's mask, batch norm, a parameter added), so that
     the two compose into one linear map: an activation left out between them. ``layer_of``: graph node -> the layer
     whose output it is. Not a pair: a lower layer that narrows its input (a low-rank factorisation: a LoRA adapter,
-    a linear bottleneck) or that is grouped (a depthwise convolution before its pointwise one), and a path whose
+    a linear bottleneck), or keeps its width for an upper layer that widens it (an inverted residual block's
+    projection that keeps its channels, then the next block's expansion: MobileNetV3-small's first block, 16 -> 16
+    -> 72), or that is grouped (a depthwise convolution before its pointwise one), and a path whose
     values go elsewhere too (a stem's output into a residual stream, an input projection shared by experts): those
     are designs. Nothing when the graph holds more than :data:`BUDGET` nodes."""
     consumers: dict[int, int] = {}
@@ -181,7 +183,9 @@ def composed_pairs(
         lower = _producing_layer(_layer_input(node), layer_of, widths, consumers)
         if lower is not None and lower != upper:
             inputs, outputs, groups = widths[lower]
-            if outputs >= inputs and groups == 1 and widths[upper][2] == 1 and outputs > 1:
+            _, widened, upper_groups = widths[upper]
+            bottleneck = outputs < inputs or (outputs == inputs and widened > outputs)
+            if not bottleneck and groups == 1 and upper_groups == 1 and outputs > 1:
                 pairs.append((lower, upper))
     return pairs
 

@@ -165,6 +165,24 @@ def test_deliberate_linear_compositions_are_no_pairs():
     x = torch.randn(4, 16)
     # a low-rank factorisation (a LoRA adapter's A then B): the lower layer narrows its input
     assert pairs_of(nn.Sequential(nn.Linear(16, 2), nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 2)), x) == []
+    # an inverted residual block's projection that keeps its 16 channels, then the next block's expansion to 72
+    # (torchvision's MobileNetV3-small: its first block has no expansion and no residual at stride 2)
+    inverted = nn.Sequential(
+        nn.Conv2d(16, 16, 3, stride=2, padding=1, groups=16),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 1),
+        nn.BatchNorm2d(16),
+        nn.Conv2d(16, 72, 1),
+        nn.BatchNorm2d(72),
+        nn.ReLU(),
+    )
+    assert pairs_of(inverted, torch.randn(2, 16, 8, 8)) == []
+    # the same width kept before a layer that keeps or narrows it is an activation forgotten, found
+    assert pairs_of(nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.Linear(64, 64)), x) == [
+        ("2", "3")
+    ]
+    assert pairs_of(nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.Linear(64, 2)), x) == [("2", "3")]
     # a depthwise convolution then its pointwise one (a separable convolution)
     separable = nn.Sequential(nn.Conv2d(8, 8, 3, groups=8), nn.Conv2d(8, 16, 1), nn.ReLU(), nn.Flatten())
     assert pairs_of(separable, torch.randn(2, 8, 6, 6)) == []
