@@ -205,6 +205,7 @@ def finding(coverage: Coverage, config: DebugConfig) -> tuple[str, Curve] | None
         return "unstable_loss", curve
     if (
         curve.verdict == "flat"
+        and not curve.falling  # still on its way down at the end (after a rise: a VQ-VAE's codebook terms)
         and trained
         and not coverage.warm_start
         and not met_trained(coverage, curve)
@@ -686,6 +687,8 @@ def evidence(coverage: Coverage, config: DebugConfig, curve: Curve) -> dict[str,
     }
     if curve.chance is not None:
         values.update(chance=curve.chance, classes=float(curve.classes))
+    if coverage.classifier_loss or curve.chance is not None:
+        values.update(classifier=1.0)  # the loss is a classifier's: its mistakes are likely causes
     if curve.prior is not None:
         values.update(prior=curve.prior)
     if curve.baseline and not curve.at_chance_of_classes:  # a classifier's chance explains it in its own words
@@ -886,7 +889,7 @@ def causes(m: dict[str, float], finding: str) -> list[Cause]:
                 "give CrossEntropyLoss the raw logits and class indices; use nll_loss only after log_softmax",
             )
         )
-    else:
+    elif "classifier" in m:
         found.append(
             Cause(
                 0.8,
@@ -895,6 +898,17 @@ def causes(m: dict[str, float], finding: str) -> list[Cause]:
                 "logits, MSE on class indices",
                 "give CrossEntropyLoss the raw logits and class indices, nll_loss only log-probabilities, MSE only "
                 "continuous targets",
+            )
+        )
+    else:  # a regression's, a reconstruction's or another objective's: the classifier's mistakes do not apply
+        found.append(
+            Cause(
+                0.8,
+                "a loss that does not fit the output",
+                "a loss whose gradient does not lead to the target: targets the output cannot reach (a final sigmoid "
+                "or tanh before targets outside its range), a term with the wrong sign, or one that undoes the others",
+                "check the output's range against the targets', the sign of each term, and each term of a loss made "
+                "of several on its own",
             )
         )
     best: dict[str, Cause] = {}
