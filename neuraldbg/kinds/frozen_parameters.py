@@ -153,7 +153,12 @@ class FrozenParameters(Kind):
                 "over other parameters, such as a frozen backbone's, or an optimizer.step() that is never called)"
             )
         else:
-            reason = "they are not in any optimizer" if missing else "their optimizer group has learning rate 0"
+            reason = (
+                "they are not in any optimizer that stepped during the run (in none, or in one whose step() is never "
+                "called: a second optimizer left out of the loop, such as a SparseAdam for a sparse embedding)"
+                if missing
+                else "their optimizer group has learning rate 0"
+            )
         zero = [e for e in events if e.metrics.get("zero_weight") == 1.0]
         blocked = ""
         if zero:
@@ -175,7 +180,10 @@ class FrozenParameters(Kind):
                 "model.parameters() if p.requires_grad)) and call optimizer.step() after backward() "
             )
         else:
-            fix = "pass every trainable parameter to the optimizer (e.g. torch.optim.AdamW(model.parameters())) "
+            fix = (
+                "pass every trainable parameter to an optimizer that steps (e.g. "
+                "torch.optim.AdamW(model.parameters()); a second optimizer needs its own step() each iteration) "
+            )
         fix += "- or set requires_grad=False on them if freezing is intended."
         return what, fix
 

@@ -33,6 +33,30 @@ def test_a_layer_left_out_of_the_optimizer_has_frozen_parameters_at_that_layer()
     assert "not in any optimizer" in top.explanation
 
 
+def test_a_second_optimizer_whose_step_is_never_called_leaves_its_layer_frozen_and_says_so():
+    """Hunt 21: a sparse embedding under its own SparseAdam whose step() was forgotten; the text said "not in any
+    optimizer", though it was in one. Here a second Adam holds the first layer and only the first Adam steps."""
+    torch.manual_seed(0)
+    model = support.mlp()
+    body = torch.optim.Adam(list(model[2:].parameters()), lr=1e-3)
+    first = torch.optim.Adam(list(model[0].parameters()), lr=1e-3)
+    before = model[0].weight.detach().clone()
+    batches = support.regression_batches()
+    with support.NeuralDbg(model) as dbg:
+        for step in range(60):
+            x, y = batches(step)
+            body.zero_grad()
+            first.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            body.step()  # first.step() forgotten
+
+    assert torch.equal(before, model[0].weight)  # plain torch: never changed
+    top = dbg.hypotheses()[0]
+    assert top.kind is FailureKind.FROZEN_PARAMETERS and top.root.layer == "0"
+    assert "in one whose step() is never called" in top.explanation
+    assert "a second optimizer needs its own step()" in top.suggestion
+
+
 def test_two_players_stepped_on_alternate_steps_are_not_frozen_on_each_others_turn():
     torch.manual_seed(0)
     generator = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16))
