@@ -309,9 +309,7 @@ class Coverage:
                 self.clamped_step = record.step
             self.clamped_outside = max(record.clamped_outside, self.clamped_outside or 0.0)
         if record.samples:
-            whole = record.loss is not None and not self.partial_loss(record.loss_terms)
-            step_loss = record.loss if whole and record.loss is not None else math.nan
-            self.repeats.observe(record.step, record.samples, record.sample_losses, record.sample_hits, step_loss)
+            self.repeats.observe(record.step, record.samples, record.sample_losses, record.sample_hits)
         if record.labels_ahead is not None and (self.labels_ahead is None or record.labels_ahead > self.labels_ahead):
             self.labels_ahead, self.labels_ahead_step = record.labels_ahead, record.step
         changed = False

@@ -74,17 +74,6 @@ class LossAtChance(loss_evidence.LossKind):
                 "samples it is shown; it does not learn to predict them from the inputs (the whole loss went from "
                 f"{num(m.get('start', 0.0))} to {num(m.get('end', 0.0))} over {count(m.get('losses', 0.0))} steps)."
             )
-        elif "epoch_drop" in m:
-            epoch = int(m["epoch_steps"])
-            what = (
-                f"The loss stayed at chance on samples the model had never seen: over the second half of the first "
-                f"epoch ({epoch} steps, of samples new to it) it averaged {num(m['first_epoch_loss'])}, at {guess}. "
-                "After it, it fell only where each epoch started and the samples came round again: by "
-                f"{num(m['epoch_drop'])} on average over {count(m['epoch_starts'])} epoch starts, against "
-                f"{num(m['amid_drop'])} amid the epochs. The model memorises the labels of the samples it is shown; "
-                "it does not learn to predict them from the inputs (the whole loss went from "
-                f"{num(m.get('start', 0.0))} to {num(m.get('end', 0.0))} over {count(m.get('losses', 0.0))} steps)."
-            )
         else:
             what = (
                 f"The loss stayed at chance: over steps {int(m.get('end_from', root.step_end))}-{root.step_end} it "
@@ -140,8 +129,6 @@ class LossAtChance(loss_evidence.LossKind):
             return (
                 f"loss at chance on unseen samples ({num(m['new_loss'])}; {num(m.get('seen_loss', 0.0))} on seen ones)"
             )
-        if "epoch_drop" in m:
-            return f"loss at chance on unseen samples ({num(m['first_epoch_loss'])}), falling only when epochs start"
         if "far_above" in m:
             return f"loss far above the targets' variance ({num(m['far_above'])} times)"
         if m.get("baseline") == loss_evidence.BASELINES["mse"]:
@@ -156,8 +143,6 @@ class LossAtChance(loss_evidence.LossKind):
         m = event.metrics
         if "new_loss" in m:
             return f"loss at chance on unseen samples: {num(m['new_loss'])}"
-        if "epoch_drop" in m:
-            return f"loss at chance on unseen samples: {num(m['first_epoch_loss'])}"
         return f"loss at chance: {num(m.get('end', 0.0))}"
 
     def effect(self, event: SemanticEvent) -> str:

@@ -40,7 +40,6 @@ What a careful engineer would look at next is in :func:`causes`: the evidence fo
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from dataclasses import dataclass
 
@@ -194,7 +193,7 @@ def finding(coverage: Coverage, config: DebugConfig) -> tuple[str, Curve] | None
     trained = not curve.trained < config.loss_trained or (math.isfinite(clip) and clip >= TINY_CLIP)
     if curve.at_chance and trained and not curve.falling:
         return "loss_at_chance", curve
-    memo = memorised(coverage, curve) or memorised_by_epochs(coverage, curve)
+    memo = memorised(coverage, curve)
     if memo is not None:
         return "loss_at_chance", dataclasses.replace(curve, memorised=memo)
     if curve.verdict == "climbing" or curve.above_chance:
@@ -311,75 +310,6 @@ def memorised(coverage: Coverage, curve: Curve) -> dict[str, float] | None:
         "seen_loss": seen.mean,
         "seen_samples": float(seen.n),
         "memorised_gap": difference,
-    }
-
-
-#: An epoch loop's first epoch is judged when it holds this many steps or more (a quarter of them on each side of
-#: an epoch's start; a model's first steps are at chance whatever its labels).
-EPOCH_STEPS = 16
-#: The loss's drops where epochs start exceed its drops amid epochs by this many standard errors, at least ...
-STAIR_Z = 3.0
-#: ... and the drops amid epochs are at most this share of those where epochs start.
-AMID_SHARE = 0.5
-
-
-def memorised_by_epochs(coverage: Coverage, curve: Curve) -> dict[str, float] | None:
-    """A classifier that memorises labels its inputs do not give, in an epoch loop (see
-    :meth:`.samples.SampleRepeats.epoch_length`), where no batch holds new and seen samples together for
-    :func:`memorised` to compare: the loss stays at chance over the second half of the first epoch, on samples the
-    model had never seen, and afterwards it falls in steps, where each epoch starts and the samples come round again,
-    and not amid the epochs. Over each epoch start (a quarter epoch of losses before it against a quarter epoch
-    after it), the loss dropped by more than amid the epoch before (the same comparison half an epoch earlier), by
-    :data:`STAIR_Z` standard errors of the difference (from the step-to-step spread of the losses), and the drops
-    amid epochs are at most :data:`AMID_SHARE` of the others. A model that learns from its inputs falls amid epochs
-    as much as where they start, however slowly (plain torch, MLPs on 2,048 samples over 8-16 epochs: shuffled
-    labels 5.4-7.6 standard errors, healthy and slow learners -0.4-1.9, a parity task at chance for its whole first
-    epoch then learned 1.7-1.8); one that can only memorise drops when it sees a sample again, and not before. Needs
-    at least two epoch starts, a first epoch of :data:`EPOCH_STEPS` steps or more, the new samples of the first
-    epoch predicted no better than a guess (when their hits were read) and the run's loss ending at
-    :data:`MEMORISED_END` of chance or above. Its numbers as metrics, or None."""
-    level, repeats = curve.level, coverage.repeats
-    if curve.chance is None or level is None or curve.end.mean < MEMORISED_END * level:
-        return None
-    epoch = repeats.epoch_length()
-    if epoch is None or epoch < EPOCH_STEPS:
-        return None
-    losses = [loss for _, _, loss in repeats.steps]  # a step without its loss (NaN) leaves every comparison false
-    quarter = epoch // 4
-    first = losses[epoch // 2 : epoch]
-    if sum(first) / len(first) < (1 - curve.band) * level:
-        return None  # the first epoch's new samples were predicted better than a guess: the model learns
-    top = coverage.label_prior[3] if len(coverage.label_prior) == 4 else 0.0
-    new = samples.Losses()
-    for row in repeats.rows:
-        if row.step < repeats.steps[epoch][0]:
-            new.merge(row.new)
-    if not _guessed(new, max(math.exp(-level), top)):
-        return None
-
-    def drop(at: int) -> float:
-        before, after = losses[at - quarter : at], losses[at : at + quarter]
-        return sum(before) / quarter - sum(after) / quarter
-
-    starts = list(range(epoch, len(losses) - quarter + 1, epoch))
-    if len(starts) < 2:
-        return None
-    at_starts = sum(drop(b) for b in starts) / len(starts)
-    amid = sum(drop(b - epoch // 2) for b in starts) / len(starts)
-    jumps = [(b - a) ** 2 for a, b in itertools.pairwise(losses)]
-    spread = math.sqrt(sum(jumps) / (2 * len(jumps)))
-    error = math.sqrt(2 * spread**2 / quarter / len(starts))  # one mean of drops
-    if not (at_starts - amid > STAIR_Z * math.sqrt(2) * error and at_starts > STAIR_Z * error):
-        return None
-    if amid > AMID_SHARE * at_starts:
-        return None
-    return {
-        "epoch_steps": float(epoch),
-        "epoch_starts": float(len(starts)),
-        "first_epoch_loss": sum(first) / len(first),
-        "epoch_drop": at_starts,
-        "amid_drop": amid,
-        "drop_error": error,
     }
 
 
@@ -844,19 +774,6 @@ def causes(m: dict[str, float], finding: str) -> list[Cause]:
             )
         )
     elif finding == "chance":
-        if "epoch_drop" in m:
-            found.append(
-                Cause(
-                    3.0,
-                    "labels that do not match the inputs",
-                    f"on the samples of its first epoch, all new to it, it predicted no better than a guess "
-                    f"({num(m['first_epoch_loss'])}); later its loss fell only when the samples came round again "
-                    f"({num(m['epoch_drop'])} where each epoch started, {num(m['amid_drop'])} amid the epochs): it "
-                    "memorises the labels it is shown and cannot predict them from the inputs",
-                    "check that inputs and labels are shuffled together (one permutation, or a Dataset of pairs) and "
-                    "decoded the same way; look at a few (input, label) pairs",
-                )
-            )
         if "new_loss" in m:
             found.append(
                 Cause(

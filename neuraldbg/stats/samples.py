@@ -14,12 +14,7 @@ its hits.
 
 What it tells: a model whose labels do not follow from its inputs cannot predict a sample it has not seen better
 than chance, whatever it does with the ones it sees again (it memorises them); a model that learns from its inputs
-does better on new samples too (see :mod:`neuraldbg.kinds.loss_evidence`).
-
-An epoch loop never puts new and seen samples in one batch: its first epoch is all new, the next ones all seen. For
-it, each fingerprinted step's share of new samples and its loss are kept (:attr:`SampleRepeats.steps`), and
-:meth:`SampleRepeats.epoch_length` finds the first epoch's length from them: the steps a memoriser's loss drops
-at, when its samples come round again. Nothing here imports torch.
+does better on new samples too (see :mod:`neuraldbg.kinds.loss_evidence`). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -39,13 +34,6 @@ LOSSES_FROM = 32
 _INFINITE = (math.inf, -math.inf)
 #: Fully observed steps kept, at most (past it, every other one is dropped: the run is covered evenly).
 ROWS = 256
-#: An epoch loop's first epoch: steps whose samples are mostly new (this share or more: a data set may hold the same
-#: sample twice, a 12-bit parity task's 2,048 samples ~500 times) ...
-MOSTLY_NEW = 0.5
-#: ... followed at once by a step whose samples are nearly all seen (this share of new ones or less: a loader that
-#: drops its last incomplete batch brings those few samples in the next epoch). A loop that draws with replacement
-#: sees its share of new samples fall gradually, never from one to the other in one step.
-ALL_SEEN = 0.1
 
 
 @dataclass(slots=True)
@@ -107,32 +95,18 @@ class SampleRepeats:
         self.printed = 0  # steps whose fingerprints were taken in
         self._stride = 1
         self._offered = 0
-        #: each fingerprinted step: its number, its share of new samples, its loss (NaN: none recorded)
-        self.steps: list[tuple[int, float, float]] = []
 
     @property
     def printing(self) -> bool:
         """Whether the next steps' fingerprints are still wanted."""
         return self.printed < PRINT_STEPS
 
-    def observe(
-        self,
-        step: int,
-        prints: list[float],
-        losses: list[float],
-        hits: list[float] | None = None,
-        loss: float = math.nan,
-    ) -> None:
+    def observe(self, step: int, prints: list[float], losses: list[float], hits: list[float] | None = None) -> None:
         """One step's fingerprints, and its samples' losses in the same order (empty when they were not read: a
-        cheap step; NaN for a sample that has none), and their hits likewise (None or another length: not read);
-        ``loss``: the step's loss (NaN when none was recorded)."""
+        cheap step; NaN for a sample that has none), and their hits likewise (None or another length: not read)."""
         if not self.printing:
             return
         self.printed += 1
-        distinct = set(prints).difference(_INFINITE)
-        if distinct:
-            fresh_share = len(distinct.difference(self._seen)) / len(distinct)
-            self.steps.append((step, fresh_share, loss))
         if len(losses) != len(prints):  # a cheap step: only what was seen (set operations, no loop in Python)
             if not self.repeated:
                 self.repeated = not self._seen.isdisjoint(prints)
@@ -162,17 +136,6 @@ class SampleRepeats:
         if len(self.rows) > ROWS:  # keep every other row, and take every other one from now on
             self.rows = self.rows[::2]
             self._stride *= 2
-
-    def epoch_length(self) -> int | None:
-        """The steps of an epoch loop's first epoch: the fingerprinted steps from the first, each of mostly new
-        samples (:data:`MOSTLY_NEW`), up to the first whose samples were nearly all seen (:data:`ALL_SEEN`), which
-        starts the second epoch; None when the samples came round otherwise (a loop that draws with replacement
-        mixes new and seen ones) or not at all."""
-        for i, (_, share, _) in enumerate(self.steps):
-            if share >= MOSTLY_NEW:
-                continue
-            return i if i and share <= ALL_SEEN else None
-        return None
 
     def paired(self, since: int) -> Paired | None:
         """New and seen samples compared on the same steps, from ``since`` on: the losses of each group over the
