@@ -404,25 +404,26 @@ def fell_below(curve: Curve, before: float, share: float) -> bool:
 
 def judged(coverage: Coverage, config: DebugConfig) -> Curve | None:
     """The run's curve (:func:`read`) when it can say how the run trained: None also while the learning rate is
-    still warming up at the end of the run (its last tenth above :data:`STILL_RISING` times the stretch from 60 to
-    80 % of the run: the run has not yet trained at its learning rate) and when the gradients were exactly zero on
-    half the readings or more (a degenerate loss, its own room's). A warm-up that ended earlier leaves the run
-    judged: comparing the end with the first tenth instead left every run whose warm-up filled its first tenth
-    unjudged (hunt 22: a transformer warmed up over its first epoch of ten, at chance throughout on shuffled labels,
-    was called healthy without a word on its loss)."""
+    still warming up at the end of the run, or was raised late in it (its last tenth above :data:`STILL_RISING`
+    times its level over 40-80 % of the run: the run has not trained at its learning rate for long; a raise is the
+    oversized updates' to tell, from the step it came) and when the gradients were exactly zero on half the readings
+    or more (a degenerate loss, its own room's). A warm-up that ended earlier leaves the run judged: comparing the end
+    with the first tenth instead left every run whose warm-up filled its first tenth unjudged (hunt 22: a transformer
+    warmed up over its first epoch of ten, at chance throughout on shuffled labels, was called healthy without a
+    word on its loss)."""
     curve = read(coverage, config)
     zeros, readings = coverage.zero_gradient_readings, coverage.gradient_readings
     if curve is None or (readings and 2 * zeros >= readings):
         return None
     facts = coverage.training
-    before, end = facts.median("lr", 0.6, 0.8), facts.median("lr", 0.9, 1.0)
+    before, end = facts.median("lr", 0.4, 0.8), facts.median("lr", 0.9, 1.0)
     if math.isfinite(before) and math.isfinite(end) and end > STILL_RISING * before:
         return None
     return curve
 
 
-#: A learning rate whose last tenth is above this many times its level over 60-80 % of the run is still warming up
-#: (a linear warm-up still under way at the end: 1.36).
+#: A learning rate whose last tenth is above this many times its level over 40-80 % of the run is still warming up
+#: or was raised late (a linear warm-up still under way at the end: about 1.6).
 STILL_RISING = 1.2
 
 
