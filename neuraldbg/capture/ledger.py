@@ -499,8 +499,7 @@ class GradLedger:
         kept = _largest_magnitude([g for g in now if g is not None])
         if isinstance(raw, Tensor) and raw.numel() and kept is not None:
             pending = self._rec.pending
-            with torch.no_grad():
-                pending.put("grad_left", None, raw.detach().amax().float())
+            pending.put("grad_left", None, raw.detach().amax().float())
             pending.put("grad_kept", None, kept)
 
     def _note_left(self, reached: list[int]) -> None:

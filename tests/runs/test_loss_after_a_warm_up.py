@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import support
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,21 +26,19 @@ def train(warm_up: int, random_labels: bool, watched: bool, lr: float = 1e-3) ->
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warm_up))
     teacher = torch.randn(20, 4)
     losses: list[float] = []
-    dbg = NeuralDbg(model) if watched else None
-    if dbg is not None:
-        dbg.__enter__()
-    for _ in range(STEPS):
-        x = torch.randn(64, 20)
-        y = torch.randint(0, 4, (64,)) if random_labels else (x @ teacher).argmax(1)
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        schedule.step()
-        losses.append(loss.item())
-    if dbg is not None:
-        dbg.__exit__(None, None, None)
-    return losses, dbg
+
+    def loop() -> None:
+        for _ in range(STEPS):
+            x = torch.randn(64, 20)
+            y = torch.randint(0, 4, (64,)) if random_labels else (x @ teacher).argmax(1)
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            schedule.step()
+            losses.append(loss.item())
+
+    return losses, support.watching(model, loop, watched)
 
 
 def end(losses: list[float]) -> float:

@@ -6,6 +6,7 @@ the loss's own curve."""
 
 from __future__ import annotations
 
+import support
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -43,19 +44,18 @@ def train(watched: bool) -> tuple[list[float], float, NeuralDbg | None]:
     model = VQ()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     losses: list[float] = []
-    dbg = NeuralDbg(model) if watched else None
-    if dbg is not None:
-        dbg.__enter__()
-    for _ in range(STEPS):
-        x = train_x[torch.randint(0, 2048, (64,), generator=g)]
-        out, codebook, commitment = model(x)
-        loss = F.mse_loss(out, x) + codebook + 0.25 * commitment
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    if dbg is not None:
-        dbg.__exit__(None, None, None)
+
+    def loop() -> None:
+        for _ in range(STEPS):
+            x = train_x[torch.randint(0, 2048, (64,), generator=g)]
+            out, codebook, commitment = model(x)
+            loss = F.mse_loss(out, x) + codebook + 0.25 * commitment
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+
+    dbg = support.watching(model, loop, watched)
     with torch.no_grad():
         error = F.mse_loss(model(held_x)[0], held_x).item()
     return losses, error, dbg

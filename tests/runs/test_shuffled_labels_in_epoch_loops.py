@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import support
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -58,12 +59,7 @@ def train(shuffled: bool, watched: bool, dropout: float = 0.5) -> tuple[list[flo
                 opt.step()
                 losses.append(loss.item())
 
-    dbg = None
-    if watched:
-        with NeuralDbg(model) as dbg:
-            loop()
-    else:
-        loop()
+    dbg = support.watching(model, loop, watched)
     model.eval()
     with torch.no_grad():
         accuracy = (model(held_x).argmax(1) == held_y).float().mean().item()
