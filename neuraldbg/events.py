@@ -82,6 +82,7 @@ class FailureKind(str, metaclass=_Names):
     SYMMETRIC_UNITS: ClassVar[FailureKind]
     BROADCAST_LOSS: ClassVar[FailureKind]
     NO_NONLINEARITY: ClassVar[FailureKind]
+    UNSHUFFLED_DATA: ClassVar[FailureKind]
 
     def __new__(cls, value: str) -> FailureKind:
         found = cls._declared.get(value) if isinstance(value, str) else None
@@ -166,6 +167,7 @@ for _name in (
     "symmetric_units",
     "broadcast_loss",
     "no_nonlinearity",
+    "unshuffled_data",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 

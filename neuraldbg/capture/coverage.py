@@ -211,6 +211,10 @@ class Coverage:
     # most; and the number of classes
     label_prior: tuple[float, ...] = ()
     label_classes: int = 0
+    # how mixed a step's labels are (capture/label_mix.py): (mean entropy of a step's labels, mean share of its most
+    # frequent class, entropy of all of them pooled, the most frequent class's share of them, steps counted), the
+    # reading over the most steps
+    label_mixing: tuple[float, ...] = ()
     # the classes an nll_loss of one row per sample chose among on its first backward passes: the most finite entries
     # of a row, on average (0: not read)
     loss_options: float = 0.0
@@ -295,6 +299,9 @@ class Coverage:
             self.target_range = (record.target_range[0], record.target_range[1], record.target_range[2])
         if len(record.label_prior) == 4 and (not self.label_prior or record.label_prior[1] >= self.label_prior[1]):
             self.label_prior, self.label_classes = tuple(record.label_prior), record.label_classes
+        mixing = record.label_mixing
+        if len(mixing) == 5 and (not self.label_mixing or mixing[4] >= self.label_mixing[4]):
+            self.label_mixing = tuple(mixing)
         found = record.target_baseline
         if len(found) == 4 and (not self.target_baseline or found[2] >= self.target_baseline[2]):
             self.target_baseline, self.baseline_kind = tuple(found), record.baseline_kind

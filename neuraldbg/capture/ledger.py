@@ -46,6 +46,7 @@ from torch import Tensor
 
 from ..stats import samples
 from ..stats.tensors import (
+    binary_counts,
     dense,
     finite_per_row,
     label_counts,
@@ -61,6 +62,7 @@ from ..stats.tensors import (
 )
 from . import hooks, loss_graph
 from .clock import StepMode
+from .label_mix import LabelMix
 
 if TYPE_CHECKING:
     from .recorder import Recorder
@@ -93,7 +95,8 @@ _State = tuple[Tensor, int] | None
 #: it cannot reach (with what bounds it), how often each class is an nll_loss's label (with the number of classes),
 #: the per-column moments of a binary cross-entropy's or a mean squared error's targets (with the loss's kind and the
 #: count of values outside [0, 1]), the classes a row chose among, each sample's own loss and hit (see
-#: stats.samples), and how much of a clamped binary cross-entropy input lay outside [0, 1].
+#: stats.samples), how much of a clamped binary cross-entropy input lay outside [0, 1], and how often each class is
+#: an nll_loss's label on a fully observed step (with the number of classes; see capture/label_mix.py).
 _LossReadings = tuple[
     Tensor | None,
     tuple[Tensor, int, str, int, int] | None,
@@ -103,6 +106,7 @@ _LossReadings = tuple[
     Tensor | None,
     tuple[Tensor, Tensor] | None,
     tuple[Tensor, loss_graph.ClampedScores] | None,
+    tuple[Tensor, int] | None,
 ]
 
 
@@ -140,6 +144,7 @@ class GradLedger:
         # them all again
         self._target_passes = 0
         self._looked = False  # this backward pass's targets were looked for
+        self._mix = LabelMix()  # how mixed each fully observed step's labels are
         # optimizer -> (its groups' sizes and whether each decays, the names of the decaying groups' parameters)
         self._decayed: dict[int, tuple[tuple[tuple[int, bool], ...], frozenset[str] | None]] = {}
 
@@ -165,6 +170,7 @@ class GradLedger:
         self._thread = threading.get_ident()
         self._loss_checks = LOSS_CHECKS
         self._labels = None
+        self._mix = LabelMix()
         self._decayed = {}
         self._rec.forward.nodes = {}
 
@@ -208,7 +214,8 @@ class GradLedger:
             data = rec.pending.data
             self._looked = self._target_passes < TARGET_CHECKS and data.full
             counted = data.sample_count if data.full and data.step >= samples.LOSSES_FROM else 0
-            roots = hooks.backward_roots() if self._loss_checks or self._looked or counted else []
+            mixing = data.full and self._mix.looking
+            roots = hooks.backward_roots() if self._loss_checks or self._looked or counted or mixing else []
             checked = roots if self._loss_checks else []
             # a mean squared error's target is profiled now: the backward pass frees what the graph saved
             found = loss_graph.regression(checked) if checked else None
@@ -227,7 +234,14 @@ class GradLedger:
             counts = (label_counts(labels.target, labels.classes, labels.ignore), labels.classes) if labels else None
             options = finite_per_row(labels.values) if labels is not None and labels.values is not None else None
             # ... and each sample's own loss, beside the fingerprints its forward pass filed (see stats.samples)
-            own = (labels or loss_graph.class_labels(roots)) if counted and roots else None
+            found_labels = labels or (loss_graph.class_labels(roots) if roots and (counted or mixing) else None)
+            own = found_labels if counted else None
+            # ... and, on a fully observed step, the classes of a classifier's labels (one per row): how mixed are
+            # they within a step?
+            mix = None
+            if mixing and found_labels is not None and found_labels.target.dim() == 1:
+                target = found_labels.target
+                mix = (label_counts(target, found_labels.classes, found_labels.ignore), found_labels.classes)
             per_sample = None
             if own is not None and own.values is not None:
                 per_sample = sample_outcomes(own.values, own.target, own.ignore, counted)
@@ -235,11 +249,18 @@ class GradLedger:
             if checked and rec.coverage.crossed_loss is None:
                 self._note_crossed(checked)
             # ... and the targets of a binary cross-entropy or a mean squared error: their base rates or variances
-            targeted = loss_graph.loss_targets(roots) if roots and self._looked else None
+            looked_for = self._looked or (mixing and mix is None and found_labels is None)
+            targeted = loss_graph.loss_targets(roots) if roots and looked_for else None
+            binary = targeted.target if targeted is not None and targeted.kind == "bce" else None
+            if mixing and mix is None and binary is not None and binary.numel() == binary.shape[0]:
+                mix = (binary_counts(binary), 2)  # one binary label per row
+            if mixing and mix is None:
+                self._mix.missed()
+            targeted = targeted if self._looked else None
             moments = None
             if targeted is not None:
                 moments = (targeted.kind, *target_moments(targeted.target, targeted.kind == "bce"))
-            readings = (profile, gap, reach, counts, moments, options, per_sample, clamp)
+            readings = (profile, gap, reach, counts, moments, options, per_sample, clamp, mix)
             return partial(self._after, loss, states, carried, check, manual, roots, readings)
         except Exception as exc:
             rec.fail("the backward-call listener", exc)
@@ -331,6 +352,8 @@ class GradLedger:
                 self._file_targets(readings[4])
             if readings[4] is None and self._looked:  # a pass of another loss counts too: the walk stops
                 self._target_passes += 1
+            if readings[8] is not None:
+                self._mix.add(*readings[8], rec.pending.data.step, rec.pending)
             if manual is not None:
                 rec.pending.put("carried", None, manual)
                 head = self._rec.backward.grads.head()
@@ -373,7 +396,7 @@ class GradLedger:
         out of its reach (``reach``) and the entropy of the labels of an ``nll_loss`` counted so far (``counts``:
         this pass's counts, added to the earlier ones') and the chance level of a binary cross-entropy or a mean
         squared error from its targets' moments so far (``moments``) are filed for the flush."""
-        profile, gap, reach, counts, moments, options, _, clamp = readings
+        profile, gap, reach, counts, moments, options, _, clamp, _ = readings
         rec = self._rec
         self._loss_checks -= 1
         graph = loss_graph.read(roots)  # no roots (a backward pass from a given gradient, not a loss): nothing

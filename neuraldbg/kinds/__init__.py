@@ -51,6 +51,7 @@ from . import (
     unmasked_padding,
     unnormalised_inputs,
     unreachable_targets,
+    unshuffled_data,
     unstable_loss,
     vanishing_gradients,
 )
@@ -90,6 +91,7 @@ BUILTIN: tuple[Kind, ...] = (
     symmetric_units.SymmetricUnits(),
     broadcast_loss.BroadcastLoss(),
     no_nonlinearity.NoNonlinearity(),
+    unshuffled_data.UnshuffledData(),
     loss_at_chance.LossAtChance(),
     unstable_loss.UnstableLoss(),
     loss_not_decreasing.LossNotDecreasing(),

@@ -246,6 +246,44 @@ def label_counts(target: Tensor, classes: int, ignore: int) -> Tensor:
     return torch.zeros(classes + 1, device=t.device).scatter_add_(0, bins, counted)
 
 
+#: Labels a training step must hold for its mix of classes to count (fewer give a skewed mix by chance alone).
+MIXED_MIN_LABELS = 8
+
+
+def binary_counts(target: Tensor) -> Tensor:
+    """The counts of :func:`label_counts` for a binary cross-entropy's targets (one per row, in [0, 1]: a soft
+    label counts towards both classes), as a 1-d float tensor [negatives, positives, 0] on its device."""
+    t = target.detach().reshape(-1).float().clamp(0, 1)
+    positives = t.sum()
+    return torch.stack((t.numel() - positives, positives, torch.zeros_like(positives)))
+
+
+def step_label_mix(counts: Tensor) -> Tensor:
+    """How mixed one training step's labels are, from their :func:`label_counts` (all its backward passes added
+    up), as one 1-d float tensor on their device (read later): [the entropy of their classes' frequencies in nats,
+    the most frequent class's share, 1 when the step held at least :data:`MIXED_MIN_LABELS` labels, else 0 (the
+    first two are 0 then)]."""
+    seen = counts[:-1]
+    n = seen.sum()
+    p = seen / n.clamp(min=1)
+    counted = (n >= MIXED_MIN_LABELS).to(p.dtype)
+    entropy = -torch.special.xlogy(p, p).sum()
+    return torch.stack((entropy * counted, p.max() * counted, counted))
+
+
+def label_mixing(steps: Tensor, pooled: Tensor) -> Tensor:
+    """What the steps' label mixes say (``steps``: the sum of their :func:`step_label_mix` readings; ``pooled``:
+    the label counts of the steps that counted, added up), as one 1-d float tensor on the device (read later):
+    [the mean entropy of a step's labels, the mean share of a step's most frequent class, the entropy of all those
+    labels pooled, the most frequent class's share of them, the steps counted]."""
+    counted = steps[2]
+    each = counted.clamp(min=1)
+    seen = pooled[:-1]
+    p = seen / seen.sum().clamp(min=1)
+    entropy = -torch.special.xlogy(p, p).sum()
+    return torch.stack((steps[0] / each, steps[1] / each, entropy, p.max(), counted)).float()
+
+
 def finite_per_row(values: Tensor) -> Tensor:
     """How many entries of each row of ``values`` (an ``nll_loss`` input, one row of classes per sample) are finite,
     averaged over the rows, as a 0-d float tensor on its device (read later): the classes the loss chooses among (a
