@@ -60,6 +60,7 @@ KINDS = frozenset(
         "symmetric_units",
         "broadcast_loss",
         "no_nonlinearity",
+        "unshuffled_data",
         "unreachable_targets",
     }
 )

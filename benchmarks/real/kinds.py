@@ -38,6 +38,7 @@ BIG_INIT = frozenset(
     {"exploding_gradients", "saturated_activations", "unstable_loss", "loss_not_decreasing", "oversized_logits"}
 )
 SATURATING = frozenset({"saturated_activations", "vanishing_gradients", "loss_not_decreasing"})
+UNSHUFFLED = frozenset({"unshuffled_data", "unstable_loss", "loss_not_decreasing"})  # batches sorted by class
 CAPACITY = frozenset({"loss_not_decreasing"})  # a change that only makes the model or its training weaker
 # the activations removed: the model is one affine map (named exactly)
 LINEAR_MODEL = CAPACITY | {"no_nonlinearity"}

@@ -414,6 +414,7 @@ class ClassLabels:
     classes: int
     ignore: int
     values: Tensor | None = None  # the input's values, when one row per sample ((N, classes)): its options counted
+    reduced: bool = True  # the loss is the mean or the sum of the rows' terms (not each row's, weighed by hand)
 
 
 def class_labels(losses: list[Tensor]) -> ClassLabels | None:
@@ -434,7 +435,8 @@ def class_labels(losses: list[Tensor]) -> ClassLabels | None:
             ignore = ignore - _WRAP if isinstance(ignore, int) and ignore >= _WRAP // 2 else ignore
             classes = int(values.shape[1] if values.dim() >= 2 else values.shape[0])
             rows = values if values.dim() == 2 and type(values) is Tensor else None
-            return ClassLabels(target, classes, ignore if isinstance(ignore, int) else -100, rows)
+            reduced = getattr(node, "_saved_reduction", 1) != 0  # 0: reduction="none"
+            return ClassLabels(target, classes, ignore if isinstance(ignore, int) else -100, rows, reduced)
     return None
 
 

@@ -128,6 +128,10 @@ class DeadUnitsDetector(Detector):
 #: Dead units of a hidden layer the fit got past: the run's last quarter of losses averages at most this share of its
 #: first eighth's (see :meth:`DeadNeurons.undone`).
 SPARED_FALL = 0.1
+#: Dead units of a hidden layer that leave it this share of its units or less are never spared: the loss may still
+#: fall tenfold through what is left, but the layer lost nearly all it could carry (hunt 24: a set transformer at 50x
+#: its learning rate kept 4 of its head's 64 ReLU units, its loss fell 37-fold, its held-out error was 25x its twin's).
+HOLLOWED = 0.1
 #: Units of a hidden layer that came back: a dead stretch over at most this share of the run's steps, ended before
 #: its last quarter of losses, in a run whose loss fell (see :meth:`DeadNeurons.undone`).
 REVIVED_SPAN = 0.25
@@ -174,15 +178,16 @@ class DeadNeurons(Kind):
         layer lost capacity it could spare: pytorch/examples' MNIST network under Adadelta at 1.0 has 56 % of
         ``fc1``'s 128 units off after its first step and 67 % at the end (73-78 % in between), while its loss falls
         from 2.1 to 0.02 and its held-out accuracy reaches 100 %; at a tenfold lower rate 43-52 % die and it
-        reaches the same. A layer wholly dead passes no gradient, a dead output unit is a class the model can no
-        longer produce, and dead units that leave the loss at chance, flat or a few times lower (a bias that kills
-        a layer, a learning rate far too high) are not undone."""
+        reaches the same. A layer wholly dead passes no gradient, one left with :data:`HOLLOWED` of its units or
+        less cannot carry what it must, a dead output unit is a class the model can no longer produce, and dead
+        units that leave the loss at chance, flat or a few times lower (a bias that kills a layer, a learning rate
+        far too high) are not undone."""
         m = event.metrics
         if event.kind is not KIND or m.get("output_layer"):
             return False
         if _revived(event, coverage, facts):
             return True
-        if not m.get("dead_fraction", 1.0) < 1.0:
+        if not m.get("dead_fraction", 1.0) < 1.0 - HOLLOWED:
             return False
         curve = loss_evidence.read(coverage, facts.config)
         if curve is None or event.step_start > curve.start.last or curve.end.first <= event.step_start:

@@ -10,6 +10,7 @@ reported: ``tests/runs/test_detect_dead_neurons.py``."""
 
 from __future__ import annotations
 
+import support
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -133,3 +134,85 @@ def test_dead_units_the_fit_did_not_get_past_are_reported():
     assert end > 1.5 * twin_end  # ... and the twin with its layer whole ends lower
     assert dbg is not None
     assert "dead_neurons" in [h.kind.value for h in dbg.hypotheses()]
+
+
+class SetRegressor(nn.Module):
+    """Self-attention over a padded set of 4-feature points, pooled over the points a mask keeps, then a ReLU head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, 64)
+        self.att = nn.MultiheadAttention(64, 4, batch_first=True)
+        self.ln1 = nn.LayerNorm(64)
+        self.ff = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
+        self.ln2 = nn.LayerNorm(64)
+        self.head = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        a, _ = self.att(h, h, h, key_padding_mask=pad)
+        h = self.ln1(h + a)
+        h = self.ln2(h + self.ff(h))
+        keep = (~pad).unsqueeze(-1).float()
+        return self.head((h * keep).sum(1) / keep.sum(1)).squeeze(-1)
+
+
+def sets(n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sets of 3-12 points; the target is the mean of feature 0 plus the largest feature 1."""
+    x = torch.randn(n, 12, 4, generator=g)
+    sizes = torch.randint(3, 13, (n,), generator=g)
+    pad = torch.arange(12)[None, :] >= sizes[:, None]
+    x[pad] = 0.0
+    y = (x[..., 0] * ~pad).sum(1) / sizes + torch.where(pad, torch.full_like(x[..., 1], -1e9), x[..., 1]).max(1).values
+    return x, pad, y
+
+
+def set_run(lr: float, watched: bool) -> tuple[list[float], float, float, NeuralDbg | None]:
+    """300 steps of Adam on the set regressor: the losses, the held-out MSE, the share of the head's 64 ReLU units
+    never positive over the last 50 steps, and the debugger."""
+    g = torch.Generator().manual_seed(1234)
+    x, pad, y = sets(2048, g)
+    xt, padt, yt = sets(512, g)
+    torch.manual_seed(0)
+    model = SetRegressor()
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    order = torch.Generator().manual_seed(99)
+    losses: list[float] = []
+    alive = torch.zeros(64, dtype=torch.bool)
+
+    def loop() -> None:
+        for step in range(300):
+            if step % 32 == 0:
+                perm = torch.randperm(2048, generator=order)
+            rows = perm[(step % 32) * 64 : (step % 32 + 1) * 64]
+            opt.zero_grad()
+            out = model(x[rows], pad[rows])
+            loss = F.mse_loss(out, y[rows])
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+
+    def note(_m: nn.Module, _i: tuple, out: torch.Tensor) -> None:
+        if len(losses) >= 250:
+            alive.logical_or_((out > 0).any(0))
+
+    handle = model.head[1].register_forward_hook(note)
+    dbg = support.watching(model, loop, watched)
+    handle.remove()
+    model.eval()
+    with torch.no_grad():
+        mse = float(F.mse_loss(model(xt, padt), yt))
+    return losses, mse, 1 - float(alive.float().mean()), dbg
+
+
+def test_a_layer_left_with_a_tenth_of_its_units_is_reported_though_the_loss_fell_tenfold():
+    """A learning rate 50x too high (Adam 5e-2) kills 60 of the head's 64 ReLU units in its first steps; the loss
+    still falls more than tenfold (hunt 24), but the held-out error is many times the twin's (Adam 1e-3)."""
+    losses, mse, off, _ = set_run(5e-2, watched=False)
+    _, twin_mse, twin_off, _ = set_run(1e-3, watched=False)
+    assert off >= 0.9 and twin_off < 0.5  # plain torch: never positive over the last 50 steps
+    assert sum(losses[-75:]) / 75 < 0.1 * sum(losses[:37]) / 37  # the loss fell tenfold all the same
+    assert mse > 5 * twin_mse
+    watched, _, _, dbg = set_run(5e-2, watched=True)
+    assert watched == losses and dbg is not None
+    assert "dead_neurons" in [h.kind.value for h in dbg.hypotheses()], dbg.report()

@@ -203,3 +203,24 @@ def test_a_contrastive_loss_whose_positive_is_column_zero_is_silent():
 
     dbg = support.watching(encoder, loop, True)
     assert dbg is not None and "unshuffled_data" not in support.kinds(dbg), dbg.report()
+
+
+def test_a_policy_gradient_over_episodes_of_one_action_each_is_silent():
+    """A policy trained on each episode in turn, its cross-entropy per action (reduction="none") weighed by the
+    return: an episode takes mostly one action, the next another one. Each step is one episode by design."""
+    torch.manual_seed(0)
+    policy = nn.Sequential(nn.Linear(FEATURES, 32), nn.Tanh(), nn.Linear(32, 4))
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
+
+    def loop() -> None:
+        for episode in range(64):
+            states = torch.randn(32, FEATURES)
+            actions = torch.full((32,), episode % 4)
+            actions[:2] = (episode + 1) % 4
+            returns = torch.linspace(1.0, 0.1, 32)
+            opt.zero_grad()
+            (F.cross_entropy(policy(states), actions, reduction="none") * returns).mean().backward()
+            opt.step()
+
+    dbg = support.watching(policy, loop, True)
+    assert dbg is not None and "unshuffled_data" not in support.kinds(dbg), dbg.report()

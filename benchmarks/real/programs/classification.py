@@ -50,7 +50,10 @@ def mlp_train(hp: SimpleNamespace, session: Session) -> dict[str, float]:
             if isinstance(module, nn.Linear):
                 nn.init.constant_(module.weight, hp.init_value)
     optimizer = torch.optim.Adam(model.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
-    batches = loader(x_train, y_train, hp.batch_size)
+    if hp.order == "sorted":  # the set as stored, one class after another, and the DataLoader's shuffle left False
+        by_class = torch.argsort(y_train, stable=True)
+        x_train, y_train = x_train[by_class], y_train[by_class]
+    batches = loader(x_train, y_train, hp.batch_size, shuffle=hp.order != "sorted")
 
     def criterion(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if hp.loss == "softmax_ce":  # softmax in the model's head, then CrossEntropyLoss (which softmaxes again)
@@ -94,6 +97,7 @@ MLP_DEFAULTS = dict(
     first_bias=None,
     clip=None,
     init_value=None,
+    order="shuffled",
 )
 
 MLP = Program(
@@ -138,6 +142,13 @@ MLP = Program(
             K.RAW_INPUTS,
         ),
         Variant("weight_decay_1", "regularisation", "Adam weight_decay=1.0", {"weight_decay": 1.0}, K.HUGE_DECAY),
+        Variant(
+            "sorted_unshuffled",
+            "data_order",
+            "the training set sorted by class and DataLoader(shuffle=False)",
+            {"order": "sorted"},
+            K.UNSHUFFLED,
+        ),
         Variant(
             "activation_removed", "activation", "ReLU replaced by Identity", {"activation": "identity"}, K.LINEAR_MODEL
         ),
@@ -225,7 +236,10 @@ def cnn_train(hp: SimpleNamespace, session: Session) -> dict[str, float]:
     else:
         optimizer = torch.optim.SGD(params, lr=hp.lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
-    batches = loader(x_train, y_train, 64)
+    if hp.order == "sorted":  # the set as stored, one class after another, and the DataLoader's shuffle left False
+        by_class = torch.argsort(y_train, stable=True)
+        x_train, y_train = x_train[by_class], y_train[by_class]
+    batches = loader(x_train, y_train, 64, shuffle=hp.order != "sorted")
     with session.watch(model):
         for _epoch in range(hp.epochs):
             if hp.eval_mode:
@@ -264,6 +278,7 @@ CNN = Program(
         clip=None,
         eval_mode=False,
         detach_features=False,
+        order="shuffled",
     ),
     metric="accuracy",
     higher_is_better=True,
@@ -272,6 +287,13 @@ CNN = Program(
     functional_relu=("bn1", "bn2", "fc1", "fc2"),
     variants=(
         healthy("Conv-BN-ReLU x2, max-pool, Dropout, fc1, Dropout, fc2; log_softmax + nll_loss, Adadelta 1.0"),
+        Variant(
+            "sorted_unshuffled",
+            "data_order",
+            "the training set sorted by class and DataLoader(shuffle=False)",
+            {"order": "sorted"},
+            K.UNSHUFFLED,
+        ),
         Variant(
             "nll_on_raw_logits",
             "loss_function",
