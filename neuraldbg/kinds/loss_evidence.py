@@ -429,14 +429,15 @@ STILL_RISING = 1.2
 
 def converged(coverage: Coverage, curve: Curve) -> bool:
     """A fit that converged, not one held up: its loss fell a hundredfold, or its gradients did (a stationary
-    point; the thresholds of ``fit_loss_drop`` and of the stalled-updates room's stationary point). A classifier
-    whose loss ends at log(classes) did not converge, whatever its gradients did: they fall as much when a layer dies
-    (hunt 20: a CNN with dropout 0.9 lost its last BatchNorm's channels, its gradients fell a hundredfold, its loss
-    ended at log 5 = 1.61)."""
+    point; the thresholds of ``fit_loss_drop`` and of the stalled-updates room's stationary point). A loss that ends
+    at its chance level (:attr:`Curve.at_chance`: a classifier's log(classes), a regression's targets' variance) did
+    not converge, whatever its gradients did: they fall as much when a layer dies (hunt 20: a CNN with dropout 0.9
+    lost its last BatchNorm's channels, its gradients fell a hundredfold, its loss ended at log 5 = 1.61), and when a
+    model that cannot fit its targets reaches the best it can (hunt 23: a coordinate network with its activations
+    removed, trained full-batch, stopped at its best affine fit, R^2 0.008)."""
     if curve.start.mean > 0 and curve.end.mean <= 0.01 * curve.start.mean:
         return True
-    chance = math.log(curve.classes) if coverage.classifier_loss and curve.classes > 1 else None
-    if chance is not None and abs(curve.end.mean - chance) <= curve.band * chance:
+    if curve.at_chance:
         return False
     facts = coverage.training
     g0, g1 = facts.median("grad_norm", 0.0, 0.1), facts.median("grad_norm", 0.9, 1.0)

@@ -216,3 +216,70 @@ def test_deliberate_linear_compositions_are_no_pairs():
     # what is found: a feed-forward block without its activation, dropout and batch norm between
     ffn = nn.Sequential(nn.Linear(16, 64), nn.BatchNorm1d(64), nn.Dropout(0.1), nn.Linear(64, 16), nn.ReLU())
     assert pairs_of(ffn, x) == [("0", "3")]
+
+
+def grid_signal() -> tuple[torch.Tensor, torch.Tensor]:
+    """A 2-D signal on a 32 x 32 grid (an image to fit, as a coordinate network does) whose best affine fit explains
+    almost none of its variance."""
+    g = torch.linspace(-1, 1, 32)
+    xy = torch.stack(torch.meshgrid(g, g, indexing="ij"), -1).reshape(-1, 2)
+    x, y = xy[:, 0], xy[:, 1]
+    v = torch.sin(3 * torch.pi * x) * torch.cos(2 * torch.pi * y) + torch.exp(-((x - 0.3) ** 2 + (y + 0.2) ** 2) / 0.05)
+    return xy, v[:, None]
+
+
+def full_batch(model: nn.Module, xy: torch.Tensor, target: torch.Tensor, watched: bool, lr: float = 1e-3):
+    """300 full-batch steps of Adam on the mean squared error; the losses and the debugger."""
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    losses: list[float] = []
+
+    def loop() -> None:
+        for _ in range(300):
+            opt.zero_grad()
+            loss = F.mse_loss(model(xy), target)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+
+    return losses, support.watching(model, loop, watched)
+
+
+def coordinate_net(activation: type[nn.Module]) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(2, 64),
+        activation(),
+        nn.Linear(64, 64),
+        activation(),
+        nn.Linear(64, 64),
+        activation(),
+        nn.Linear(64, 1),
+    )
+
+
+def test_a_linear_stack_that_converged_at_its_targets_variance_is_found():
+    """Full-batch training of a linear stack reaches its best affine fit and its gradients fall a hundredfold: a
+    stationary point, but one at chance (hunt 23's SIREN with its sines removed: R^2 0.008)."""
+    xy, target = grid_signal()
+    design = torch.cat([xy, torch.ones(len(xy), 1)], dim=1)
+    best_affine = float(((design @ torch.linalg.lstsq(design, target).solution - target) ** 2).mean())
+    variance = float(target.var(unbiased=False))
+    assert best_affine > 0.95 * variance  # plain torch: no affine map explains the signal
+    losses, _ = full_batch(coordinate_net(nn.Identity), xy, target, watched=False)
+    assert losses[-1] < 1.01 * best_affine  # ... and the stack reached that fit
+    twin, _ = full_batch(coordinate_net(nn.Tanh), xy, target, watched=False, lr=3e-3)
+    assert twin[-1] < 0.5 * variance  # the same network with activations fits far better
+    watched, dbg = full_batch(coordinate_net(nn.Identity), xy, target, watched=True)
+    assert watched == losses and dbg is not None
+    assert kinds(dbg)[:1] == [KIND], dbg.explain_failure()
+
+
+def test_a_linear_stack_that_converged_on_a_noisy_linear_task_is_silent():
+    """The same stack on a linear signal with noise of its own size: it converges to the noise floor (R^2 0.5), the
+    loss falls twofold, not a hundredfold; nothing nonlinear was there to learn."""
+    xy, _ = grid_signal()
+    noise = torch.randn(len(xy), 1, generator=torch.Generator().manual_seed(3))
+    target = xy @ torch.tensor([[0.8], [-0.6]]) * 1.7 + noise
+    losses, dbg = full_batch(coordinate_net(nn.Identity), xy, target, watched=True)
+    assert 0.3 < losses[-1] / float(target.var(unbiased=False)) < 0.7  # plain torch: half the variance explained
+    assert dbg is not None and KIND not in kinds(dbg), dbg.explain_failure()
