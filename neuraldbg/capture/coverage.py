@@ -35,6 +35,8 @@ SCALE_FLOOR = 1.0
 #: start (a fit that converged to an exact zero, a margin loss, had gradients first).
 EARLY_READINGS = 8
 #: Skipped steps whose numbers are kept to show (the count is exact).
+#: Fully observed steps whose label mix is kept (see capture/label_mix.py).
+LABEL_STEPS = 1024
 _SHOWN_SKIPS = 20
 
 
@@ -211,10 +213,9 @@ class Coverage:
     # most; and the number of classes
     label_prior: tuple[float, ...] = ()
     label_classes: int = 0
-    # how mixed a step's labels are (capture/label_mix.py): (mean entropy of a step's labels, mean share of its most
-    # frequent class, entropy of all of them pooled, the most frequent class's share of them, steps counted), the
-    # reading over the most steps
-    label_mixing: tuple[float, ...] = ()
+    # how mixed each fully observed step's labels were (capture/label_mix.py): (step, its most frequent class, that
+    # class's share), for the steps that held enough labels, the first LABEL_STEPS of them
+    label_steps: list[tuple[int, int, float]] = field(default_factory=list)
     # the classes an nll_loss of one row per sample chose among on its first backward passes: the most finite entries
     # of a row, on average (0: not read)
     loss_options: float = 0.0
@@ -299,9 +300,9 @@ class Coverage:
             self.target_range = (record.target_range[0], record.target_range[1], record.target_range[2])
         if len(record.label_prior) == 4 and (not self.label_prior or record.label_prior[1] >= self.label_prior[1]):
             self.label_prior, self.label_classes = tuple(record.label_prior), record.label_classes
-        mixing = record.label_mixing
-        if len(mixing) == 5 and (not self.label_mixing or mixing[4] >= self.label_mixing[4]):
-            self.label_mixing = tuple(mixing)
+        for reading in record.label_steps:
+            if len(reading) == 4 and reading[3] > 0 and len(self.label_steps) < LABEL_STEPS:
+                self.label_steps.append((int(reading[0]), int(reading[1]), reading[2]))
         found = record.target_baseline
         if len(found) == 4 and (not self.target_baseline or found[2] >= self.target_baseline[2]):
             self.target_baseline, self.baseline_kind = tuple(found), record.baseline_kind

@@ -236,10 +236,10 @@ class GradLedger:
             # ... and each sample's own loss, beside the fingerprints its forward pass filed (see stats.samples)
             found_labels = labels or (loss_graph.class_labels(roots) if roots and (counted or mixing) else None)
             own = found_labels if counted else None
-            # ... and, on a fully observed step, the classes of a classifier's labels (one per row): how mixed are
-            # they within a step?
+            # ... and, on a fully observed step, the classes of a classifier's labels (one per row, the loss their
+            # mean or sum: a policy gradient weighs each row's term by hand): how mixed are they within a step?
             mix = None
-            if mixing and found_labels is not None and found_labels.target.dim() == 1:
+            if mixing and found_labels is not None and found_labels.reduced and found_labels.target.dim() == 1:
                 target = found_labels.target
                 mix = (label_counts(target, found_labels.classes, found_labels.ignore), found_labels.classes)
             per_sample = None

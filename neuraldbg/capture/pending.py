@@ -172,7 +172,7 @@ class Pending:
         dst.target_range = src.target_range or dst.target_range
         dst.label_prior = src.label_prior or dst.label_prior
         dst.label_classes = src.label_classes or dst.label_classes
-        dst.label_mixing = src.label_mixing or dst.label_mixing
+        dst.label_steps.extend(src.label_steps)
         dst.target_baseline = src.target_baseline or dst.target_baseline
         dst.baseline_kind = src.baseline_kind or dst.baseline_kind
         if src.labels_ahead is not None:
@@ -237,6 +237,13 @@ def _largest(field: str) -> Callable[[StepData, Any, float, float], None]:
         setattr(data, field, merge_max(getattr(data, field), value))
 
     return assign
+
+
+def _label_step(data: StepData, key: Any, extra: float, value: float) -> None:
+    """One element of a step's label mix (``key``: the step it describes; ``extra``: the element's index)."""
+    if extra == 0:
+        data.label_steps.append([float(key)])
+    data.label_steps[-1].append(value)
 
 
 def _profile(field: str) -> Callable[[StepData, Any, float, float], None]:
@@ -385,7 +392,7 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "loss_options": _largest("loss_options"),
     "target_range": _profile("target_range"),
     "label_prior": _profile("label_prior"),
-    "label_mixing": _profile("label_mixing"),
+    "label_step": _label_step,
     "target_baseline": _profile("target_baseline"),
     "padded": _padded,
     "carried": _largest("grad_carried"),

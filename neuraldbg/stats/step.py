@@ -91,10 +91,9 @@ class StepData:
     # counted, labels outside the classes], and the number of classes (dimension 1 of the loss's input)
     label_prior: list[float] = field(default_factory=list)
     label_classes: int = 0
-    # ... and how mixed a step's labels are over the fully observed steps so far (capture/label_mix.py): [mean
-    # entropy of a step's labels, mean share of its most frequent class, entropy of all of them pooled, the most
-    # frequent class's share of them, the steps counted]
-    label_mixing: list[float] = field(default_factory=list)
+    # ... and how mixed a fully observed step's labels were (capture/label_mix.py), filed at a later step: [the
+    # step, its most frequent class, that class's share, 1 when it held enough labels to count], one per step
+    label_steps: list[list[float]] = field(default_factory=list)
     # ... and how many classes each of its rows chooses among: its finite entries (a contrastive loss masks each
     # sample's own column), averaged over the rows; None: not read
     loss_options: float | None = None

@@ -260,28 +260,13 @@ def binary_counts(target: Tensor) -> Tensor:
 
 def step_label_mix(counts: Tensor) -> Tensor:
     """How mixed one training step's labels are, from their :func:`label_counts` (all its backward passes added
-    up), as one 1-d float tensor on their device (read later): [the entropy of their classes' frequencies in nats,
-    the most frequent class's share, 1 when the step held at least :data:`MIXED_MIN_LABELS` labels, else 0 (the
-    first two are 0 then)]."""
+    up), as one 1-d float tensor on their device (read later): [its most frequent class, that class's share of its
+    labels, 1 when the step held at least :data:`MIXED_MIN_LABELS` labels, else 0]."""
     seen = counts[:-1]
     n = seen.sum()
-    p = seen / n.clamp(min=1)
-    counted = (n >= MIXED_MIN_LABELS).to(p.dtype)
-    entropy = -torch.special.xlogy(p, p).sum()
-    return torch.stack((entropy * counted, p.max() * counted, counted))
-
-
-def label_mixing(steps: Tensor, pooled: Tensor) -> Tensor:
-    """What the steps' label mixes say (``steps``: the sum of their :func:`step_label_mix` readings; ``pooled``:
-    the label counts of the steps that counted, added up), as one 1-d float tensor on the device (read later):
-    [the mean entropy of a step's labels, the mean share of a step's most frequent class, the entropy of all those
-    labels pooled, the most frequent class's share of them, the steps counted]."""
-    counted = steps[2]
-    each = counted.clamp(min=1)
-    seen = pooled[:-1]
-    p = seen / seen.sum().clamp(min=1)
-    entropy = -torch.special.xlogy(p, p).sum()
-    return torch.stack((steps[0] / each, steps[1] / each, entropy, p.max(), counted)).float()
+    share, top = (seen / n.clamp(min=1)).max(0)
+    counted = (n >= MIXED_MIN_LABELS).to(share.dtype)
+    return torch.stack((top.to(share.dtype), share, counted)).float()
 
 
 def finite_per_row(values: Tensor) -> Tensor:
