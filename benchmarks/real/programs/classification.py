@@ -11,12 +11,31 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import DataLoader
 
 from .. import kinds as K
 from ..core import Program, Session, Variant, healthy, seed_everything
 from ._common import accuracy, image_split, loader, to_input
 
 FAMILY = "image_classification"
+
+#: The data-order fault of both programs: the training set as stored, one class after another, and the DataLoader's
+#: shuffle left False.
+SORTED_UNSHUFFLED = Variant(
+    "sorted_unshuffled",
+    "data_order",
+    "the training set sorted by class and DataLoader(shuffle=False)",
+    {"order": "sorted"},
+    K.UNSHUFFLED,
+)
+
+
+def training_batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, order: str) -> DataLoader:
+    """The training loader: shuffled (``order`` "shuffled"), or the set sorted by class and read in that order."""
+    if order == "sorted":
+        by_class = torch.argsort(y, stable=True)
+        return loader(x[by_class], y[by_class], batch_size, shuffle=False)
+    return loader(x, y, batch_size)
 
 
 # --- the MLP ---------------------------------------------------------------------------------------------
@@ -50,10 +69,7 @@ def mlp_train(hp: SimpleNamespace, session: Session) -> dict[str, float]:
             if isinstance(module, nn.Linear):
                 nn.init.constant_(module.weight, hp.init_value)
     optimizer = torch.optim.Adam(model.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
-    if hp.order == "sorted":  # the set as stored, one class after another, and the DataLoader's shuffle left False
-        by_class = torch.argsort(y_train, stable=True)
-        x_train, y_train = x_train[by_class], y_train[by_class]
-    batches = loader(x_train, y_train, hp.batch_size, shuffle=hp.order != "sorted")
+    batches = training_batches(x_train, y_train, hp.batch_size, hp.order)
 
     def criterion(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if hp.loss == "softmax_ce":  # softmax in the model's head, then CrossEntropyLoss (which softmaxes again)
@@ -142,13 +158,7 @@ MLP = Program(
             K.RAW_INPUTS,
         ),
         Variant("weight_decay_1", "regularisation", "Adam weight_decay=1.0", {"weight_decay": 1.0}, K.HUGE_DECAY),
-        Variant(
-            "sorted_unshuffled",
-            "data_order",
-            "the training set sorted by class and DataLoader(shuffle=False)",
-            {"order": "sorted"},
-            K.UNSHUFFLED,
-        ),
+        SORTED_UNSHUFFLED,
         Variant(
             "activation_removed", "activation", "ReLU replaced by Identity", {"activation": "identity"}, K.LINEAR_MODEL
         ),
@@ -236,10 +246,7 @@ def cnn_train(hp: SimpleNamespace, session: Session) -> dict[str, float]:
     else:
         optimizer = torch.optim.SGD(params, lr=hp.lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
-    if hp.order == "sorted":  # the set as stored, one class after another, and the DataLoader's shuffle left False
-        by_class = torch.argsort(y_train, stable=True)
-        x_train, y_train = x_train[by_class], y_train[by_class]
-    batches = loader(x_train, y_train, 64, shuffle=hp.order != "sorted")
+    batches = training_batches(x_train, y_train, 64, hp.order)
     with session.watch(model):
         for _epoch in range(hp.epochs):
             if hp.eval_mode:
@@ -287,13 +294,7 @@ CNN = Program(
     functional_relu=("bn1", "bn2", "fc1", "fc2"),
     variants=(
         healthy("Conv-BN-ReLU x2, max-pool, Dropout, fc1, Dropout, fc2; log_softmax + nll_loss, Adadelta 1.0"),
-        Variant(
-            "sorted_unshuffled",
-            "data_order",
-            "the training set sorted by class and DataLoader(shuffle=False)",
-            {"order": "sorted"},
-            K.UNSHUFFLED,
-        ),
+        SORTED_UNSHUFFLED,
         Variant(
             "nll_on_raw_logits",
             "loss_function",
