@@ -44,3 +44,6 @@ CAPACITY = frozenset({"loss_not_decreasing"})  # a change that only makes the mo
 LINEAR_MODEL = CAPACITY | {"no_nonlinearity"}
 # attention over padding tokens: a weaker model, and the fault named exactly
 UNMASKED_PADDING = CAPACITY | {"unmasked_padding"}
+# an output activation whose range does not hold what the output must match (its targets, or the data a generator
+# imitates): saturation against the bound, the loss held up, and the fault named exactly
+OUT_OF_RANGE = frozenset({"unreachable_targets", "saturated_activations", "loss_not_decreasing"})

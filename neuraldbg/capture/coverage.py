@@ -37,6 +37,8 @@ EARLY_READINGS = 8
 #: Skipped steps whose numbers are kept to show (the count is exact).
 #: Fully observed steps whose label mix is kept (see capture/label_mix.py).
 LABEL_STEPS = 1024
+#: Fully observed steps whose data is profiled against a bounded source's range, kept (see forward._note_source).
+INPUT_RANGES = 64
 _SHOWN_SKIPS = 20
 
 
@@ -199,6 +201,13 @@ class Coverage:
     # a loss by value on the output of a bounded activation: (activation, low, high, layer) and, over the first
     # backward passes, the reading with the largest share of targets out of its reach: (share, least MSE, variance)
     bounded_output: tuple[str, float, float, str] | None = None
+    # a layer with parameters given a bounded activation's output on training passes (another model's: a generator's
+    # images given to a discriminator) and data without a graph on others: (activation, low, high, the layer whose
+    # output it was, "" when no watched layer's, whether that layer is another debugger's model's); and, per fully
+    # observed step, the profile of that step's data with the largest share out of the range: (step, share, least
+    # MSE, variance)
+    bounded_input: tuple[str, float, float, str, bool] | None = None
+    input_ranges: list[tuple[int, float, float, float]] = field(default_factory=list)
     target_range: tuple[float, ...] = ()
     target_range_step: int = 0
     log_prob_gap: float | None = None
@@ -298,6 +307,10 @@ class Coverage:
             if not self.target_range:
                 self.target_range_step = record.step  # the first reading
             self.target_range = (record.target_range[0], record.target_range[1], record.target_range[2])
+        profiles = [p for p in record.input_range if len(p) == 3]
+        if profiles and len(self.input_ranges) < INPUT_RANGES:
+            share, floor, variance = max(profiles)
+            self.input_ranges.append((record.step, share, floor, variance))
         if len(record.label_prior) == 4 and (not self.label_prior or record.label_prior[1] >= self.label_prior[1]):
             self.label_prior, self.label_classes = tuple(record.label_prior), record.label_classes
         for reading in record.label_steps:

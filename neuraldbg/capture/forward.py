@@ -15,7 +15,7 @@ from ..model import causal_lm, naming
 from ..model.info import LayerInfo, Role
 from ..stats import tensors as stats
 from ..stats.step import SlotKey
-from . import hooks, measure
+from . import hooks, loss_graph, measure
 from .affine import affine_layers, composed_pairs
 from .clock import StepMode
 from .compiled import CompiledSlots
@@ -37,6 +37,13 @@ _LOOKED_AT = 8
 #: _note_entry): the model's input may be rescaled in its forward (``x / 255``, a Normalize with registered buffers)
 #: before any layer learns from it, and a program does so the same way on every pass.
 ENTRY_CHECKS = 8
+#: Fully observed forward passes in which the layers with parameters are watched for being given a bounded
+#: activation's output on some passes and data without a graph on others, that data profiled against the
+#: activation's range (see :meth:`ForwardPath._note_source`).
+RANGE_CHECKS = 64
+#: The key under which a bounded activation's graph node names its layer, in the node's metadata dict (see
+#: _note_source): a discriminator watched by its own debugger learns which generator layer made its input.
+_MADE_BY = "neuraldbg.made_by"
 #: Fully observed forward passes whose autograd graph is walked to tell whether the whole model is one affine map
 #: (see :mod:`neuraldbg.capture.affine`): a program builds the same graph on every pass.
 AFFINE_CHECKS = 2
@@ -97,6 +104,10 @@ class ForwardPath:
         self._cut_checks = CUT_CHECKS  # fully observed forward passes still to look at for one
         self._entry_checks = ENTRY_CHECKS  # fully observed forward passes still to read the entering data's scale in
         self._affine_checks = AFFINE_CHECKS  # ... and to walk for a model that is one affine map
+        self._range_checks = RANGE_CHECKS  # ... and to compare data with a bounded source's range in
+        # the layers with parameters given a bounded activation's output: (activation, low, high, the layer whose
+        # output it was, "" when no watched layer's, whether that layer is another debugger's model's)
+        self._sources: dict[str, tuple[str, float, float, str, bool]] = {}
         self._entered = 0  # layer calls with parameters given a floating input in this pass
         self._entries = 0  # their inputs read in this pass
 
@@ -144,6 +155,8 @@ class ForwardPath:
             if name and self._full and isinstance(module, nn.MultiheadAttention):
                 self._note_attention(name, args, kwargs)
             if not name:
+                if self._full and self._range_checks:  # the model's own data argument (a tensor it concatenates)
+                    self._note_source(name, args, kwargs, output)
                 self._end(args, kwargs, output)
             elif not self._full:
                 self._seen.append((name, output))
@@ -152,6 +165,8 @@ class ForwardPath:
                     self._note_cut(name, args, output)
                 if self._entry_checks and self._entries < _ENTRIES:
                     self._note_entry(name, args, kwargs)
+                if self._range_checks:
+                    self._note_source(name, args, kwargs, output)
                 self._layer(name, output)
         except Exception as exc:
             rec.fail(f"the forward hook of {repr(name) if name else 'the model'}", exc)
@@ -173,6 +188,8 @@ class ForwardPath:
         self._full = rec.pending.data.full
         self._entered = self._entries = 0
         self.autocast = False
+        if self._full and self._range_checks:
+            self._range_checks -= 1
         if self.nodes is not None:
             self.nodes = {}
         rec.coverage.forwards += 1
@@ -344,6 +361,44 @@ class ForwardPath:
             return
         self._label_checks -= 1
         self._target().put("labels_ahead", None, stats.labels_ahead(ids, labels))
+
+    def _note_source(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        """A fully observed training pass: a module (the model itself included) whose data argument is a bounded
+        activation's output (another model's sigmoid or tanh: a generator's images given to a discriminator)
+        remembers that activation and the layer whose output it was; given data without a graph on another pass
+        (the real images), that data is
+        profiled against the activation's range (read at the flush, see
+        :func:`~neuraldbg.stats.tensors.out_of_range`): what such a source cannot reach, it cannot imitate.
+        Graph nodes are looked at, nothing else is read unless that happens."""
+        t = stats.first_tensor(output)
+        node = t.grad_fn if t is not None else None
+        if node is None:
+            return
+        if loss_graph.bounded_range(node) is not None:  # the node carries its layer's name to the layers it feeds
+            meta = getattr(node, "metadata", None)
+            if isinstance(meta, dict):
+                meta.setdefault(_MADE_BY, (id(self), name))
+        x = stats.data_argument(args, kwargs)
+        if x is None or _where(x) is None:
+            return
+        if x.grad_fn is not None:
+            if name not in self._sources:
+                made = loss_graph.bounded_node(x.grad_fn)
+                spec = loss_graph.bounded_range(made) if made is not None else None
+                if spec is not None:
+                    meta = getattr(made, "metadata", None)
+                    by = meta.get(_MADE_BY) if isinstance(meta, dict) else None
+                    layer, elsewhere = (by[1], by[0] != id(self)) if isinstance(by, tuple) else ("", False)
+                    self._sources[name] = (*spec, layer, elsewhere)
+            return
+        source = self._sources.get(name)
+        if source is None:
+            return
+        coverage = self._rec.coverage
+        if coverage.bounded_input is None:
+            coverage.bounded_input = source
+        entries = [("input_range", None, float(i)) for i in range(3)]
+        self._target().put_vector(entries, stats.out_of_range(x, source[1], source[2]))
 
     def _fingerprint(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """File one fingerprint per sample of the call's first tensor argument (its data, ids included), read at

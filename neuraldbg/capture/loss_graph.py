@@ -498,6 +498,23 @@ def bounded_prediction(losses: list[Tensor]) -> BoundedPrediction | None:
     return None
 
 
+def bounded_node(node: object) -> object | None:
+    """The graph node of the bounded activation (:data:`BOUNDED`) whose output a tensor with graph node ``node`` is,
+    looking through nodes that only reshape it; None when no such activation made it. A model given another
+    model's output (a discriminator given a generator's images) learns what that output can hold."""
+    found = node
+    for _ in range(_HOPS):
+        if found is None or type(found).__name__ not in SHAPE_ONLY:
+            break
+        found = _first_input(found)
+    return found if found is not None and type(found).__name__ in BOUNDED else None
+
+
+def bounded_range(node: object) -> tuple[str, float, float] | None:
+    """The name and range of the bounded activation whose graph node ``node`` is, None for any other node."""
+    return BOUNDED.get(type(node).__name__)
+
+
 def _regression(node: object) -> Regression | None:
     """The MSE node's target when its reduction is the mean and its prediction holds one value per sample (a
     column ``(N, 1)`` or a vector ``(N,)``, the shape of a regression on one number per sample); else None."""

@@ -173,6 +173,7 @@ class Pending:
         dst.label_prior = src.label_prior or dst.label_prior
         dst.label_classes = src.label_classes or dst.label_classes
         dst.label_steps.extend(src.label_steps)
+        dst.input_range.extend(src.input_range)
         dst.target_baseline = src.target_baseline or dst.target_baseline
         dst.baseline_kind = src.baseline_kind or dst.baseline_kind
         if src.labels_ahead is not None:
@@ -237,6 +238,14 @@ def _largest(field: str) -> Callable[[StepData, Any, float, float], None]:
         setattr(data, field, merge_max(getattr(data, field), value))
 
     return assign
+
+
+def _input_range(data: StepData, key: Any, extra: float, value: float) -> None:
+    """One element of the profile of a pass's data against a bounded source's range (``extra``: its index; 0
+    begins a new profile: a step may give the model several batches of data)."""
+    if extra == 0:
+        data.input_range.append([])
+    data.input_range[-1].append(value)
 
 
 def _label_step(data: StepData, key: Any, extra: float, value: float) -> None:
@@ -393,6 +402,7 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "target_range": _profile("target_range"),
     "label_prior": _profile("label_prior"),
     "label_step": _label_step,
+    "input_range": _input_range,
     "target_baseline": _profile("target_baseline"),
     "padded": _padded,
     "carried": _largest("grad_carried"),

@@ -11,6 +11,15 @@ of its elements out of the activation's range, whose squared distance to the ran
 the output can reach) is at least :data:`FLOOR` of the target's variance. Targets on the range's bounds (0/1
 labels under a sigmoid) are within reach. A loss between two bounded outputs (a student's and a teacher's features)
 never has its targets out of range.
+
+The same fault between two models: a model given another model's output on some training passes (a discriminator
+given a generator's images) and data without a graph on others (the real images). When that output came from a
+bounded activation (:func:`~neuraldbg.capture.loss_graph.bounded_node`) and the data has at least :data:`SHARE`
+of its elements out of its range, at least :data:`FLOOR` of its variance away, on at least :data:`DATA_STEPS`
+fully observed steps and half of those profiled, the source cannot produce what it is trained to imitate: a
+generator ending in a sigmoid for images normalised to [-1, 1] never makes a pixel below 0, and the discriminator
+tells its images from the real ones by range alone. The event names the layer whose output the source is when it
+is watched (both models in one), none otherwise (the discriminator watched alone).
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ SHARE = 0.05
 #: The least mean squared error the range allows, at least this share of the target's variance: what the model
 #: cannot learn is a real part of what there is to learn.
 FLOOR = 0.05
+#: Fully observed steps whose data lies out of a bounded source's range, at least (one odd batch is not the data).
+DATA_STEPS = 3
 
 
 class UnreachableTargets(Kind):
@@ -40,7 +51,7 @@ class UnreachableTargets(Kind):
     def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
         bounded, profile = coverage.bounded_output, coverage.target_range
         if bounded is None or len(profile) != 3:
-            return None
+            return _data_out_of_reach(coverage)
         share, floor, variance = profile
         if not (share >= SHARE and floor >= FLOOR * variance and floor > 0):
             return None
@@ -61,6 +72,8 @@ class UnreachableTargets(Kind):
     ) -> tuple[str, str]:
         m = root.metrics
         activation = root.detail or "an activation"
+        if m.get("source"):
+            return _explain_source(root, activation)
         where = f"the output of '{root.layer}'" if root.layer else "the model's output"
         what = (
             f"Targets out of the output's range: from step {root.step_start}, {where} passes through a "
@@ -82,9 +95,13 @@ class UnreachableTargets(Kind):
 
     def describe(self, event: SemanticEvent) -> str:
         share = num(100 * event.metrics.get("share", 0.0))
+        if event.metrics.get("source"):
+            return f"{share}% of the data out of the range {_range(event.metrics)} of the {event.detail} imitating it"
         return f"{share}% of the targets out of the {event.detail or 'output'}'s range {_range(event.metrics)}"
 
     def label(self, event: SemanticEvent) -> str:
+        if event.metrics.get("source"):
+            return f"data out of the input {event.detail or 'activation'}'s range"
         return f"targets out of the {event.detail or 'output'}'s range"
 
     def effect(self, event: SemanticEvent) -> str:
@@ -94,3 +111,46 @@ class UnreachableTargets(Kind):
 def _range(metrics: dict[str, float]) -> str:
     low, high = metrics.get("low", 0.0), metrics.get("high", math.inf)
     return f"[{num(low)}, inf)" if math.isinf(high) else f"[{num(low)}, {num(high)}]"
+
+
+def _data_out_of_reach(coverage: Coverage) -> SemanticEvent | None:
+    """The finding between two models (see the module's doc), or None."""
+    if coverage.bounded_input is None or not coverage.input_ranges:
+        return None
+    out = [r for r in coverage.input_ranges if r[1] >= SHARE and r[2] >= FLOOR * r[3] and r[2] > 0]
+    if len(out) < DATA_STEPS or 2 * len(out) < len(coverage.input_ranges):
+        return None
+    _, share, floor, variance = sorted(out, key=lambda r: r[1])[len(out) // 2]  # the median step's data
+    activation, low, high, layer, elsewhere = coverage.bounded_input
+    metrics = {"share": share, "floor": floor, "variance": variance, "low": low, "high": high, "source": 1.0}
+    metrics["elsewhere"] = float(elsewhere)
+    metrics["steps"] = float(len(out))
+    return layer_event(KIND, layer, out[0][0], coverage.last_step, metrics, activation)
+
+
+def _explain_source(root: SemanticEvent, activation: str) -> tuple[str, str]:
+    m = root.metrics
+    span = _range(m)
+    if not root.layer:
+        source = f"the output of a {activation} (values in {span}), another model's output such as a generator's"
+    elif m.get("elsewhere"):
+        source = f"the output of the {activation} at '{root.layer}' of another watched model (values in {span})"
+    else:
+        source = f"the output of the {activation} at '{root.layer}' (values in {span})"
+    share = num(100 * m.get("share", 0.0))
+    floor = m.get("floor", 0.0)
+    what = (
+        f"Data out of reach of the model that imitates it: from step {root.step_start}, on some training passes "
+        f"layers of this model are given {source}, and on others data without a graph (the real samples), {share}% "
+        f"of whose values lie outside that range (on {num(m.get('steps', 0.0))} fully observed steps). The "
+        f"{activation} can never produce them: the least mean squared distance of the data to its range is "
+        f"{num(floor)} ({num(100 * floor / max(m.get('variance', 0.0), 1e-12))}% of the data's variance), and the "
+        "model given both can tell them apart by range alone."
+    )
+    maker = f"'{root.layer}'" if root.layer else "the model that makes these inputs"
+    fix = (
+        f"replace the {activation} at {maker} with an activation whose range holds the data (tanh for data in "
+        f"[-1, 1], none for unbounded data), or scale the data into {span} (images: ToTensor() alone gives [0, 1]; "
+        "Normalize((0.5,), (0.5,)) after it gives [-1, 1])."
+    )
+    return what, fix

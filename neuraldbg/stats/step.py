@@ -82,6 +82,9 @@ class StepData:
     regression_target: list[float] = field(default_factory=list)
     # the targets of a loss by value on a bounded output: [share out of its range, least MSE it allows, variance]
     target_range: list[float] = field(default_factory=list)
+    # data given to the model without a graph, on steps where other inputs came from a bounded activation (a
+    # generator's sigmoid or tanh): one [share out of its range, least MSE it allows, variance] per pass
+    input_range: list[list[float]] = field(default_factory=list)
     # the input of an nll_loss that no log_softmax produced: its largest |logsumexp| over the classes (0: log-probs)
     log_prob_gap: float | None = None
     # the input of a clamp that made a binary_cross_entropy's input: its share of values outside [0, 1] (0 for

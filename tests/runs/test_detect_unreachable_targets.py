@@ -208,3 +208,217 @@ def test_the_value_of_the_action_taken_picked_from_a_relu_output_is_judged():
     assert dbg is not None and found(dbg), dbg.explain_failure()
     _, twin = run(relu=False, watched=True)
     assert twin is not None and not found(twin), twin.explain_failure()
+
+
+# --- between two models: a generator whose output range does not hold the data its discriminator is shown ---------
+
+
+def bars(n: int, low: float, high: float, seed: int = 0) -> torch.Tensor:
+    """8x8 images of one bright bar (a row or a column) on a dark ground, scaled to [low, high], with a little
+    noise kept inside that range: a data set a small GAN learns in a few hundred steps."""
+    g = torch.Generator().manual_seed(seed)
+    img = torch.zeros(n, 8, 8)
+    idx = torch.randint(0, 8, (n,), generator=g)
+    rows = torch.rand(n, generator=g) < 0.5
+    for i in range(n):
+        if rows[i]:
+            img[i, idx[i], :] = 1.0
+        else:
+            img[i, :, idx[i]] = 1.0
+    img = (img + 0.05 * torch.rand(n, 8, 8, generator=g)).clamp(0, 1)
+    return (low + (high - low) * img).reshape(n, 64)
+
+
+def gan(activation: nn.Module) -> tuple[nn.Module, nn.Module]:
+    g = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), activation)
+    d = nn.Sequential(nn.Linear(64, 64), nn.LeakyReLU(0.2), nn.Linear(64, 1), nn.Sigmoid())
+    return g, d
+
+
+def train_gan(activation: nn.Module, x: torch.Tensor, watched: bool, steps: int = 200):
+    """pytorch/examples' DCGAN loop: D on real, then on fake.detach(), then G through D; BCELoss, two Adams."""
+    torch.manual_seed(0)
+    netG, netD = gan(activation)
+    optD = torch.optim.Adam(netD.parameters(), lr=1e-3, betas=(0.5, 0.999))
+    optG = torch.optim.Adam(netG.parameters(), lr=1e-3, betas=(0.5, 0.999))
+    criterion = nn.BCELoss()
+    dbgs = (NeuralDbg(netG), NeuralDbg(netD)) if watched else ()
+    for dbg in dbgs:
+        dbg.__enter__()
+    try:
+        g = torch.Generator().manual_seed(1)
+        for _ in range(steps):
+            real = x[torch.randint(0, len(x), (64,), generator=g)]
+            netD.zero_grad()
+            errD_real = criterion(netD(real).squeeze(1), torch.ones(64))
+            errD_real.backward()
+            fake = netG(torch.randn(64, 8, generator=g))
+            errD_fake = criterion(netD(fake.detach()).squeeze(1), torch.zeros(64))
+            errD_fake.backward()
+            optD.step()
+            netG.zero_grad()
+            errG = criterion(netD(fake).squeeze(1), torch.ones(64))
+            errG.backward()
+            optG.step()
+    finally:
+        for dbg in reversed(dbgs):
+            dbg.__exit__(None, None, None)
+    with torch.no_grad():
+        samples = netG(torch.randn(512, 8, generator=torch.Generator().manual_seed(99)))
+    return samples, dbgs
+
+
+def moment_gap(fake: torch.Tensor, real: torch.Tensor) -> float:
+    return float((fake.mean(0) - real.mean(0)).pow(2).mean().sqrt() + (fake.std(0) - real.std(0)).pow(2).mean().sqrt())
+
+
+def gan_found(dbgs: tuple) -> list:
+    return [h for dbg in dbgs for h in found(dbg)]
+
+
+def test_a_generator_ending_in_a_sigmoid_for_data_in_minus_one_one_is_found_from_its_discriminator():
+    x = bars(2048, -1.0, 1.0)
+    held_out = bars(512, -1.0, 1.0, seed=5)
+    samples, _ = train_gan(nn.Sigmoid(), x, watched=False)
+    twin, _ = train_gan(nn.Tanh(), x, watched=False)
+    # plain torch: the sigmoid generator never makes a pixel below 0, where most of the data's pixels are, and its
+    # samples' pixel moments are far from the data's; the tanh twin's are close
+    assert float(samples.min()) >= 0.0 and float((held_out < 0).float().mean()) > 0.7
+    assert moment_gap(samples, held_out) > 2 * moment_gap(twin, held_out)
+
+    watched, dbgs = train_gan(nn.Sigmoid(), x, watched=True)
+    assert torch.equal(watched, samples)  # training unchanged
+    hits = found(dbgs[1])  # the discriminator sees both the data and the generator's output
+    assert hits, dbgs[1].explain_failure()
+    assert dbgs[1].hypotheses()[0].kind.value == KIND
+    root = hits[0].root
+    assert root.detail == "sigmoid" and root.metrics["source"] == 1.0 and root.metrics["share"] > 0.7
+    assert (root.metrics["low"], root.metrics["high"]) == (0.0, 1.0)
+    assert "tanh" in hits[0].explanation and "another watched model" in hits[0].explanation
+    assert root.layer == "3" and root.metrics["elsewhere"] == 1.0  # the generator's sigmoid, named by its debugger
+    assert not found(dbgs[0])  # the generator's own debugger never sees the data
+
+
+@pytest.mark.parametrize(
+    ("activation", "low", "high"),
+    [(nn.Tanh(), -1.0, 1.0), (nn.Sigmoid(), 0.0, 1.0), (nn.Tanh(), 0.0, 1.0)],
+    ids=["tanh_pm1", "sigmoid_01", "tanh_01"],
+)
+def test_a_generator_whose_range_holds_the_data_is_silent(activation: nn.Module, low: float, high: float):
+    x = bars(2048, low, high)
+    plain, _ = train_gan(activation, x, watched=False, steps=60)
+    watched, dbgs = train_gan(activation, x, watched=True, steps=60)
+    assert torch.equal(watched, plain)
+    assert not gan_found(dbgs), [d.explain_failure() for d in dbgs]
+
+
+def test_the_source_is_read_through_views_and_only_from_bounded_activations():
+    from neuraldbg.capture.loss_graph import bounded_node, bounded_range
+
+    def source(t: torch.Tensor):
+        node = bounded_node(t.grad_fn)
+        return bounded_range(node) if node is not None else None
+
+    z = torch.randn(4, 16, requires_grad=True)
+    assert source(torch.sigmoid(z).view(4, 4, 4)) == ("sigmoid", 0.0, 1.0)
+    assert source(torch.tanh(z).reshape(64)) == ("tanh", -1.0, 1.0)
+    assert source(torch.relu(z).transpose(0, 1)) == ("ReLU", 0.0, float("inf"))
+    assert source(torch.tanh(z) * 2) is None  # a scaled tanh: its range is not the tanh's
+    assert source(z @ torch.ones(16, 16)) is None
+
+
+class GAN(nn.Module):
+    """Both models in one module, as a LightningModule holds them: the debugger watches the container."""
+
+    def __init__(self, activation: nn.Module) -> None:
+        super().__init__()
+        self.generator, self.discriminator = gan(activation)
+
+
+def test_both_models_in_one_watched_module_name_the_generators_activation():
+    x = bars(2048, -1.0, 1.0)
+    torch.manual_seed(0)
+    net = GAN(nn.Sigmoid())
+    netG, netD = net.generator, net.discriminator
+    optD = torch.optim.Adam(netD.parameters(), lr=1e-3, betas=(0.5, 0.999))
+    optG = torch.optim.Adam(netG.parameters(), lr=1e-3, betas=(0.5, 0.999))
+    g = torch.Generator().manual_seed(1)
+    with NeuralDbg(net) as dbg:
+        for _ in range(40):
+            real = x[torch.randint(0, len(x), (64,), generator=g)]
+            fake = netG(torch.randn(64, 8, generator=g))
+            optD.zero_grad()
+            errD = F.binary_cross_entropy(netD(real), torch.ones(64, 1))
+            errD = errD + F.binary_cross_entropy(netD(fake.detach()), torch.zeros(64, 1))
+            errD.backward()
+            optD.step()
+            optG.zero_grad()
+            F.binary_cross_entropy(netD(fake), torch.ones(64, 1)).backward()
+            optG.step()
+    hits = found(dbg)
+    assert hits, dbg.explain_failure()
+    assert hits[0].root.layer == "generator.3" and hits[0].root.detail == "sigmoid"
+    assert "'generator.3'" in hits[0].explanation and "another watched model" not in hits[0].explanation
+
+
+def test_data_out_of_range_on_too_few_steps_is_not_the_data():
+    """One odd batch out of range among many inside is no design fault: the finding needs DATA_STEPS steps and
+    half of those profiled."""
+    from neuraldbg.capture.coverage import Coverage, RunFacts
+
+    def judged(readings: list[tuple[int, float, float, float]]) -> bool:
+        coverage = Coverage()
+        coverage.bounded_input = ("sigmoid", 0.0, 1.0, "", False)
+        coverage.input_ranges = readings
+        coverage.last_step = 40
+        facts = RunFacts(trainable=10, backward_passes=40, optimizer_steps=40)
+        return unreachable_targets.UnreachableTargets().run_finding(coverage, facts) is not None
+
+    out, inside = (0.5, 0.3, 0.5), (0.0, 0.0, 0.1)
+    assert judged([(s, *out) for s in range(unreachable_targets.DATA_STEPS)])
+    assert not judged([(s, *out) for s in range(unreachable_targets.DATA_STEPS - 1)])
+    assert not judged([(s, *out) for s in range(4)] + [(s, *inside) for s in range(4, 12)])
+    assert not judged([(s, 0.5, 0.01, 0.5) for s in range(8)])  # out, but too close to the range to matter
+
+
+class ConditionalD(nn.Module):
+    """A conditional discriminator: its first layer is given the image concatenated with a label embedding, so
+    only the model's own data argument is the generator's output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(2, 8)
+        self.net = nn.Sequential(nn.Linear(72, 64), nn.LeakyReLU(0.2), nn.Linear(64, 1))
+
+    def forward(self, img: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([img, self.embed(label)], 1))
+
+
+@pytest.mark.parametrize(("activation", "low", "fault"), [(nn.Sigmoid(), -1.0, True), (nn.Tanh(), -1.0, False)])
+def test_a_conditional_discriminator_is_judged_on_its_own_data_argument(activation, low, fault):
+    x = bars(2048, low, 1.0)
+    labels = x.reshape(-1, 8, 8).sum(2).argmax(1) % 2  # which half the bar is in
+    torch.manual_seed(0)
+    netG = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), activation)
+    netD = ConditionalD()
+    optD, optG = torch.optim.Adam(netD.parameters(), lr=1e-3), torch.optim.Adam(netG.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    with NeuralDbg(netD) as dbg:
+        for _ in range(30):
+            i = torch.randint(0, len(x), (64,), generator=g)
+            real, label = x[i], labels[i]
+            fake = netG(torch.randn(64, 8, generator=g))
+            optD.zero_grad()
+            errD = F.binary_cross_entropy_with_logits(netD(real, label), torch.ones(64, 1))
+            errD = errD + F.binary_cross_entropy_with_logits(netD(fake.detach(), label), torch.zeros(64, 1))
+            errD.backward()
+            optD.step()
+            optG.zero_grad()
+            F.binary_cross_entropy_with_logits(netD(fake, label), torch.ones(64, 1)).backward()
+            optG.step()
+    # plain torch, on the data: most pixels lie below 0, out of the sigmoid's reach
+    assert float((x < 0).float().mean()) > 0.7
+    hits = found(dbg)
+    assert bool(hits) == fault, dbg.explain_failure()
+    if fault:
+        assert hits[0].root.layer == "" and "a sigmoid" in hits[0].explanation  # the generator is not watched

@@ -225,7 +225,7 @@ DCGAN = Program(
             "activation",
             "the generator ends in Sigmoid (0..1) for data in -1..1",
             {"g_activation": "sigmoid"},
-            K.CAPACITY | {"saturated_activations"},
+            K.OUT_OF_RANGE,
             ("main.7",),
         ),
     ),
