@@ -83,6 +83,7 @@ class FailureKind(str, metaclass=_Names):
     BROADCAST_LOSS: ClassVar[FailureKind]
     NO_NONLINEARITY: ClassVar[FailureKind]
     UNSHUFFLED_DATA: ClassVar[FailureKind]
+    ADVANTAGE_NOT_DETACHED: ClassVar[FailureKind]
 
     def __new__(cls, value: str) -> FailureKind:
         found = cls._declared.get(value) if isinstance(value, str) else None
@@ -168,6 +169,7 @@ for _name in (
     "broadcast_loss",
     "no_nonlinearity",
     "unshuffled_data",
+    "advantage_not_detached",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 

@@ -62,6 +62,7 @@ KINDS = frozenset(
         "no_nonlinearity",
         "unshuffled_data",
         "unreachable_targets",
+        "advantage_not_detached",
     }
 )
 

@@ -180,6 +180,10 @@ class Coverage:
     # a loss that compared each sample's prediction with other samples' targets (capture/loss_graph.py: crossed):
     # (what compared them, the prediction's shape, the shape compared, the layer whose output it is, step)
     crossed_loss: tuple[str, tuple[int, ...], tuple[int, ...], str, int] | None = None
+    # a loss that weighs a log-probability by a difference carrying a gradient to parameters the log-probability does
+    # not use (an advantage ``R - value`` not detached): the layers that hold them (none when no watched layer does)
+    # and the step first seen
+    undetached: tuple[tuple[str, ...], int] | None = None
     classifier_loss: str = ""  # the loss normalises logits itself (cross_entropy, ...): the model is a classifier
     # the profile of a mean squared error's target on one value per sample over the first backward passes
     # (capture/loss_graph.py): (all integers 1.0/0.0, smallest, largest, mean variance); () when no such loss

@@ -248,6 +248,9 @@ class GradLedger:
             # ... and a loss that compares each prediction with other samples' targets (shapes only, nothing read)
             if checked and rec.coverage.crossed_loss is None:
                 self._note_crossed(checked)
+            # ... and a policy-gradient term whose advantage carries a gradient to a value head (graph nodes only)
+            if checked and rec.coverage.undetached is None:
+                self._note_undetached(checked)
             # ... and the targets of a binary cross-entropy or a mean squared error: their base rates or variances
             looked_for = self._looked or (mixing and mix is None and found_labels is None)
             targeted = loss_graph.loss_targets(roots) if roots and looked_for else None
@@ -275,6 +278,19 @@ class GradLedger:
         if found is not None:
             step = rec.pending.data.step
             rec.coverage.crossed_loss = (found.loss, found.prediction, found.compared, nodes.get(found.node, ""), step)
+
+    def _note_undetached(self, roots: list[Tensor]) -> None:
+        """Note a loss that weighs a log-probability by a difference (an advantage) that carries a gradient to
+        parameters the log-probability does not use, with the layers that hold them (see
+        :func:`~neuraldbg.capture.loss_graph.undetached_weight`); an empty tuple when no watched layer holds them."""
+        rec = self._rec
+        found = loss_graph.undetached_weight(roots)
+        if found is None:
+            return
+        held = {id(t) for t in found.parameters}
+        names = [p.name for p in rec.backward.params if id(p.tensor) in held]
+        layers = tuple(dict.fromkeys(name.rpartition(".")[0] for name in names))
+        rec.coverage.undetached = (layers, rec.pending.data.step)
 
     def _confirmation(self, carried: list[int]) -> Tensor | None:
         """The largest magnitude of a few carried gradients, on the device (0: they were zeroed through ``.data``)."""

@@ -71,6 +71,8 @@ ACTIVATIONS = {
 }
 #: Reshaping nodes looked through, at most.
 _HOPS = 8
+#: Nodes that pick some of their input's values, unchanged (see _SELECTING).
+_SELECTING_NAMES = frozenset({"GatherBackward0", "IndexBackward0", "MaskedSelectBackward0", "TakeBackward0"})
 #: The nodes of ``nll_loss`` (a batch of vectors; images and sequences).
 _NLL = frozenset({"NllLossBackward0", "NllLoss2DBackward0"})
 #: ``ctc_loss``: like ``nll_loss``, it takes log-probabilities and does not normalise them.
@@ -515,6 +517,110 @@ def bounded_range(node: object) -> tuple[str, float, float] | None:
     return BOUNDED.get(type(node).__name__)
 
 
+#: Nodes between a log-probability or an advantage and the product that weighs one by the other, looked through:
+#: a sign, reshaping, the value of the action taken picked out.
+_WEIGHING_PATH = SHAPE_ONLY | _SELECTING_NAMES | {"NegBackward0", "SumBackward0", "SumBackward1"}
+#: Nodes between a softmax's or a sigmoid's probabilities and their log (``Categorical(probs)`` renormalises and
+#: clamps them first).
+_TO_LOG = frozenset({"ClampBackward1", "ClampMinBackward0", "DivBackward0", "AddBackward0"}) | SHAPE_ONLY
+#: A difference: an advantage (a return minus a value, ``R - value``) or a baseline subtracted.
+_DIFFERENCES = frozenset({"SubBackward0", "SubBackward1", "RsubBackward0", "RsubBackward1"})
+#: Graph nodes walked to collect the parameters a factor depends on, at most.
+_PARAMETER_BUDGET = 20000
+
+
+@dataclass(frozen=True, slots=True)
+class UndetachedWeight:
+    """A product of a log-probability and a difference (an advantage) in a loss, where the difference depends on
+    parameters the log-probability does not (a value head): ``parameters`` are those tensors."""
+
+    parameters: tuple[Tensor, ...]
+
+
+def undetached_weight(losses: list[Tensor]) -> UndetachedWeight | None:
+    """The first product met from ``losses`` (the roots of one backward call, before it runs) of a log-probability
+    (a log_softmax, the log of a softmax's or a sigmoid's output, logits minus their logsumexp) and a difference that
+    carries a gradient to parameters the log-probability does not use: a policy-gradient loss whose advantage
+    ``R - value`` was not detached. None when there is none. Graph nodes only: nothing is read."""
+    for node, _ in _walk(losses):
+        if type(node).__name__ != "MulBackward0":
+            continue
+        inputs = [n for n, _ in getattr(node, "next_functions", ())]
+        if len(inputs) != 2 or any(n is None for n in inputs):
+            continue
+        for log_side, weight_side in (inputs, inputs[::-1]):
+            if not _is_log_probability(log_side):
+                continue
+            difference = _through(weight_side, _WEIGHING_PATH)
+            if difference is None or type(difference).__name__ not in _DIFFERENCES:
+                continue
+            policy = _parameters(log_side)
+            extra = {k: t for k, t in _parameters(weight_side).items() if k not in policy}
+            if extra:
+                return UndetachedWeight(tuple(extra.values()))
+    return None
+
+
+def _through(node: object, path: frozenset[str]) -> object | None:
+    """The first node from ``node`` down its first inputs that is not one of ``path``."""
+    for _ in range(_HOPS):
+        if node is None or type(node).__name__ not in path:
+            return node
+        node = _first_input(node)
+    return node
+
+
+def _is_log_probability(node: object) -> bool:
+    """Whether ``node`` (looking through a sign, reshaping and picking) computes log-probabilities: a log_softmax,
+    the log of a softmax's or a sigmoid's output (through a clamp or a renormalisation), or logits minus their
+    logsumexp."""
+    found = _through(node, _WEIGHING_PATH)
+    name = type(found).__name__
+    if name == "LogSoftmaxBackward0":
+        return True
+    if name == "LogBackward0":
+        below = _through(_first_input(found), _TO_LOG)
+        return type(below).__name__ in ("SoftmaxBackward0", "SigmoidBackward0")
+    if name == "SubBackward0":
+        inputs = [n for n, _ in getattr(found, "next_functions", ())]
+        if len(inputs) == 2 and type(_through(inputs[1], SHAPE_ONLY)).__name__ == "LogsumexpBackward0":
+            return True
+    return _is_gaussian_log_density(found)
+
+
+def _is_gaussian_log_density(node: object) -> bool:
+    """Whether ``node`` is a Normal distribution's ``log_prob`` as torch writes it: ``-(x - loc) ** 2 / (2 * var)
+    - log(scale) - log(sqrt(2 * pi))``."""
+    if type(node).__name__ in ("SubBackward0", "SubBackward1"):
+        inner = _first_input(node)
+        if type(inner).__name__ == "SubBackward0":
+            node = inner
+    inputs = [n for n, _ in getattr(node, "next_functions", ())]
+    if type(node).__name__ != "SubBackward0" or len(inputs) != 2:
+        return False
+    quotient, log_scale = inputs
+    if type(quotient).__name__ != "DivBackward0" or type(log_scale).__name__ != "LogBackward0":
+        return False
+    negated = _first_input(quotient)
+    return type(negated).__name__ == "NegBackward0" and type(_first_input(negated)).__name__ == "PowBackward0"
+
+
+def _parameters(node: object) -> dict[int, Tensor]:
+    """The leaf tensors (parameters) that the graph below ``node`` accumulates gradients into, by identity."""
+    found: dict[int, Tensor] = {}
+    stack, seen = [node], {id(node)}
+    while stack and len(seen) < _PARAMETER_BUDGET:
+        current = stack.pop()
+        variable = getattr(current, "variable", None)
+        if isinstance(variable, Tensor):
+            found[id(variable)] = variable
+        for nxt, _ in getattr(current, "next_functions", ()):
+            if nxt is not None and id(nxt) not in seen:
+                seen.add(id(nxt))
+                stack.append(nxt)
+    return found
+
+
 def _regression(node: object) -> Regression | None:
     """The MSE node's target when its reduction is the mean and its prediction holds one value per sample (a
     column ``(N, 1)`` or a vector ``(N,)``, the shape of a regression on one number per sample); else None."""
@@ -684,7 +790,7 @@ def _first_input(node: object) -> object:
 
 
 #: Nodes that pick some of their input's values, unchanged (a Q-network's value of the action taken, a mask).
-_SELECTING = frozenset({"GatherBackward0", "IndexBackward0", "MaskedSelectBackward0", "TakeBackward0"})
+_SELECTING = _SELECTING_NAMES
 
 
 def _producer(node: object) -> object:

@@ -19,6 +19,7 @@ from ..events import describe_events_with
 from ..reasoning.rules import LOSS_RELATION, SETS_OFF, CausalRule, ShowsInTheLoss, SurgeSetsOff
 from . import (
     activation_before_loss,
+    advantage_not_detached,
     broadcast_loss,
     class_index_regression,
     collapsed_output,
@@ -92,6 +93,7 @@ BUILTIN: tuple[Kind, ...] = (
     broadcast_loss.BroadcastLoss(),
     no_nonlinearity.NoNonlinearity(),
     unshuffled_data.UnshuffledData(),
+    advantage_not_detached.AdvantageNotDetached(),
     loss_at_chance.LossAtChance(),
     unstable_loss.UnstableLoss(),
     loss_not_decreasing.LossNotDecreasing(),

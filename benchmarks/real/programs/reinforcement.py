@@ -206,7 +206,7 @@ ACTOR_CRITIC = Program(
             "loss_function",
             "advantage R - value with the value's gradient (value.item() dropped)",
             {"advantage_grad": True},
-            K.WRONG_LOSS | {"unstable_loss"},
+            K.WRONG_LOSS | {"unstable_loss", "advantage_not_detached"},
         ),
     ),
 )
