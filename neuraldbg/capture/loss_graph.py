@@ -572,10 +572,13 @@ def _through(node: object, path: frozenset[str]) -> object | None:
 
 def _is_log_probability(node: object) -> bool:
     """Whether ``node`` (looking through a sign, reshaping and picking) computes log-probabilities: a log_softmax,
-    the log of a softmax's or a sigmoid's output (through a clamp or a renormalisation), or logits minus their
-    logsumexp."""
+    the log of a softmax's or a sigmoid's output (through a clamp or a renormalisation), logits minus their
+    logsumexp, a Normal's log-density; or a ratio of probabilities, the exp of a log-probability minus another."""
     found = _through(node, _WEIGHING_PATH)
     name = type(found).__name__
+    if name == "ExpBackward0":  # a probability ratio, exp(log_prob - old_log_prob): PPO's surrogate weighs it
+        below = _first_input(found)
+        return type(below).__name__ == "SubBackward0" and _is_log_probability(_first_input(below))
     if name == "LogSoftmaxBackward0":
         return True
     if name == "LogBackward0":

@@ -11,10 +11,11 @@ shows it.
 Read from the loss's autograd graph on the first backward passes that reach the model (see
 :func:`~neuraldbg.capture.loss_graph.undetached_weight`): exact, with no statistics. A product of a log-probability
 (a log_softmax; the log of a softmax's or sigmoid's output, as ``Categorical(probs).log_prob``; logits minus their
-logsumexp, as ``Categorical(logits=...)``) and a difference whose graph reaches parameters that the
-log-probability's does not. An entropy bonus (probabilities times their own log) and a focal loss's weight
-(``(1 - p) ** gamma``, the same head's) reach the same parameters; a return, a detached value or a baseline from a
-buffer carry no gradient. Rooted at the first layer holding those parameters (the value head).
+logsumexp, as ``Categorical(logits=...)``; a Normal's log-density; PPO's ratio ``exp(log_prob - old)``) and a
+difference whose graph reaches parameters that the log-probability's does not. An entropy bonus (probabilities
+times their own log) and a focal loss's weight (``(1 - p) ** gamma``, the same head's) reach the same parameters;
+a return, a detached value or a baseline from a buffer carry no gradient. Rooted at the first layer holding those
+parameters (the value head).
 """
 
 from __future__ import annotations

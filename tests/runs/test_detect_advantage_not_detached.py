@@ -54,10 +54,12 @@ def policy_terms(model: ActorCritic, x: torch.Tensor, variant: str) -> tuple[tor
         policy = (-log_prob * (r - value.detach())).mean() - 0.01 * (-(probs * probs.log()).sum(1)).mean()
     elif variant == "returns_only":  # REINFORCE without a baseline
         policy = (-log_prob * r).mean()
-    elif variant == "ppo":  # a clipped ratio times advantages computed without a gradient
+    elif variant in ("ppo", "ppo_not_detached"):  # a clipped ratio times advantages
         with torch.no_grad():
-            advantage = r - value
             old = log_prob.detach() + 0.01
+        advantage = r - value
+        if variant == "ppo":  # ... computed without a gradient, as a rollout buffer holds them
+            advantage = advantage.detach()
         ratio = (log_prob - old).exp()
         policy = -torch.min(ratio * advantage, ratio.clamp(0.8, 1.2) * advantage).mean()
     else:  # "detached"
@@ -121,9 +123,12 @@ def test_the_policy_term_of_an_undetached_advantage_trains_the_value_head_and_is
     assert "value.detach()" in hits[0].explanation and "'value_head'" in hits[0].explanation
 
 
-def test_logits_normalised_by_their_logsumexp_are_log_probabilities_too():
-    _, dbg, _ = train("logits", steps=20, watched=True)
+@pytest.mark.parametrize("variant", ["logits", "ppo_not_detached"])
+def test_logits_normalised_by_their_logsumexp_and_a_ppo_ratio_are_log_probabilities_too(variant: str):
+    """``Categorical(logits=...)`` normalises by a logsumexp; PPO weighs ``exp(log_prob - old_log_prob)``."""
+    _, dbg, _ = train(variant, steps=20, watched=True)
     assert dbg is not None and found(dbg), dbg.explain_failure()
+    assert found(dbg)[0].root.layer == "value_head"
 
 
 @pytest.mark.parametrize("variant", ["detached", "entropy_bonus", "returns_only", "ppo"])
