@@ -205,11 +205,11 @@ class Coverage:
     # a loss by value on the output of a bounded activation: (activation, low, high, layer) and, over the first
     # backward passes, the reading with the largest share of targets out of its reach: (share, least MSE, variance)
     bounded_output: tuple[str, float, float, str] | None = None
-    # a layer with parameters given a bounded activation's output on training passes (another model's: a generator's
-    # images given to a discriminator) and data without a graph on others: (activation, low, high, the layer whose
-    # output it was, "" when no watched layer's, whether that layer is another debugger's model's); and, per fully
-    # observed step, the profile of that step's data with the largest share out of the range: (step, share, least
-    # MSE, variance)
+    # a module (the model itself included) given a bounded activation's output on training passes (another model's:
+    # a generator's images given to a discriminator) and data without a graph on others: (activation, low, high, the
+    # layer whose output it was, "" when no watched layer's, whether that layer is another debugger's model's); and,
+    # per fully observed step, the profile of that step's data with the largest share out of the range: (step, share,
+    # least MSE, variance)
     bounded_input: tuple[str, float, float, str, bool] | None = None
     input_ranges: list[tuple[int, float, float, float]] = field(default_factory=list)
     target_range: tuple[float, ...] = ()

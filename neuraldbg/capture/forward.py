@@ -37,8 +37,8 @@ _LOOKED_AT = 8
 #: _note_entry): the model's input may be rescaled in its forward (``x / 255``, a Normalize with registered buffers)
 #: before any layer learns from it, and a program does so the same way on every pass.
 ENTRY_CHECKS = 8
-#: Fully observed forward passes in which the layers with parameters are watched for being given a bounded
-#: activation's output on some passes and data without a graph on others, that data profiled against the
+#: Fully observed forward passes in which the watched modules (the model itself included) are watched for being given
+#: a bounded activation's output on some passes and data without a graph on others, that data profiled against the
 #: activation's range (see :meth:`ForwardPath._note_source`).
 RANGE_CHECKS = 64
 #: The key under which a bounded activation's graph node names its layer, in the node's metadata dict (see
@@ -105,8 +105,8 @@ class ForwardPath:
         self._entry_checks = ENTRY_CHECKS  # fully observed forward passes still to read the entering data's scale in
         self._affine_checks = AFFINE_CHECKS  # ... and to walk for a model that is one affine map
         self._range_checks = RANGE_CHECKS  # ... and to compare data with a bounded source's range in
-        # the layers with parameters given a bounded activation's output: (activation, low, high, the layer whose
-        # output it was, "" when no watched layer's, whether that layer is another debugger's model's)
+        # the modules given a bounded activation's output: (activation, low, high, the layer whose output it was, ""
+        # when no watched layer's, whether that layer is another debugger's model's)
         self._sources: dict[str, tuple[str, float, float, str, bool]] = {}
         self._entered = 0  # layer calls with parameters given a floating input in this pass
         self._entries = 0  # their inputs read in this pass
@@ -366,8 +366,7 @@ class ForwardPath:
         """A fully observed training pass: a module (the model itself included) whose data argument is a bounded
         activation's output (another model's sigmoid or tanh: a generator's images given to a discriminator)
         remembers that activation and the layer whose output it was; given data without a graph on another pass
-        (the real images), that data is
-        profiled against the activation's range (read at the flush, see
+        (the real images), that data is profiled against the activation's range (read at the flush, see
         :func:`~neuraldbg.stats.tensors.out_of_range`): what such a source cannot reach, it cannot imitate.
         Graph nodes are looked at, nothing else is read unless that happens."""
         t = stats.first_tensor(output)

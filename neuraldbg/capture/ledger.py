@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from ..model.info import owner_of_params
 from ..stats import samples
 from ..stats.tensors import (
     binary_counts,
@@ -288,8 +289,9 @@ class GradLedger:
         if found is None:
             return
         held = {id(t) for t in found.parameters}
+        owners = owner_of_params(rec.infos)
         names = [p.name for p in rec.backward.params if id(p.tensor) in held]
-        layers = tuple(dict.fromkeys(name.rpartition(".")[0] for name in names))
+        layers = tuple(dict.fromkeys(owners.get(name, name.rpartition(".")[0]) for name in names))
         rec.coverage.undetached = (layers, rec.pending.data.step)
 
     def _confirmation(self, carried: list[int]) -> Tensor | None:

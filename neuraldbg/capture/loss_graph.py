@@ -71,8 +71,8 @@ ACTIVATIONS = {
 }
 #: Reshaping nodes looked through, at most.
 _HOPS = 8
-#: Nodes that pick some of their input's values, unchanged (see _SELECTING).
-_SELECTING_NAMES = frozenset({"GatherBackward0", "IndexBackward0", "MaskedSelectBackward0", "TakeBackward0"})
+#: Nodes that pick some of their input's values, unchanged (a Q-network's value of the action taken, a mask).
+_SELECTING = frozenset({"GatherBackward0", "IndexBackward0", "MaskedSelectBackward0", "TakeBackward0"})
 #: The nodes of ``nll_loss`` (a batch of vectors; images and sequences).
 _NLL = frozenset({"NllLossBackward0", "NllLoss2DBackward0"})
 #: ``ctc_loss``: like ``nll_loss``, it takes log-probabilities and does not normalise them.
@@ -504,11 +504,7 @@ def bounded_node(node: object) -> object | None:
     """The graph node of the bounded activation (:data:`BOUNDED`) whose output a tensor with graph node ``node`` is,
     looking through nodes that only reshape it; None when no such activation made it. A model given another
     model's output (a discriminator given a generator's images) learns what that output can hold."""
-    found = node
-    for _ in range(_HOPS):
-        if found is None or type(found).__name__ not in SHAPE_ONLY:
-            break
-        found = _first_input(found)
+    found = _through(node, SHAPE_ONLY)
     return found if found is not None and type(found).__name__ in BOUNDED else None
 
 
@@ -519,7 +515,7 @@ def bounded_range(node: object) -> tuple[str, float, float] | None:
 
 #: Nodes between a log-probability or an advantage and the product that weighs one by the other, looked through:
 #: a sign, reshaping, the value of the action taken picked out.
-_WEIGHING_PATH = SHAPE_ONLY | _SELECTING_NAMES | {"NegBackward0", "SumBackward0", "SumBackward1"}
+_WEIGHING_PATH = SHAPE_ONLY | _SELECTING | {"NegBackward0", "SumBackward0", "SumBackward1"}
 #: Nodes between a softmax's or a sigmoid's probabilities and their log (``Categorical(probs)`` renormalises and
 #: clamps them first).
 _TO_LOG = frozenset({"ClampBackward1", "ClampMinBackward0", "DivBackward0", "AddBackward0"}) | SHAPE_ONLY
@@ -790,10 +786,6 @@ def _first_input(node: object) -> object:
     """The node of ``node``'s first input (None when it has none, or a leaf's)."""
     inputs = getattr(node, "next_functions", ())
     return inputs[0][0] if inputs else None
-
-
-#: Nodes that pick some of their input's values, unchanged (a Q-network's value of the action taken, a mask).
-_SELECTING = _SELECTING_NAMES
 
 
 def _producer(node: object) -> object:
