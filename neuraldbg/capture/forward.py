@@ -420,8 +420,9 @@ class ForwardPath:
             self.discard_tentative()
             return
         inp = stats.data_argument(args, kwargs)  # the data, not a mask passed after it
-        self.input, self.output = stats.readable(inp) if inp is not None else None, stats.readable(t)
-        self.others = stats.other_floats(args, kwargs, inp)  # labels handed to a model that computes its loss
+        cheap_cpu = not self._full and t.is_cpu and self.host_reads_are_free
+        if not cheap_cpu:  # a cheap CPU step looks at the input and the other arguments only if the output is bad
+            self._keep_ends(args, kwargs, inp, t)
         data = self._target().data
         data.input_numel = inp.numel() if inp is not None else data.input_numel
         data.output_numel = t.numel()
@@ -454,9 +455,8 @@ class ForwardPath:
                 self._target().put("probabilities", None, stats.in_unit_interval(t))
         if t.requires_grad and self._rec.coverage.repeats.printing:  # a training pass: were its samples seen?
             self._fingerprint(args, kwargs)
-        cheap_cpu = not self._full and t.is_cpu and self.host_reads_are_free
         if cheap_cpu:
-            self._check_ends(t)
+            self._check_ends(args, kwargs, inp, t)
         # the loss gradient w.r.t. the output is read from a tensor hook, which also marks the start of the
         # backward pass; on a cheap CPU step under an optimizer, one element of the head layer's gradient read at
         # the optimizer step stands in for it (a Python call from the autograd engine costs ~15 us)
@@ -468,10 +468,16 @@ class ForwardPath:
         elif self._tentative is not None:
             self.discard_tentative()  # an eval-mode output nothing can differentiate: not training
 
-    def _check_ends(self, output: Tensor) -> None:
+    def _keep_ends(self, args: tuple[Any, ...], kwargs: dict[str, Any], inp: Tensor | None, output: Tensor) -> None:
+        """Hold the call's data, its other floating arguments and its output until the pass is let go."""
+        self.input, self.output = stats.readable(inp) if inp is not None else None, stats.readable(output)
+        self.others = stats.other_floats(args, kwargs, inp)  # labels handed to a model that computes its loss
+
+    def _check_ends(self, args: tuple[Any, ...], kwargs: dict[str, Any], inp: Tensor | None, output: Tensor) -> None:
         """The cheap check of a CPU step: the output's norm, read at once (a CPU read costs no device sync). Only
-        when it is non-finite are the input and the layer outputs, still alive, measured to find where it started;
-        then they are let go. (On a GPU every layer output is measured each step instead, read at the flush.)"""
+        when it is non-finite are the input, the other arguments and the layer outputs, still alive, measured to
+        find where it started; then they are let go. (On a GPU every layer output is measured each step instead,
+        read at the flush.)"""
         data = self._target().data
         value = stats.host_norm(output)
         if value is None:
@@ -479,9 +485,10 @@ class ForwardPath:
             return
         data.output_norm = merge_max(data.output_norm, value)
         if not math.isfinite(value):
-            inp = stats.host_norm(self.input) if self.input is not None else None
-            if inp is not None:
-                data.input_norm = merge_max(data.input_norm, inp)
+            self._keep_ends(args, kwargs, inp, output)
+            given = stats.host_norm(self.input) if self.input is not None else None
+            if given is not None:
+                data.input_norm = merge_max(data.input_norm, given)
             if self.others and math.isnan(float(stats.nan_flag(self.others))):
                 data.input_norm = math.nan  # NaN labels (or other data) handed to the model with its input
             refs = self.layer_refs()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import weakref
+from functools import partial
+from operator import attrgetter, is_
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,6 +20,10 @@ from .order import LayerOrder
 if TYPE_CHECKING:
     from .forward import ForwardPath
     from .recorder import Recorder
+
+_grad = attrgetter("grad")
+_is_none = partial(is_, None)
+_FLOAT32 = {torch.float32}
 
 
 class GradientReader:
@@ -155,11 +161,14 @@ class GradientReader:
             self._flat = stats.flat_check_pays(self._whole)
         if not self._whole:
             return None
-        grads = [g for g in [t.grad for t in self._whole] if g is not None]
-        if not grads or not stats.all_dense_on_cpu(grads):
+        grads = list(map(_grad, self._whole))
+        if any(map(_is_none, grads)):
+            grads = [g for g in grads if g is not None]
+        dtypes = stats.dense_cpu_dtypes(grads) if grads else None
+        if dtypes is None:
             return None
         # a gradient's dtype may differ from its parameter's: the flat sum takes float32 only
-        return stats.surely_finite(grads, flat=self._flat and stats.all_float32(grads))
+        return stats.surely_finite(grads, flat=self._flat and dtypes == _FLOAT32)
 
     def adopt_unfrozen(self) -> None:
         """Follow the parameters switched to ``requires_grad=True`` since the debugger was made, as if they had

@@ -346,14 +346,19 @@ class GradLedger:
         try:
             reached: list[int] = []
             fresh = False
+            marks = self._marks
             for i, t in enumerate(self._tensors):
                 g = t.grad
                 before = states[i]
                 if g is None or (before is not None and before[0] is g and before[1] == g._version):
                     continue
                 reached.append(i)
-                fresh = fresh or not _unchanged(self._marks[i], before)
-                self._marks[i] = _Mark(weakref.ref(g), g._version, False)
+                mark = marks[i]
+                fresh = fresh or not _unchanged(mark, before)
+                if mark is not None and mark.grad() is g:  # accumulated into the same tensor: the mark moves on
+                    mark.version, mark.after_step = g._version, False
+                else:
+                    marks[i] = _Mark(weakref.ref(g), g._version, False)
             if not reached:
                 return
             self._reached.update(reached)
@@ -635,7 +640,13 @@ class GradLedger:
         tensors, marks, reached = self._tensors, self._marks, self._reached
         for i in self._owned(owned):
             g = tensors[i].grad
-            marks[i] = _Mark(weakref.ref(g), g._version, True) if g is not None else None
+            mark = marks[i]
+            if g is None:
+                marks[i] = None
+            elif mark is not None and mark.grad() is g:  # the backward pass's mark, of this very tensor: moved on
+                mark.version, mark.after_step = g._version, True
+            else:
+                marks[i] = _Mark(weakref.ref(g), g._version, True)
             reached.discard(i)
 
 

@@ -320,18 +320,26 @@ def labels_ahead(input_ids: Tensor, labels: Tensor, ignore: int = -100) -> Tenso
 
 #: Tensor types whose values the reductions read directly.
 _PLAIN = (Tensor, torch.nn.Parameter)
+_PLAIN_TYPES = frozenset(_PLAIN)
+_kind = attrgetter("layout", "dtype", "is_cpu")
 
 
 def all_dense_on_cpu(tensors: Sequence[Tensor]) -> bool:
     """Whether :func:`dense` returns every tensor as it is (plain, strided, real floating values: not quantized,
-    not meta) and every one is on the CPU; checked over the whole list at once (a set of types, of layouts, of
-    dtypes), not tensor by tensor."""
-    return (
-        set(map(type, tensors)) <= set(_PLAIN)
-        and set(map(_layout, tensors)) <= {torch.strided}
-        and all(dtype.is_floating_point for dtype in set(map(_dtype, tensors)))
-        and all(t.is_cpu for t in tensors)
-    )
+    not meta) and every one is on the CPU; checked over the whole list at once (a set of types and one of layout,
+    dtype and device), not tensor by tensor."""
+    return dense_cpu_dtypes(tensors) is not None
+
+
+def dense_cpu_dtypes(tensors: Sequence[Tensor]) -> set[torch.dtype] | None:
+    """The dtypes of ``tensors`` when :func:`all_dense_on_cpu` holds (its check and the dtypes in one pass over the
+    list, where a hook runs at every step), else None."""
+    if not set(map(type, tensors)) <= _PLAIN_TYPES:
+        return None
+    kinds = set(map(_kind, tensors))
+    if all(layout is torch.strided and cpu and dtype.is_floating_point for layout, dtype, cpu in kinds):
+        return {dtype for _, dtype, _ in kinds}
+    return None
 
 
 def dense(t: Tensor) -> Tensor | None:

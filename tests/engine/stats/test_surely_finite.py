@@ -11,6 +11,7 @@ import torch
 
 from neuraldbg.stats.tensors import (
     all_dense_on_cpu,
+    dense_cpu_dtypes,
     dense,
     device_finite_probes,
     flat_check_pays,
@@ -77,6 +78,13 @@ def test_the_short_way_takes_only_plain_cpu_floats_that_dense_returns_as_they_ar
     ]
     for other in others:
         assert not all_dense_on_cpu([*plain, other])
+        assert dense_cpu_dtypes([*plain, other]) is None
+
+
+def test_the_one_pass_check_names_the_dtypes_the_flat_sum_needs() -> None:
+    mixed = [torch.ones(3), torch.nn.Parameter(torch.ones(2, dtype=torch.float64))]
+    assert dense_cpu_dtypes(mixed) == {torch.float32, torch.float64}  # not all float32: no flat sum
+    assert dense_cpu_dtypes(mixed[:1] * 3) == {torch.float32}
 
 
 def test_the_flat_sum_is_taken_for_many_small_float32_tensors_only() -> None:
