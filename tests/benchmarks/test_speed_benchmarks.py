@@ -1,11 +1,12 @@
-"""The speed benchmarks run and measure what they say: the peers' hand-written bound, the GPU script without a GPU."""
+"""The speed benchmarks run and measure what they say: the peers' hand-written bound, the GPU script without a GPU,
+the parts of a watched step timed inside the loop."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from benchmarks import gpu, peers
+from benchmarks import gpu, peers, step_parts
 from benchmarks.overhead import CASES
 
 
@@ -38,3 +39,15 @@ def test_the_first_steps_table_has_a_ratio_for_every_monitor_and_the_debuggers_a
 def test_the_gpu_script_says_there_is_no_gpu_and_succeeds(capsys: pytest.CaptureFixture[str]):
     assert gpu.main([]) == 0
     assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_the_step_parts_are_timed_inside_the_loop_and_the_timers_are_removed_after():
+    originals = {(cls, name): cls.__dict__[name] for _, cls, name in step_parts.PARTS}
+    case = next(c for c in CASES if c.build.__name__ == "tiny")
+    plain, watched, parts = step_parts.measure(case, steps=40, warmup=20, rounds=1)
+    assert plain > 0 and watched > 0
+    hook, pre = parts["forward hook (every module call)"], parts["optimizer pre-hook"]
+    assert hook > 0 and pre > 0
+    assert parts["    the output's cheap check"] <= parts["  end of the model's forward"] <= hook  # nested: within
+    assert parts["  finite check of the gradients"] <= pre
+    assert {(cls, name): cls.__dict__[name] for _, cls, name in step_parts.PARTS} == originals

@@ -11,8 +11,8 @@ import torch
 
 from neuraldbg.stats.tensors import (
     all_dense_on_cpu,
-    dense_cpu_dtypes,
     dense,
+    dense_cpu_dtypes,
     device_finite_probes,
     flat_check_pays,
     probe_sum,

@@ -1,0 +1,157 @@
+"""Where a watched step's time goes: each of the debugger's callbacks timed inside the training loop.
+
+    python -m benchmarks.step_parts                  # the tiny model, 5,000 steady steps
+    python -m benchmarks.step_parts --model deep --steps 200
+
+A torch operation issued from a hook costs several times what it costs in a hot microbenchmark (the caches are
+cold after the user's own step), so the parts are timed where they run: each callback of the recorder is wrapped
+with a timer for the measured steps only, and its time per step is printed with the plain step's and the watched
+step's (the wrappers add well under a microsecond per call). A callback's time includes the callbacks it calls
+(the forward hook's includes committing the last step and the flush). The timers are removed afterwards; the
+training itself is the same as ``benchmarks.overhead``'s (its models, batches and optimizer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from neuraldbg import NeuralDbg
+from neuraldbg.analysis.analyzer import Analyzer
+from neuraldbg.capture.backward import BackwardPath
+from neuraldbg.capture.forward import ForwardPath
+from neuraldbg.capture.gradients import GradientReader
+from neuraldbg.capture.ledger import GradLedger
+from neuraldbg.capture.recorder import Recorder
+
+from .overhead import CASES, Case, _fixture
+
+#: (label, class, method): what is timed, in the order printed. Nested parts are indented under their caller.
+PARTS: list[tuple[str, type, str]] = [
+    ("forward hook (every module call)", ForwardPath, "on_module_output"),
+    ("  commit of the last step", Recorder, "commit"),
+    ("    flush", Recorder, "flush"),
+    ("      analysis of the flushed records", Analyzer, "consume"),
+    ("  end of the model's forward", ForwardPath, "_end"),
+    ("    the output's cheap check", ForwardPath, "_check_ends"),
+    ("optimizer pre-hook", BackwardPath, "on_optimizer_step"),
+    ("  finite check of the gradients", GradientReader, "check_finite"),
+    ("  head-gradient probe", GradientReader, "read_head"),
+    ("  full-step gradient statistics", GradientReader, "capture"),
+    ("optimizer post-hook", BackwardPath, "on_optimizer_stepped"),
+    ("backward listener, before the pass", GradLedger, "before"),
+    ("backward listener, after the pass", GradLedger, "_after"),
+]
+
+_MODELS = {"tiny": 0, "mlp": 1, "cnn": 2, "transformer": 3, "deep": 4, "many": 5}
+
+
+@contextmanager
+def timers(totals: dict[str, int]) -> Iterator[None]:
+    """Wrap every part of :data:`PARTS` with a timer adding nanoseconds to ``totals``; unwrap on exit."""
+    saved: list[tuple[type, str, Any]] = []
+
+    def timed(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals[label] = totals.get(label, 0) + time.perf_counter_ns() - start
+
+        return wrapper
+
+    try:
+        for label, cls, name in PARTS:
+            original = cls.__dict__[name]
+            saved.append((cls, name, original))
+            setattr(cls, name, timed(label, original))
+        yield
+    finally:
+        for cls, name, original in saved:
+            setattr(cls, name, original)
+
+
+def _train(case: Case, model: torch.nn.Module, batches: list[Any]) -> Callable[[int], None]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step(i: int) -> None:
+        x, y = batches[i % len(batches)]
+        optimizer.zero_grad()
+        case.loss(model(x), y).backward()
+        optimizer.step()
+
+    return step
+
+
+def per_step(step: Callable[[int], None], start: int, n: int) -> float:
+    begin = time.perf_counter()
+    for i in range(start, start + n):
+        step(i)
+    return (time.perf_counter() - begin) / n * 1e6
+
+
+def measure(case: Case, steps: int, warmup: int, rounds: int) -> tuple[float, float, dict[str, float]]:
+    """(plain us per step, watched us per step, each part's us per step): medians over ``rounds``."""
+    state, batches = _fixture(case)
+    plain, watched = case.build(), case.build()
+    plain.load_state_dict(state)
+    watched.load_state_dict(state)
+    plain_step, watched_step = _train(case, plain, batches), _train(case, watched, batches)
+    # the recorder binds its hooks when the debugger is made: the classes are wrapped first, so the bound ones time
+    parts: dict[str, list[float]] = {}
+    plains: list[float] = []
+    watches: list[float] = []
+    totals: dict[str, int] = {}
+    with timers(totals):
+        dbg = NeuralDbg(watched).attach()
+        for i in range(warmup):
+            watched_step(i)
+        dbg.close()  # attached for its own blocks only: its hooks are global (``attach()`` continues the run)
+        at = warmup
+        for _ in range(rounds):
+            plains.append(per_step(plain_step, at, steps))
+            dbg.attach()
+            gc.collect()
+            totals.clear()
+            watches.append(per_step(watched_step, at, steps))
+            for label, ns in totals.items():
+                parts.setdefault(label, []).append(ns / steps / 1e3)
+            dbg.close()
+            at += steps
+    return statistics.median(plains), statistics.median(watches), {k: statistics.median(v) for k, v in parts.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=list(_MODELS), default="tiny")
+    parser.add_argument("--steps", type=int, default=1000, help="steps per timed block (default 1000)")
+    parser.add_argument("--warmup", type=int, default=1000, help="untimed steps first: the steady state")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    case = CASES[_MODELS[args.model]]
+    plain, watched, parts = measure(case, args.steps, args.warmup, args.rounds)
+    setting = f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} rounds of {args.steps} steps"
+    print(f"{case.name}: {setting}")
+    print(f"plain step {plain:.1f} us, watched {watched:.1f} us ({watched / plain:.2f}x)\n")
+    print("| part (inside the loop) | us per step |\n|---|---|")
+    for label, _, _ in PARTS:
+        if label in parts:
+            depth = (len(label) - len(label.lstrip())) // 2
+            print(f"| {'... ' * depth}{label.strip()} | {parts[label]:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
