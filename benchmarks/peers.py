@@ -32,6 +32,7 @@ import importlib.util
 import os
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -148,7 +149,8 @@ class WandbWatch(Monitor):  # pragma: no cover - runs only where wandb is instal
         import wandb
 
         self.wandb = wandb
-        self.run = wandb.init(mode="offline", reinit=True, project="neuraldbg-peers")
+        # its offline runs go to a directory of their own, removed at exit: not a wandb/ folder in the checkout
+        self.run = wandb.init(mode="offline", reinit=True, project="neuraldbg-peers", dir=_wandb_dir())
 
     def attach(self) -> None:
         self.wandb.watch(self.model, log="gradients", log_freq=100)
@@ -158,6 +160,16 @@ class WandbWatch(Monitor):  # pragma: no cover - runs only where wandb is instal
 
     def detach(self) -> None:
         self.wandb.unwatch(self.model)
+
+
+_WANDB_DIR: list[tempfile.TemporaryDirectory[str]] = []
+
+
+def _wandb_dir() -> str:  # pragma: no cover - runs only where wandb is installed
+    """One temporary directory for every offline wandb run of this process (deleted when the process ends)."""
+    if not _WANDB_DIR:
+        _WANDB_DIR.append(tempfile.TemporaryDirectory(prefix="neuraldbg-peers-wandb-"))
+    return _WANDB_DIR[0].name
 
 
 def monitors() -> list[type[Monitor]]:
