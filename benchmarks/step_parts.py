@@ -7,8 +7,9 @@ A torch operation issued from a hook costs several times what it costs in a hot 
 cold after the user's own step), so the parts are timed where they run: each callback of the recorder is wrapped
 with a timer for the measured steps only, and its time per step is printed with the plain step's and the watched
 step's (the wrappers add well under a microsecond per call). A callback's time includes the callbacks it calls
-(the forward hook's includes committing the last step and the flush). The timers are removed afterwards; the
-training itself is the same as ``benchmarks.overhead``'s (its models, batches and optimizer).
+(the forward hook's includes committing the last step and the flush). Each phase of the step (zero_grad, forward,
+loss, backward, optimizer step) is timed too, in the plain copy and the watched one alike. The timers are removed
+afterwards; the training itself is the same as ``benchmarks.overhead``'s (its models, batches and optimizer).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -81,14 +83,30 @@ def timers(totals: dict[str, int]) -> Iterator[None]:
             setattr(cls, name, original)
 
 
-def _train(case: Case, model: torch.nn.Module, batches: list[Any]) -> Callable[[int], None]:
+#: The phases of a training step, timed in the plain and in the watched copy alike.
+PHASES = ("zero_grad", "forward", "loss", "backward", "optimizer step")
+
+
+def _train(case: Case, model: torch.nn.Module, batches: list[Any], phases: dict[str, int]) -> Callable[[int], None]:
+    """One step of ``model``, each of its :data:`PHASES` adding its nanoseconds to ``phases``."""
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)  # as benchmarks.overhead trains
+    clock = time.perf_counter_ns
 
     def step(i: int) -> None:
         x, y = batches[i % len(batches)]
+        t0 = clock()
         optimizer.zero_grad()
-        case.loss(model(x), y).backward()
+        t1 = clock()
+        out = model(x)
+        t2 = clock()
+        loss = case.loss(out, y)
+        t3 = clock()
+        loss.backward()
+        t4 = clock()
         optimizer.step()
+        t5 = clock()
+        for name, took in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+            phases[name] = phases.get(name, 0) + took
 
     return step
 
@@ -100,13 +118,28 @@ def per_step(step: Callable[[int], None], start: int, n: int) -> float:
     return (time.perf_counter() - begin) / n * 1e6
 
 
-def measure(case: Case, steps: int, warmup: int, rounds: int) -> tuple[float, float, dict[str, float]]:
-    """(plain us per step, watched us per step, each part's us per step): medians over ``rounds``."""
+@dataclass
+class Measured:
+    """Medians over the rounds, in microseconds per step."""
+
+    plain: float
+    watched: float
+    parts: dict[str, float]  # each of :data:`PARTS`, watched copy
+    plain_phases: dict[str, float]  # each of :data:`PHASES`
+    watched_phases: dict[str, float]
+
+
+def measure(case: Case, steps: int, warmup: int, rounds: int) -> Measured:
     state, batches = _fixture(case)
     plain, watched = case.build(), case.build()
     plain.load_state_dict(state)
     watched.load_state_dict(state)
-    plain_step, watched_step = _train(case, plain, batches), _train(case, watched, batches)
+    plain_times: dict[str, int] = {}
+    watched_times: dict[str, int] = {}
+    plain_step = _train(case, plain, batches, plain_times)
+    watched_step = _train(case, watched, batches, watched_times)
+    plain_phases: dict[str, list[float]] = {}
+    watched_phases: dict[str, list[float]] = {}
     # the recorder binds its hooks when the debugger is made: the classes are wrapped first, so the bound ones time
     parts: dict[str, list[float]] = {}
     plains: list[float] = []
@@ -119,16 +152,31 @@ def measure(case: Case, steps: int, warmup: int, rounds: int) -> tuple[float, fl
         dbg.close()  # attached for its own blocks only: its hooks are global (``attach()`` continues the run)
         at = warmup
         for _ in range(rounds):
+            plain_times.clear()
             plains.append(per_step(plain_step, at, steps))
             dbg.attach()
             gc.collect()
             totals.clear()
+            watched_times.clear()
             watches.append(per_step(watched_step, at, steps))
             for label, ns in totals.items():
                 parts.setdefault(label, []).append(ns / steps / 1e3)
+            for times, into in ((plain_times, plain_phases), (watched_times, watched_phases)):
+                for name, ns in times.items():
+                    into.setdefault(name, []).append(ns / steps / 1e3)
             dbg.close()
             at += steps
-    return statistics.median(plains), statistics.median(watches), {k: statistics.median(v) for k, v in parts.items()}
+    return Measured(
+        statistics.median(plains),
+        statistics.median(watches),
+        _medians(parts),
+        _medians(plain_phases),
+        _medians(watched_phases),
+    )
+
+
+def _medians(values: dict[str, list[float]]) -> dict[str, float]:
+    return {k: statistics.median(v) for k, v in values.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,15 +189,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     case = CASES[_MODELS[args.model]]
-    plain, watched, parts = measure(case, args.steps, args.warmup, args.rounds)
+    m = measure(case, args.steps, args.warmup, args.rounds)
     setting = f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} rounds of {args.steps} steps"
     print(f"{case.name}: {setting}")
-    print(f"plain step {plain:.1f} us, watched {watched:.1f} us ({watched / plain:.2f}x)\n")
-    print("| part (inside the loop) | us per step |\n|---|---|")
+    print(f"plain step {m.plain:.1f} us, watched {m.watched:.1f} us ({m.watched / m.plain:.2f}x)\n")
+    print("| phase of the step | plain us | watched us | added |\n|---|---|---|---|")
+    for name in PHASES:
+        p, w = m.plain_phases.get(name, 0.0), m.watched_phases.get(name, 0.0)
+        print(f"| {name} | {p:.1f} | {w:.1f} | {w - p:+.1f} |")
+    print("\n| part (inside the loop) | us per step |\n|---|---|")
     for label, _, _ in PARTS:
-        if label in parts:
+        if label in m.parts:
             depth = (len(label) - len(label.lstrip())) // 2
-            print(f"| {'... ' * depth}{label.strip()} | {parts[label]:.1f} |")
+            print(f"| {'... ' * depth}{label.strip()} | {m.parts[label]:.1f} |")
     return 0
 
 

@@ -44,8 +44,11 @@ def test_the_gpu_script_says_there_is_no_gpu_and_succeeds(capsys: pytest.Capture
 def test_the_step_parts_are_timed_inside_the_loop_and_the_timers_are_removed_after():
     originals = {(cls, name): cls.__dict__[name] for _, cls, name in step_parts.PARTS}
     case = next(c for c in CASES if c.build.__name__ == "tiny")
-    plain, watched, parts = step_parts.measure(case, steps=40, warmup=20, rounds=1)
-    assert plain > 0 and watched > 0
+    m = step_parts.measure(case, steps=40, warmup=20, rounds=1)
+    parts = m.parts
+    assert m.plain > 0 and m.watched > 0
+    assert set(m.plain_phases) == set(m.watched_phases) == set(step_parts.PHASES)
+    assert sum(m.plain_phases.values()) <= m.plain  # the phases lie within the step
     hook, pre = parts["forward hook (every module call)"], parts["optimizer pre-hook"]
     assert hook > 0 and pre > 0
     assert parts["    the output's cheap check"] <= parts["  end of the model's forward"] <= hook  # nested: within
