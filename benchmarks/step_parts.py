@@ -33,19 +33,23 @@ from neuraldbg.capture.forward import ForwardPath
 from neuraldbg.capture.gradients import GradientReader
 from neuraldbg.capture.ledger import GradLedger
 from neuraldbg.capture.recorder import Recorder
+from neuraldbg.stats import tensors
 
 from .overhead import CASES, Case, _fixture
 
-#: (label, class, method): what is timed, in the order printed. Nested parts are indented under their caller.
-PARTS: list[tuple[str, type, str]] = [
+#: (label, class or module, function): what is timed, in the order printed. Nested parts are indented under their
+#: caller; a function of a module is timed wherever it is called from (its callers look it up on the module).
+PARTS: list[tuple[str, Any, str]] = [
     ("forward hook (every module call)", ForwardPath, "on_module_output"),
     ("  commit of the last step", Recorder, "commit"),
     ("    flush", Recorder, "flush"),
     ("      analysis of the flushed records", Analyzer, "consume"),
     ("  end of the model's forward", ForwardPath, "_end"),
     ("    the output's cheap check", ForwardPath, "_check_ends"),
+    ("      its norm and read (host_norm, from every caller)", tensors, "host_norm"),
     ("optimizer pre-hook", BackwardPath, "on_optimizer_step"),
     ("  finite check of the gradients", GradientReader, "check_finite"),
+    ("    their copy, sum and read (surely_finite)", tensors, "surely_finite"),
     ("  head-gradient probe", GradientReader, "read_head"),
     ("  full-step gradient statistics", GradientReader, "capture"),
     ("optimizer post-hook", BackwardPath, "on_optimizer_stepped"),
@@ -59,7 +63,7 @@ _MODELS = {"tiny": 0, "mlp": 1, "cnn": 2, "transformer": 3, "deep": 4, "many": 5
 @contextmanager
 def timers(totals: dict[str, int]) -> Iterator[None]:
     """Wrap every part of :data:`PARTS` with a timer adding nanoseconds to ``totals``; unwrap on exit."""
-    saved: list[tuple[type, str, Any]] = []
+    saved: list[tuple[Any, str, Any]] = []
 
     def timed(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -129,7 +133,9 @@ class Measured:
     watched_phases: dict[str, float]
 
 
-def measure(case: Case, steps: int, warmup: int, rounds: int) -> Measured:
+def measure(case: Case, steps: int, warmup: int, rounds: int, collector: bool = True) -> Measured:
+    """``collector=False``: Python's garbage collector off during the timed blocks of both copies (what its
+    collections cost the watched step, whose records live until their flush)."""
     state, batches = _fixture(case)
     plain, watched = case.build(), case.build()
     plain.load_state_dict(state)
@@ -153,12 +159,14 @@ def measure(case: Case, steps: int, warmup: int, rounds: int) -> Measured:
         at = warmup
         for _ in range(rounds):
             plain_times.clear()
-            plains.append(per_step(plain_step, at, steps))
+            with _collector(collector):
+                plains.append(per_step(plain_step, at, steps))
             dbg.attach()
             gc.collect()
             totals.clear()
             watched_times.clear()
-            watches.append(per_step(watched_step, at, steps))
+            with _collector(collector):
+                watches.append(per_step(watched_step, at, steps))
             for label, ns in totals.items():
                 parts.setdefault(label, []).append(ns / steps / 1e3)
             for times, into in ((plain_times, plain_phases), (watched_times, watched_phases)):
@@ -175,6 +183,18 @@ def measure(case: Case, steps: int, warmup: int, rounds: int) -> Measured:
     )
 
 
+@contextmanager
+def _collector(on: bool) -> Iterator[None]:
+    was = gc.isenabled()
+    if not on:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _medians(values: dict[str, list[float]]) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in values.items()}
 
@@ -186,11 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1000, help="untimed steps first: the steady state")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-gc", action="store_true", help="the garbage collector off in the timed blocks")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     case = CASES[_MODELS[args.model]]
-    m = measure(case, args.steps, args.warmup, args.rounds)
+    m = measure(case, args.steps, args.warmup, args.rounds, collector=not args.no_gc)
     setting = f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} rounds of {args.steps} steps"
+    setting += ", garbage collector off" if args.no_gc else ""
     print(f"{case.name}: {setting}")
     print(f"plain step {m.plain:.1f} us, watched {m.watched:.1f} us ({m.watched / m.plain:.2f}x)\n")
     print("| phase of the step | plain us | watched us | added |\n|---|---|---|---|")

@@ -3,6 +3,8 @@ the parts of a watched step timed inside the loop."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -53,4 +55,8 @@ def test_the_step_parts_are_timed_inside_the_loop_and_the_timers_are_removed_aft
     assert hook > 0 and pre > 0
     assert parts["    the output's cheap check"] <= parts["  end of the model's forward"] <= hook  # nested: within
     assert parts["  finite check of the gradients"] <= pre
+    assert 0 < parts["    their copy, sum and read (surely_finite)"] <= parts["  finite check of the gradients"]
+    assert gc.isenabled()
+    step_parts.measure(case, steps=10, warmup=5, rounds=1, collector=False)
+    assert gc.isenabled()  # switched back on after the blocks it was off in
     assert {(cls, name): cls.__dict__[name] for _, cls, name in step_parts.PARTS} == originals
