@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
 _grad = attrgetter("grad")
 _is_none = partial(is_, None)
-_FLOAT32 = {torch.float32}
 
 
 class GradientReader:
@@ -168,7 +167,7 @@ class GradientReader:
         if dtypes is None:
             return None
         # a gradient's dtype may differ from its parameter's: the flat sum takes float32 only
-        return stats.surely_finite(grads, flat=self._flat and dtypes == _FLOAT32)
+        return stats.surely_finite(grads, flat=self._flat and dtypes == {torch.float32})
 
     def adopt_unfrozen(self) -> None:
         """Follow the parameters switched to ``requires_grad=True`` since the debugger was made, as if they had

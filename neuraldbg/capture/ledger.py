@@ -353,12 +353,8 @@ class GradLedger:
                 if g is None or (before is not None and before[0] is g and before[1] == g._version):
                     continue
                 reached.append(i)
-                mark = marks[i]
-                fresh = fresh or not _unchanged(mark, before)
-                if mark is not None and mark.grad() is g:  # accumulated into the same tensor: the mark moves on
-                    mark.version, mark.after_step = g._version, False
-                else:
-                    marks[i] = _Mark(weakref.ref(g), g._version, False)
+                fresh = fresh or not _unchanged(marks[i], before)
+                _remark(marks, i, g, after_step=False)
             if not reached:
                 return
             self._reached.update(reached)
@@ -640,13 +636,10 @@ class GradLedger:
         tensors, marks, reached = self._tensors, self._marks, self._reached
         for i in self._owned(owned):
             g = tensors[i].grad
-            mark = marks[i]
             if g is None:
                 marks[i] = None
-            elif mark is not None and mark.grad() is g:  # the backward pass's mark, of this very tensor: moved on
-                mark.version, mark.after_step = g._version, True
             else:
-                marks[i] = _Mark(weakref.ref(g), g._version, True)
+                _remark(marks, i, g, after_step=True)
             reached.discard(i)
 
 
@@ -667,6 +660,17 @@ def _largest_magnitude(grads: list[Tensor]) -> Tensor | None:
 def _decays(value: object) -> bool:
     """Whether a group's ``weight_decay`` decays its weights."""
     return isinstance(value, (int, float)) and value > 0
+
+
+def _remark(marks: list[_Mark | None], i: int, g: Tensor, after_step: bool) -> None:
+    """Note ``g`` as the ``i``-th tracked ``.grad`` now stands. A mark of this very tensor moves on in place (a
+    gradient accumulated into it, or the backward pass's mark at the step): no new weak reference per parameter per
+    step."""
+    mark = marks[i]
+    if mark is not None and mark.grad() is g:
+        mark.version, mark.after_step = g._version, after_step
+    else:
+        marks[i] = _Mark(weakref.ref(g), g._version, after_step)
 
 
 def _unchanged(mark: _Mark | None, state: _State) -> bool:

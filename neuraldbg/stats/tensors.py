@@ -16,7 +16,6 @@ from torch import Tensor
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _FLOAT32 = frozenset({torch.float32})
 _dtype = attrgetter("dtype")
-_layout = attrgetter("layout")
 _shape = attrgetter("shape")
 _contiguous = methodcaller("is_contiguous")
 # grad mode switched by a direct call: ``torch.no_grad()`` costs a few Python calls, paid on every hook call
