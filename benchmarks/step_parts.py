@@ -57,7 +57,7 @@ PARTS: list[tuple[str, Any, str]] = [
     ("backward listener, after the pass", GradLedger, "_after"),
 ]
 
-_MODELS = {"tiny": 0, "mlp": 1, "cnn": 2, "transformer": 3, "deep": 4, "many": 5}
+_MODELS = {case.build.__name__: case for case in CASES}
 
 
 @contextmanager
@@ -156,6 +156,8 @@ def measure(case: Case, steps: int, warmup: int, rounds: int, collector: bool = 
         for i in range(warmup):
             watched_step(i)
         dbg.close()  # attached for its own blocks only: its hooks are global (``attach()`` continues the run)
+        for i in range(warmup):
+            plain_step(i)  # warmed alike (optimizer state allocated, caches filled) before anything is timed
         at = warmup
         for _ in range(rounds):
             plain_times.clear()
@@ -209,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-gc", action="store_true", help="the garbage collector off in the timed blocks")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    case = CASES[_MODELS[args.model]]
+    case = _MODELS[args.model]
     m = measure(case, args.steps, args.warmup, args.rounds, collector=not args.no_gc)
     setting = f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} rounds of {args.steps} steps"
     setting += ", garbage collector off" if args.no_gc else ""
