@@ -20,7 +20,7 @@ from functools import cached_property
 from ..config import DebugConfig
 from ..events import EventType, FailureKind
 from ..health import HealthState
-from ..model.info import LayerInfo
+from ..model.info import LayerInfo, Role
 from ..stats.step import SlotKey, StepData
 
 #: What the tracker follows over time: (track, event type, layer, param, call). Detectors of one track classify one
@@ -68,6 +68,7 @@ class Context:
 
     _index: dict[SlotKey, int] = field(default_factory=dict, repr=False)
     _last_parametric: int = -1
+    _holders: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
 
     def _refresh(self) -> None:
         if len(self._index) != len(self.order):
@@ -90,6 +91,26 @@ class Context:
             if not (name == "" or layer.startswith(name + ".")):
                 return name
         return None
+
+    def gate_holders(self, layer: str) -> tuple[str, ...]:
+        """The modules that may hold a learnable gate scaling ``layer``'s branch: those enclosing it, then its
+        siblings (same parent module) that own parameters and are no standard layer (no unit weight, not a
+        normalisation). Worked out once per layer: the modules do not change during a run."""
+        found = self._holders.get(layer)
+        if found is None:
+            parent = layer.rpartition(".")[0]
+            enclosing = [name for name in self.infos if name and layer.startswith(name + ".")]
+            beside = [
+                name
+                for name, info in self.infos.items()
+                if name.rpartition(".")[0] == parent
+                and name != layer
+                and info.unit_weight is None
+                and not info.normalizes
+                and info.role is Role.PARAMETRIC
+            ]
+            found = self._holders[layer] = (*enclosing, *beside)
+        return found
 
     def is_hidden(self, key: SlotKey) -> bool:
         """A layer output that feeds later parametric layers (not the model's final activation)."""

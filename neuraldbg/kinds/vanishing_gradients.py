@@ -89,7 +89,6 @@ from ..config import DebugConfig
 from ..detectors.base import Detector, Finding, FitProgress, LayerGradient, Observation, StepView, strength
 from ..events import EventType, FailureKind, SemanticEvent
 from ..health import GradientHealth, UpdateHealth
-from ..model.info import Role
 from ..reasoning.rules import CausalRule
 from ..reasoning.topology import Topology
 from ..text import num
@@ -240,18 +239,7 @@ def _gated(view: StepView, layer: str, vanishing: Collection[str]) -> bool:
     g = view.layer_gradients[layer]
     if g.exact_zero or g.norm < ctx.config.vanishing_floor:
         return False
-    parent = layer.rpartition(".")[0]
-    holders = [name for name in ctx.infos if name and layer.startswith(name + ".")]
-    holders += [
-        name
-        for name, info in ctx.infos.items()
-        if name.rpartition(".")[0] == parent
-        and name != layer
-        and info.unit_weight is None
-        and not info.normalizes
-        and info.role is Role.PARAMETRIC
-    ]
-    for holder in holders:
+    for holder in ctx.gate_holders(layer):
         if holder in vanishing or holder not in view.layer_gradients:
             continue
         for param in ctx.infos[holder].params:

@@ -95,6 +95,20 @@ def test_series_keep_bounded_evenly_spread_points():
     assert points[0][0] == 0 and points[-1][0] > 9000
 
 
+def test_a_plugins_own_signal_returns_to_normal_and_a_later_finding_says_it_came_from_there():
+    tracker = Tracker(DebugConfig(persistence=2, early_every=1))
+    odd = Finding("wobble", None, "3", "wobbling", {}, 1.0)  # type: ignore[arg-type]  # a plugin's event type
+    for step in range(40):  # far enough apart not to be merged as one flapping state
+        obs = Observation()
+        obs.saw("wobble", "3")  # type: ignore[arg-type]
+        if step < 6 or 30 <= step < 36:
+            obs.findings.append(odd)
+        tracker.update(step, [("plugin", obs)])
+    first, second = tracker.events(final=True)
+    assert (first.step_start, first.step_end, first.from_state) == (0, 5, None)
+    assert (second.step_start, second.step_end, second.from_state) == (30, 35, "normal")
+
+
 def test_memory_stays_flat_on_a_long_run_whose_layer_flaps():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
