@@ -18,6 +18,7 @@ number of stored events, of history points, and the process RSS must not grow wi
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -262,8 +263,11 @@ def compiled(case: Case, warmup: int, rounds: int) -> dict[str, float]:
 
     Compiled graphs are keyed by code, not by model, and a debugger attaching after a graph was compiled
     without its hook has that graph compiled again. So the copies are not alternated block by block as in
-    :func:`measure`: each takes a phase of ``rounds // 2`` blocks (attached once, warm-up steps untimed), and the
-    phases rotate twice; a watched block is compared with the plain blocks' median."""
+    :func:`measure`: each takes a short phase of 3 blocks (attached once, 10 untimed steps first; ``warmup`` in
+    its first phase), in the same order every repeat (plain, on the compiled module, on the original), and one more
+    plain phase closes the last repeat. Each ratio is the median over repeats of a watched phase against the mean
+    of the two plain phases around it: load that drifts over minutes moves both sides of a ratio alike (with two
+    long phases per copy, drift alone gave ratios from 0.82x to 1.10x)."""
     from torch._dynamo.utils import counters
 
     state, batches = _fixture(case)
@@ -274,23 +278,33 @@ def compiled(case: Case, warmup: int, rounds: int) -> dict[str, float]:
     }
     times: dict[str, list[float]] = {name: [] for name in runners}
     breaks = graphs = 0
-    for repeat in range(2):
-        for name, r in runners.items():
-            if r.dbg is not None:
-                r.dbg.attach()
-            r.run(batches, r.steps, warmup if repeat == 0 else 10, attach=False)
-            counters.clear()
-            for _ in range(max(1, rounds // 2)):
-                times[name].append(r.run(batches, r.steps, case.block, attach=False))
-            breaks += sum(counters["graph_break"].values())
-            graphs += counters["stats"]["unique_graphs"]
-            if r.dbg is not None:
-                r.dbg.close()
+
+    def phase(name: str) -> None:
+        nonlocal breaks, graphs
+        r = runners[name]
+        if r.dbg is not None:
+            r.dbg.attach()
+        r.run(batches, r.steps, warmup if r.steps == 0 else 10, attach=False)
+        counters.clear()
+        times[name].append(statistics.median(r.run(batches, r.steps, case.block, attach=False) for _ in range(3)))
+        breaks += sum(counters["graph_break"].values())
+        graphs += counters["stats"]["unique_graphs"]
+        if r.dbg is not None:
+            r.dbg.close()
+
+    for _ in range(max(3, rounds // 5)):
+        for name in runners:
+            phase(name)
+    phase("plain")
     for r in runners.values():
         r.close()
-    plain = statistics.median(times["plain"])
-    result = {name: statistics.median(ts) / plain for name, ts in times.items() if name != "plain"}
-    result["plain_ms"] = plain * 1e3
+    plain = times["plain"]
+    around = [(a + b) / 2 for a, b in itertools.pairwise(plain)]
+    result: dict[str, float] = {"plain_ms": statistics.median(plain) * 1e3}
+    for name in ("compiled", "original"):
+        found = [t / p for t, p in zip(times[name], around)]
+        result[name] = statistics.median(found)
+        result[name + "_low"], result[name + "_high"] = min(found), max(found)
     result["graph_breaks"], result["recompiles"] = breaks, graphs
     return result
 
@@ -363,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if not args.no_compile:
         print()
-        print("| torch.compile'd model | plain step | debugger on the compiled module | on the original module |")
+        print("| torch.compile'd model | plain step | on the compiled module (range) | on the original |")
         print("|---|---|---|---|")
         added = 0
         for case in CASES:
@@ -373,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             r = compiled(case, 20 if args.quick else 60, rounds)
             added += int(r["graph_breaks"] + r["recompiles"])
-            print(f"| {case.name} | {r['plain_ms']:.2f} ms | {r['compiled']:.3f}x | {r['original']:.3f}x |")
+            cells = [f"{r[w]:.3f}x ({r[w + '_low']:.2f}-{r[w + '_high']:.2f})" for w in ("compiled", "original")]
+            print(f"| {case.name} | {r['plain_ms']:.2f} ms | {cells[0]} | {cells[1]} |")
         print(f"graph breaks and new graphs compiled during the timed steps: {added}")
     if args.no_memory:
         return 0
