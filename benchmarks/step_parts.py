@@ -2,6 +2,7 @@
 
     python -m benchmarks.step_parts                  # the tiny model, 5,000 steady steps
     python -m benchmarks.step_parts --model deep --steps 200
+    python -m benchmarks.step_parts --model deep --preset full --steps 100 --warmup 50 --rounds 3   # full steps
 
 A torch operation issued from a hook costs several times what it costs in a hot microbenchmark (the caches are
 cold after the user's own step), so the parts are timed where they run: each callback of the recorder is wrapped
@@ -133,9 +134,12 @@ class Measured:
     watched_phases: dict[str, float]
 
 
-def measure(case: Case, steps: int, warmup: int, rounds: int, collector: bool = True) -> Measured:
+def measure(
+    case: Case, steps: int, warmup: int, rounds: int, collector: bool = True, preset: str = "default"
+) -> Measured:
     """``collector=False``: Python's garbage collector off during the timed blocks of both copies (what its
-    collections cost the watched step, whose records live until their flush)."""
+    collections cost the watched step, whose records live until their flush). ``preset``: the debugger's
+    (``"full"``: every step fully observed, what the first steps of a run cost)."""
     state, batches = _fixture(case)
     plain, watched = case.build(), case.build()
     plain.load_state_dict(state)
@@ -152,7 +156,7 @@ def measure(case: Case, steps: int, warmup: int, rounds: int, collector: bool = 
     watches: list[float] = []
     totals: dict[str, int] = {}
     with timers(totals):
-        dbg = NeuralDbg(watched).attach()
+        dbg = NeuralDbg(watched, preset=preset).attach()
         for i in range(warmup):
             watched_step(i)
         dbg.close()  # attached for its own blocks only: its hooks are global (``attach()`` continues the run)
@@ -209,11 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-gc", action="store_true", help="the garbage collector off in the timed blocks")
+    parser.add_argument("--preset", choices=["default", "economy", "full"], default="default")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     case = _MODELS[args.model]
-    m = measure(case, args.steps, args.warmup, args.rounds, collector=not args.no_gc)
+    m = measure(case, args.steps, args.warmup, args.rounds, collector=not args.no_gc, preset=args.preset)
     setting = f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} rounds of {args.steps} steps"
+    setting += f", preset {args.preset}"
     setting += ", garbage collector off" if args.no_gc else ""
     print(f"{case.name}: {setting}")
     print(f"plain step {m.plain:.1f} us, watched {m.watched:.1f} us ({m.watched / m.plain:.2f}x)\n")

@@ -60,3 +60,11 @@ def test_the_step_parts_are_timed_inside_the_loop_and_the_timers_are_removed_aft
     step_parts.measure(case, steps=10, warmup=5, rounds=1, collector=False)
     assert gc.isenabled()  # switched back on after the blocks it was off in
     assert {(cls, name): cls.__dict__[name] for _, cls, name in step_parts.PARTS} == originals
+
+
+def test_the_step_parts_of_the_full_preset_time_full_steps_only():
+    case = next(c for c in CASES if c.build.__name__ == "tiny")
+    m = step_parts.measure(case, steps=20, warmup=30, rounds=1, preset="full")
+    assert m.parts["  full-step gradient statistics"] > 0
+    assert m.parts["      analysis of the flushed records"] > 0
+    assert "  finite check of the gradients" not in m.parts  # a cheap step's: none was timed
