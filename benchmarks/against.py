@@ -9,12 +9,15 @@ plain one, then, in rotating order, the old and the new package under the defaul
 watched copy's final parameters must equal the plain copy's bit for bit. Ratios are a watched run's thread CPU
 time over the plain run of the same repeat (attach and close included, ``hypotheses()`` not), median over
 repeats. A steady-state pair follows: after 100 untimed steps, blocks of each copy alternate (default preset,
-attached for its own blocks only), median of the block ratios.
+attached for its own blocks only), median of the block ratios. Last, the analysis of a fully observed step alone
+(:func:`analysis`): milliseconds per step, old and new, over the same training's records; both must find the same
+events.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import os
 import statistics
@@ -112,6 +115,53 @@ def steady(case: Case, base: ModuleType, rounds: int = 20) -> dict[str, float]:
     }
 
 
+def analysis(case: Case, base: ModuleType, repeats: int = 7) -> dict[str, float]:
+    """Milliseconds of analysis (detectors, tracker, history) per fully observed step, old and new. Each package's
+    debugger trains a fresh copy 50 steps under the full preset, its records kept as they reach the analysis; then,
+    alternating, a fresh debugger of each package (never attached) analyses a copy of its own records, timed alone
+    (thread CPU time), median over repeats. The training is the host's noise-free part left out: what a change to
+    the analysis saves shows here when the whole run's ratios move less than their noise."""
+    state, batches = _fixture(case)
+    runs: dict[str, tuple[ModuleType, torch.nn.Module, list[Any], list[Any]]] = {}
+    for name, pkg in (("old", base), ("new", neuraldbg)):
+        model = case.build()
+        model.load_state_dict(state)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        dbg = pkg.NeuralDbg(model, preset="full")
+        records: list[Any] = []
+        sink = dbg._recorder._sink
+
+        def keep(batch: Any, sink: Any = sink, records: list[Any] = records) -> Any:
+            records.extend(copy.deepcopy(list(batch)))
+            return sink(batch)
+
+        dbg._recorder._sink = keep
+        torch.manual_seed(1)
+        with dbg:
+            for i in range(50):
+                x, y = batches[i % len(batches)]
+                opt.zero_grad(set_to_none=True)
+                case.loss(model(x), y).backward()
+                opt.step()
+        runs[name] = (pkg, model, list(dbg._analyzer.ctx.order), records)
+    times: dict[str, list[float]] = {"old": [], "new": []}
+    found: dict[str, list[tuple[Any, ...]]] = {}
+    for r in range(repeats):
+        for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
+            pkg, model, order, records = runs[name]
+            analyzer = pkg.NeuralDbg(model, preset="full")._analyzer
+            analyzer.ctx.order.extend(order)
+            fresh = copy.deepcopy(records)
+            t0 = time.thread_time()
+            for record in fresh:
+                analyzer.consume([record])
+            times[name].append((time.thread_time() - t0) / max(1, sum(record.full for record in fresh)))
+            found[name] = [(str(e.kind), e.layer, e.step_start, e.step_end) for e in analyzer.events(final=True)]
+    if found["old"] != found["new"]:
+        raise AssertionError(f"{case.build.__name__}: the analyses found different events")
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+
+
 def load_base(revision: str, folder: Path) -> ModuleType:
     root = Path(__file__).resolve().parent.parent
     archive = subprocess.run(["git", "archive", revision, "neuraldbg"], cwd=root, check=True, capture_output=True)
@@ -131,16 +181,19 @@ def main(argv: list[str] | None = None) -> int:
         base = load_base(args.revision, Path(tmp))
         print(f"{args.revision} (old) vs this checkout (new), 1 thread, load average {os.getloadavg()[0]:.1f}")
         print()
-        print("| model | first 50, old | new | full preset first 50, old | new | steady, old | new |")
-        print("|---|---|---|---|---|---|---|")
+        print(
+            "| model | first 50, old | new | full preset first 50, old | new | steady, old | new"
+            " | analysis per full step, old | new |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
         for case in CASES:
             short = case.build.__name__
             if args.model and short not in args.model:
                 continue
-            f, s = first50(case, base), steady(case, base)
+            f, s, a = first50(case, base), steady(case, base), analysis(case, base)
             print(
                 f"| {short} | {f['old']:.2f}x | {f['new']:.2f}x | {f['old full']:.2f}x | {f['new full']:.2f}x |"
-                f" {s['old']:.2f}x | {s['new']:.2f}x |",
+                f" {s['old']:.2f}x | {s['new']:.2f}x | {a['old']:.2f} ms | {a['new']:.2f} ms |",
                 flush=True,
             )
         print(f"load average at the end: {os.getloadavg()[0]:.1f}")

@@ -1,15 +1,19 @@
 """The speed benchmarks run and measure what they say: the peers' hand-written bound, the GPU script without a GPU,
-the parts of a watched step timed inside the loop."""
+the parts of a watched step timed inside the loop, the analysis of full steps compared across packages."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import types
 
 import pytest
 import torch
 
-from benchmarks import gpu, peers, step_parts
+import neuraldbg
+from benchmarks import against, gpu, peers, step_parts
 from benchmarks.overhead import CASES
+from neuraldbg.config import PRESETS
 
 
 def test_the_hand_written_bound_hooks_every_leaf_once_and_takes_every_gradients_norm():
@@ -68,3 +72,19 @@ def test_the_step_parts_of_the_full_preset_time_full_steps_only():
     assert m.parts["  full-step gradient statistics"] > 0
     assert m.parts["      analysis of the flushed records"] > 0
     assert "  finite check of the gradients" not in m.parts  # a cheap step's: none was timed
+
+
+def test_the_analysis_comparison_times_each_packages_analysis_and_refuses_different_findings():
+    case = next(c for c in CASES if c.build.__name__ == "tiny")
+    ms = against.analysis(case, neuraldbg, repeats=2)
+    assert ms["old"] > 0 and ms["new"] > 0
+    # a "revision" whose analysis finds every layer amplifying its input is not compared: its events differ
+    strict = dataclasses.replace(PRESETS["full"], amplifying_gain=1e-6)  # every layer "amplifies"
+
+    def strict_debugger(model: torch.nn.Module, preset: str) -> neuraldbg.NeuralDbg:
+        assert preset == "full"
+        return neuraldbg.NeuralDbg(model, config=strict)
+
+    other = types.SimpleNamespace(NeuralDbg=strict_debugger)
+    with pytest.raises(AssertionError, match="different events"):
+        against.analysis(case, other, repeats=1)  # type: ignore[arg-type]  # a stand-in for a package
