@@ -20,6 +20,7 @@ and how gradients left over from the previous optimizer step are proved.
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 import threading
 import warnings
@@ -127,13 +128,16 @@ def _module_hook(hook: ModuleHook, key: int | None) -> RemovableHandle:
     return handle
 
 
-def compiled_entries() -> int | None:
-    """How many compiled graphs torch.compile holds in memory now (None: torch.compile never ran, or its
-    bookkeeping is not readable in this torch version).
+def compiled_graphs() -> frozenset[str] | None:
+    """Which compiled graphs torch.compile holds in memory now, each by its compile id (None: torch.compile never
+    ran). When its bookkeeping is not readable in this torch version, a set never seen before: a graph that may be
+    stale is never trusted.
 
     A graph Dynamo compiled while no global module hook existed does not guard on that: a hook registered later
     is never called inside it (torch 2.13: the OptimizedModule wrapper's call still sees the hook, none of its
-    layers do). :func:`forget_compiled_code` makes such graphs compile again with the hook in place."""
+    layers do). :func:`forget_compiled_code` makes such graphs compile again with the hook in place. Graphs are
+    told apart by identity, not counted: another debugger's phase, or a plain compiled copy's, may replace graphs
+    one for one while this debugger is detached."""
     convert_frame = sys.modules.get("torch._dynamo.convert_frame")
     if convert_frame is None:
         return None
@@ -141,9 +145,14 @@ def compiled_entries() -> int | None:
         from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
 
         codes = [ref() for ref in convert_frame.input_codes.seen]
-        return sum(len(_debug_get_cache_entry_list(code)) for code in codes if code is not None)
-    except Exception:  # a private API that moved: assume graphs exist, so a stale one is never trusted
-        return -1
+        return frozenset(
+            str(entry.compile_id) for code in codes if code is not None for entry in _debug_get_cache_entry_list(code)
+        )
+    except Exception:  # a private API that moved
+        return frozenset({f"unreadable {next(_unreadable)}"})
+
+
+_unreadable = itertools.count()
 
 
 def forget_compiled_code() -> None:

@@ -89,13 +89,13 @@ class Recorder:
         # one callable and one table key for every attachment: torch.compile guards on both
         self._on_output = self.forward.on_module_output
         self._hook_key: int | None = None
-        self._compiled_at_detach: int | None = None  # torch.compile's graph count when the hooks were removed
+        self._compiled_at_detach: frozenset[str] = frozenset()  # torch.compile's graphs when the hooks were removed
 
     # --- lifecycle ------------------------------------------------------------------------------------
 
     def attach(self) -> None:
-        compiled = hooks.compiled_entries()
-        if compiled and compiled != self._compiled_at_detach:
+        compiled = hooks.compiled_graphs()
+        if compiled and compiled - self._compiled_at_detach:
             # graphs compiled while this debugger's hook was absent would never call it: compile them again
             hooks.forget_compiled_code()
         self.forward.attach()
@@ -125,7 +125,7 @@ class Recorder:
             if self._handle is not None:
                 self._handle.remove()
                 self._handle = None
-                self._compiled_at_detach = hooks.compiled_entries()
+                self._compiled_at_detach = hooks.compiled_graphs() or frozenset()
             self.active = False
             self.forward.detach()
             self.backward.detach()

@@ -256,3 +256,26 @@ def test_steps_run_without_the_debugger_between_two_attachments_do_not_blind_it(
         _train_compiled(compiled, model, 12)
     assert dbg.steps == 15
     assert [(h.kind, h.root.layer) for h in dbg.hypotheses()][:1] == [(FailureKind.DEAD_NEURONS, "1")]
+
+
+def test_two_debuggers_and_a_plain_copy_taking_turns_in_any_order_each_observe_every_step():
+    """Compiled copies of one model class share their graphs (Dynamo keys them by code): while one debugger is
+    detached, another's phase or a plain copy's may replace them one for one, the graphs it knew gone and as many
+    new ones in their place, some without its hook. Counting graphs did not see that, and a debugger missed 8 of
+    its 30 steps; graphs are now told apart by their compile ids."""
+    dynamo.reset()
+    copies = []
+    for wrap in ("plain", "compiled", "original"):
+        torch.manual_seed(0)
+        model = _small()
+        compiled = torch.compile(model, backend=DYNAMO)
+        dbg = None if wrap == "plain" else NeuralDbg(compiled if wrap == "compiled" else model)
+        copies.append((compiled, model, dbg))
+    for repeat in range(6):
+        for compiled, model, dbg in copies[repeat % 3 :] + copies[: repeat % 3]:
+            if dbg is None:
+                _train_compiled(compiled, model, 5)
+                continue
+            with dbg:
+                _train_compiled(compiled, model, 5)
+    assert [dbg.steps for _, _, dbg in copies if dbg is not None] == [30, 30]
