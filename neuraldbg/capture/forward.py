@@ -93,6 +93,10 @@ class ForwardPath:
         # while the loss's graph is still to be checked (see loss_graph): the graph node of each layer's output,
         # by identity, to the layer's name (the first layer whose output it is); None: not wanted
         self.nodes: dict[int, str] | None = None
+        # ... and those nodes themselves: a graph node's Python object is made on demand and, in some torch releases
+        # (2.11), dropped when nothing holds it; another object may then take its id, and the next look at the node
+        # gets a new one. Held until the next forward pass, the ids above stay the nodes'.
+        self._noted: list[object] = []
         self._label_checks = 0  # forward passes of a label-shifting causal LM whose labels are still to be checked
         # a fully observed forward pass: the outputs that carry a gradient, by where their values lie, to their layer
         # (held until the pass is let go, as ``refs`` are: a live output's memory cannot be another tensor's), to
@@ -190,6 +194,7 @@ class ForwardPath:
         self.autocast = False
         if self._full and self._range_checks:
             self._range_checks -= 1
+        self._noted = []
         if self.nodes is not None:
             self.nodes = {}
         rec.coverage.forwards += 1
@@ -210,8 +215,9 @@ class ForwardPath:
         """Note which layer's output the graph node of ``output`` is (an attribute read: nothing is computed)."""
         t = stats.first_tensor(output)
         node = t.grad_fn if t is not None else None
-        if node is not None and self.nodes is not None:
-            self.nodes.setdefault(id(node), name)
+        if node is not None and self.nodes is not None and id(node) not in self.nodes:
+            self.nodes[id(node)] = name
+            self._noted.append(node)
 
     def _note_cut(self, name: str, args: tuple[Any, ...], output: Any) -> None:
         """A fully observed forward pass: whether this layer was given, as one of its arguments, an output of an

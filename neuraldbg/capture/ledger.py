@@ -138,6 +138,7 @@ class GradLedger:
         self._sample: tuple[weakref.ref[Tensor], Tensor] | None = None  # manual updates: head .grad, parameter
         self._thread = 0
         self._loss_checks = 0
+        self._held: list[object] = []  # the graph nodes of the loss checks of the last backward call (see before)
         self._labels: tuple[Tensor, int] | None = None  # the label counts so far (on the device), the classes
         self._targets: tuple[str, Tensor, Tensor] | None = None  # a BCE's / an MSE's target moments so far
         # backward passes whose targets were looked for, over the debugger's life (at most TARGET_CHECKS): a run
@@ -183,6 +184,7 @@ class GradLedger:
         self._carry = None
         self._sample = None
         self._loss_checks = 0
+        self._held = []
         self._labels = None
         self._rec.forward.nodes = None
 
@@ -218,6 +220,9 @@ class GradLedger:
             mixing = data.full and self._mix.looking
             roots = hooks.backward_roots() if self._loss_checks or self._looked or counted or mixing else []
             checked = roots if self._loss_checks else []
+            # readings before and after the pass compare graph nodes by identity: the nodes are held until the next
+            # backward call (see loss_graph.hold)
+            self._held = loss_graph.hold(checked) if checked else []
             # a mean squared error's target is profiled now: the backward pass frees what the graph saved
             found = loss_graph.regression(checked) if checked else None
             profile = target_profile(found.target) if found is not None else None

@@ -119,3 +119,30 @@ def test_the_targets_are_read_through_a_scale_of_exactly_one_and_no_other():
         assert found is not None and found.target is target
     assert loss_graph.loss_targets([F.mse_loss(prediction, target) / 4]) is None
     assert loss_graph.loss_targets([F.mse_loss(prediction, target) / 1 + prediction.sum()]) is None
+
+
+def test_hold_keeps_every_node_below_the_losses_once_and_stops_at_its_limit():
+    """The nodes a reading compares by identity are held while it runs (torch 2.11 drops a node's Python object as
+    soon as nothing holds it, and another object may take its id): every node reachable from the losses, each once,
+    the shared ones included."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    out = model(x)
+    losses = [out.pow(2).mean(), out.abs().sum()]  # two roots over one graph
+    held = loss_graph.hold(losses)
+    expected: set[int] = set()
+    stack = [t.grad_fn for t in losses]
+    keep = list(stack)
+    while stack:
+        node = stack.pop()
+        if id(node) in expected:
+            continue
+        expected.add(id(node))
+        for nxt, _ in node.next_functions:
+            if nxt is not None:
+                keep.append(nxt)
+                stack.append(nxt)
+    assert len(held) == len({id(n) for n in held}) == len(expected)
+    assert {id(n) for n in held} == expected
+    assert len(loss_graph.hold(losses, most=3)) == 3
