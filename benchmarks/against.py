@@ -119,8 +119,8 @@ def analysis(case: Case, base: ModuleType, repeats: int = 7) -> dict[str, float]
     """Milliseconds of analysis (detectors, tracker, history) per fully observed step, old and new. Each package's
     debugger trains a fresh copy 50 steps under the full preset, its records kept as they reach the analysis; then,
     alternating, a fresh debugger of each package (never attached) analyses a copy of its own records, timed alone
-    (thread CPU time), median over repeats. The training is the host's noise-free part left out: what a change to
-    the analysis saves shows here when the whole run's ratios move less than their noise."""
+    (thread CPU time), median over repeats. The training is left out of the timing: what a change to the analysis
+    saves shows here even when the whole run's ratios move less than their noise."""
     state, batches = _fixture(case)
     runs: dict[str, tuple[ModuleType, torch.nn.Module, list[Any], list[Any]]] = {}
     for name, pkg in (("old", base), ("new", neuraldbg)):

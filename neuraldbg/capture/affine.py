@@ -95,8 +95,7 @@ def affine_layers(root: object) -> int | None:
     if root is None:
         return None
     queue = [root]
-    seen = {id(root)}
-    held = [root]  # what was seen stays alive: a node's id stays its own (see loss_graph.hold)
+    seen = {id(root): root}  # by id, each node held while the walk runs (see loss_graph.hold)
     layers = 0
     looked = 0
     while queue:
@@ -118,8 +117,7 @@ def affine_layers(root: object) -> int | None:
             return None
         for n in inputs:
             if n is not None and id(n) not in seen:
-                seen.add(id(n))
-                held.append(n)
+                seen[id(n)] = n
                 queue.append(n)
     return layers
 

@@ -128,6 +128,7 @@ class ForwardPath:
     def detach(self) -> None:
         self._names = {}
         self._root = None
+        self._noted = []
         self.compiled.detach()
         self.release()
 

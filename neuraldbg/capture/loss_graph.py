@@ -193,20 +193,20 @@ def hold(losses: list[Tensor], most: int = 1 << 17) -> list[object]:
     """Every graph node below ``losses`` (at most ``most``), to be kept while readings of this graph compare nodes by
     identity. A node's Python object is made on demand and, in some torch releases (2.11), dropped as soon as nothing
     holds it: another object may take its id, and the next look at the same node makes a new one. While this list
-    lives, each node keeps one object and one id."""
-    held: list[object] = []
-    held.extend([t.grad_fn for t in losses if t.grad_fn is not None][:most])
-    seen = {id(node) for node in held}
-    i = 0
-    while i < len(held):
-        for nxt, _ in getattr(held[i], "next_functions", ()):
+    lives, each node keeps one object and one id. The walks below key what they have seen by id the same way, the
+    node as the value, so it lives while they run."""
+    seen: dict[int, object] = {}
+    for root in [t.grad_fn for t in losses if t.grad_fn is not None][:most]:
+        seen[id(root)] = root
+    queue = list(seen.values())
+    while queue:
+        for nxt, _ in getattr(queue.pop(), "next_functions", ()):
             if nxt is not None and id(nxt) not in seen:
-                if len(held) >= most:
-                    return held
-                seen.add(id(nxt))
-                held.append(nxt)
-        i += 1
-    return held
+                if len(seen) >= most:
+                    return list(seen.values())
+                seen[id(nxt)] = nxt
+                queue.append(nxt)
+    return list(seen.values())
 
 
 def _walk(losses: list[Tensor]) -> Iterator[tuple[object, object]]:
@@ -214,8 +214,7 @@ def _walk(losses: list[Tensor]) -> Iterator[tuple[object, object]]:
     at most :data:`BUDGET` nodes, each once; the walk does not go below a node that normalises logits (the model
     lies there). The first nodes come with None."""
     queue: list[tuple[object, object]] = [(t.grad_fn, None) for t in losses if t.grad_fn is not None]
-    seen = {id(node) for node, _ in queue}
-    held = [node for node, _ in queue]  # what was seen stays alive: its id stays its own (see hold)
+    seen = {id(node): node for node, _ in queue}  # by id, each node held while the walk runs (see hold)
     looked = 0
     while queue and looked < BUDGET:
         node, parent = queue.pop(0)
@@ -225,8 +224,7 @@ def _walk(losses: list[Tensor]) -> Iterator[tuple[object, object]]:
             continue
         for nxt, _ in getattr(node, "next_functions", ()):
             if nxt is not None and id(nxt) not in seen:
-                seen.add(id(nxt))
-                held.append(nxt)
+                seen[id(nxt)] = nxt
                 queue.append((nxt, node))
 
 
@@ -296,8 +294,7 @@ def scaled_cosine(logits: object) -> bool:
     :data:`_SCALING` nodes, ends at a matrix product of two normalised operands (``F.normalize``: a quotient by a
     clamped vector norm), at a leaf (a learnable scale or margin) or at a constant; no path reaches a layer's
     output. Such logits are bounded by the scale whatever the weights are."""
-    queue, seen, products = [logits], {id(logits)}, 0
-    held = [logits]  # what was seen stays alive: its id stays its own (see hold)
+    queue, seen, products = [logits], {id(logits): logits}, 0  # by id, each node held (see hold)
     while queue:
         node = queue.pop()
         if node is None or type(node).__name__ == "AccumulateGrad":
@@ -313,8 +310,7 @@ def scaled_cosine(logits: object) -> bool:
             return False
         for nxt in inputs:
             if id(nxt) not in seen:
-                seen.add(id(nxt))
-                held.append(nxt)
+                seen[id(nxt)] = nxt
                 queue.append(nxt)
         if len(seen) > _COSINE_BUDGET:
             return False
@@ -631,8 +627,7 @@ def _is_gaussian_log_density(node: object) -> bool:
 def _parameters(node: object) -> dict[int, Tensor]:
     """The leaf tensors (parameters) that the graph below ``node`` accumulates gradients into, by identity."""
     found: dict[int, Tensor] = {}
-    stack, seen = [node], {id(node)}
-    held = [node]  # what was seen stays alive: its id stays its own (see hold)
+    stack, seen = [node], {id(node): node}  # by id, each node held while the walk runs (see hold)
     while stack and len(seen) < _PARAMETER_BUDGET:
         current = stack.pop()
         variable = getattr(current, "variable", None)
@@ -640,8 +635,7 @@ def _parameters(node: object) -> dict[int, Tensor]:
             found[id(variable)] = variable
         for nxt, _ in getattr(current, "next_functions", ()):
             if nxt is not None and id(nxt) not in seen:
-                seen.add(id(nxt))
-                held.append(nxt)
+                seen[id(nxt)] = nxt
                 stack.append(nxt)
     return found
 
