@@ -67,12 +67,16 @@ def hf_convnext() -> nn.Module:
     return tf.ConvNextForImageClassification(config)
 
 
-def run(model: nn.Module, logits, norm: str, gates: list[nn.Parameter], frozen: bool) -> tuple[NeuralDbg, list[float]]:
-    """Train under the debugger; returns it and the gradient norm at ``norm`` per step (plain ``.grad`` reads)."""
+def run(
+    model: nn.Module, logits, norm: str, gates: list[nn.Parameter], frozen: bool, warmup: int = 0
+) -> tuple[NeuralDbg, list[float]]:
+    """Train under the debugger; returns it and the gradient norm at ``norm`` per step (plain ``.grad`` reads).
+    ``warmup``: the learning rate rises linearly from 0 over that many steps (ConvNeXt's and ViT's recipes)."""
     for gate in gates:
         gate.requires_grad_(not frozen)
     layer = dict(model.named_modules())[norm]
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
     batches = support.classification_batches((3, 16, 16), 10, batch=32)
     norms: list[float] = []
     with NeuralDbg(model) as dbg:
@@ -82,6 +86,7 @@ def run(model: nn.Module, logits, norm: str, gates: list[nn.Parameter], frozen: 
             F.cross_entropy(logits(model, x), y).backward()
             norms.append(float(torch.cat([p.grad.reshape(-1) for p in layer.parameters()]).norm()))
             opt.step()
+            sched.step()
     return dbg, norms
 
 
@@ -123,3 +128,58 @@ def test_a_branch_behind_a_frozen_small_gate_is_vanishing(case: str) -> None:
     assert max(norms) < 1e-6
     assert all(float(g.detach().abs().max()) <= 1e-6 for g in gates)
     assert FailureKind.VANISHING_GRADIENTS.value in support.kinds(dbg)
+
+
+def test_a_branch_behind_a_small_gate_that_learns_slowly_under_warm_up_is_not_vanishing() -> None:
+    """Under a learning-rate warm-up the gate grows slowly and its branch stays small through a smoke run: nothing
+    else undoes the small start (the branch never reads healthy), so only the gate's own healthy gradient tells it
+    from a fault."""
+    model, logits, norm, gates = hf_case()
+    dbg, norms = run(model, logits, norm, gates, frozen=False, warmup=1000)
+
+    # plain torch: the branch stays far below the model's scale to the end, while the gate learns (it grew)
+    assert max(norms) < 1e-6
+    assert norms[-1] > 10 * norms[0]
+    assert all(float(g.detach().pow(2).mean().sqrt()) > 10 * 1e-6 for g in gates)
+    assert FailureKind.VANISHING_GRADIENTS.value not in support.kinds(dbg)
+
+
+def test_a_branch_behind_a_frozen_small_gate_under_warm_up_is_vanishing() -> None:
+    model, logits, norm, gates = hf_case()
+    dbg, norms = run(model, logits, norm, gates, frozen=True, warmup=1000)
+
+    assert max(norms) < 1e-6
+    assert FailureKind.VANISHING_GRADIENTS.value in support.kinds(dbg)
+
+
+class SquashedConvNeXt(nn.Module):
+    """A ConvNeXt block (its gate at 1e-3, a CaiT-like start) under a head of three sigmoid layers: the sigmoid
+    stack makes every gradient below it vanish, the gate's own included."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 2, stride=2)
+        self.block = Block(32)
+        with torch.no_grad():
+            self.block.ls.gamma.fill_(1e-3)
+        self.squash = nn.Sequential(*[m for _ in range(3) for m in (nn.Linear(32, 32), nn.Sigmoid())])
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.squash(self.block(self.stem(x)).mean((2, 3))))
+
+
+def test_a_branch_behind_a_small_gate_whose_own_gradient_vanishes_is_vanishing() -> None:
+    """The gate excuses its branch only while the gate itself gets a usable gradient: behind a saturated sigmoid
+    stack the gate's gradient vanishes with the branch's, and the branch is part of the fault."""
+    torch.manual_seed(0)
+    model = SquashedConvNeXt()
+    dbg, norms = run(model, lambda m, x: m(x), "block.pwconv1", [model.block.ls.gamma], frozen=False)
+
+    # plain torch: the gate's and the branch's gradients are tiny beside the head's, above the 1e-9 floor
+    gate, head = model.block.ls.gamma.grad, model.head.weight.grad
+    assert gate is not None and head is not None
+    assert 1e-9 < float(gate.norm()) < 1e-4 and float(gate.norm()) < 1e-3 * float(head.norm())
+    assert 1e-9 < max(norms) < 1e-4
+    layers = {e.layer for e in dbg.events if e.kind is FailureKind.VANISHING_GRADIENTS}
+    assert {"block.pwconv1", "block.pwconv2", "block.ls"} <= layers
