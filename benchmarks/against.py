@@ -38,22 +38,32 @@ from .overhead import CASES, Case, _fixture
 REPEATS = {"tiny": 30, "mlp": 6, "cnn": 4, "transformer": 6, "deep": 8}
 
 
-def _train(
-    case: Case, state: dict[str, torch.Tensor], batches: list[Any], pkg: ModuleType | None, preset: str
-) -> tuple[float, list[torch.Tensor]]:
+def _copy(case: Case, state: dict[str, torch.Tensor]) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A fresh copy of the case's model at the shared initial weights, with its optimizer."""
     model = case.build()
     model.load_state_dict(state)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    dbg = pkg.NeuralDbg(model, preset=preset) if pkg else None
-    torch.manual_seed(1)  # dropout draws the same masks in every copy
-    t0 = time.thread_time()
-    if dbg:
-        dbg.attach()
+    return model, torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+
+def _loop(case: Case, model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list[Any]) -> None:
+    """The 50 training steps every measurement here runs, dropout seeded alike in every copy."""
+    torch.manual_seed(1)
     for i in range(50):
         x, y = batches[i % len(batches)]
         opt.zero_grad(set_to_none=True)
         case.loss(model(x), y).backward()
         opt.step()
+
+
+def _train(
+    case: Case, state: dict[str, torch.Tensor], batches: list[Any], pkg: ModuleType | None, preset: str
+) -> tuple[float, list[torch.Tensor]]:
+    model, opt = _copy(case, state)
+    dbg = pkg.NeuralDbg(model, preset=preset) if pkg else None
+    t0 = time.thread_time()
+    if dbg:
+        dbg.attach()
+    _loop(case, model, opt, batches)
     if dbg:
         dbg.close()
     return time.thread_time() - t0, [p.detach().clone() for p in model.parameters()]
@@ -124,9 +134,7 @@ def analysis(case: Case, base: ModuleType, repeats: int = 7) -> dict[str, float]
     state, batches = _fixture(case)
     runs: dict[str, tuple[ModuleType, torch.nn.Module, list[Any], list[Any]]] = {}
     for name, pkg in (("old", base), ("new", neuraldbg)):
-        model = case.build()
-        model.load_state_dict(state)
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        model, opt = _copy(case, state)
         dbg = pkg.NeuralDbg(model, preset="full")
         records: list[Any] = []
         sink = dbg._recorder._sink
@@ -136,13 +144,8 @@ def analysis(case: Case, base: ModuleType, repeats: int = 7) -> dict[str, float]
             return sink(batch)
 
         dbg._recorder._sink = keep
-        torch.manual_seed(1)
         with dbg:
-            for i in range(50):
-                x, y = batches[i % len(batches)]
-                opt.zero_grad(set_to_none=True)
-                case.loss(model(x), y).backward()
-                opt.step()
+            _loop(case, model, opt, batches)
         runs[name] = (pkg, model, list(dbg._analyzer.ctx.order), records)
     times: dict[str, list[float]] = {"old": [], "new": []}
     found: dict[str, list[tuple[Any, ...]]] = {}
