@@ -206,11 +206,12 @@ def set_run(lr: float, watched: bool) -> tuple[list[float], float, float, Neural
 
 
 def test_a_layer_left_with_a_tenth_of_its_units_is_reported_though_the_loss_fell_tenfold():
-    """A learning rate 50x too high (Adam 5e-2) kills 60 of the head's 64 ReLU units in its first steps; the loss
-    still falls more than tenfold (hunt 24), but the held-out error is many times the twin's (Adam 1e-3)."""
+    """A learning rate 50x too high (Adam 5e-2) kills nearly all of the head's 64 ReLU units in its first steps; the
+    loss still falls more than tenfold (hunt 24), but the held-out error is many times the twin's (Adam 1e-3)."""
     losses, mse, off, _ = set_run(5e-2, watched=False)
     _, twin_mse, twin_off, _ = set_run(1e-3, watched=False)
-    assert off >= 0.9 and twin_off < 0.5  # plain torch: never positive over the last 50 steps
+    # plain torch: never positive over the last 50 steps (60 of the 64 units on torch 2.13, 57 on torch 2.11)
+    assert off >= 0.85 and twin_off < 0.5
     assert sum(losses[-75:]) / 75 < 0.1 * sum(losses[:37]) / 37  # the loss fell tenfold all the same
     assert mse > 5 * twin_mse
     watched, _, _, dbg = set_run(5e-2, watched=True)

@@ -146,12 +146,14 @@ def pairs_of(model: nn.Module, x: torch.Tensor) -> list[tuple[str, str]]:
     from neuraldbg.capture.forward import _widths
 
     names: dict[int, str] = {}
+    held: list[object] = []  # the named nodes, alive while the walk compares them by id (as the debugger holds them)
     widths = {n: w for n, m in model.named_modules() if (w := _widths(m)) is not None}
 
     def note(name: str):
         def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-            if output.grad_fn is not None:
-                names.setdefault(id(output.grad_fn), name)
+            if output.grad_fn is not None and id(output.grad_fn) not in names:
+                held.append(output.grad_fn)
+                names[id(held[-1])] = name
 
         return hook
 
