@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 import sys
 import threading
 import warnings
@@ -34,6 +35,32 @@ from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
+
+#: The oldest torch release NeuralDBG runs on: the oldest whose whole test suite passes (run by hand, see
+#: docs/limitations.md). Older releases lack what the hooks use (torch 2.1: a global forward hook's keyword
+#: arguments, torch.compile's cache entries) or run the checks into other numbers (torch 2.6).
+OLDEST_TORCH = (2, 9)
+
+
+def torch_release(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a torch version string ("2.9.1+cu128" -> (2, 9)); None when it does not start so."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return (int(found[1]), int(found[2])) if found else None
+
+
+def require_torch(version: str) -> None:
+    """Refuse, with the way out, a torch older than :data:`OLDEST_TORCH` (pip enforces the same floor; this is for
+    an environment that got its torch another way). A version that cannot be read is let through."""
+    release = torch_release(version)
+    if release is not None and release < OLDEST_TORCH:
+        oldest = ".".join(map(str, OLDEST_TORCH))
+        raise ImportError(
+            f"NeuralDBG needs torch {oldest} or later, and torch.__version__ is {version!r}: "
+            f"upgrade it (pip install 'torch>={oldest}')"
+        )
+
+
+require_torch(str(torch.__version__))
 
 ModuleHook = Callable[[torch.nn.Module, tuple[Any, ...], dict[str, Any], Any], None]
 OptimizerHook = Callable[[torch.optim.Optimizer, tuple[Any, ...], dict[str, Any]], None]
