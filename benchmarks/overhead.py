@@ -5,8 +5,9 @@
     python -m benchmarks.overhead --peers    # NeuralDBG next to other monitors instead (benchmarks/peers.py)
 
 For each model, identical copies (same initial weights, same batches) are trained in alternating blocks of
-steps: one plain, one per preset under NeuralDbg. A debugger is attached for its own blocks only (its optimizer
-hook is global, so the other copies would otherwise pay for it) and its run continues from block to block. The
+steps: one plain, one per preset under NeuralDbg. A debugger is attached for its own blocks only (its hooks
+are global, so the other copies would otherwise pay for them) and its run continues from block to block; the
+attachment is not timed, the ``close()`` ending each block is (a run attaches once; see :meth:`Runner.run`). The
 first ``--warmup`` steps are not timed, so the figures are the steady-state cost per step; the dense observation
 of the first steps, which a short smoke test pays, is reported separately as "first 50 steps". The ratio is the
 median, over rounds, of a watched block's time over the plain block of the same round.
@@ -186,12 +187,14 @@ class Runner:
         self.steps = 0
 
     def run(self, batches: list[tuple[torch.Tensor, torch.Tensor]], start: int, n: int, attach: bool = True) -> float:
-        """Train ``n`` steps. The debugger is attached for its own blocks only: its optimizer hook is global,
-        and the other copies must not pay for it (``attach()`` after ``close()`` continues the same run).
+        """Train ``n`` steps; seconds per step. The debugger is attached for its own blocks only: its hooks are
+        global, and the other copies must not pay for them (``attach()`` after ``close()`` continues the same run).
+        Attaching is not timed (a run attaches once; a block of a few steps would carry a whole attachment, 4 ms
+        for the deep model's 400 parameters); ``close()``, which commits and flushes the block's last step, is.
         ``attach=False``: the caller attaches and closes the debugger around several blocks."""
-        t0 = time.perf_counter()
         if self.dbg is not None and attach:
-            self.dbg.attach()
+            self.dbg.attach()  # not timed: a run attaches once (benchmarks.peers prints what it costs)
+        t0 = time.perf_counter()
         for i in range(start, start + n):
             x, y = batches[i % len(batches)]
             self.opt.zero_grad(set_to_none=True)

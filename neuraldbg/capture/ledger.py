@@ -137,7 +137,10 @@ class GradLedger:
         self._left: tuple[list[int], list[Tensor], list[int]] | None = None
         self._sample: tuple[weakref.ref[Tensor], Tensor] | None = None  # manual updates: head .grad, parameter
         self._thread = 0
-        self._loss_checks = 0
+        self._loss_checks = 0  # while attached: backward passes whose loss graph is still to be checked
+        # ... over the debugger's life: a run continued after close() (attach() again, a with block per epoch) goes
+        # on from there (the loop computes its loss as before), rather than checking its first passes again
+        self._loss_checks_left = LOSS_CHECKS
         self._held: list[object] = []  # the graph nodes of the loss checks of the last backward call (see before)
         self._labels: tuple[Tensor, int] | None = None  # the label counts so far (on the device), the classes
         self._targets: tuple[str, Tensor, Tensor] | None = None  # a BCE's / an MSE's target moments so far
@@ -170,13 +173,15 @@ class GradLedger:
         self._reached = set()
         self._left = None
         self._thread = threading.get_ident()
-        self._loss_checks = LOSS_CHECKS
+        self._loss_checks = self._loss_checks_left
         self._labels = None
         self._mix = LabelMix()
         self._decayed = {}
-        self._rec.forward.nodes = {}
+        self._rec.forward.nodes = {} if self._loss_checks else None
 
     def detach(self) -> None:
+        if self._tensors:  # attached: what is left of the loss checks waits for the next attach()
+            self._loss_checks_left = self._loss_checks
         self._tensors = []
         self._marks = []
         self._reached = set()

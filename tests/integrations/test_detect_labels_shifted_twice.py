@@ -138,3 +138,28 @@ def test_checking_the_labels_leaves_the_training_bit_identical():
     assert dbg is not None and dbg._recorder.coverage.labels_ahead == 1.0  # the check ran
     for a, b in zip(plain.parameters(), watched.parameters()):
         assert torch.equal(a, b)
+
+
+def test_the_label_checks_are_spent_once_over_a_run_attached_step_by_step(monkeypatch):
+    from neuraldbg.capture.forward import LABEL_CHECKS
+    from neuraldbg.stats import tensors
+
+    calls: list[int] = []
+    real = tensors.labels_ahead
+
+    def counted(ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return real(ids, labels)
+
+    monkeypatch.setattr(tensors, "labels_ahead", counted)
+    model = hf_support.gpt2_lm()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    dbg = NeuralDbg(model)
+    for step in range(3 * LABEL_CHECKS):  # every step fully observed (the first 16 are), each its own attachment
+        with dbg:
+            opt.zero_grad()
+            model(**call(tokens(step), shifted=True))["loss"].backward()
+            opt.step()
+    assert dbg.steps == 3 * LABEL_CHECKS
+    assert len(calls) == LABEL_CHECKS  # a continued run goes on with the checks it has left
+    assert dbg._recorder.coverage.labels_ahead == 1.0

@@ -1,0 +1,105 @@
+"""A run continued after ``close()`` (``attach()`` again, a ``with`` block per epoch) goes on where it stopped: the
+checks done once per run, on its first backward passes, are not started over at each attachment.
+
+The loss-graph checks (an activation before a loss that applies its own, a regression target's profile, the labels
+of an ``nll_loss``...) look at the first :data:`~neuraldbg.capture.ledger.LOSS_CHECKS` backward passes that reach
+the model. Until 2026-12-04 every ``attach()`` granted that many again, so a loop attached for a few steps at a time
+walked the loss graph on every step and noted every layer's graph node on every forward pass."""
+
+from __future__ import annotations
+
+import support
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import NeuralDbg
+from neuraldbg.capture import ledger, loss_graph
+
+CLASSES = 10
+
+
+def _counting_reads(monkeypatch) -> list[int]:
+    """Count the loss-graph checks (each reads the graph once) from here on."""
+    calls: list[int] = []
+    real = loss_graph.read
+
+    def counted(roots):
+        calls.append(1)
+        return real(roots)
+
+    monkeypatch.setattr(ledger.loss_graph, "read", counted)
+    return calls
+
+
+def _train_in_blocks(model: nn.Module, dbg: NeuralDbg, blocks: int, steps: int) -> None:
+    make = support.classification_batches((32,), CLASSES, batch=64)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    step = 0
+    for _ in range(blocks):
+        with dbg:  # attached for this block only
+            for _ in range(steps):
+                x, y = make(step)
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+                step += 1
+
+
+def _classifier(relu_on_logits: bool = False) -> nn.Sequential:
+    layers: list[nn.Module] = [nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, CLASSES)]
+    if relu_on_logits:
+        layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def test_the_loss_checks_are_spent_once_over_the_run_not_once_per_attachment(monkeypatch):
+    calls = _counting_reads(monkeypatch)
+    torch.manual_seed(0)
+    model = _classifier()
+    dbg = NeuralDbg(model)
+    _train_in_blocks(model, dbg, blocks=4, steps=3)  # 12 backward passes in 4 attachments
+    assert dbg.steps == 12
+    assert len(calls) == ledger.LOSS_CHECKS  # not 3 in each of the 4 blocks
+    # ... and with none left, the forward passes note no layer's graph node
+    with dbg:
+        assert dbg._recorder.forward.nodes is None
+
+
+def test_checks_left_at_close_are_taken_after_the_next_attach(monkeypatch):
+    calls = _counting_reads(monkeypatch)
+    torch.manual_seed(0)
+    model = _classifier()
+    dbg = NeuralDbg(model)
+    _train_in_blocks(model, dbg, blocks=1, steps=ledger.LOSS_CHECKS - 1)
+    assert len(calls) == ledger.LOSS_CHECKS - 1
+    _train_in_blocks(model, dbg, blocks=1, steps=3)
+    assert len(calls) == ledger.LOSS_CHECKS
+
+
+def test_a_relu_on_the_logits_is_found_when_every_step_has_its_own_attachment():
+    torch.manual_seed(0)
+    model = _classifier(relu_on_logits=True)
+    # ground truth, plain torch: the ReLU cuts about half of the logits, whose gradient is then exactly zero
+    x, y = support.classification_batches((32,), CLASSES, batch=64)(0)
+    logits = model[:3](x)
+    logits.retain_grad()
+    F.cross_entropy(model[3](logits), y).backward()
+    assert logits.grad is not None
+    cut = logits.detach() < 0
+    assert cut.float().mean() > 0.3
+    assert bool((logits.grad[cut] == 0).all())
+    model.zero_grad()
+
+    dbg = NeuralDbg(model)
+    _train_in_blocks(model, dbg, blocks=20, steps=1)
+    kinds = [h.kind.value for h in dbg.hypotheses()]
+    assert "activation_before_loss" in kinds, dbg.explain_failure()
+
+
+def test_a_healthy_classifier_attached_step_by_step_stays_silent():
+    torch.manual_seed(0)
+    model = _classifier()
+    dbg = NeuralDbg(model)
+    _train_in_blocks(model, dbg, blocks=30, steps=1)
+    assert not dbg.explain_failure(), dbg.explain_failure()
