@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import neuraldbg
-from benchmarks import against, gpu, peers, step_parts
+from benchmarks import against, gpu, hook_floor, overhead, peers, step_parts
 from benchmarks.overhead import CASES
 from neuraldbg.config import PRESETS
 
@@ -39,6 +39,60 @@ def test_the_first_steps_table_has_a_ratio_for_every_monitor_and_the_debuggers_a
     assert result["plain"] == 1.0
     assert result["neuraldbg"] > 0 and result["bound"] > 0
     assert result["attach_ms"] > 0 and result["diagnosis_ms"] > 0
+
+
+def _tiny_batches() -> tuple[overhead.Case, dict[str, torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
+    case = next(c for c in CASES if c.build.__name__ == "tiny")
+    state, batches = overhead._fixture(case)
+    return case, state, batches
+
+
+def test_the_steady_blocks_leave_the_attachment_out_of_their_timing(monkeypatch: pytest.MonkeyPatch):
+    """A run attaches once: a block of a few steps must not carry a whole attachment (a clock that only an
+    attachment moves, by 100 s, stays out of the per-step figure; the block's close() is inside it)."""
+    clock = [0.0]
+    case, state, batches = _tiny_batches()
+    runner = overhead.Runner(case, state, "default")
+    dbg = runner.dbg
+    assert dbg is not None
+    attach, close = dbg.attach, dbg.close
+
+    def slow_attach() -> neuraldbg.NeuralDbg:
+        clock[0] += 100.0
+        return attach()
+
+    def slow_close() -> None:
+        clock[0] += 1.0
+        close()
+
+    monkeypatch.setattr(dbg, "attach", slow_attach)
+    monkeypatch.setattr(dbg, "close", slow_close)
+    monkeypatch.setattr(overhead.time, "perf_counter", lambda: clock[0])
+    assert runner.run(batches, 0, 2) == pytest.approx(0.5)  # the close, over 2 steps; not the attachment
+    copy = peers.Copy(case, state, peers.Debugger)
+    monitor = copy.monitor
+    assert isinstance(monitor, peers.Debugger)
+    attach, close = monitor.dbg.attach, monitor.dbg.close
+    monkeypatch.setattr(monitor.dbg, "attach", slow_attach)
+    monkeypatch.setattr(monitor.dbg, "close", slow_close)
+    monkeypatch.setattr(peers.time, "thread_time", lambda: clock[0])
+    assert copy.block(batches, 2) == pytest.approx(0.5)
+
+
+def test_the_hook_floor_times_each_way_and_leaves_no_hook_behind():
+    from torch.nn.modules import module as module_globals
+
+    model = next(c for c in CASES if c.build.__name__ == "tiny").build()
+    table = module_globals._global_forward_hooks
+    before = len(table)
+    with hook_floor.WAYS["a hook per leaf module"](model):
+        assert sum(len(m._forward_hooks) for m in model.modules()) == 3  # Linear, ReLU, Linear
+    with hook_floor.WAYS["one global hook"](model):
+        assert len(table) == before + 1
+    assert sum(len(m._forward_hooks) for m in model.modules()) == 0
+    assert len(table) == before
+    found = hook_floor.measure("tiny", rounds=1, calls=2)
+    assert set(found) == set(hook_floor.WAYS) and all(t > 0 for t in found.values())
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: the script measures instead")

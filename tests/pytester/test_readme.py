@@ -168,6 +168,7 @@ COMMANDS = {
     "python -m benchmarks.against REVISION": "benchmark",
     "python -m benchmarks.gpu": "benchmark",
     "python -m benchmarks.step_parts": "benchmark",
+    "python -m benchmarks.hook_floor": "benchmark",
     ".venv/bin/python -m pytest tests/fuzz --hypothesis-profile=long -p no:cacheprovider": "fuzz profile",
     # development.md
     ".venv/bin/python -m pytest -n auto": "ci",
