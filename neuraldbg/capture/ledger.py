@@ -142,7 +142,9 @@ class GradLedger:
         # on from there (the loop computes its loss as before), rather than checking its first passes again
         self._loss_checks_left = LOSS_CHECKS
         self._held: list[object] = []  # the graph nodes of the loss checks of the last backward call (see before)
-        self._labels: tuple[Tensor, int] | None = None  # the label counts so far (on the device), the classes
+        # the label counts so far (on the device), the classes; like the label mix below, kept over the debugger's
+        # life (the passes that count are the loss checks', which a continued run goes on with)
+        self._labels: tuple[Tensor, int] | None = None
         self._targets: tuple[str, Tensor, Tensor] | None = None  # a BCE's / an MSE's target moments so far
         # backward passes whose targets were looked for, over the debugger's life (at most TARGET_CHECKS): a run
         # continued after close() (attach() again, a with block per epoch) goes on from there rather than reading
@@ -174,8 +176,6 @@ class GradLedger:
         self._left = None
         self._thread = threading.get_ident()
         self._loss_checks = self._loss_checks_left
-        self._labels = None
-        self._mix = LabelMix()
         self._decayed = {}
         self._rec.forward.nodes = {} if self._loss_checks else None
 
@@ -190,7 +190,6 @@ class GradLedger:
         self._sample = None
         self._loss_checks = 0
         self._held = []
-        self._labels = None
         self._rec.forward.nodes = None
 
     # --- a backward call ----------------------------------------------------------------------------------

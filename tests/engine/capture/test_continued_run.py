@@ -4,7 +4,9 @@ checks done once per run, on its first backward passes, are not started over at 
 The loss-graph checks (an activation before a loss that applies its own, a regression target's profile, the labels
 of an ``nll_loss``...) look at the first :data:`~neuraldbg.capture.ledger.LOSS_CHECKS` backward passes that reach
 the model. Until 2026-12-04 every ``attach()`` granted that many again, so a loop attached for a few steps at a time
-walked the loss graph on every step and noted every layer's graph node on every forward pass."""
+walked the loss graph on every step and noted every layer's graph node on every forward pass; and the labels counted
+by those checks, and each fully observed step's label mix (filed when the next step's labels come), started over
+at each attachment: a run attached one step at a time filed no label mix at all."""
 
 from __future__ import annotations
 
@@ -103,3 +105,35 @@ def test_a_healthy_classifier_attached_step_by_step_stays_silent():
     dbg = NeuralDbg(model)
     _train_in_blocks(model, dbg, blocks=30, steps=1)
     assert not dbg.explain_failure(), dbg.explain_failure()
+
+
+class _Records:
+    def __init__(self) -> None:
+        self.records: list = []
+
+    def __call__(self, records: list) -> None:
+        self.records.extend(records)
+
+
+def _label_readings(blocks: int, steps: int) -> tuple[list[float], list[list[float]]]:
+    """The label prior last filed, and every step's label mix, of 8 steps trained in ``blocks`` attachments."""
+    torch.manual_seed(0)
+    model = _classifier()
+    dbg = NeuralDbg(model)
+    sink = _Records()
+    dbg._recorder._sink = sink  # the raw records, not the analysis
+    _train_in_blocks(model, dbg, blocks=blocks, steps=steps)
+    priors = [r.label_prior for r in sink.records if r.label_prior]
+    mixes = sorted(m for r in sink.records for m in r.label_steps)
+    return priors[-1], mixes
+
+
+def test_the_labels_counted_over_a_run_do_not_depend_on_how_often_it_was_attached():
+    # ground truth, plain torch: the classes of the first passes' labels are not all one class (a prior to measure)
+    make = support.classification_batches((32,), CLASSES, batch=64)
+    labels = torch.cat([make(step)[1] for step in range(ledger.LOSS_CHECKS)])
+    assert len(labels.unique()) > 1
+    whole = _label_readings(blocks=1, steps=8)
+    split = _label_readings(blocks=8, steps=1)
+    assert whole[0] == split[0]  # the entropy of the same labels, counted over the same 4 passes
+    assert len(whole[1]) >= 6 and whole[1] == split[1]  # each fully observed step's mix, filed once
