@@ -164,13 +164,16 @@ class GradLedger:
         if len(unique) > TRACKED:
             step = (len(unique) - 1) / (TRACKED - 1)
             unique = [unique[round(i * step)] for i in range(TRACKED)]
+        # a run continued after close(): each gradient's mark as the last attachment left it (its weak reference and
+        # version tell whether anything reset the gradient since), so a step begun in this attachment that adds to
+        # the gradient the last one applied is seen; and the manual-update anchor of that step (``_sample``)
+        kept = dict(zip(self._names, self._marks, strict=False))
         self._names = [n for n, _ in unique]
         self._tensors = [t for _, t in unique]
-        self._marks = [None] * len(unique)
+        self._marks = [kept.get(n) for n in self._names]
         self._index = {n: i for i, n in enumerate(self._names)}
         self._owned_indices = (None, [])
         self._carry = None
-        self._sample = None
         self._open = False
         self._reached = set()
         self._left = None
@@ -182,12 +185,10 @@ class GradLedger:
     def detach(self) -> None:
         if self._tensors:  # attached: what is left of the loss checks waits for the next attach()
             self._loss_checks_left = self._loss_checks
-        self._tensors = []
-        self._marks = []
+        self._tensors = []  # the marks and the manual-update anchor stay for the next attach() (weak references)
         self._reached = set()
         self._left = None
         self._carry = None
-        self._sample = None
         self._loss_checks = 0
         self._held = []
         self._rec.forward.nodes = None

@@ -6,7 +6,8 @@ of an ``nll_loss``...) look at the first :data:`~neuraldbg.capture.ledger.LOSS_C
 the model. Until 2026-12-04 every ``attach()`` granted that many again, so a loop attached for a few steps at a time
 walked the loss graph on every step and noted every layer's graph node on every forward pass; and the labels counted
 by those checks, and each fully observed step's label mix (filed when the next step's labels come), started over
-at each attachment: a run attached one step at a time filed no label mix at all."""
+at each attachment: a run attached one step at a time filed no label mix at all. The gradients' marks were dropped
+too, so a loop that never zeroed its gradients went unreported when each step had an attachment of its own."""
 
 from __future__ import annotations
 
@@ -137,3 +138,46 @@ def test_the_labels_counted_over_a_run_do_not_depend_on_how_often_it_was_attache
     split = _label_readings(blocks=8, steps=1)
     assert whole[0] == split[0]  # the entropy of the same labels, counted over the same 4 passes
     assert len(whole[1]) >= 6 and whole[1] == split[1]  # each fully observed step's mix, filed once
+
+
+def _train_step_by_step(zero_grad: bool, optimizer: bool, steps: int = 40) -> tuple[NeuralDbg, nn.Module]:
+    """A classifier trained with each step in an attachment of its own (``with dbg:`` around one step)."""
+    torch.manual_seed(0)
+    model = _classifier()
+    make = support.classification_batches((32,), CLASSES, batch=64)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    dbg = NeuralDbg(model)
+    for step in range(steps):
+        with dbg:
+            x, y = make(step)
+            if zero_grad:
+                opt.zero_grad() if optimizer else model.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            if optimizer:
+                opt.step()
+            else:
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(p.grad, alpha=-1e-2)
+    return dbg, model
+
+
+def test_gradients_never_zeroed_are_found_in_a_run_attached_step_by_step():
+    # ground truth, plain torch: without zero_grad the second backward pass adds to the gradient already applied
+    torch.manual_seed(0)
+    model = _classifier()
+    make = support.classification_batches((32,), CLASSES, batch=64)
+    x0, y0 = make(0)
+    x1, y1 = make(1)
+    F.cross_entropy(model(x0), y0).backward()
+    first = model[0].weight.grad.clone()
+    F.cross_entropy(model(x1), y1).backward()
+    alone = torch.autograd.grad(F.cross_entropy(model(x1), y1), model[0].weight)[0]
+    torch.testing.assert_close(model[0].weight.grad, first + alone)
+
+    for optimizer in (True, False):
+        dbg, _ = _train_step_by_step(zero_grad=False, optimizer=optimizer)
+        kinds = [h.kind.value for h in dbg.hypotheses()]
+        assert kinds and kinds[0] == "gradients_not_zeroed", (optimizer, dbg.explain_failure())
+        healthy, _ = _train_step_by_step(zero_grad=True, optimizer=optimizer)
+        assert "gradients_not_zeroed" not in [h.kind.value for h in healthy.hypotheses()], healthy.explain_failure()
