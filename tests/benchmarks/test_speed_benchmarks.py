@@ -79,6 +79,28 @@ def test_the_steady_blocks_leave_the_attachment_out_of_their_timing(monkeypatch:
     assert copy.block(batches, 2) == pytest.approx(0.5)
 
 
+def test_the_first_steps_figure_times_fresh_copies_from_step_0(monkeypatch: pytest.MonkeyPatch):
+    """Step 0 (the debugger's first fully observed step, and both copies' optimizer state) is in the figure, and
+    the plain copy it is compared with is as fresh as the watched one."""
+    blocks: list[tuple[str | None, int, int, int]] = []
+
+    def run(self: overhead.Runner, batches: list, start: int, n: int, attach: bool = True) -> float:
+        preset = None if self.dbg is None else "default"
+        blocks.append((preset, id(self), start, n))
+        return 2.0 if self.dbg is not None else 1.0
+
+    monkeypatch.setattr(overhead.Runner, "run", run)
+    case, state, batches = _tiny_batches()
+    assert overhead.first_steps(case, state, batches, n=20) == 2.0
+    assert [(p, start, n) for p, _, start, n in blocks] == [
+        (None, 0, 10),
+        ("default", 0, 10),
+        (None, 10, 10),
+        ("default", 10, 10),
+    ]
+    assert len({copy for p, copy, _, _ in blocks if p is None}) == 1  # one plain copy, made here
+
+
 def test_the_hook_floor_times_each_way_and_leaves_no_hook_behind():
     from torch.nn.modules import module as module_globals
 
