@@ -292,6 +292,21 @@ def one_backward(model: nn.Module, batch: Batch, loss_fn: Callable[..., torch.Te
     loss_fn(model(x), y).backward()
 
 
+def logits_cut_by_relu(model: nn.Sequential, batch: Batch) -> float:
+    """Plain torch, for a classifier ``Linear, ReLU, Linear, ReLU`` whose last ReLU sits on its logits: the share of
+    logits the ReLU cut, checked to get exactly zero gradient from ``cross_entropy`` (the model's gradients are
+    cleared afterwards)."""
+    x, y = batch
+    logits = model[:3](x)
+    logits.retain_grad()
+    F.cross_entropy(model[3](logits), y).backward()
+    assert logits.grad is not None
+    cut = logits.detach() < 0
+    assert bool((logits.grad[cut] == 0).all())
+    model.zero_grad(set_to_none=True)
+    return float(cut.float().mean())
+
+
 def kinds(dbg: NeuralDbg) -> set[str]:
     return {h.kind.value for h in dbg.hypotheses()}
 
