@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_hook
+
+from neuraldbg.capture import hooks
 
 from .overhead import CASES, _fixture
 
@@ -42,13 +43,9 @@ def _plain(model: nn.Module) -> Iterator[None]:
 
 @contextmanager
 def _global(model: nn.Module) -> Iterator[None]:
-    handle = register_module_forward_hook(_nothing, with_kwargs=True)
-    try:
+    # NeuralDBG's handle: its removal also drops the with_kwargs flag torch keeps for a removed global hook
+    with hooks.HookHandle([register_module_forward_hook(_nothing, with_kwargs=True)]):
         yield
-    finally:
-        handle.remove()
-        # torch keeps the with_kwargs flag of a removed global hook (see neuraldbg.capture.hooks)
-        getattr(_module_globals, "_global_forward_hooks_with_kwargs", {}).pop(handle.id, None)
 
 
 @contextmanager

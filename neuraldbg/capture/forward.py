@@ -97,8 +97,8 @@ class ForwardPath:
         # (2.11), dropped when nothing holds it; another object may then take its id, and the next look at the node
         # gets a new one. Held until the next forward pass, the ids above stay the nodes'.
         self._noted: list[object] = []
-        self._label_checks = 0  # forward passes of a label-shifting causal LM whose labels are still to be checked
-        self._label_checks_set = False  # ... counted from the first attach() on
+        # forward passes of a label-shifting causal LM whose labels are still to be checked, over the debugger's life
+        self._label_checks = LABEL_CHECKS if causal_lm.shifts_labels(model) else 0
         # a fully observed forward pass: the outputs that carry a gradient, by where their values lie, to their layer
         # (held until the pass is let go, as ``refs`` are: a live output's memory cannot be another tensor's), to
         # see a later layer given one detached
@@ -124,9 +124,6 @@ class ForwardPath:
         self._names = {module: name for name, module in naming.named_modules(model) if name in self._infos}
         self._thread = threading.get_ident()
         self.compiled.attach(self._names)
-        if not self._label_checks_set:  # a run continued after close() goes on with the checks it has left
-            self._label_checks = LABEL_CHECKS if causal_lm.shifts_labels(model) else 0
-            self._label_checks_set = True
 
     def detach(self) -> None:
         self._names = {}

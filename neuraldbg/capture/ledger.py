@@ -137,10 +137,10 @@ class GradLedger:
         self._left: tuple[list[int], list[Tensor], list[int]] | None = None
         self._sample: tuple[weakref.ref[Tensor], Tensor] | None = None  # manual updates: head .grad, parameter
         self._thread = 0
-        self._loss_checks = 0  # while attached: backward passes whose loss graph is still to be checked
-        # ... over the debugger's life: a run continued after close() (attach() again, a with block per epoch) goes
-        # on from there (the loop computes its loss as before), rather than checking its first passes again
-        self._loss_checks_left = LOSS_CHECKS
+        # backward passes whose loss graph is still to be checked, over the debugger's life: a run continued after
+        # close() (attach() again, a with block per epoch) goes on from there (the loop computes its loss as
+        # before), rather than checking its first passes again (while detached, no backward pass is listened to)
+        self._loss_checks = LOSS_CHECKS
         self._held: list[object] = []  # the graph nodes of the loss checks of the last backward call (see before)
         # the label counts so far (on the device), the classes; like the label mix below, kept over the debugger's
         # life (the passes that count are the loss checks', which a continued run goes on with)
@@ -178,18 +178,14 @@ class GradLedger:
         self._reached = set()
         self._left = None
         self._thread = threading.get_ident()
-        self._loss_checks = self._loss_checks_left
         self._decayed = {}
         self._rec.forward.nodes = {} if self._loss_checks else None
 
     def detach(self) -> None:
-        if self._tensors:  # attached: what is left of the loss checks waits for the next attach()
-            self._loss_checks_left = self._loss_checks
         self._tensors = []  # the marks and the manual-update anchor stay for the next attach() (weak references)
         self._reached = set()
         self._left = None
         self._carry = None
-        self._loss_checks = 0
         self._held = []
         self._rec.forward.nodes = None
 
