@@ -104,11 +104,15 @@ class Tracker:
         # escalating runs that ended too short to count, each with the step it ended: the failure they cause may
         # begin a step or two after them (units die once the explosion has passed through them)
         self._recent: dict[TrackKey, tuple[_Run, int]] = {}
-        # states that began while no other layer was in them: each asks the recorder to observe densely, to date
-        # the state and confirm it quickly. A state already open elsewhere (a deep net whose layers cross a
-        # threshold one after another) adds nothing a dense window would resolve, and would keep every step full.
+        # states that began while no other layer was in them, and states first seen past their full threshold
+        # while no other layer's was: each asks the recorder to observe densely, to date the state and to confirm
+        # it quickly (a layer whose units die slowly crosses the onset level long before the full one; under the
+        # sparse schedule its solid readings come one per ``full_every`` steps, too few to confirm it before the
+        # run ends). A state already open elsewhere (a deep net whose layers cross a threshold one after another)
+        # adds nothing a dense window would resolve, and would keep every step full.
         self.started = 0
         self._open_states: dict[tuple[str, str], int] = {}
+        self._solid_states: dict[tuple[str, str], int] = {}  # open runs with a solid observation, per state
         self._open_tracks: dict[str, int] = {}
         # a state that returns within this many steps continues its event (a flapping layer is one event)
         self.store = EventStore(config.max_events, merge_gap=max(2 * config.early_every, 8 * config.persistence))
@@ -148,15 +152,22 @@ class Tracker:
                 run.confirmed = run.confirmed or (self._escalates(run.state) and (f.decisive or f.kind is not None))
                 self._close(key, run)
                 run = None
+            state = (key[0], str(f.state))
             if run is None:
-                self._open[key] = _Run(f, f, step, step, 1, self._last.get(key), solid=int(not f.provisional))
-                state = (key[0], str(f.state))
+                run = self._open[key] = _Run(f, f, step, step, 1, self._last.get(key), solid=int(not f.provisional))
                 opened = self._open_states.get(state, 0)
                 self.started += opened == 0
                 self._open_states[state] = opened + 1
                 self._open_tracks[key[0]] = self._open_tracks.get(key[0], 0) + 1
+                if run.solid:
+                    self._solid_states[state] = self._solid_states.get(state, 0) + 1
             else:
+                was_solid = run.solid > 0
                 run.extend(step, f)
+                if run.solid and not was_solid:  # past the full threshold for the first time
+                    solid = self._solid_states.get(state, 0)
+                    self.started += solid == 0
+                    self._solid_states[state] = solid + 1
             self._last[key] = f.state
         last = self._last
         for track, obs in observations:
@@ -178,6 +189,8 @@ class Tracker:
         self._open.pop(key, None)
         self._open_states[(key[0], str(run.state))] -= 1
         self._open_tracks[key[0]] -= 1
+        if run.solid:
+            self._solid_states[(key[0], str(run.state))] -= 1
         if run.qualifies(self._persistence, self._steps):
             self.store.add(key, run.to_event(self._persistence))
         elif self._escalates(run.state) and run.solid:

@@ -51,6 +51,7 @@ class GradientReader:
         self.clip_seen = False
         self._probe_mean = 0.0
         self._probe_count = 0
+        self._probe_at = 0  # the element of the head gradient a cheap step reads (see read_head)
         self._head: Param | None = None
         self._head_bias: Param | None = None
         self._whole: list[Tensor] | None = None  # the parameters, when each is held whole (see check_finite)
@@ -183,6 +184,7 @@ class GradientReader:
         self._by_name.update((p.name, p) for p in switched)
         self._whole = None  # the cheap steps' finite check covers them from now on
         self._head = None
+        self._probe_at = 0
         self._rec.backward.forget_owners()  # which optimizer holds which parameter: asked again
 
     def capture(self, loss_scale: float = 1.0) -> None:
@@ -283,7 +285,7 @@ class GradientReader:
         return part is not None and part.numel() > 0
 
     def _zero_head(self, grad: Tensor) -> bool | None:
-        """Whether the loss gave the head layer no gradient at all on this cheap CPU step (its first element read 0):
+        """Whether the loss gave the head layer no gradient at all on this cheap CPU step (the element probed read 0):
         the whole head gradient and its layer's bias gradient are exactly zero (CPU reads, only then). None when the
         layer has no bias: its weight's gradient is also zero when its input is (behind a dead layer)."""
         bias = self._head_bias
@@ -295,9 +297,11 @@ class GradientReader:
         return not bool(g.any())
 
     def read_head(self, loss_scale: float = 1.0) -> None:
-        """A cheap step's only look at the loss: the first element of the head layer's gradient. A non-finite loss
-        (a mean over the batch) makes every element of it non-finite, so one element tells. ``loss_scale``: a
-        GradScaler's scale still in the gradient."""
+        """A cheap step's only look at the loss: one element of the head layer's gradient, the first until it reads
+        exactly 0 while the rest of the head gets a gradient (its input unit is dead: it would read 0 on every step,
+        and a jump of the loss's gradient would never show); from then on the element that got the largest. A
+        non-finite loss (a mean over the batch) makes every element of it non-finite, so one element tells.
+        ``loss_scale``: a GradScaler's scale still in the gradient."""
         head = self._head or self.head()
         full = head.tensor.grad if head is not None else None
         if full is None or not full.is_cpu or not self._fwd.host_reads_are_free:
@@ -307,16 +311,25 @@ class GradientReader:
             grad = head.local(full)
         if grad is None or grad.numel() == 0 or grad.layout is not torch.strided:
             return
-        if grad.numel() <= 64:  # a small head: reading it whole costs less than indexing one element
+        at = self._probe_at if self._probe_at < grad.numel() else 0
+        if grad.numel() <= 64 and at == 0:  # a small head: reading it whole costs less than indexing one element
             first = grad.tolist()
             while isinstance(first, list):
                 first = first[0]
             value = float(first) / loss_scale
         else:
-            value = float(grad.reshape(-1)[0]) / loss_scale
+            value = float(grad.reshape(-1)[at]) / loss_scale
         rec = self._rec
         rec.pending.data.head_finite = math.isfinite(value)
-        rec.pending.data.head_zero = False if value != 0.0 else self._zero_head(grad)
+        if value == 0.0:
+            zero = self._zero_head(grad)
+            rec.pending.data.head_zero = zero
+            if zero is False or (zero is None and bool(grad.any())):
+                # this element gets no gradient and others do: watch the one that gets the most, with its own mean
+                self._probe_at = int(grad.detach().reshape(-1).abs().argmax())
+                self._probe_mean, self._probe_count = 0.0, 0
+            return
+        rec.pending.data.head_zero = False
         # an outlier batch shows as a jump of this element against its running mean: observe what follows
         magnitude = abs(value)
         if self._probe_count >= 8 and magnitude > 20 * self._probe_mean + 1e-12:

@@ -4,9 +4,9 @@ Cheap checks run on every step. Full statistics run on every step at the start o
 from step 0 are the common case; for a model of more than ``dense_modules`` modules, on every ``dense_stride``-th
 step of that phase, since a full step's cost grows with the number of modules), then every ``early_every``
 steps until ``early_steps``, then every ``full_every`` steps, and on every step of a window after a trigger (a
-learning-rate change, a non-finite value, a new kind of abnormal state, a jump of the loss's gradient; for a big
-model, every ``dense_stride``-th step of it), so a fault that appears mid-run is seen at its onset rather than
-at the next scheduled step.
+learning-rate change, a non-finite value, a new kind of abnormal state or one first past its full threshold, a
+jump of the loss's gradient; for a big model, every ``dense_stride``-th step of it), so a fault that appears
+mid-run is seen at its onset rather than at the next scheduled step.
 """
 
 from __future__ import annotations

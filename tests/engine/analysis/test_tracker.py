@@ -161,3 +161,41 @@ def test_only_a_new_kind_of_state_asks_for_dense_observation():
     tracker.update(3, [("d", obs)])
     assert tracker.started == 2  # a new kind of state does ask for it
     assert tracker.has_open("d") and not tracker.has_open("other")
+
+
+def test_a_state_first_seen_past_its_full_threshold_asks_for_dense_observation_once():
+    """Units dying slowly cross the onset level (a provisional reading) long before the full one: the first solid
+    reading asks for a dense window, so the readings that confirm it come before the run ends."""
+    onset = Finding(EventType.ACTIVATION, FailureKind.DEAD_NEURONS, "3", "dead", {}, 0.0, provisional=True)
+
+    def dead(layer: str, provisional: bool = False) -> Finding:
+        return Finding(EventType.ACTIVATION, FailureKind.DEAD_NEURONS, layer, "dead", {}, 1.0, provisional=provisional)
+
+    tracker = Tracker(DebugConfig())
+    feed(tracker, [onset, onset])
+    assert tracker.started == 1  # the state began
+    feed(tracker, [DEAD], start=2)
+    assert tracker.started == 2  # ... and is past its full threshold for the first time
+    feed(tracker, [DEAD, onset, DEAD], start=3)
+    assert tracker.started == 2  # later solid readings of the same run ask nothing more
+
+    # another layer's first solid reading while one layer's already is: no new window
+    obs = Observation()
+    for layer, provisional in (("3", False), ("5", True)):
+        obs.saw(EventType.ACTIVATION, layer)
+        obs.findings.append(dead(layer, provisional))
+    tracker.update(6, [("d", obs)])
+    obs = Observation()
+    for layer in ("3", "5"):
+        obs.saw(EventType.ACTIVATION, layer)
+        obs.findings.append(dead(layer))
+    tracker.update(7, [("d", obs)])
+    assert tracker.started == 2
+
+    # both runs end; a run that becomes solid again later asks again
+    obs = Observation()
+    for layer in ("3", "5"):
+        obs.saw(EventType.ACTIVATION, layer)
+    tracker.update(8, [("d", obs)])
+    feed(tracker, [onset, DEAD], start=9)
+    assert tracker.started == 4  # the new run began (3), then crossed its full threshold (4)
