@@ -44,7 +44,6 @@ from .plugins import manager
 from .queries import Queries
 from .reasoning import CausalRule, Topology
 from .reasoning.topology import call_positions
-from .stats.history import History
 from .version import __version__
 
 if TYPE_CHECKING:
@@ -109,6 +108,7 @@ class NeuralDbg(Queries):
         self._analyzer = Analyzer(self.config, self._infos, order, detectors, kinds)
         self._recorder = Recorder(root, self._infos, self.config, self._analyzer.consume, order, grad_scaler)
         self._analyzer.watch_coverage(self._recorder.coverage, self._recorder.run_facts)
+        self.history = self._analyzer.history
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -230,17 +230,9 @@ class NeuralDbg(Queries):
     # --- state ---------------------------------------------------------------------------------------
 
     @property
-    def history(self) -> History:  # type: ignore[override]  # read-only here: the series the analysis records
-        """The series recorded so far (loss, gradient norms per layer...). Read while detached, it includes the
-        step that closed before its update (see :meth:`~neuraldbg.capture.recorder.Recorder.finish`)."""
-        if not self.attached:
-            self._recorder.flush()
-        return self._analyzer.history
-
-    @property
     def steps(self) -> int:
         """Training steps observed so far."""
-        return self._analyzer.steps_observed + len(self._recorder.buffer) + (self._recorder.awaiting is not None)
+        return self._analyzer.steps_observed + len(self._recorder.buffer)
 
     @property
     def step_mode(self) -> str:

@@ -182,8 +182,6 @@ class ForwardPath:
         """The first watched module of a forward pass returned: the forward pass opens."""
         rec = self._rec
         self.discard_tentative()
-        if rec.awaiting is not None:  # a step closed before its update: that update is done by now
-            rec.settle()
         if rec.clock.forward_begins():
             rec.commit()
         if rec.clock.in_closure:

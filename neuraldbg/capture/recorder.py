@@ -70,9 +70,6 @@ class Recorder:
         self.schedule = Schedule(config, modules=len(infos))
         self.pending = Pending(0, self.schedule.is_full(0))
         self.buffer: list[Pending] = []
-        # a step closed after its backward pass and before its update (see :meth:`finish`), with the copy of its
-        # parameters that measures the update once it has happened
-        self.awaiting: tuple[Pending, stats.Snapshot] | None = None
         self.coverage = Coverage(
             mode_dependent=mode_dependent_layers(naming.named_modules(model)),
             heavy_dropout=heavy_dropout_layers(naming.named_modules(model), HEAVY_DROPOUT),
@@ -190,9 +187,8 @@ class Recorder:
         except Exception as exc:
             self.fail("dbg.step()", exc)
 
-    def commit(self, hold: stats.Snapshot | None = None) -> None:
-        """The step in progress is complete: file its updates and loss, queue it, start the next one. ``hold``:
-        its update is still to come (see :meth:`finish`); the step waits for it with this copy of its parameters."""
+    def commit(self) -> None:
+        """The step in progress is complete: file its updates and loss, queue it, start the next one."""
         if self.clock.fold_first:  # a skipped step whose micro-batches were provisional steps
             self.fold()
         if self.clock.skipped:
@@ -213,11 +209,7 @@ class Recorder:
             self.pending.put("captured_loss", None, self.pending.captured)
             self.pending.data.loss_terms = self.pending.terms
         finished = self.pending
-        if hold is None:
-            self.buffer.append(finished)
-        else:
-            self.settle()  # one step waits at a time
-            self.awaiting = (finished, hold)
+        self.buffer.append(finished)
         self.clock.committed()
         self.pending = Pending(self.clock.step, self.schedule.is_full(self.clock.step))
         self.backward.grads.next_step()
@@ -282,11 +274,7 @@ class Recorder:
         self.clock.folded(merged.data.step)
 
     def flush(self) -> None:
-        """Move every committed step to the host in one transfer and hand them to the sink. While detached, a step
-        still awaiting its update goes too, without it: the run is being read now."""
-        if self.awaiting is not None and not self.active:
-            self.buffer.insert(0, self.awaiting[0])
-            self.awaiting = None
+        """Move every committed step to the host in one transfer and hand them to the sink."""
         if not self.buffer:
             return
         buffer, self.buffer = self.buffer, []
@@ -320,46 +308,13 @@ class Recorder:
                 self.forward.close()  # a forward still open: what waited for its end is measured now
                 if self.clock.finish(self.pending.recorded):
                     self.backward.grads.once(self.scale_in_gradients())
-                    self.commit(hold=self._update_to_come())
+                    self.commit()
                 self.flush()
             except Exception as exc:
                 self.fail("the final flush", exc)
         self.forward.release()
         self.backward.grads.drop()
         self.loss = None
-
-    def settle(self) -> None:
-        """The update a step closed before it (see :meth:`finish`) was waiting for is done: the next forward pass
-        began, in a later attachment (or the next step closed before its own). Measure it into that step and queue
-        the step."""
-        if self.awaiting is not None:
-            held, snapshot = self.awaiting
-            self.awaiting = None
-            measure.updates(held, snapshot)
-            self.buffer.insert(0, held)
-
-    def _update_to_come(self) -> stats.Snapshot | None:
-        """The copy of the parameters of a step closed after its backward pass and before any optimizer step,
-        when none of them has moved yet: its update comes after ``close()`` (``with dbg:`` around the forward and
-        backward passes, ``optimizer.step()`` after the block). Measured now, every parameter would read unchanged
-        (frozen); the step waits in :attr:`awaiting` instead, until a later attachment sees the update done (see
-        :meth:`settle`). None when the step has no copy, an optimizer stepped in it, or a parameter already moved
-        (a manual update inside the block): it is measured now, as usual."""
-        grads = self.backward.grads
-        snapshot = grads.snapshot
-        clock = self.clock
-        if snapshot is None or not snapshot.names or clock.stepped or not clock.backward or clock.skipped:
-            return None
-        if clock.mode is StepMode.MANUAL:
-            return None
-        n = len(snapshot.names)
-        values = stats.host_values(*snapshot.readings())
-        if any(
-            stats.update_norm(values[i], snapshot.scales[i], values[n + i], values[2 * n + i]) != 0 for i in range(n)
-        ):
-            return None
-        grads.snapshot = None
-        return snapshot
 
     def run_facts(self) -> RunFacts:
         """Counts the run-level findings need: trainable parameters, backward passes, optimizer steps."""
