@@ -159,8 +159,10 @@ class Tracker:
                 self.started += opened == 0
                 self._open_states[state] = opened + 1
                 self._open_tracks[key[0]] = self._open_tracks.get(key[0], 0) + 1
-                if run.solid:
-                    self._solid_states[state] = self._solid_states.get(state, 0) + 1
+                if run.solid:  # past its full threshold from its first reading
+                    solid = self._solid_states.get(state, 0)
+                    self.started += solid == 0 and opened > 0  # (a state that begins has asked already)
+                    self._solid_states[state] = solid + 1
             else:
                 was_solid = run.solid > 0
                 run.extend(step, f)

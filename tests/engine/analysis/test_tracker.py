@@ -199,3 +199,23 @@ def test_a_state_first_seen_past_its_full_threshold_asks_for_dense_observation_o
     tracker.update(8, [("d", obs)])
     feed(tracker, [onset, DEAD], start=9)
     assert tracker.started == 4  # the new run began (3), then crossed its full threshold (4)
+
+
+def test_a_run_past_its_full_threshold_from_its_first_reading_asks_when_another_layer_is_only_at_the_onset():
+    tracker = Tracker(DebugConfig())
+
+    def update(step: int, readings: dict[str, bool]) -> None:  # layer -> provisional
+        obs = Observation()
+        for layer, provisional in readings.items():
+            obs.saw(EventType.ACTIVATION, layer)
+            obs.findings.append(
+                Finding(EventType.ACTIVATION, FailureKind.DEAD_NEURONS, layer, "dead", {}, 1.0, provisional=provisional)
+            )
+        tracker.update(step, [("d", obs)])
+
+    update(0, {"3": True})
+    assert tracker.started == 1  # layer 3 begins, at the onset level
+    update(1, {"3": True, "5": False})
+    assert tracker.started == 2  # layer 5 begins past its full threshold: the first solid reading of the state
+    update(2, {"3": False, "5": False})
+    assert tracker.started == 2  # layer 3's first solid reading, while layer 5's already is: nothing more
