@@ -153,23 +153,21 @@ class Tracker:
                 self._close(key, run)
                 run = None
             state = (key[0], str(f.state))
+            was_solid = began = False
             if run is None:
                 run = self._open[key] = _Run(f, f, step, step, 1, self._last.get(key), solid=int(not f.provisional))
                 opened = self._open_states.get(state, 0)
-                self.started += opened == 0
+                began = opened == 0
+                self.started += began
                 self._open_states[state] = opened + 1
                 self._open_tracks[key[0]] = self._open_tracks.get(key[0], 0) + 1
-                if run.solid:  # past its full threshold from its first reading
-                    solid = self._solid_states.get(state, 0)
-                    self.started += solid == 0 and opened > 0  # (a state that begins has asked already)
-                    self._solid_states[state] = solid + 1
             else:
                 was_solid = run.solid > 0
                 run.extend(step, f)
-                if run.solid and not was_solid:  # past the full threshold for the first time
-                    solid = self._solid_states.get(state, 0)
-                    self.started += solid == 0
-                    self._solid_states[state] = solid + 1
+            if run.solid and not was_solid:  # the run is past its full threshold for the first time
+                solid = self._solid_states.get(state, 0)
+                self.started += solid == 0 and not began  # (a state that begins has asked already)
+                self._solid_states[state] = solid + 1
             self._last[key] = f.state
         last = self._last
         for track, obs in observations:

@@ -163,59 +163,48 @@ def test_only_a_new_kind_of_state_asks_for_dense_observation():
     assert tracker.has_open("d") and not tracker.has_open("other")
 
 
+def dying(tracker: Tracker, step: int, readings: dict[str, bool | None]) -> None:
+    """One step's dead-units readings: layer -> provisional (an onset-level reading), or None (seen alive)."""
+    obs = Observation()
+    for layer, provisional in readings.items():
+        obs.saw(EventType.ACTIVATION, layer)
+        if provisional is not None:
+            obs.findings.append(
+                Finding(EventType.ACTIVATION, FailureKind.DEAD_NEURONS, layer, "dead", {}, 1.0, provisional=provisional)
+            )
+    tracker.update(step, [("d", obs)])
+
+
 def test_a_state_first_seen_past_its_full_threshold_asks_for_dense_observation_once():
     """Units dying slowly cross the onset level (a provisional reading) long before the full one: the first solid
     reading asks for a dense window, so the readings that confirm it come before the run ends."""
-    onset = Finding(EventType.ACTIVATION, FailureKind.DEAD_NEURONS, "3", "dead", {}, 0.0, provisional=True)
-
-    def dead(layer: str, provisional: bool = False) -> Finding:
-        return Finding(EventType.ACTIVATION, FailureKind.DEAD_NEURONS, layer, "dead", {}, 1.0, provisional=provisional)
-
     tracker = Tracker(DebugConfig())
-    feed(tracker, [onset, onset])
+    for step, provisional in enumerate([True, True]):
+        dying(tracker, step, {"3": provisional})
     assert tracker.started == 1  # the state began
-    feed(tracker, [DEAD], start=2)
+    dying(tracker, 2, {"3": False})
     assert tracker.started == 2  # ... and is past its full threshold for the first time
-    feed(tracker, [DEAD, onset, DEAD], start=3)
+    for step, provisional in enumerate([False, True, False], start=3):
+        dying(tracker, step, {"3": provisional})
     assert tracker.started == 2  # later solid readings of the same run ask nothing more
 
     # another layer's first solid reading while one layer's already is: no new window
-    obs = Observation()
-    for layer, provisional in (("3", False), ("5", True)):
-        obs.saw(EventType.ACTIVATION, layer)
-        obs.findings.append(dead(layer, provisional))
-    tracker.update(6, [("d", obs)])
-    obs = Observation()
-    for layer in ("3", "5"):
-        obs.saw(EventType.ACTIVATION, layer)
-        obs.findings.append(dead(layer))
-    tracker.update(7, [("d", obs)])
+    dying(tracker, 6, {"3": False, "5": True})
+    dying(tracker, 7, {"3": False, "5": False})
     assert tracker.started == 2
 
     # both runs end; a run that becomes solid again later asks again
-    obs = Observation()
-    for layer in ("3", "5"):
-        obs.saw(EventType.ACTIVATION, layer)
-    tracker.update(8, [("d", obs)])
-    feed(tracker, [onset, DEAD], start=9)
+    dying(tracker, 8, {"3": None, "5": None})
+    dying(tracker, 9, {"3": True})
+    dying(tracker, 10, {"3": False})
     assert tracker.started == 4  # the new run began (3), then crossed its full threshold (4)
 
 
 def test_a_run_past_its_full_threshold_from_its_first_reading_asks_when_another_layer_is_only_at_the_onset():
     tracker = Tracker(DebugConfig())
-
-    def update(step: int, readings: dict[str, bool]) -> None:  # layer -> provisional
-        obs = Observation()
-        for layer, provisional in readings.items():
-            obs.saw(EventType.ACTIVATION, layer)
-            obs.findings.append(
-                Finding(EventType.ACTIVATION, FailureKind.DEAD_NEURONS, layer, "dead", {}, 1.0, provisional=provisional)
-            )
-        tracker.update(step, [("d", obs)])
-
-    update(0, {"3": True})
+    dying(tracker, 0, {"3": True})
     assert tracker.started == 1  # layer 3 begins, at the onset level
-    update(1, {"3": True, "5": False})
+    dying(tracker, 1, {"3": True, "5": False})
     assert tracker.started == 2  # layer 5 begins past its full threshold: the first solid reading of the state
-    update(2, {"3": False, "5": False})
+    dying(tracker, 2, {"3": False, "5": False})
     assert tracker.started == 2  # layer 3's first solid reading, while layer 5's already is: nothing more

@@ -18,6 +18,7 @@ from torch import nn
 
 from neuraldbg import NeuralDbg
 from neuraldbg.capture import ledger, loss_graph
+from neuraldbg.stats.step import StepData
 
 CLASSES = 10
 
@@ -100,24 +101,16 @@ def test_a_healthy_classifier_attached_step_by_step_stays_silent():
     assert not dbg.explain_failure(), dbg.explain_failure()
 
 
-class _Records:
-    def __init__(self) -> None:
-        self.records: list = []
-
-    def __call__(self, records: list) -> None:
-        self.records.extend(records)
-
-
 def _label_readings(blocks: int, steps: int) -> tuple[list[float], list[list[float]]]:
     """The label prior last filed, and every step's label mix, of 8 steps trained in ``blocks`` attachments."""
     torch.manual_seed(0)
     model = _classifier()
     dbg = NeuralDbg(model)
-    sink = _Records()
-    dbg._recorder._sink = sink  # the raw records, not the analysis
+    records: list[StepData] = []
+    dbg._recorder._sink = records.extend  # the raw records, not the analysis
     _train_in_blocks(model, dbg, blocks=blocks, steps=steps)
-    priors = [r.label_prior for r in sink.records if r.label_prior]
-    mixes = sorted(m for r in sink.records for m in r.label_steps)
+    priors = [r.label_prior for r in records if r.label_prior]
+    mixes = sorted(m for r in records for m in r.label_steps)
     return priors[-1], mixes
 
 
