@@ -228,6 +228,10 @@ def gradients(
         data.grad[name] = value * p.factor(g.numel())
 
 
+#: The most gradient elements :func:`functional_dead` copies into one stack (16 MB of float32).
+_STACKED_GRADIENTS = 1 << 22
+
+
 def functional_dead(
     pending: Pending,
     never_positive: Mapping[SlotKey, Tensor],
@@ -238,14 +242,31 @@ def functional_dead(
     """Units of a layer activated functionally (``F.relu``) that are dead: a pre-activation never positive on
     the batch *and* a weight row with exactly zero gradient. ``covered``: layers whose units an activation module
     right after them already measures."""
+    groups: dict[tuple[object, ...], list[tuple[SlotKey, Tensor, Tensor]]] = {}
     for key, never in never_positive.items():
         if key in covered:
             continue
         weight = infos[key[0]].unit_weight
         unit_grad = by_param.get(weight) if weight else None
         if unit_grad is not None and unit_grad.dim() >= 1 and unit_grad.shape[0] == never.shape[0]:
+            group = (never.shape, never.device, unit_grad.shape, unit_grad.dtype, unit_grad.device)
+            groups.setdefault(group, []).append((key, never, unit_grad))
+    # layers of one shape in one reduction (a residual stack of equal blocks: one per shape instead of four
+    # operations per layer), as measure.layer_outputs does for the layers' own statistics
+    for members in groups.values():
+        units, size = int(members[0][1].shape[0]), members[0][2].numel()
+        if len(members) >= stats.MIN_GROUP and members[0][2].dtype is torch.float32 and 0 < size <= stats.STACK_LIMIT:
+            per_stack = max(stats.MIN_GROUP, _STACKED_GRADIENTS // size)  # the copy's size is bounded
+            for start in range(0, len(members), per_stack):
+                part = members[start : start + per_stack]
+                never = torch.stack([n for _, n, _ in part])
+                grads = torch.stack([g.detach() for _, _, g in part])
+                counts = stats.dead_and_still_stacked(never, grads)
+                pending.put_vector([("func_dead", key, units) for key, _, _ in part], counts)
+            continue
+        for key, never, unit_grad in members:
             both = (never & stats.zero_gradient_units(unit_grad)).sum(dtype=torch.float32)
-            pending.put("func_dead", key, both, int(never.shape[0]))
+            pending.put("func_dead", key, both, units)
 
 
 def clip_factor(at_step: Sequence[float], after_backward: Sequence[float]) -> float | None:

@@ -87,3 +87,67 @@ def test_an_output_zeroed_in_place_on_one_later_step_is_never_read_after_the_zer
                 assert reading is None or reading == (dead, 16)  # the batch it waited for saw it changed
             else:
                 assert reading == (dead, 16)
+
+
+class _FunctionalStack(nn.Module):
+    """Linear layers of one shape, each activated by ``F.relu`` in ``forward`` (no activation module): their dead
+    units are counted at the optimizer step from the pre-activation and the weight gradient. Layer ``i`` has its
+    first ``i % 4`` units killed by a bias of -100."""
+
+    def __init__(self, layers: int) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(layers))
+        self.head = nn.Linear(16, 1)
+        with torch.no_grad():
+            for i, layer in enumerate(self.layers):
+                layer.bias[: i % 4] = -100.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = F.relu(layer(x))
+        return self.head(x)
+
+
+def _functional_dead(layers: int) -> tuple[list[dict[str, float]], list[dict[str, int]]]:
+    model = _FunctionalStack(layers)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(2)
+    records: list[StepData] = []
+    expected: list[dict[str, int]] = []
+    dbg = NeuralDbg(model, preset="full")
+    dbg._recorder._sink = records.extend
+    with dbg:
+        for _ in range(4):
+            pre: dict[str, torch.Tensor] = {}
+            handles = [
+                layer.register_forward_hook(
+                    lambda m, i, o, n=f"layers.{k}", pre=pre: pre.__setitem__(n, o.detach().clone())
+                )
+                for k, layer in enumerate(model.layers)
+            ]
+            x, y = torch.randn(32, 16, generator=g), torch.randn(32, 1, generator=g)
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            for h in handles:
+                h.remove()
+            # plain torch: units never positive on the batch whose weight row got exactly zero gradient
+            truth = {}
+            for k, layer in enumerate(model.layers):
+                never = (pre[f"layers.{k}"] <= 0).all(dim=0)
+                still = (layer.weight.grad == 0).all(dim=1)
+                truth[f"layers.{k}"] = int((never & still).sum())
+            expected.append(truth)
+            opt.step()
+    found = [{key[0]: dead for key, (dead, _) in r.func_dead.items()} for r in records]
+    return found, expected
+
+
+def test_dead_units_behind_functional_activations_are_counted_alike_in_one_batch_and_one_by_one():
+    """Ten layers of one shape are reduced together (at least MIN_GROUP of them), four one by one: each layer's
+    count is the plain-torch count, step by step, in both."""
+    for layers in (10, 4):
+        found, expected = _functional_dead(layers)
+        assert len(found) == len(expected) == 4
+        assert any(v for step in expected for v in step.values())  # the ground truth has dead units to count
+        assert found == expected

@@ -57,6 +57,29 @@ def test_stacked_dead_units_equal_each_outputs_count(shape: tuple[int, ...], cha
     assert len(set(want.tolist())) > 1  # the outputs differ: a count taken from the wrong output would show
 
 
+@pytest.mark.parametrize("grad_shape", [(6, 5), (6, 2, 3, 3)])
+def test_stacked_dead_and_still_units_equal_each_layers_count(grad_shape: tuple[int, ...]):
+    """Units never positive and with a weight row of exact zeros, per layer: rows that are zero only at one end
+    (their smallest or their largest element 0) are not still, units positive somewhere are not dead."""
+    g = torch.Generator().manual_seed(4)
+    nevers, grads = [], []
+    for i in range(9):
+        pre = torch.randn(8, grad_shape[0], generator=g)
+        pre[:, : i % 3 + 3] = -1.0  # never positive: the still rows and the two zero at one end only
+        grad = torch.randn(grad_shape, generator=g)
+        grad[: i % 3 + 1] = 0.0  # still rows
+        grad[i % 3 + 1] = grad[i % 3 + 1].abs()
+        grad[i % 3 + 1].flatten()[0] = 0.0  # smallest element 0, largest positive
+        grad[i % 3 + 2] = -grad[i % 3 + 2].abs()
+        grad[i % 3 + 2].flatten()[0] = 0.0  # largest element 0, smallest negative
+        nevers.append(stats.never_positive(pre, False))
+        grads.append(grad)
+    got = stats.dead_and_still_stacked(torch.stack(nevers), torch.stack(grads))
+    want = [float((n & stats.zero_gradient_units(gr)).sum()) for n, gr in zip(nevers, grads)]
+    assert got.tolist() == want
+    assert len(set(want)) > 1
+
+
 def test_stacked_saturation_equals_each_outputs_count():
     g = torch.Generator().manual_seed(2)
     outs = [torch.tanh(torch.randn(16, 10, generator=g) * (i + 1)) for i in range(9)]
