@@ -160,7 +160,6 @@ class Coverage:
     zero_started: set[str] = field(default_factory=set)  # ... those that started at zero (their units move as one)
     # what makes one loss curve meaningless: several objectives
     foreign_optimizer_steps: int = 0  # steps of optimizers that hold none of the watched parameters
-    unapplied_updates: int = 0  # steps committed by close() before their update (an optimizer step after the block)
     discarded_backwards: int = 0  # backward passes that reached the model and whose gradient was never applied
     handed_steps: int = 0  # optimizer steps after a backward pass reached parameters they own
     cleared_steps: int = 0  # ... that found those parameters' gradients reset to None (see capture.ledger)

@@ -39,18 +39,7 @@ Entry = tuple[str, Any, float]  # (target, key, extra): where a reading is filed
 class Pending:
     """One step being collected: host fields, plus device tensors to move in the next flush."""
 
-    __slots__ = (
-        "captured",
-        "closing",
-        "data",
-        "lost",
-        "restart",
-        "targets",
-        "tensors",
-        "terms",
-        "vectors",
-        "vtargets",
-    )
+    __slots__ = ("captured", "data", "lost", "restart", "targets", "tensors", "terms", "vectors", "vtargets")
 
     def __init__(self, step: int, full: bool) -> None:
         self.data = StepData(step, full)
@@ -62,7 +51,6 @@ class Pending:
         self.lost = False  # a backward pass of that gradient started from something that is not a loss
         self.restart = False  # a backward pass of this part found the gradients reset: earlier parts do not count
         self.terms = 0  # the backward passes' losses added up in ``captured``
-        self.closing = False  # committed by the debugger's close(), not by the next step: see drop_unapplied_update
 
     def capture(self, loss: Tensor | None, restart: bool, keep_first: bool = False) -> None:
         """A backward pass that reached the model started from ``loss`` (None: not a loss). ``restart``: it found
@@ -113,24 +101,6 @@ class Pending:
                 for (target, key, extra), value in zip(entries, vectors[i : i + len(entries)]):
                     _ASSIGN[target](data, key, extra, value)
             i += len(entries)
-
-    def drop_unapplied_update(self) -> bool:
-        """Once filed: a step committed by ``close()`` in which no optimizer of the model stepped and no parameter
-        moved has not had its update yet (``optimizer.step()`` after the ``with dbg:`` block, or micro-batches
-        left at the end of the loop): its update is unknown, not zero. Its update readings are dropped, so that
-        no detector takes the parameters for frozen; True when they were. A step committed by the next step's
-        forward pass keeps a zero update: nothing moved the parameters until then (``optimizer.step()`` left out,
-        a layer outside the optimizer), and an optimizer that stepped without moving them (learning rate 0, a
-        stall) keeps it too."""
-        data = self.data
-        if not self.closing or not data.update or data.stepped or data.optimizers:
-            return False
-        if any(delta != 0.0 for delta, _ in data.update.values()):
-            return False
-        data.update.clear()
-        data.update_before.clear()
-        data.update_parts.clear()
-        return True
 
     def skip(self) -> None:
         """The GradScaler skipped this step: drop what was read from its scaled gradients (overflow, not the model's

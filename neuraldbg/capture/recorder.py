@@ -187,13 +187,10 @@ class Recorder:
         except Exception as exc:
             self.fail("dbg.step()", exc)
 
-    def commit(self, closing: bool = False) -> None:
-        """The step in progress is complete: file its updates and loss, queue it, start the next one. ``closing``:
-        committed by ``close()``, whose step may not have had its update yet (see
-        :meth:`~neuraldbg.capture.pending.Pending.drop_unapplied_update`)."""
+    def commit(self) -> None:
+        """The step in progress is complete: file its updates and loss, queue it, start the next one."""
         if self.clock.fold_first:  # a skipped step whose micro-batches were provisional steps
             self.fold()
-        self.pending.closing = closing
         if self.clock.skipped:
             self.backward.grads.snapshot = None  # the scaler skipped the optimizer: nothing was updated
             self.pending.skip()
@@ -288,8 +285,6 @@ class Recorder:
         for part in buffer:
             n = sum(len(entries) for entries in part.vtargets)
             part.file(values[i : i + len(part.tensors)], values[j : j + n])
-            if part.drop_unapplied_update():
-                self._unapplied_update(part.data.step)
             i += len(part.tensors)
             j += n
         records = [p.data for p in buffer]
@@ -305,20 +300,6 @@ class Recorder:
         if self._sink(records) or suspicious:  # the sink says a new abnormal state began
             self.schedule.trigger(self.clock.step)
 
-    def _unapplied_update(self, step: int) -> None:
-        """A step committed by ``close()`` before its update (see :meth:`Pending.drop_unapplied_update`): counted;
-        from the second one on (an attachment that ends before the optimizer step, iteration after iteration, not
-        a loop that ends between a backward pass and its step), the user is told once."""
-        self.coverage.unapplied_updates += 1
-        if self.coverage.unapplied_updates >= 2:
-            self.warn_once(
-                "unapplied update",
-                f"NeuralDBG: the debugger was closed {self.coverage.unapplied_updates} times after a backward pass "
-                f"and before any optimizer step (the last at step {step}), and no parameter had moved: the optimizer "
-                "steps outside the `with` block, so the updates are not measured and frozen or stalled parameters "
-                "are not checked. Keep optimizer.step() inside the block for them to be.",
-            )
-
     def finish(self) -> None:
         """Close the step in progress (if it is a step) and flush everything."""
         if self.active:
@@ -327,7 +308,7 @@ class Recorder:
                 self.forward.close()  # a forward still open: what waited for its end is measured now
                 if self.clock.finish(self.pending.recorded):
                     self.backward.grads.once(self.scale_in_gradients())
-                    self.commit(closing=True)
+                    self.commit()
                 self.flush()
             except Exception as exc:
                 self.fail("the final flush", exc)
