@@ -90,6 +90,10 @@ class Recorder:
         self._on_output = self.forward.on_module_output
         self._hook_key: int | None = None
         self._compiled_at_detach: frozenset[str] = frozenset()  # torch.compile's graphs when the hooks were removed
+        # parameters whose last measured update was exactly zero, and their norms when the hooks were last installed
+        # or removed (see _note_moved_unseen)
+        self._still: set[str] = set()
+        self._norms: dict[str, float] = {}
 
     # --- lifecycle ------------------------------------------------------------------------------------
 
@@ -98,6 +102,7 @@ class Recorder:
         if compiled and compiled - self._compiled_at_detach:
             # graphs compiled while this debugger's hook was absent would never call it: compile them again
             hooks.forget_compiled_code()
+        self._note_moved_unseen()
         self.forward.attach()
         self.ledger.attach()
         self.backward.grads.attach()
@@ -113,6 +118,29 @@ class Recorder:
         )
         self._hook_key = self._handle.key
 
+    def _parameter_norms(self, names: set[str]) -> dict[str, float]:
+        """The norm of each trainable parameter named (the part this process holds), read now: one batched reduction
+        and one transfer. Empty when they cannot be read (the comparison is then skipped)."""
+        try:
+            params = [(p.name, p.local(p.tensor.detach())) for p in self.backward.params if p.name in names]
+            held = [(name, t) for name, t in params if t is not None and t.numel()]
+            values = stats.host_values(stats.norm_readings([t for _, t in held])) if held else []
+            return dict(zip((name for name, _ in held), values))
+        except Exception:  # a parameter that cannot be reduced here: nothing is compared
+            return {}
+
+    def _note_moved_unseen(self) -> None:
+        """At ``attach()`` and ``detach()``: a parameter whose last measured update was zero and that changed since
+        the last of the two was updated out of sight: by an ``optimizer.step()`` after the ``with dbg:`` block
+        (while detached), or in a block of its own (where no backward pass precedes the step and no update is
+        measured). Its zero updates (``close()`` commits a step before its update) say nothing of whether it trains
+        (see :meth:`~neuraldbg.kinds.frozen_parameters.FrozenParameters.undone`). Only such parameters are read: a
+        run whose measured updates all moved something reads nothing."""
+        before = self._norms
+        self._norms = self._parameter_norms(self._still) if self._still else {}
+        moved = {name for name, norm in self._norms.items() if name in before and before[name] != norm}
+        self.coverage.moved_unseen.update(moved)
+
     @property
     def attached(self) -> bool:
         return self._handle is not None
@@ -126,6 +154,7 @@ class Recorder:
                 self._handle.remove()
                 self._handle = None
                 self._compiled_at_detach = hooks.compiled_graphs() or frozenset()
+                self._note_moved_unseen()
             self.active = False
             self.forward.detach()
             self.backward.detach()
@@ -285,6 +314,11 @@ class Recorder:
         for part in buffer:
             n = sum(len(entries) for entries in part.vtargets)
             part.file(values[i : i + len(part.tensors)], values[j : j + n])
+            for name, (delta, _) in part.data.update.items():
+                if delta == 0.0:
+                    self._still.add(name)
+                else:
+                    self._still.discard(name)
             i += len(part.tensors)
             j += n
         records = [p.data for p in buffer]

@@ -113,8 +113,15 @@ class FrozenParameters(Kind):
         """Parameters an optimizer held at learning rate 0 for a phase of the run, that moved once a schedule raised
         it (linear probing before fine-tuning: the backbone's group at 0 for its first steps; a warm-up from 0): their
         frozen state ended at a fully observed step before the last one, while the run still stepped with a learning
-        rate above 0. A group at 0 to the end, and parameters left out of every optimizer, stay frozen."""
+        rate above 0. A group at 0 to the end, and parameters left out of every optimizer, stay frozen.
+
+        Parameters that changed out of sight are not frozen either (see ``Recorder._note_moved_unseen``): their
+        optimizer steps after the ``with dbg:`` block, or in a block of its own, so every update measured reads zero
+        (``close()`` commits the step before its update). A parameter truly left out of the optimizer does not
+        change, and stays."""
         m = event.metrics
+        if event.kind is KIND and event.param is not None and event.param in coverage.moved_unseen:
+            return True  # it changed where no update of it was measured: updated out of sight, not frozen
         if event.kind is not KIND or m.get("in_optimizer") != 1.0 or m.get("lr", 1.0) != 0.0:
             return False
         rows = coverage.training.rows

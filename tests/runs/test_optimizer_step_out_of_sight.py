@@ -1,0 +1,203 @@
+"""Parameters updated where the debugger does not measure their update: ``optimizer.step()`` after the ``with dbg:``
+block (the block around the forward and backward passes only), or in a block of its own. ``close()`` commits a step
+before its update, so every update measured reads zero, and until 2026-12-05 a healthy run was reported
+``frozen_parameters`` on every layer. The debugger now reads, at every ``attach()`` and ``detach()``, the norm of
+each parameter whose last measured update was zero: one that changed between two of them was updated out of sight,
+and is not frozen. A parameter truly left out of the optimizer never changes, and is still reported in every one of
+these loops.
+
+Ground truth by plain torch in each test: which parameters changed over the run, and the loss."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import FailureKind, NeuralDbg
+
+STEPS = 120
+_X = torch.randn(256, 4, generator=torch.Generator().manual_seed(0))
+_Y = (_X @ torch.tensor([1.0, -2.0, 0.5, 3.0])).unsqueeze(1)
+EVERY = {"0.weight", "0.bias", "2.weight", "2.bias"}
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 1))
+
+
+def _loss(model: nn.Module) -> torch.Tensor:
+    return F.mse_loss(model(_X), _Y)
+
+
+def _frozen_layers(dbg: NeuralDbg) -> set[str]:
+    """The layers of every frozen_parameters event of the run (those the run undid are not among the events)."""
+    return {e.layer for e in dbg.events if e.kind is FailureKind.FROZEN_PARAMETERS}
+
+
+Loop = Callable[[nn.Module, torch.optim.Optimizer, NeuralDbg], None]
+
+
+def _after_the_block(model: nn.Module, opt: torch.optim.Optimizer, dbg: NeuralDbg) -> None:
+    for _ in range(STEPS):
+        opt.zero_grad()
+        with dbg:
+            _loss(model).backward()
+        opt.step()
+
+
+def _in_a_block_of_its_own(model: nn.Module, opt: torch.optim.Optimizer, dbg: NeuralDbg) -> None:
+    for _ in range(STEPS):
+        opt.zero_grad()
+        with dbg:
+            _loss(model).backward()
+        with dbg:
+            opt.step()
+
+
+def _accumulated_in_the_block(model: nn.Module, opt: torch.optim.Optimizer, dbg: NeuralDbg) -> None:
+    for _ in range(STEPS // 4):
+        opt.zero_grad()
+        with dbg:
+            for k in range(4):  # four micro-batches, each its own forward and backward pass
+                part = slice(64 * k, 64 * (k + 1))
+                (F.mse_loss(model(_X[part]), _Y[part]) / 4).backward()
+        opt.step()
+
+
+def _in_one_block(model: nn.Module, opt: torch.optim.Optimizer, dbg: NeuralDbg) -> None:
+    with dbg:
+        for _ in range(STEPS):
+            opt.zero_grad()
+            _loss(model).backward()
+            opt.step()
+
+
+def _run(
+    loop: Loop, left_out: bool = False, make=torch.optim.SGD, preset: str = "default", **options
+) -> tuple[float, float, set[str], NeuralDbg]:
+    model = _model()
+    params = list(model[2].parameters()) if left_out else list(model.parameters())
+    opt = make(params, **({"lr": 0.05} | options))
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+    first = float(_loss(model).detach())
+    dbg = NeuralDbg(model, preset=preset)
+    loop(model, opt, dbg)
+    moved = {name for name, p in model.named_parameters() if not torch.equal(start[name], p.detach())}
+    return first, float(_loss(model).detach()), moved, dbg
+
+
+@pytest.mark.parametrize("loop", [_after_the_block, _in_a_block_of_its_own, _accumulated_in_the_block])
+def test_a_healthy_run_updated_out_of_sight_is_not_called_frozen(loop: Loop) -> None:
+    first, last, moved, dbg = _run(loop)
+    assert last < first / 20 and moved == EVERY  # plain torch: it trains, and every parameter moves
+    assert not _frozen_layers(dbg), dbg.report()
+    assert not dbg.explain_failure(), dbg.report()
+    assert dbg._recorder.coverage.moved_unseen == EVERY
+
+
+@pytest.mark.parametrize("loop", [_after_the_block, _in_a_block_of_its_own])
+def test_every_step_fully_observed_too(loop: Loop) -> None:
+    """Every step's zero update measured (preset "full"): the change is seen between ``detach()`` and the next
+    ``attach()`` (after the block), or between an ``attach()`` and its ``detach()`` (a block of its own), where no
+    update is measured; never across a whole attachment that measured one."""
+    first, last, moved, dbg = _run(loop, preset="full")
+    assert last < first / 20 and moved == EVERY
+    assert not _frozen_layers(dbg), dbg.report()
+    first, last, moved, dbg = _run(loop, left_out=True, preset="full")
+    assert _frozen_layers(dbg) == {"0"}, dbg.report()
+
+
+@pytest.mark.parametrize("loop", [_after_the_block, _in_a_block_of_its_own, _accumulated_in_the_block, _in_one_block])
+def test_a_layer_left_out_of_the_optimizer_is_reported_in_every_loop(loop: Loop) -> None:
+    first, last, moved, dbg = _run(loop, left_out=True)
+    assert moved == {"2.weight", "2.bias"} and last < first  # plain torch: the head trains, the first layer never moves
+    assert _frozen_layers(dbg) == {"0"}, dbg.report()
+    assert "0.weight" not in dbg._recorder.coverage.moved_unseen
+
+
+@pytest.mark.parametrize(
+    ("make", "options"),
+    [(torch.optim.Adam, {"lr": 0.01, "fused": True}), (torch.optim.AdamW, {"lr": 0.01, "foreach": True})],
+)
+def test_optimizers_that_update_in_one_kernel_are_seen_moving_too(make, options) -> None:
+    """A fused Adam does not bump the parameters' version counters (plain torch, checked below): a change is told
+    by the parameters' values, not by their versions."""
+    model = _model()
+    opt = make(model.parameters(), **options)
+    versions = [p._version for p in model.parameters()]
+    _loss(model).backward()
+    opt.step()
+    bumped = [p._version for p in model.parameters()] != versions
+    assert bumped is not options.get("fused", False)
+    first, last, moved, dbg = _run(_after_the_block, make=make, **options)
+    assert moved == EVERY and last < first
+    assert not _frozen_layers(dbg), dbg.report()
+
+
+def test_a_manual_update_through_data_after_the_block_is_seen_moving() -> None:
+    """``p.data -= lr * p.grad``: the old style of a hand-written step, invisible to the version counter."""
+    model = _model()
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+    dbg = NeuralDbg(model)
+    for _ in range(STEPS):
+        model.zero_grad()
+        with dbg:
+            _loss(model).backward()
+        for p in model.parameters():
+            p.data -= 0.05 * p.grad
+    assert {n for n, p in model.named_parameters() if not torch.equal(start[n], p.detach())} == EVERY
+    assert not _frozen_layers(dbg), dbg.report()
+
+
+def test_an_optimizer_over_another_models_parameters_is_still_reported_with_a_block_per_iteration() -> None:
+    """The model rebuilt after its optimizer was made: the optimizer steps inside the block, over parameters that are
+    not the model's, and nothing of the model ever moves."""
+    stale = _model()
+    opt = torch.optim.SGD(stale.parameters(), lr=0.05)
+    model = _model()
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+    dbg = NeuralDbg(model)
+    for _ in range(STEPS):
+        with dbg:
+            opt.zero_grad()
+            model.zero_grad()
+            _loss(model).backward()
+            opt.step()
+    assert all(torch.equal(start[n], p.detach()) for n, p in model.named_parameters())
+    assert _frozen_layers(dbg), dbg.report()
+    assert not dbg._recorder.coverage.moved_unseen
+
+
+def test_a_layer_added_to_the_optimizer_mid_run_stays_reported_for_the_phase_it_was_left_out() -> None:
+    """Watched as a whole: the first layer joins the optimizer at step 60 and moves from then on, inside the
+    attachment, where its updates are measured (and are no longer zero): the zero updates measured before stand, as
+    they did before the rule."""
+    model = _model()
+    opt = torch.optim.SGD(model[2].parameters(), lr=0.05)
+    first_layer = model[0].weight.detach().clone()
+    with NeuralDbg(model) as dbg:
+        for step in range(STEPS):
+            if step == 60:
+                opt.add_param_group({"params": list(model[0].parameters())})
+            if step == 59:
+                assert torch.equal(first_layer, model[0].weight.detach())  # plain torch: unchanged until then
+            opt.zero_grad()
+            _loss(model).backward()
+            opt.step()
+    assert not torch.equal(first_layer, model[0].weight.detach())
+    assert _frozen_layers(dbg) == {"0"}, dbg.report()
+    found = next(h for h in dbg.hypotheses() if h.kind is FailureKind.FROZEN_PARAMETERS)
+    assert found.root.step_end < 60
+    assert not dbg._recorder.coverage.moved_unseen
+
+
+def test_a_learning_rate_of_zero_is_reported_as_before() -> None:
+    first, last, moved, dbg = _run(_in_one_block, lr=0.0)
+    assert moved == set() and last == first
+    assert dbg.explain_failure(), dbg.report()
+    assert not dbg._recorder.coverage.moved_unseen
