@@ -90,8 +90,8 @@ class Recorder:
         self._on_output = self.forward.on_module_output
         self._hook_key: int | None = None
         self._compiled_at_detach: frozenset[str] = frozenset()  # torch.compile's graphs when the hooks were removed
-        # parameters whose last measured update was exactly zero, and their norms when the hooks were last installed
-        # or removed (see _note_moved_unseen)
+        # parameters whose last measured update showed them frozen (unchanged, with a gradient, not stepped with a
+        # learning rate), and their norms when the hooks were last installed or removed (see _note_moved_unseen)
         self._still: set[str] = set()
         self._norms: dict[str, float] = {}
 
@@ -314,8 +314,11 @@ class Recorder:
         for part in buffer:
             n = sum(len(entries) for entries in part.vtargets)
             part.file(values[i : i + len(part.tensors)], values[j : j + n])
+            grads, stepped = part.data.grad, part.data.stepped
             for name, (delta, _) in part.data.update.items():
-                if delta == 0.0:
+                # unchanged with a gradient and no optimizer seen stepping it with a learning rate: frozen, or out of
+                # sight (one that stepped it too little to move it is a stall)
+                if delta == 0.0 and grads.get(name, 0.0) > 0.0 and not stepped.get(name):
                     self._still.add(name)
                 else:
                     self._still.discard(name)

@@ -201,3 +201,43 @@ def test_a_learning_rate_of_zero_is_reported_as_before() -> None:
     assert moved == set() and last == first
     assert dbg.explain_failure(), dbg.report()
     assert not dbg._recorder.coverage.moved_unseen
+
+
+class _Muted(nn.Module):
+    """A layer whose output the model multiplies by 0: its parameters get exactly zero gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = _model()
+        self.unused = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) + 0.0 * self.unused(x)
+
+
+def test_parameters_that_show_no_frozen_sign_are_never_read(monkeypatch) -> None:
+    """Read at attach() and detach() are only the parameters whose last measured update showed them frozen
+    (unchanged although they had a gradient, no optimizer seen stepping them with a learning rate): a step too
+    small to move a weight (a stall), and a gradient of exact zeros in a layer no optimizer holds, are not that, and
+    a run of them in blocks of 10 steps reads nothing."""
+    model = _Muted()
+    opt = torch.optim.SGD(model.body.parameters(), lr=1e-12)  # the muted layer in no optimizer: it has no gradient
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+    dbg = NeuralDbg(model, preset="full")
+    read: list[set[str]] = []
+    real = type(dbg._recorder)._parameter_norms
+    monkeypatch.setattr(
+        type(dbg._recorder), "_parameter_norms", lambda rec, names: read.append(names) or real(rec, names)
+    )
+    for _ in range(5):
+        with dbg:
+            for _ in range(10):
+                opt.zero_grad()
+                F.mse_loss(model(_X), _Y).backward()
+                opt.step()
+    # plain torch: nothing moved, the body had gradients, the muted layer none
+    assert all(torch.equal(start[n], p.detach()) for n, p in model.named_parameters())
+    assert all(p.grad.abs().sum() > 0 for p in model.body.parameters())
+    assert all(p.grad.abs().sum() == 0 for p in model.unused.parameters())
+    assert read == []
+    assert not dbg._recorder._still
