@@ -160,9 +160,9 @@ class Coverage:
     zero_started: set[str] = field(default_factory=set)  # ... those that started at zero (their units move as one)
     # what makes one loss curve meaningless: several objectives
     foreign_optimizer_steps: int = 0  # steps of optimizers that hold none of the watched parameters
-    # parameters that changed out of sight (an optimizer step after the `with dbg:` block, or in a block of its own):
-    # the updates measured for them read zero
-    moved_unseen: set[str] = field(default_factory=set)
+    # parameters that changed out of sight (an optimizer step after the `with dbg:` block, or in a block of its own),
+    # with the last step they were seen changed at: the updates measured for them read zero
+    moved_unseen: dict[str, int] = field(default_factory=dict)
     discarded_backwards: int = 0  # backward passes that reached the model and whose gradient was never applied
     handed_steps: int = 0  # optimizer steps after a backward pass reached parameters they own
     cleared_steps: int = 0  # ... that found those parameters' gradients reset to None (see capture.ledger)

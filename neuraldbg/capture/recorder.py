@@ -91,9 +91,11 @@ class Recorder:
         self._hook_key: int | None = None
         self._compiled_at_detach: frozenset[str] = frozenset()  # torch.compile's graphs when the hooks were removed
         # parameters whose last measured update showed them frozen (unchanged, with a gradient, not stepped with a
-        # learning rate), and their norms when the hooks were last installed or removed (see _note_moved_unseen)
+        # learning rate), and their norms at the last detach() after a backward pass (see _note_moved_unseen)
         self._still: set[str] = set()
         self._norms: dict[str, float] = {}
+        self.backward_calls = 0  # backward calls seen by the listener (GradLedger.before)
+        self._calls_at_attach = 0
 
     # --- lifecycle ------------------------------------------------------------------------------------
 
@@ -102,7 +104,7 @@ class Recorder:
         if compiled and compiled - self._compiled_at_detach:
             # graphs compiled while this debugger's hook was absent would never call it: compile them again
             hooks.forget_compiled_code()
-        self._note_moved_unseen()
+        self._calls_at_attach = self.backward_calls
         self.forward.attach()
         self.ledger.attach()
         self.backward.grads.attach()
@@ -119,27 +121,45 @@ class Recorder:
         self._hook_key = self._handle.key
 
     def _parameter_norms(self, names: set[str]) -> dict[str, float]:
-        """The norm of each trainable parameter named (the part this process holds), read now: one batched reduction
-        and one transfer. Empty when they cannot be read (the comparison is then skipped)."""
+        """The norm of each trainable parameter named (the part this process holds), each reduced on its own (the
+        same bits whatever else is read with it), read in one transfer. A parameter that cannot be read is left out,
+        the others are kept."""
+        held: list[tuple[str, Tensor]] = []
+        for p in self.backward.params:
+            if p.name in names:
+                try:
+                    t = p.local(p.tensor.detach())
+                except Exception:  # a tensor subclass that cannot be read here
+                    continue
+                if t is not None and t.numel():
+                    held.append((p.name, t))
         try:
-            params = [(p.name, p.local(p.tensor.detach())) for p in self.backward.params if p.name in names]
-            held = [(name, t) for name, t in params if t is not None and t.numel()]
-            values = stats.host_values(stats.norm_readings([t for _, t in held])) if held else []
-            return dict(zip((name for name, _ in held), values))
-        except Exception:  # a parameter that cannot be reduced here: nothing is compared
-            return {}
+            return dict(zip((name for name, _ in held), stats.separate_norms([t for _, t in held])))
+        except Exception:  # one of them cannot be reduced: each on its own, the one that fails left out
+            found: dict[str, float] = {}
+            for name, t in held:
+                try:
+                    found[name] = stats.separate_norms([t])[0]
+                except Exception:
+                    continue
+            return found
 
     def _note_moved_unseen(self) -> None:
-        """At ``attach()`` and ``detach()``: a parameter whose last measured update was zero and that changed since
-        the last of the two was updated out of sight: by an ``optimizer.step()`` after the ``with dbg:`` block
-        (while detached), or in a block of its own (where no backward pass precedes the step and no update is
-        measured). Its zero updates (``close()`` commits a step before its update) say nothing of whether it trains
-        (see :meth:`~neuraldbg.kinds.frozen_parameters.FrozenParameters.undone`). Only such parameters are read: a
-        run whose measured updates all moved something reads nothing."""
+        """At ``detach()``, after an attachment that ran a backward pass: a parameter whose last measured update
+        showed it frozen (see :meth:`flush`) and that changed since the last such detachment was updated out of
+        sight: by an ``optimizer.step()`` after the ``with dbg:`` block, or in a block of its own (where no backward
+        pass precedes the step and no update is measured). Its zero updates (``close()`` commits a step before its
+        update) say nothing of whether it trains; the step it was last seen moving at is kept (see
+        :meth:`~neuraldbg.kinds.frozen_parameters.FrozenParameters.undone`). Attachments without a backward pass are
+        not compared across: a validation pass on swapped-in weights (an EMA copy) changes the parameters and puts
+        them back. Only such parameters are read: a run whose measured updates all moved something reads nothing."""
+        if self.backward_calls == self._calls_at_attach:
+            return
         before = self._norms
         self._norms = self._parameter_norms(self._still) if self._still else {}
-        moved = {name for name, norm in self._norms.items() if name in before and before[name] != norm}
-        self.coverage.moved_unseen.update(moved)
+        for name, norm in self._norms.items():
+            if name in before and before[name] != norm:
+                self.coverage.moved_unseen[name] = self.clock.step
 
     @property
     def attached(self) -> bool:

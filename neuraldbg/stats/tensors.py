@@ -709,6 +709,30 @@ class NormPlan:
         return out[on]
 
 
+def separate_norms(tensors: Sequence[Tensor]) -> list[float]:
+    """The L2 norm of each tensor as a host float, each reduced on its own (``_foreach_norm`` over float32 and
+    float64 tensors of one device: the same bits for a tensor whatever it is read with, where a stacked reduction of
+    equal shapes may differ in the last bit); half-precision tensors in float32. One transfer per device."""
+    if not tensors:
+        return []
+    grad = torch.is_grad_enabled()
+    _set_grad_enabled(False)
+    try:
+        out: list[Tensor | None] = [None] * len(tensors)
+        groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+        for i, t in enumerate(tensors):
+            if t.dtype in _LOW_PRECISION:
+                out[i] = torch.linalg.vector_norm(t, dtype=torch.float32)
+            else:
+                groups.setdefault((t.device, t.dtype), []).append(i)
+        for idx in groups.values():
+            for i, norm in zip(idx, torch._foreach_norm([tensors[i] for i in idx])):
+                out[i] = norm.float()
+        return to_host([t for t in out if t is not None])
+    finally:
+        _set_grad_enabled(grad)
+
+
 def norm_readings(tensors: Sequence[Tensor], ord: float = 2.0) -> Tensor | list[Tensor]:
     """A norm of each tensor (L2 by default, ``math.inf`` for the largest magnitude) in float32, in as few kernel
     launches as possible: one 1-d tensor, or a list of 0-d tensors when they lie on several devices (each device
