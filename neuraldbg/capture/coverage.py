@@ -161,8 +161,10 @@ class Coverage:
     # what makes one loss curve meaningless: several objectives
     foreign_optimizer_steps: int = 0  # steps of optimizers that hold none of the watched parameters
     # parameters that changed out of sight (an optimizer step after the `with dbg:` block, or in a block of its own),
-    # with the last step they were seen changed at: the updates measured for them read zero
-    moved_unseen: dict[str, int] = field(default_factory=dict)
+    # with the last step each was seen changed at and the most steps between two of its changes: the updates
+    # measured for them read zero
+    moved_unseen: dict[str, tuple[int, int]] = field(default_factory=dict)
+    last_unseen_move: int = -1  # ... the last step any of them was seen changed at
     discarded_backwards: int = 0  # backward passes that reached the model and whose gradient was never applied
     handed_steps: int = 0  # optimizer steps after a backward pass reached parameters they own
     cleared_steps: int = 0  # ... that found those parameters' gradients reset to None (see capture.ledger)

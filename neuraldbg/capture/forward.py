@@ -203,6 +203,7 @@ class ForwardPath:
             self._tentative = Pending(rec.pending.data.step, self._full)
         else:
             rec.pending.data.forwards += 1
+            rec.training_forwards += 1
 
     def input_layer(self) -> LayerInfo | None:
         """The first layer of the forward order that owns parameters or normalises: the one the input meets."""

@@ -194,7 +194,6 @@ class GradLedger:
     def before(self, loss: Tensor | None) -> Callable[[bool], None] | None:
         """A backward pass is about to run (the listener of :func:`~neuraldbg.capture.hooks.on_backward_calls`)."""
         rec = self._rec
-        rec.backward_calls += 1
         if not rec.active or not self._tensors or threading.get_ident() != self._thread:
             return None
         try:

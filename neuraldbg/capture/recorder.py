@@ -91,11 +91,14 @@ class Recorder:
         self._hook_key: int | None = None
         self._compiled_at_detach: frozenset[str] = frozenset()  # torch.compile's graphs when the hooks were removed
         # parameters whose last measured update showed them frozen (unchanged, with a gradient, not stepped with a
-        # learning rate), and their norms at the last detach() after a backward pass (see _note_moved_unseen)
+        # learning rate), and a checksum of their values at the last detach() after a training forward pass (see
+        # _note_moved_unseen)
         self._still: set[str] = set()
-        self._norms: dict[str, float] = {}
-        self.backward_calls = 0  # backward calls seen by the listener (GradLedger.before)
-        self._calls_at_attach = 0
+        self._sums: dict[str, int] = {}
+        # forward passes of the model in training mode with gradients on (ForwardPath._begin), and their count at
+        # attach(): an attachment that ran one trained, one that did not (a validation pass, a step alone) did not
+        self.training_forwards = 0
+        self._forwards_at_attach = 0
 
     # --- lifecycle ------------------------------------------------------------------------------------
 
@@ -104,7 +107,7 @@ class Recorder:
         if compiled and compiled - self._compiled_at_detach:
             # graphs compiled while this debugger's hook was absent would never call it: compile them again
             hooks.forget_compiled_code()
-        self._calls_at_attach = self.backward_calls
+        self._forwards_at_attach = self.training_forwards
         self.forward.attach()
         self.ledger.attach()
         self.backward.grads.attach()
@@ -120,10 +123,10 @@ class Recorder:
         )
         self._hook_key = self._handle.key
 
-    def _parameter_norms(self, names: set[str]) -> dict[str, float]:
-        """The norm of each trainable parameter named (the part this process holds), each reduced on its own (the
-        same bits whatever else is read with it), read in one transfer. A parameter that cannot be read is left out,
-        the others are kept."""
+    def _parameter_sums(self, names: set[str]) -> dict[str, int]:
+        """A checksum of the values of each trainable parameter named (the part this process holds: see
+        :func:`~neuraldbg.stats.tensors.bit_sums`), read now in one transfer per device. A parameter that cannot be
+        read is left out, the others are kept."""
         held: list[tuple[str, Tensor]] = []
         for p in self.backward.params:
             if p.name in names:
@@ -134,32 +137,37 @@ class Recorder:
                 if t is not None and t.numel():
                     held.append((p.name, t))
         try:
-            return dict(zip((name for name, _ in held), stats.separate_norms([t for _, t in held])))
-        except Exception:  # one of them cannot be reduced: each on its own, the one that fails left out
-            found: dict[str, float] = {}
+            return dict(zip((name for name, _ in held), stats.bit_sums([t for _, t in held])))
+        except Exception:  # one of them cannot be read so: each on its own, the one that fails left out
+            found: dict[str, int] = {}
             for name, t in held:
                 try:
-                    found[name] = stats.separate_norms([t])[0]
+                    found[name] = stats.bit_sums([t])[0]
                 except Exception:
                     continue
             return found
 
     def _note_moved_unseen(self) -> None:
-        """At ``detach()``, after an attachment that ran a backward pass: a parameter whose last measured update
-        showed it frozen (see :meth:`flush`) and that changed since the last such detachment was updated out of
-        sight: by an ``optimizer.step()`` after the ``with dbg:`` block, or in a block of its own (where no backward
-        pass precedes the step and no update is measured). Its zero updates (``close()`` commits a step before its
-        update) say nothing of whether it trains; the step it was last seen moving at is kept (see
-        :meth:`~neuraldbg.kinds.frozen_parameters.FrozenParameters.undone`). Attachments without a backward pass are
-        not compared across: a validation pass on swapped-in weights (an EMA copy) changes the parameters and puts
-        them back. Only such parameters are read: a run whose measured updates all moved something reads nothing."""
-        if self.backward_calls == self._calls_at_attach:
+        """At ``detach()``, after an attachment that ran a training forward pass: a parameter whose last measured
+        update showed it frozen (see :meth:`flush`) and whose values changed since the last such detachment was
+        updated out of sight: by an ``optimizer.step()`` after the ``with dbg:`` block, or in a block of its own
+        (where no backward pass precedes the step and no update is measured). Its zero updates (``close()`` commits
+        a step before its update) say nothing of whether it trains. The step it was last seen changed at is kept, with
+        the longest wait between two of its changes, and the last step anything was seen changed at (see
+        :meth:`~neuraldbg.kinds.frozen_parameters.FrozenParameters.undone`).
+        Attachments without a training forward pass are not compared across: a validation pass on swapped-in
+        weights (an EMA copy) changes the parameters and puts them back. Only such parameters are read: a run whose
+        measured updates all moved something reads nothing."""
+        if self.training_forwards == self._forwards_at_attach:
             return
-        before = self._norms
-        self._norms = self._parameter_norms(self._still) if self._still else {}
-        for name, norm in self._norms.items():
-            if name in before and before[name] != norm:
-                self.coverage.moved_unseen[name] = self.clock.step
+        before = self._sums
+        self._sums = self._parameter_sums(self._still) if self._still else {}
+        step, moved = self.clock.step, self.coverage.moved_unseen
+        for name, value in self._sums.items():
+            if name in before and before[name] != value:
+                last, gap = moved.get(name, (step, 0))
+                moved[name] = (step, max(gap, step - last))
+                self.coverage.last_unseen_move = step
 
     @property
     def attached(self) -> bool:

@@ -115,15 +115,18 @@ class FrozenParameters(Kind):
         frozen state ended at a fully observed step before the last one, while the run still stepped with a learning
         rate above 0. A group at 0 to the end, and parameters left out of every optimizer, stay frozen.
 
-        Nor are parameters seen changed out of sight after their last frozen reading (see
-        ``Recorder._note_moved_unseen``): their optimizer steps after the ``with dbg:`` block, or in a block of its
-        own, so every update measured reads zero (``close()`` commits the step before its update). A parameter truly
-        left out of the optimizer does not change, and stays; one that stopped changing before its frozen readings
-        ended (a group set to learning rate 0 mid-run) stays too."""
+        Nor are parameters seen changed out of sight (see ``Recorder._note_moved_unseen``) until the last change
+        seen of any parameter, in their own rhythm (no longer after their last change than between two of them):
+        their optimizer steps after the ``with dbg:`` block, or in a block of its own, so every update measured reads
+        zero (``close()`` commits the step before its update), and micro-batches closed after the run's last step
+        read zero too. A parameter truly left out of the optimizer does not change, and stays; one that stopped
+        changing while others went on (a group set to learning rate 0 mid-run) stays too."""
         m = event.metrics
-        moved = coverage.moved_unseen.get(event.param, -1) if event.kind is KIND and event.param is not None else -1
-        if moved >= event.step_end:
-            return True  # it changed out of sight after its last frozen reading: updated where no update is measured
+        seen = coverage.moved_unseen.get(event.param) if event.kind is KIND and event.param is not None else None
+        if seen is not None and coverage.last_unseen_move - seen[0] <= seen[1]:
+            # changed out of sight, in its own rhythm until the last change seen (micro-batches closed after the
+            # run's last step, an optimizer stepping every k-th iteration): updated where no update is measured
+            return True
         if event.kind is not KIND or m.get("in_optimizer") != 1.0 or m.get("lr", 1.0) != 0.0:
             return False
         rows = coverage.training.rows

@@ -709,26 +709,24 @@ class NormPlan:
         return out[on]
 
 
-def separate_norms(tensors: Sequence[Tensor]) -> list[float]:
-    """The L2 norm of each tensor as a host float, each reduced on its own (``_foreach_norm`` over float32 and
-    float64 tensors of one device: the same bits for a tensor whatever it is read with, where a stacked reduction of
-    equal shapes may differ in the last bit); half-precision tensors in float32. One transfer per device."""
+#: The integer type of each element size, to read a tensor's bits as integers.
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bit_sums(tensors: Sequence[Tensor]) -> list[int]:
+    """A checksum of each tensor's values: the sum of their bit patterns read as integers (in int64, wrapping).
+    Any change of any element changes it (a norm misses a change below its precision, or rows swapped), bar
+    changes that cancel exactly; one reduction per tensor, one transfer per device."""
     if not tensors:
         return []
     grad = torch.is_grad_enabled()
     _set_grad_enabled(False)
     try:
-        out: list[Tensor | None] = [None] * len(tensors)
-        groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-        for i, t in enumerate(tensors):
-            if t.dtype in _LOW_PRECISION:
-                out[i] = torch.linalg.vector_norm(t, dtype=torch.float32)
-            else:
-                groups.setdefault((t.device, t.dtype), []).append(i)
-        for idx in groups.values():
-            for i, norm in zip(idx, torch._foreach_norm([tensors[i] for i in idx])):
-                out[i] = norm.float()
-        return to_host([t for t in out if t is not None])
+        sums = [t.view(_BITS[t.element_size()]).sum(dtype=torch.int64) for t in tensors]
+        devices = {s.device for s in sums}
+        if len(devices) == 1:
+            return [int(v) for v in torch.stack(sums).tolist()]
+        return [int(s.item()) for s in sums]
     finally:
         _set_grad_enabled(grad)
 
