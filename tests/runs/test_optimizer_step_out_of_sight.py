@@ -155,14 +155,12 @@ def test_a_group_set_to_learning_rate_0_mid_run_is_reported_after_being_updated_
     assert dbg._recorder.coverage.moved_unseen["0.weight"] == (41, 1)  # every step until 40, then never
 
 
-@pytest.mark.parametrize("form", ["lerp", "mul_add"])
-def test_validation_on_swapped_in_ema_weights_does_not_hide_a_layer_left_out(form: str) -> None:
-    """Per epoch: a block of training steps (the step inside), then a block of its own validating the EMA weights
-    (swapped in, evaluated, swapped back). The EMA copy of the left-out layer drifts from it by rounding in the
-    ``mul_``/``add_`` form (plain torch, checked), so that layer changes between attachments; but only across
-    attachments without a backward pass, which are not compared across."""
-    model = _model()
-    ema = _model()
+def _ema_validated(form: str, other: nn.Module | None = None) -> tuple[torch.Tensor, nn.Module, nn.Module, NeuralDbg]:
+    """Per epoch: a block of training steps (the step inside, the first layer left out of the optimizer, an EMA copy
+    updated after each step in ``form``), then a block of its own validating the EMA weights (swapped in, evaluated
+    under ``no_grad``, swapped back), in which ``other``, when given, is trained one step. Returns the first layer's
+    weight at the start, the model, its EMA copy and the debugger."""
+    model, ema = _model(), _model()
     opt = torch.optim.SGD(model[2].parameters(), lr=0.05)
     start = model[0].weight.detach().clone()
     dbg = NeuralDbg(model)
@@ -182,11 +180,23 @@ def test_validation_on_swapped_in_ema_weights_does_not_hide_a_layer_left_out(for
         with torch.no_grad():
             for e, p in zip(ema.parameters(), model.parameters()):
                 p.copy_(e)
-        with dbg, torch.no_grad():
-            _loss(model)
+        with dbg:
+            with torch.no_grad():
+                _loss(model)
+            if other is not None:
+                _loss(other).backward()
         with torch.no_grad():
             for b, p in zip(backup, model.parameters()):
                 p.copy_(b)
+    return start, model, ema, dbg
+
+
+@pytest.mark.parametrize("form", ["lerp", "mul_add"])
+def test_validation_on_swapped_in_ema_weights_does_not_hide_a_layer_left_out(form: str) -> None:
+    """The EMA copy of the left-out layer drifts from it by rounding in the ``mul_``/``add_`` form (plain torch,
+    checked), so that layer changes between attachments; but only across the validation blocks, which ran no
+    training forward pass and are not compared across."""
+    start, model, ema, dbg = _ema_validated(form)
     assert torch.equal(start, model[0].weight.detach())
     if form == "mul_add":
         assert not torch.equal(ema[0].weight, model[0].weight)  # the drift, by rounding
@@ -399,33 +409,10 @@ def _grad_after_the_block(model: nn.Module, opt: torch.optim.Optimizer, dbg: Neu
 
 
 def test_another_models_backward_in_a_validation_block_does_not_make_it_a_training_one() -> None:
-    """The EMA validation of the test above, in the ``mul_``/``add_`` form, with another model trained inside the
-    validation block: still no forward pass of the watched model with gradients on there, so the EMA's rounding drift
-    of the left-out layer is not taken for an update."""
-    model, ema, other = _model(), _model(), _model()
-    opt = torch.optim.SGD(model[2].parameters(), lr=0.05)
-    start = model[0].weight.detach().clone()
-    dbg = NeuralDbg(model)
-    for _ in range(6):
-        with dbg:
-            for _ in range(15):
-                opt.zero_grad()
-                _loss(model).backward()
-                opt.step()
-                with torch.no_grad():
-                    for e, p in zip(ema.parameters(), model.parameters()):
-                        e.mul_(0.999).add_(p, alpha=0.001)
-        backup = [p.detach().clone() for p in model.parameters()]
-        with torch.no_grad():
-            for e, p in zip(ema.parameters(), model.parameters()):
-                p.copy_(e)
-        with dbg:
-            with torch.no_grad():
-                _loss(model)
-            _loss(other).backward()
-        with torch.no_grad():
-            for b, p in zip(backup, model.parameters()):
-                p.copy_(b)
+    """The EMA validation above, in the ``mul_``/``add_`` form, with another model trained inside the validation
+    block: still no forward pass of the watched model with gradients on there, so the EMA's rounding drift of the
+    left-out layer is not taken for an update."""
+    start, model, ema, dbg = _ema_validated("mul_add", other=_model())
     assert torch.equal(start, model[0].weight.detach())
     assert not torch.equal(ema[0].weight, model[0].weight)
     assert _frozen_layers(dbg) == {"0"}, dbg.report()
