@@ -566,9 +566,9 @@ def dead_and_still_stacked(never: Tensor, grads: Tensor) -> Tensor:
     """For ``k`` layers of one shape: how many of each layer's units are never positive (``never``, ``[k, units]``,
     :func:`never_positive` of each) and received exactly zero gradient (``grads``, ``[k, units, ...]``, the weight
     gradients stacked, one row per unit: :func:`zero_gradient_units` of each), as a float32 ``[k]`` tensor."""
-    rows = grads.detach().reshape(grads.shape[0], grads.shape[1], -1)
-    low, high = torch.aminmax(rows, dim=2)
-    return (never & (low == 0) & (high == 0)).sum(dim=1, dtype=torch.float32)
+    k, units = grads.shape[0], grads.shape[1]
+    still = zero_gradient_units(grads.reshape(k * units, -1)).reshape(k, units)
+    return (never & still).sum(dim=1, dtype=torch.float32)
 
 
 def saturated_count(t: Tensor, center: float, radius: float) -> Tensor:
