@@ -23,6 +23,9 @@ from ..kinds import registry
 from ..kinds.base import Kind
 from .store import EventStore
 
+#: The normal state of each event type met so far (see :func:`normal_state`), looked up once per step and key.
+_NORMALS: dict[str, HealthState] = {}
+
 
 def confidence(strength: float, observations: int, persistence: int, decisive: bool) -> float:
     """Confidence from the evidence: how far past the threshold, and for how long it held."""
@@ -169,8 +172,18 @@ class Tracker:
                 self.started += solid == 0 and not began  # (a state that begins has asked already)
                 self._solid_states[state] = solid + 1
             self._last[key] = f.state
-        last = self._last
+        last, normals = self._last, _NORMALS
         for track, obs in observations:
+            if not self._open_tracks.get(track):
+                # no run open on this track (so no finding on it at this step either: a finding has opened or
+                # extended one above): every key it observed is normal, as below, without looking for a finding or
+                # a run that cannot exist (a deep model's tracks observe thousands of keys per step)
+                for event_type, layer, param, call in obs.observed:
+                    normal = normals.get(event_type)
+                    if normal is None:
+                        normal = normals[event_type] = normal_state(event_type)
+                    last[(track, event_type, layer, param, call)] = normal
+                continue
             for event_type, layer, param, call in obs.observed:
                 key = (track, event_type, layer, param, call)
                 if key in found:
@@ -179,7 +192,10 @@ class Tracker:
                     ended = self._open.pop(key, None)
                     if ended is not None:
                         self._close(key, ended)
-                last[key] = normal_state(event_type)
+                normal = normals.get(event_type)
+                if normal is None:
+                    normal = normals[event_type] = normal_state(event_type)
+                last[key] = normal
 
     def has_open(self, track: str) -> bool:
         """Whether a state found on ``track`` is still holding."""

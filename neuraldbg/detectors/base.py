@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -54,6 +55,10 @@ class Observation:
     def saw(self, event_type: EventType, layer: str, param: str | None = None, call: int = 0) -> None:
         """Record that ``layer`` (or ``param``) was looked at, abnormal or not."""
         self.observed.append((event_type, layer, param, call))
+
+    def saw_each(self, event_type: EventType, layers: Iterable[str]) -> None:
+        """Record that each of ``layers`` was looked at (their first calls), in order: :meth:`saw` for many."""
+        self.observed.extend([(event_type, layer, None, 0) for layer in layers])
 
 
 @dataclass

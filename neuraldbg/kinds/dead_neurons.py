@@ -90,7 +90,7 @@ class DeadUnitsDetector(Detector):
                 # an output layer is dead from its first dead unit that the loss pulls on (the fraction of one
                 # unit); a unit the loss leaves at 0 (a representation's goodness) keeps the hidden layers' rule
                 pulled = data.output_dead_pulled
-                output = not ctx.is_hidden(key) and pulled is not None and pulled[1] == units and pulled[0] > 0
+                output = pulled is not None and pulled[1] == units and pulled[0] > 0 and not ctx.is_hidden(key)
                 if output and pulled is not None:
                     dead = min(dead, pulled[0])
                 threshold = 1 / units if output else max(ctx.config.dead_unit_fraction, chance_dead_fraction(units))

@@ -103,8 +103,8 @@ class ExplodingDetector(Detector):
         limit = cfg.exploding_norm * scale
         step = view.step
         obs = Observation()
+        obs.saw_each(self.event_type, grads)
         for layer, g in grads.items():
-            obs.saw(self.event_type, layer)
             was_exploding = layer in self._exploding
             self._exploding.discard(layer)  # added back below while it keeps exploding
             if g.non_finite:

@@ -50,8 +50,8 @@ class FrozenDetector(Detector):
         if census is None:
             return None
         obs = Observation()
-        for layer, param in census.seen:
-            obs.saw(self.event_type, layer, param)
+        event_type = self.event_type
+        obs.observed.extend([(event_type, layer, param, 0) for layer, param in census.seen])
         held_still = census.held
         if census.at_lr_zero:  # one global stall: the parameters the optimizers hold at lr 0 are not frozen
             held_still = [(layer, param, m) for layer, param, m in held_still if not m["in_optimizer"]]

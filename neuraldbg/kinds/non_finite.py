@@ -110,8 +110,8 @@ class NonFiniteGradientDetector(Detector):
             return None
         top = max((g.norm for g in grads.values() if math.isfinite(g.norm)), default=0.0)
         obs = Observation()
+        obs.saw_each(self.event_type, grads)
         for layer, g in grads.items():
-            obs.saw(self.event_type, layer)
             if g.non_finite:
                 metrics = {"grad_norm": g.norm, "max_layer_grad_norm": top}
                 finding = Finding(self.event_type, KIND, layer, GradientHealth.NON_FINITE, metrics, 1.0, decisive=True)

@@ -121,8 +121,8 @@ class VanishingDetector(Detector):
         obs = Observation()
         vanishing: dict[str, dict[str, float]] = {}
         first: set[str] = set()  # layers read for the first time, small then
+        obs.saw_each(self.event_type, grads)
         for layer, g in grads.items():
-            obs.saw(self.event_type, layer)
             small = _small(g.norm, top, cfg)
             if layer not in self._started_healthy and not g.non_finite and math.isfinite(top):
                 self._started_healthy[layer] = not (g.exact_zero or small)

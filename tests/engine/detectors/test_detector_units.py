@@ -196,6 +196,21 @@ def test_a_parameter_with_a_gradient_that_no_optimizer_moved_is_frozen_with_how_
     assert (zero_lr.layer, zero_lr.metrics["in_optimizer"], zero_lr.metrics["lr"]) == ("2", 1.0, 0.0)
 
 
+def test_a_frozen_parameter_that_moves_again_is_an_event_that_ended():
+    # the frozen detector says which parameters it looked at: one that moves again ends its state
+    from neuraldbg.kinds.frozen_parameters import FrozenDetector
+
+    detector, ctx, tracker = FrozenDetector(), update_context(), Tracker(DebugConfig(persistence_steps=1))
+    left_out = [update_step(s, {"0": 0.0, "4": 1e-3}, lr={"0": None}) for s in range(4)]
+    for data in [*left_out, update_step(4, {"0": 1e-3, "4": 1e-3}), update_step(5, {"0": 1e-3, "4": 1e-3})]:
+        obs = detector.observe(StepView(data, ctx))
+        assert obs is not None
+        tracker.update(data.step, [(detector.track_name, obs)])
+    (event,) = tracker.events(final=True)
+    assert (event.layer, event.param, event.step_start, event.step_end) == ("0", "0.weight", 0, 3)
+    assert "ongoing" not in event.metrics
+
+
 def test_a_parameter_that_did_not_move_is_not_frozen_when_it_had_no_gradient_or_a_learning_rate():
     no_gradient = update_step(0, {"0": 0.0, "4": 1e-3}, lr={"0": None})
     no_gradient.grad["0.weight"] = 0.0
@@ -441,6 +456,35 @@ def test_a_non_finite_gradient_is_decisive():
         1.0,
     )
     assert finding.metrics["max_layer_grad_norm"] == 0.5  # the largest finite layer
+
+
+def tracked_gradients(steps: list[StepData]) -> list[tuple[str, str, int, int, bool]]:
+    """The events the tracker makes of what the gradient detectors find and observe over ``steps``, at the run's
+    end: (layer, state, first step, last step, still holding)."""
+    from neuraldbg.kinds.exploding_gradients import ExplodingDetector
+    from neuraldbg.kinds.non_finite import NonFiniteGradientDetector
+    from neuraldbg.kinds.vanishing_gradients import VanishingDetector
+
+    detectors, ctx = [NonFiniteGradientDetector(), ExplodingDetector(), VanishingDetector()], grad_context()
+    tracker = Tracker(DebugConfig(persistence_steps=1))
+    for data in steps:
+        view = StepView(data, ctx)
+        seen = [(d.track_name, obs) for d in detectors if (obs := d.observe(view)) is not None]
+        tracker.update(data.step, seen)
+    return [
+        (e.layer, str(e.to_state), e.step_start, e.step_end, "ongoing" in e.metrics) for e in tracker.events(final=True)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("norm", "state"), [(math.nan, "non_finite"), (1e4, "exploding"), (1e-12, "vanishing")], ids=str
+)
+def test_a_gradient_state_that_stops_holding_is_an_event_that_ended(norm: float, state: str):
+    # every detector of a layer's gradient says which layers it looked at: a layer read healthy again ends its state
+    healthy = {**HEALTHY, "embed": 0.5}
+    steps = [grad_step(s, {**healthy, "embed": norm}) for s in range(4)] + [grad_step(s, healthy) for s in (4, 5)]
+    assert tracked_gradients(steps) == [("embed", state, 0, 3, False)]
+    assert tracked_gradients(steps[:4]) == [("embed", state, 0, 3, True)]  # not read healthy: still holding
 
 
 def test_vanishing_needs_a_small_norm_and_a_small_ratio_unless_below_the_floor_or_exactly_zero():
