@@ -204,6 +204,7 @@ class ForwardPath:
         else:
             rec.pending.data.forwards += 1
             rec.training_forwards += 1
+            rec.trained_in_train_mode = True
 
     def input_layer(self) -> LayerInfo | None:
         """The first layer of the forward order that owns parameters or normalises: the one the input meets."""
@@ -543,6 +544,8 @@ class ForwardPath:
             return
         pending = self._rec.pending
         pending.absorb(staged)
+        if not self._rec.trained_in_train_mode:  # a model trained in eval mode: its attachments are compared for
+            self._rec.training_forwards += 1  # changes out of sight (not a validation pass of a model that trains)
         steps = self._rec.coverage.eval_steps
         if not steps or steps[-1] != pending.data.step:
             steps.append(pending.data.step)

@@ -95,9 +95,13 @@ class Recorder:
         # _note_moved_unseen)
         self._still: set[str] = set()
         self._sums: dict[str, int] = {}
-        # forward passes of the model in training mode with gradients on (ForwardPath._begin), and their count at
-        # attach(): an attachment that ran one trained, one that did not (a validation pass, a step alone) did not
+        # forward passes of the model in training mode with gradients on (ForwardPath._begin; for a model trained in
+        # eval mode, its eval-mode ones that a backward pass followed), and their count at attach(): an attachment
+        # that ran one trained, one that did not (a validation pass, a step alone) did not
         self.training_forwards = 0
+        # a forward pass in training mode seen: from then on an eval-mode one that a backward pass follows is a
+        # validation pass with gradients (an adversarial or saliency evaluation), not training in eval mode
+        self.trained_in_train_mode = False
         self._forwards_at_attach = 0
 
     # --- lifecycle ------------------------------------------------------------------------------------

@@ -78,6 +78,11 @@ def undertrained(coverage: Coverage, config: DebugConfig) -> tuple[str, loss_evi
     curve = loss_evidence.judged(coverage, config)
     if curve is None or coverage.warm_start or not curve.trained < RUN_SHARE * config.loss_trained:
         return None
+    if coverage.moved_unseen and curve.trained == 0.0:
+        # every update measured read zero while parameters were seen changed out of sight (``optimizer.step()``
+        # after the ``with dbg:`` block or in a block of its own): the sum says nothing of how far the weights moved
+        # (updates measured at all, however small, are read: a stall beside one parameter moved by hand stays)
+        return None
     if loss_evidence.converged(coverage, curve) or loss_evidence.met_trained(coverage, curve):
         return None  # a fit that converged, or a classifier met already trained (fine-tuned by a new optimizer)
     if curve.at_chance:

@@ -155,11 +155,14 @@ def test_a_group_set_to_learning_rate_0_mid_run_is_reported_after_being_updated_
     assert dbg._recorder.coverage.moved_unseen["0.weight"] == (41, 1)  # every step until 40, then never
 
 
-def _ema_validated(form: str, other: nn.Module | None = None) -> tuple[torch.Tensor, nn.Module, nn.Module, NeuralDbg]:
+def _ema_validated(
+    form: str, other: nn.Module | None = None, saliency: bool = False
+) -> tuple[torch.Tensor, nn.Module, nn.Module, NeuralDbg]:
     """Per epoch: a block of training steps (the step inside, the first layer left out of the optimizer, an EMA copy
     updated after each step in ``form``), then a block of its own validating the EMA weights (swapped in, evaluated
-    under ``no_grad``, swapped back), in which ``other``, when given, is trained one step. Returns the first layer's
-    weight at the start, the model, its EMA copy and the debugger."""
+    under ``no_grad``, swapped back; with ``saliency``, in eval mode with a backward pass to the input instead), in
+    which ``other``, when given, is trained one step. Returns the first layer's weight at the start, the model, its
+    EMA copy and the debugger."""
     model, ema = _model(), _model()
     opt = torch.optim.SGD(model[2].parameters(), lr=0.05)
     start = model[0].weight.detach().clone()
@@ -181,8 +184,14 @@ def _ema_validated(form: str, other: nn.Module | None = None) -> tuple[torch.Ten
             for e, p in zip(ema.parameters(), model.parameters()):
                 p.copy_(e)
         with dbg:
-            with torch.no_grad():
-                _loss(model)
+            if saliency:  # the input's gradient through the EMA weights (an adversarial or saliency evaluation)
+                model.eval()
+                x = _X.clone().requires_grad_()
+                F.mse_loss(model(x), _Y).backward()
+                model.train()
+            else:
+                with torch.no_grad():
+                    _loss(model)
             if other is not None:
                 _loss(other).backward()
         with torch.no_grad():
@@ -200,6 +209,15 @@ def test_validation_on_swapped_in_ema_weights_does_not_hide_a_layer_left_out(for
     assert torch.equal(start, model[0].weight.detach())
     if form == "mul_add":
         assert not torch.equal(ema[0].weight, model[0].weight)  # the drift, by rounding
+    assert _frozen_layers(dbg) == {"0"}, dbg.report()
+
+
+def test_an_eval_mode_validation_with_a_backward_pass_does_not_hide_a_layer_left_out() -> None:
+    """Its eval-mode forward is followed by a backward pass (to the input): training in eval mode by the look of one
+    step, but the model trains in train mode, so the validation block is not compared across (found by a review: the
+    layer left out was hidden)."""
+    start, model, ema, dbg = _ema_validated("mul_add", saliency=True)
+    assert torch.equal(start, model[0].weight.detach()) and not torch.equal(ema[0].weight, model[0].weight)
     assert _frozen_layers(dbg) == {"0"}, dbg.report()
 
 
@@ -439,3 +457,80 @@ def test_a_body_stepped_every_third_iteration_after_the_block(preset: str) -> No
     unseen = dbg._recorder.coverage.moved_unseen
     assert unseen["0.weight"][0] < unseen["2.weight"][0] and unseen["0.weight"][1] == 3
     assert not _frozen_layers(dbg), dbg.report()
+
+
+@pytest.mark.parametrize("loop", [_after_the_block, _in_a_block_of_its_own])
+def test_a_run_still_falling_when_it_ends_is_not_called_stalled(loop: Loop) -> None:
+    """Adam at 1e-3 after the block, or in a block of its own: the loss still falls at the end, so the run-level
+    stall (updates that add up to almost nothing while the loss has not settled) would read the zero updates
+    measured as the truth."""
+    first, last, moved, dbg = _run(loop, make=torch.optim.Adam, lr=1e-3)
+    assert moved == EVERY and last < 0.8 * first  # plain torch: every parameter moves, and the loss falls
+    assert not dbg.explain_failure(), dbg.report()
+    assert not {e.kind for e in dbg.events} & {FailureKind.STALLED_UPDATES, FailureKind.FROZEN_PARAMETERS}
+
+
+class _Tempered(nn.Module):
+    """The test MLP times a learnable temperature."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = _model()
+        self.temp = nn.Parameter(torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) * self.temp
+
+
+def test_a_stall_inside_the_block_is_reported_beside_a_parameter_moved_by_hand_after_it() -> None:
+    """SGD at 1e-5 stepped inside the block (a learning rate far too low: a genuine stall), the temperature left out
+    of it and annealed by hand after the block: one parameter changes out of sight, but the optimizer is seen
+    stepping the rest and their updates are measured, so the stall stays reported (found by a review: any change out
+    of sight had switched the run-level stall off)."""
+    model = _Tempered()
+    opt = torch.optim.SGD(model.body.parameters(), lr=1e-5)
+    first = float(F.mse_loss(model(_X), _Y).detach())
+    dbg = NeuralDbg(model)
+    for _ in range(300):
+        opt.zero_grad()
+        with dbg:
+            F.mse_loss(model(_X), _Y).backward()
+            opt.step()
+        with torch.no_grad():
+            model.temp.mul_(0.9999)
+    last = float(F.mse_loss(model(_X), _Y).detach())
+    assert last > 0.98 * first  # plain torch: the loss hardly moves (1 % in 300 steps)
+    assert set(dbg._recorder.coverage.moved_unseen) == {"temp"}
+    assert FailureKind.STALLED_UPDATES in {h.kind for h in dbg.hypotheses()}, dbg.report()
+
+
+def _forgotten(model: nn.Module, opt: torch.optim.Optimizer, dbg: NeuralDbg) -> None:
+    with dbg:
+        for _ in range(STEPS):
+            opt.zero_grad()
+            _loss(model).backward()  # optimizer.step() forgotten
+
+
+def test_a_forgotten_optimizer_step_is_still_a_stall() -> None:
+    """No optimizer seen stepping and nothing changed out of sight: the zero updates measured are the truth."""
+    first, last, moved, dbg = _run(_forgotten)
+    assert not moved and last == first  # plain torch: nothing moves
+    assert not dbg._recorder.coverage.moved_unseen
+    assert FailureKind.STALLED_UPDATES in {h.kind for h in dbg.hypotheses()}, dbg.report()
+
+
+def test_a_model_trained_in_eval_mode_after_the_block_is_told_so_and_not_frozen() -> None:
+    """Its forward passes are eval-mode ones, training only once a backward pass follows: those count as training
+    forwards for the readings out of sight too (found by a review: every layer was reported frozen)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 32), nn.Dropout(0.1), nn.ReLU(), nn.Linear(32, 1)).eval()
+    opt = torch.optim.Adam(model.parameters(), 1e-2)
+    start = [p.detach().clone() for p in model.parameters()]
+    dbg = NeuralDbg(model)
+    for _ in range(STEPS):
+        opt.zero_grad()
+        with dbg:
+            _loss(model).backward()
+        opt.step()
+    assert all(not torch.equal(a, p.detach()) for a, p in zip(start, model.parameters()))  # plain torch: all move
+    assert {e.kind for e in dbg.events} == {FailureKind.EVAL_MODE_TRAINING}, dbg.report()
