@@ -23,8 +23,16 @@ from ..kinds import registry
 from ..kinds.base import Kind
 from .store import EventStore
 
-#: The normal state of each event type met so far (see :func:`normal_state`), looked up once per step and key.
-_NORMALS: dict[str, HealthState] = {}
+
+class _Normals(dict[str, HealthState]):
+    """The normal state of each event type met so far (see :func:`normal_state`), looked up once per step and key."""
+
+    def __missing__(self, event_type: str) -> HealthState:
+        state = self[event_type] = normal_state(event_type)
+        return state
+
+
+_NORMALS = _Normals()
 
 
 def confidence(strength: float, observations: int, persistence: int, decisive: bool) -> float:
@@ -179,10 +187,7 @@ class Tracker:
                 # extended one above): every key it observed is normal, as below, without looking for a finding or
                 # a run that cannot exist (a deep model's tracks observe thousands of keys per step)
                 for event_type, layer, param, call in obs.observed:
-                    normal = normals.get(event_type)
-                    if normal is None:
-                        normal = normals[event_type] = normal_state(event_type)
-                    last[(track, event_type, layer, param, call)] = normal
+                    last[(track, event_type, layer, param, call)] = normals[event_type]
                 continue
             for event_type, layer, param, call in obs.observed:
                 key = (track, event_type, layer, param, call)
@@ -192,10 +197,7 @@ class Tracker:
                     ended = self._open.pop(key, None)
                     if ended is not None:
                         self._close(key, ended)
-                normal = normals.get(event_type)
-                if normal is None:
-                    normal = normals[event_type] = normal_state(event_type)
-                last[key] = normal
+                last[key] = normals[event_type]
 
     def has_open(self, track: str) -> bool:
         """Whether a state found on ``track`` is still holding."""

@@ -55,9 +55,8 @@ class Param:
     def numel(self) -> int:
         if self._numel is not None:
             return self._numel
-        if type(self.tensor) in _PLAIN:  # the common case, read per parameter and step: no lazy parameter
-            return int(self.tensor.numel())
-        if isinstance(self.tensor, nn.parameter.UninitializedParameter):
+        # a plain tensor (the common case, read per parameter and step) is no lazy parameter: no slow type check
+        if type(self.tensor) not in _PLAIN and isinstance(self.tensor, nn.parameter.UninitializedParameter):
             return 0
         return int(self.tensor.numel())
 
