@@ -106,8 +106,9 @@ _WRAP = 1 << 64
 _PRODUCTS = frozenset({"MmBackward0", "BmmBackward0"})
 #: Element-wise nodes between cosine similarities and the logits made of them that keep the logits within the
 #: scale's bounds: the scale or temperature itself (a product or quotient with a constant, or with a learnable
-#: scalar through exp and a clamp), a margin (ArcFace's ``cos(acos(x) + m)``, CosFace's ``x - m``, chosen for the
-#: labels' class by a ``where``), clamping, masking, gathering the similarities of several views.
+#: scalar through exp and a clamp), a margin (ArcFace's ``cos(acos(x) + m)``, or the same angle sum written
+#: ``x cos m - sqrt(1 - x^2) sin m``; CosFace's ``x - m``; chosen for the labels' class by a ``where``), clamping,
+#: masking, gathering the similarities of several views.
 _SCALING = frozenset(
     {
         "MulBackward0",
@@ -115,6 +116,9 @@ _SCALING = frozenset(
         "WhereBackward0",
         "CosBackward0",
         "AcosBackward0",
+        "SqrtBackward0",  # sqrt(1 - cos^2): the sine of the angle
+        "PowBackward0",  # a tensor to a constant power (cos ** 2)
+        "RsubBackward1",  # a constant minus a tensor (1 - cos^2)
         "AddBackward0",
         "SubBackward0",
         "NegBackward0",

@@ -10,6 +10,7 @@ import contextlib
 import math
 from collections.abc import Callable
 
+import pytest
 import support
 import torch
 import torch.nn.functional as F
@@ -309,34 +310,41 @@ class ArcFaceNet(nn.Module):
     """An embedding net and an ArcFace head: normalised class centres, an angular margin m on the labels' class,
     the cosines times s. The logits lie in [-s, s] whatever the weights; the margin lowers the labels' logit.
     Past pi - m, cos(theta + m) rises again: as in the reference implementation, it is then replaced by the
-    monotone cos(theta) - m sin(m) (without that, every embedding moves opposite to every centre)."""
+    monotone cos(theta) - m sin(m) (without that, every embedding moves opposite to every centre).
 
-    def __init__(self, s: float = 30.0, m: float = 0.5) -> None:
+    ``form``: how cos(theta + m) is written: ``"acos"`` (the angle itself), ``"sqrt"`` (the angle sum, the sine
+    as ``torch.sqrt(1.0 - cos.pow(2))``, the most copied ArcMarginProduct) or ``"power"`` (the sine as
+    ``(1 - cos * cos) ** 0.5``)."""
+
+    def __init__(self, s: float = 30.0, m: float = 0.5, form: str = "acos") -> None:
         super().__init__()
         self.embedder = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16))
         self.centres = nn.Parameter(torch.empty(CLASSES, 16))
         nn.init.xavier_uniform_(self.centres)
-        self.s, self.m = s, m
+        self.s, self.m, self.form = s, m, form
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         cosine = F.linear(F.normalize(self.embedder(x)), F.normalize(self.centres)).clamp(-1 + 1e-7, 1 - 1e-7)
-        margin = torch.where(
-            cosine > math.cos(math.pi - self.m),
-            torch.cos(torch.acos(cosine) + self.m),
-            cosine - math.sin(math.pi - self.m) * self.m,
-        )
+        if self.form == "acos":
+            shifted = torch.cos(torch.acos(cosine) + self.m)
+        else:
+            sine = torch.sqrt(1.0 - cosine.pow(2)) if self.form == "sqrt" else (1.0 - cosine * cosine) ** 0.5
+            shifted = cosine * math.cos(self.m) - sine * math.sin(self.m)
+        margin = torch.where(cosine > math.cos(math.pi - self.m), shifted, cosine - math.sin(math.pi - self.m) * self.m)
         return self.s * torch.where(F.one_hot(labels, CLASSES).bool(), margin, cosine)
 
 
-def test_an_arcface_head_starts_far_above_chance_by_design_and_is_not_judged():
+@pytest.mark.parametrize("form", ["acos", "sqrt", "power"])
+def test_an_arcface_head_starts_far_above_chance_by_design_and_is_not_judged(form: str):
     """s = 30 and m = 0.5 (the paper's values): the first loss is ~10 log(10) because the margin pushes the labels'
-    logit down, not because the initialisation blew the signal up; the run learns its classes."""
+    logit down, not because the initialisation blew the signal up; the run learns its classes. The margin written
+    as the angle sum (a square root of 1 - cos^2, a constant minus a power) bounds the logits alike."""
     torch.manual_seed(0)
     make = support.classification_batches((32,), CLASSES, batch=64)
 
     def run(watched: bool) -> tuple[list[float], float, NeuralDbg | None]:
         torch.manual_seed(0)
-        model = ArcFaceNet()
+        model = ArcFaceNet(form=form)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         losses: list[float] = []
         dbg = NeuralDbg(model) if watched else None
