@@ -4,6 +4,7 @@ CLI commands that write them."""
 from __future__ import annotations
 
 import html.parser
+import math
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -148,7 +149,9 @@ def test_the_docs_picture_is_what_its_documented_command_draws(tmp_path: Path) -
     assert done.returncode == 0, done.stderr
     for name in ("demo-dead.gradient-flow.png", "demo-dead.gradient-flow.svg"):
         committed = (root / "docs" / "images" / name).read_bytes()
-        assert pictures.embedded(committed) == pictures.embedded((tmp_path / name).read_bytes())
+        # the same data, to float32 rounding: the demo's training takes other kernels on another CPU (AVX2 and
+        # AVX-512 sum in another order), which moves the last digits of its statistics
+        assert _close(pictures.embedded(committed), pictures.embedded((tmp_path / name).read_bytes()))
 
 
 def test_one_figure_gives_both_formats_and_an_unknown_format_is_named() -> None:
@@ -159,3 +162,14 @@ def test_one_figure_gives_both_formats_and_an_unknown_format_is_named() -> None:
     assert both["svg"] == pictures.render("loss", points, pictures.Marks(), "svg")
     with pytest.raises(ValueError, match="'gif'"):
         pictures.render("loss", points, pictures.Marks(), "gif")
+
+
+def _close(a: object, b: object) -> bool:
+    """Equal structure and text, and numbers equal to a relative 1e-5 (float32 rounding of the same run)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-5)
+    return a == b
