@@ -212,6 +212,22 @@ class StepView:
         return norm / math.sqrt(n)
 
 
+def _middle(ratios: list[float], layers: list[str]) -> tuple[str, ...]:
+    """The layer whose ratio is the median, or the two middle ones for an even count."""
+    order = sorted(range(len(ratios)), key=ratios.__getitem__)
+    return tuple(layers[i] for i in order[(len(order) - 1) // 2 : len(order) // 2 + 1])
+
+
+def _layer_lrs(stepped: dict[str, float], owners: dict[str, str]) -> dict[str, float]:
+    """Each layer's learning rate: the largest positive one its parameters were stepped with."""
+    lrs: dict[str, float] = {}
+    for name, lr in stepped.items():
+        layer = owners.get(name)
+        if layer is not None and lr > 0 and lr > lrs.get(layer, 0.0):
+            lrs[layer] = lr
+    return lrs
+
+
 @dataclass
 class UpdateCensus:
     """What the optimizer did to the weights at one fully observed step, read once for every detector.
@@ -232,6 +248,12 @@ class UpdateCensus:
     layers: list[str]  # the layer of each ratio
     lr: float | None  # the largest learning rate a parameter was stepped with at this step (None: none positive)
     lr_any: float  # the largest learning rate of this step, 0 included
+    # the layers whose update ratio is the median (the two middle ones for an even count) and the learning rate of
+    # each layer (the largest positive one its parameters were stepped with): what moved the updates the median
+    # reads, when parameter groups step at different rates (a backbone on a schedule that decays to 0 beside a head
+    # at a fixed rate)
+    median_layers: tuple[str, ...] = ()
+    layer_lrs: dict[str, float] = field(default_factory=dict)
 
     @property
     def at_lr_zero(self) -> bool:
@@ -282,6 +304,7 @@ class UpdateCensus:
         ]
         ratios = [view.layer_updates[layer].ratio for layer in layers]
         lrs = [lr for lr in data.stepped.values() if lr > 0]
+        lr = max(lrs) if lrs else None
         return cls(
             seen=seen,
             held=held,
@@ -289,8 +312,10 @@ class UpdateCensus:
             stepped_ever=bool(ctx.stepped_before),
             ratios=ratios,
             layers=layers,
-            lr=max(lrs) if lrs else None,
+            lr=lr,
             lr_any=max(data.stepped.values(), default=0.0),
+            median_layers=_middle(ratios, layers),
+            layer_lrs=_layer_lrs(data.stepped, ctx.owners),
         )
 
     def ratio_metrics(self) -> dict[str, float]:

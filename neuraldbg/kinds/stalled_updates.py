@@ -112,6 +112,7 @@ class StalledDetector(Detector):
         self._resumed = False  # the run trained before the debugger attached
         self._first_median: float | None = None  # the median update ratio at the first observed update
         self._peak_lr = 0.0  # the largest learning rate the run stepped with so far
+        self._layer_peaks: dict[str, float] = {}  # ... each layer's own
         self._first_losses: list[float] = []  # the first observed losses
         self._last_losses: deque[float] = deque(maxlen=LOSSES)  # the last ones
         self._moved = 0.0  # the median update ratios of the observed steps, added up over the steps they stand for
@@ -124,14 +125,23 @@ class StalledDetector(Detector):
                 self._first_losses.append(loss)
             self._last_losses.append(loss)
 
-    def _schedule_tail(self, median: float, lr: float | None, limit: float, trained: float) -> bool:
+    def _schedule_tail(self, census: UpdateCensus, limit: float, trained: float) -> bool:
         """The updates are small because a schedule brought the learning rate down, after the run trained: the
         learning rate is at most ``DECAYED`` of the largest the run stepped with, at which these updates would not
         be stalled (an update scales with the learning rate), and the loss fell to ``LOSS_FELL`` of where it began
         or the updates so far added up to ``trained``, more than a run too small to train (the tail of a schedule
-        that ends near 0, not a learning rate too low to train: that one never moves the weights that far)."""
-        peak = self._peak_lr
-        if lr is None or not self._decayed(lr) or median * peak / lr < limit:
+        that ends near 0, not a learning rate too low to train: that one never moves the weights that far).
+
+        The learning rate is the median layer's, against its own largest so far: a backbone whose schedule decayed
+        to 0 beside a head stepped at a fixed rate in a group of its own (SimSiam's predictor) is on a schedule's
+        tail; a group too low from its first step beside it is not. The run's largest, for a median layer whose
+        learning rate was not seen."""
+        median, lr, peak = census.median, census.lr, self._peak_lr
+        known = [layer for layer in census.median_layers if layer in census.layer_lrs]
+        if known:
+            lr = max(census.layer_lrs[layer] for layer in known)
+            peak = max(self._layer_peaks[layer] for layer in known)
+        if lr is None or not 0 < lr <= DECAYED * peak or median * peak / lr < limit:
             return False
         if self._moved >= trained:
             return True
@@ -169,6 +179,10 @@ class StalledDetector(Detector):
             return None
         if census.lr is not None:
             self._peak_lr = max(self._peak_lr, census.lr)
+        peaks = self._layer_peaks
+        for layer, lr in census.layer_lrs.items():
+            if lr > peaks.get(layer, 0.0):
+                peaks[layer] = lr
         obs = Observation()
         if census.at_lr_zero:
             obs.saw(self.event_type, "")
@@ -182,7 +196,7 @@ class StalledDetector(Detector):
                 self._first_median = census.median
             # met mid-training: small from the first observed update on is the regime it was in, not a stall
             regime = self._resumed and census.median > 0.1 * self._first_median
-            tail = self._schedule_tail(census.median, census.lr, limit, RUN_SHARE * view.ctx.config.loss_trained)
+            tail = self._schedule_tail(census, limit, RUN_SHARE * view.ctx.config.loss_trained)
             self._add_moved(view.step, census.median)
             if census.median < limit and not converged and not regime and not tail:
                 obs.findings.append(self._finding(census.ratio_metrics(), strength(census.median, limit, decades=3)))

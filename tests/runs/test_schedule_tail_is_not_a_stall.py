@@ -175,3 +175,77 @@ def test_the_end_of_a_one_cycle_schedule_on_a_hard_task_is_not_a_stall() -> None
     watched, _, _, dbg = run(watched=True)
     assert watched == losses  # the debugger changes nothing
     assert dbg is not None and dbg.healthy, dbg.explain_failure()
+
+
+# ------------------------------------------------------------------------- parameter groups stepped at their own rates
+
+
+def train_in_groups(
+    backbone_lr: Callable[[int], float], watched: bool, smoothing: float = 0.1, head_lr: float = 0.05
+) -> tuple[Run, list[list[float]]]:
+    """The MLP classifier with its two hidden Linear layers (the backbone) in one group, stepped at
+    ``backbone_lr(step)``, and its head in a group of its own at a fixed ``head_lr`` (SimSiam's predictor, a linear
+    probe).
+    Also each layer's ||dW|| / ||W|| per step (its weight), in the order backbone, backbone, head."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, CLASSES))
+    backbone = [*model[0].parameters(), *model[2].parameters()]
+    opt = torch.optim.SGD(
+        [{"params": backbone}, {"params": model[4].parameters(), "lr": head_lr}], lr=0.05, momentum=0.9
+    )
+    weights = [model[0].weight, model[2].weight, model[4].weight]
+    run, layers = Run(), []
+    dbg = NeuralDbg(model) if watched else None
+    if dbg is not None:
+        dbg.__enter__()
+    for step in range(STEPS):
+        opt.param_groups[0]["lr"] = backbone_lr(step)
+        x, y = make(step)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y, label_smoothing=smoothing)
+        loss.backward()
+        before = [w.detach().clone() for w in weights]
+        opt.step()
+        layers.append([float((w.detach() - b).norm() / b.norm()) for w, b in zip(weights, before)])
+        run.losses.append(loss.item())
+    if dbg is not None:
+        dbg.__exit__(None, None, None)
+    run.dbg = dbg
+    return run, layers
+
+
+def cosine_to_zero(step: int) -> float:
+    return 0.05 * 0.5 * (1 + math.cos(math.pi * step / STEPS))  # 1e-6 at the last step
+
+
+def test_a_backbone_whose_schedule_decayed_beside_a_head_at_a_fixed_rate_is_not_a_stall() -> None:
+    """The largest learning rate of the step is the head's, which never decays: the median layer's (a backbone
+    layer's) is the one the schedule brought down."""
+    plain, layers = train_in_groups(cosine_to_zero, watched=False)
+    limit = DebugConfig().stalled_ratio
+    # plain torch: the loss fell; over the last steps both backbone layers (the median of the three) move by less
+    # than the stall limit, the head by far more, and the backbone moved well above it earlier
+    assert statistics.fmean(plain.losses[-10:]) < 0.5 * statistics.fmean(plain.losses[:10])
+    assert all(max(step[:2]) < limit < step[2] for step in layers[-3:])
+    assert statistics.median(step[0] for step in layers[: STEPS // 2]) > 100 * limit
+
+    watched, _ = train_in_groups(cosine_to_zero, watched=True)
+    assert watched.losses == plain.losses  # the debugger changes nothing
+    assert not stalled(watched), watched.dbg and watched.dbg.explain_failure()
+    assert watched.dbg is not None and watched.dbg.healthy, watched.dbg.explain_failure()
+
+
+def test_a_backbone_group_too_low_from_the_start_beside_a_trained_head_is_still_a_stall() -> None:
+    """The backbone's learning rate is far below the head's from the first step: not a schedule's tail (it was
+    never higher), although the head's training makes the loss fall."""
+    plain, layers = train_in_groups(lambda step: 1e-7, watched=False, smoothing=0.0, head_lr=0.2)
+    limit = DebugConfig().stalled_ratio
+    # plain torch: both backbone layers move by less than the stall limit at every step, the head far more, and the
+    # loss fell by more than a quarter (what a schedule's tail needs besides a decayed learning rate)
+    assert all(max(step[:2]) < limit < step[2] for step in layers)
+    assert statistics.fmean(plain.losses[-8:]) < 0.6 * statistics.fmean(plain.losses[:8])
+    watched, _ = train_in_groups(lambda step: 1e-7, watched=True, smoothing=0.0, head_lr=0.2)
+    assert watched.losses == plain.losses
+    assert watched.dbg is not None
+    ends = [e.step_end for e in watched.dbg.events if e.kind is FailureKind.STALLED_UPDATES]
+    assert ends and max(ends) >= STEPS - 10  # to the run's end: the loss that fell is the head's doing
