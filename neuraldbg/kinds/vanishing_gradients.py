@@ -132,7 +132,7 @@ class VanishingDetector(Detector):
                 self._healthy_since.add(layer)
             if g.exact_zero:
                 self._zero_seen.add(layer)
-            elif layer in self._zero_seen and not g.non_finite:
+            elif layer in self._zero_seen and not (g.non_finite or small):
                 self._intermittent.add(layer)
             if g.non_finite or converged:
                 continue  # non-finite: another state of this gradient; converged: small gradients are the fit
@@ -281,6 +281,11 @@ def _grew_out(event: SemanticEvent, facts: RunFacts) -> bool:
 
 class VanishingGradients(Kind):
     name = KIND.value
+    # updates as large as the weights can leave a layer where it passes no gradient (a softmax or a saturating
+    # activation pushed to its extremes): begun while or after they came, at the learning rate still in force, it is
+    # that learning rate's doing
+    lr_sensitive = True
+    surge_victim = True
     states = (GradientHealth.VANISHING,)
     lists_own = True
     check = Check("assert_no_vanishing_gradients", "vanishing gradients")

@@ -510,6 +510,19 @@ def test_vanishing_needs_a_small_norm_and_a_small_ratio_unless_below_the_floor_o
     assert set(floor) == {"embed", "attn.query", "attn.key", "attn.value"}  # below 1e-9 whatever the ratio
 
 
+def test_an_exact_zero_between_tiny_readings_is_vanishing_and_between_healthy_ones_a_skipped_branch():
+    """A gradient that underflows to exactly zero at some steps and is tiny at the others (query and key behind a
+    saturated softmax) vanishes at every reading; one exactly zero at some steps and healthy at the others (a
+    residual branch skipped for the whole batch) is skipped at its zero readings, which say nothing."""
+    saturated = [1e-9, 0.0, 1e-9, 0.0]
+    found = observe_gradients([grad_step(i, {**HEALTHY, "attn.query": g}) for i, g in enumerate(saturated)])
+    assert [f["attn.query"].state for f in found] == ["vanishing"] * 4
+    assert found[3]["attn.query"].metrics["exact_zero"] == 1.0
+    skipped = [0.3, 0.0, 0.3, 0.0]
+    found = observe_gradients([grad_step(i, {**HEALTHY, "attn.query": g}) for i, g in enumerate(skipped)])
+    assert ["attn.query" in f for f in found] == [False, True, False, False]  # zero once before it read healthy
+
+
 def test_a_gradient_small_since_its_first_reading_is_marked_so_until_it_reads_healthy():
     steps = [1e-5, 2e-5, 1e-2, 1e-5]
     found = observe_gradients([grad_step(i, {**HEALTHY, "embed": norm}) for i, norm in enumerate(steps)])
