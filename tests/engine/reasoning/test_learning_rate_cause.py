@@ -1,8 +1,9 @@
-"""The learning rate as the fault: units dying or saturating long after updates as large as the weights came and
-went at the learning rate still in force are that learning rate's doing (an ``oversized_updates`` hypothesis rooted
-at the first surge); a failure a surge set off right away keeps its own kind and names the learning rate; a failure
-present from the first step, one that came before any surge, one at another learning rate, and an explosion stay
-what they are. Events written by hand: what the reasoning does with them, nothing else."""
+"""The learning rate as the fault: units dying or saturating, or gradients vanishing, long after updates as large as
+the weights came and went at the learning rate still in force are that learning rate's doing (an
+``oversized_updates`` hypothesis rooted at the first surge); a failure a surge set off right away keeps its own kind
+and names the learning rate; a failure present from the first step, one that came before any surge, one at another
+learning rate, and an explosion stay what they are. Events written by hand: what the reasoning does with them,
+nothing else."""
 
 from __future__ import annotations
 
@@ -33,6 +34,13 @@ def saturated(start: int) -> SemanticEvent:
     return SemanticEvent(EventType.ACTIVATION, S, "3", None, start, 95, None, "saturated", metrics, 0.9)
 
 
+def vanishing(start: int) -> SemanticEvent:
+    metrics = {"grad_norm": 2e-6, "max_layer_grad_norm": 0.5, "ratio_to_max": 4e-6}
+    return SemanticEvent(
+        EventType.GRADIENT, FailureKind.VANISHING_GRADIENTS, "2", None, start, 95, None, "vanishing", metrics, 0.8
+    )
+
+
 def exploding(start: int) -> SemanticEvent:
     return SemanticEvent(EventType.GRADIENT, E, "2", None, start, 95, None, "exploding", {"grad_norm": 5e4}, 0.9)
 
@@ -41,7 +49,7 @@ def lr_history(rate: float):
     return lambda metric, layer: [(0, rate), (48, rate)] if metric == "lr" else []
 
 
-@pytest.mark.parametrize("failure", [dead, saturated], ids=["dead", "saturated"])
+@pytest.mark.parametrize("failure", [dead, saturated, vanishing], ids=["dead", "saturated", "vanishing"])
 def test_a_failure_long_after_the_surges_at_its_learning_rate_is_that_learning_rates_fault(failure):
     first, late = surge(0, 7), failure(48)
     (h,) = diagnose([late, first], TOPO, builtin_rules(), lr_history(0.1))
