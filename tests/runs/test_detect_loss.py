@@ -4,6 +4,7 @@ every step whatever the run's length. Ground truth is plain torch in each test; 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -352,3 +353,51 @@ def test_a_loss_summed_over_episodes_of_growing_length_is_not_judged():
     assert sum(sums[-25:]) > 1.5 * sum(sums[:12]) * 25 / 12
     assert sum(means[-25:]) / 25 < 0.75 * sum(means[:12]) / 12
     assert not support.kinds(dbg) & LOSS_KINDS, dbg.report()
+
+
+def noisy_regression(learnable: bool, steps: int) -> tuple[NeuralDbg, list[float], float, float]:
+    """A linear regression whose batches differ in their noise level (sigma drawn from 0-3 per batch of 16, as a
+    meta-learner's tasks differ in amplitude): the loss spreads from batch to batch by more than its level. Its
+    targets follow the inputs (``learnable``) or not. Also the error against the noise-free targets on held-out
+    inputs before and after (plain torch)."""
+    torch.manual_seed(0)
+    w = torch.randn(10, 1) / math.sqrt(10)
+    model = nn.Linear(10, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    held = torch.randn(1000, 10)
+
+    def clean_error() -> float:
+        with torch.no_grad():
+            return float(F.mse_loss(model(held), held @ w))
+
+    before = clean_error()
+    losses: list[float] = []
+    with NeuralDbg(model) as dbg:
+        for _ in range(steps):
+            x = torch.randn(16, 10)
+            sigma = torch.empty(1).uniform_(0, 3)
+            signal = x @ w if learnable else torch.randn(16, 10) @ w
+            loss = F.mse_loss(model(x), signal + sigma * torch.randn(16, 1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return dbg, losses, before, clean_error()
+
+
+def test_a_loss_whose_batches_spread_by_more_than_its_fall_is_not_called_flat_while_the_model_learns():
+    dbg, losses, before, after = noisy_regression(learnable=True, steps=300)
+    # plain torch: the model learns all it can (its error against the noise-free targets falls a hundredfold), the
+    # loss falls by a fifth or more, and by less than its batch-to-batch spread
+    assert after < 0.02 * before
+    first, last = sum(losses[:37]) / 37, sum(losses[-75:]) / 75
+    spread = math.sqrt(sum((a - b) ** 2 for a, b in itertools.pairwise(losses)) / (2 * (len(losses) - 1)))
+    assert 0.2 * first < first - last < spread
+    assert FailureKind.LOSS_NOT_DECREASING not in {h.kind for h in dbg.hypotheses()}, dbg.explain_failure()
+
+
+def test_the_same_loss_with_nothing_to_learn_is_flat_over_a_longer_run():
+    dbg, losses, _, _ = noisy_regression(learnable=False, steps=1000)
+    # plain torch: the targets do not follow the inputs: the loss stays where it began
+    assert abs(sum(losses[-250:]) / 250 - sum(losses[:125]) / 125) < 0.1 * sum(losses[:125]) / 125
+    assert FailureKind.LOSS_NOT_DECREASING in {h.kind for h in dbg.hypotheses()}, dbg.explain_failure()
