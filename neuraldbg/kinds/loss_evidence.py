@@ -11,9 +11,9 @@ quarter (at least 8).
   by at least ``LEAST_MOVE`` of its start: a loss that hardly varies from batch to batch does not fall by a
   rounding; the same unit holds for the other verdicts).
 * It is **flat** when it fell by less than that with confidence: the drop plus two standard errors (of window means
-  whose losses spread by ``noise``) stays below ``noise``, and below ``FLAT_SHARE`` of its start (a loss that spreads
-  by more than its level from batch to batch can fall by a third and stay within one spread). In between it is
-  unclear: too short or too noisy a run to tell, and nothing is said.
+  whose losses spread by ``noise``) stays below ``noise``; unless it fell by more than two standard errors and by
+  ``FELL_BY`` of its start (a loss that spreads by more than its level from batch to batch can fall by a third and
+  stay within one spread). In between it is unclear: too short or too noisy a run to tell, and nothing is said.
 * It is **climbing** when end - start is at least ``noise`` and two standard errors.
 * It **stopped** when its second half (its first third against its last third) fell, with the same confidence, by
   less than the second half's own noise (a loss that fell tenfold jumps about tenfold less from batch to batch at
@@ -59,11 +59,11 @@ from .base import LAST_RANK, Kind, RootLane, run_event
 LEAST_MOVE = 0.01
 #: Losses in each of the start and end windows, at least.
 WINDOW = 8
-#: A flat loss fell, with confidence, by less than this share of its start too: one that spreads from batch to batch
-#: by more than its level (tasks or noise levels that differ from batch to batch) may have fallen by a third within
-#: two standard errors of its windows (a meta-learner over sine tasks of amplitudes 0.1-5: 3.9 -> 3.0 against a
-#: spread of 1.7, its held-out error down by a third), and is unclear, not flat.
-FLAT_SHARE = 0.25
+#: A loss that fell by more than two standard errors of its windows and by at least this share of its start is not
+#: flat, however much more it spreads from batch to batch (tasks or noise levels that differ from batch to batch: a
+#: meta-learner over sine tasks of amplitudes 0.1-5, 3.9 -> 3.0 against a spread of 1.7, its held-out error down by a
+#: third). A run with nothing to learn falls by two standard errors on one run in forty, by chance.
+FELL_BY = 0.1
 #: Weights whose norm grew this many times over a run were pushed by steps too large (calibrated: healthy programs
 #: of the real-programs benchmark at most 2.0, a language model under SGD lr 20; too high learning rates 2.8-4.7).
 WEIGHT_GROWTH = 2.5
@@ -467,8 +467,9 @@ def read(coverage: Coverage, config: DebugConfig) -> Curve | None:
         verdict = "fell"
     elif -drop >= max(unit, error):
         verdict = "climbing"
-    elif drop + error < min(unit, FLAT_SHARE * abs(start.mean)):
-        verdict = "flat"  # confidently less than one batch-to-batch spread, and than a share of where it began
+    elif drop + error < unit and not (drop > error and drop >= FELL_BY * abs(start.mean)):
+        # confidently less than one batch-to-batch spread, unless it confidently fell by a tenth of its start or more
+        verdict = "flat"
     else:
         verdict = "unclear"
     first_third, last_third = _window(trace, 1 / 6, 0.5), _window(trace, -1 / 6)

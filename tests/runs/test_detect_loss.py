@@ -361,7 +361,7 @@ def noisy_regression(learnable: bool, steps: int) -> tuple[NeuralDbg, list[float
     targets follow the inputs (``learnable``) or not. Also the error against the noise-free targets on held-out
     inputs before and after (plain torch)."""
     torch.manual_seed(0)
-    w = torch.randn(10, 1) / math.sqrt(10)
+    w = torch.randn(10, 1) * math.sqrt(2 / 10)  # the learnable part: a variance of about 2
     model = nn.Linear(10, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     held = torch.randn(1000, 10)
