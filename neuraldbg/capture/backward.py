@@ -201,6 +201,8 @@ class BackwardPath:
             for group in optimizer.param_groups:
                 lr = float(group.get("lr", 0.0))
                 for t in group["params"]:
+                    if not t.requires_grad and t.grad is None:
+                        continue  # frozen since the debugger was made: the optimizer skips it (no gradient)
                     for name in names.get(id(t), ()):
                         data.stepped[name] = max(lr, data.stepped.get(name, 0.0))
 

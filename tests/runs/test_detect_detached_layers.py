@@ -347,3 +347,59 @@ def test_a_recurrent_hidden_state_detached_between_encoder_and_decoder_is_found_
         return
     assert hits, dbg.explain_failure()
     assert hits[0].root.layer == "encoder" and hits[0].root.detail.split("\n") == ["decoder", "encoder"]
+
+
+class TokenNet(nn.Module):
+    """Token ids -> an embedding -> a Linear + ReLU -> mean over the tokens -> a head; ``cut``: the embedding's
+    output detached before the Linear."""
+
+    def __init__(self, cut: bool = False) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(12, 32)
+        self.mlp = nn.Sequential(nn.Linear(32, 32), nn.ReLU())
+        self.head = nn.Linear(32, 2)
+        self.cut = cut
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e = self.emb(x)
+        return self.head(self.mlp(e.detach() if self.cut else e).mean(1))
+
+
+def train_tokens(model: TokenNet, freeze_after_attach: bool) -> tuple[list[float], set[str], NeuralDbg]:
+    """Adam over every parameter; the embedding frozen inside the watched block (as Lightning's on_train_start
+    does) when asked. Returns the losses, the parameters that changed, and the debugger."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 12, (3200, 8), generator=g)
+    y = ((x == 3).sum(1) >= 1).long()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    losses: list[float] = []
+    with NeuralDbg(model) as dbg:
+        if freeze_after_attach:
+            model.emb.requires_grad_(False)
+        for _ in range(100):
+            i = torch.randint(0, 3200, (32,), generator=g)
+            loss = F.cross_entropy(model(x[i]), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    return losses, changed, dbg
+
+
+def test_an_embedding_frozen_after_the_debugger_attached_is_no_cut():
+    """Its output carries no gradient because it requires none: the optimizer that holds it skips it."""
+    torch.manual_seed(0)
+    losses, changed, dbg = train_tokens(TokenNet(), freeze_after_attach=True)
+    # plain torch: everything but the frozen embedding trains, and the loss falls
+    assert changed == {"mlp.0.weight", "mlp.0.bias", "head.weight", "head.bias"}
+    assert sum(losses[-10:]) < 0.8 * sum(losses[:10])
+    assert found(dbg) == [] and dbg.healthy, dbg.explain_failure()
+
+
+def test_the_same_embedding_detached_while_it_requires_a_gradient_is_a_cut():
+    torch.manual_seed(0)
+    _, changed, dbg = train_tokens(TokenNet(cut=True), freeze_after_attach=False)
+    assert "emb.weight" not in changed  # plain torch: held by the optimizer, it never gets a gradient
+    assert found(dbg), dbg.explain_failure()
