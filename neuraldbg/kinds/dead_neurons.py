@@ -145,13 +145,7 @@ def _revived(event: SemanticEvent, coverage: Coverage, facts: RunFacts) -> bool:
     (SGD 0.05, momentum 0.9) had 94 % of a BatchNorm's channels off on every sample at steps 13-20 and 34-53 % at the
     end, and reached its twins' held-out accuracy. Dead units that stay dead to the last check, or a loss that did
     not fall, are not undone."""
-    if event.metrics.get("ongoing"):
-        return False
-    curve = loss_evidence.read(coverage, facts.config)
-    if curve is None or curve.verdict != "fell" or curve.at_chance:
-        return False
-    steps = max(coverage.last_step + 1, 1)
-    return event.steps <= REVIVED_SPAN * steps and event.step_end < curve.end.first
+    return loss_evidence.passed_before_the_fit(event, coverage, facts.config, REVIVED_SPAN)
 
 
 class DeadNeurons(Kind):

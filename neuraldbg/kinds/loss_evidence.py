@@ -433,6 +433,19 @@ def judged(coverage: Coverage, config: DebugConfig) -> Curve | None:
 STILL_RISING = 1.2
 
 
+def passed_before_the_fit(event: SemanticEvent, coverage: Coverage, config: DebugConfig, span: float) -> bool:
+    """Whether ``event`` was a passing state of a run that then fitted: it ended (not still holding at the last
+    check), lasted at most ``span`` of the run's steps, ended before the run's last quarter of losses, and the run's
+    loss fell (against its own spread; not to chance)."""
+    if event.metrics.get("ongoing"):
+        return False
+    curve = read(coverage, config)
+    if curve is None or curve.verdict != "fell" or curve.at_chance:
+        return False
+    steps = max(coverage.last_step + 1, 1)
+    return event.steps <= span * steps and event.step_end < curve.end.first
+
+
 def converged(coverage: Coverage, curve: Curve) -> bool:
     """A fit that converged, not one held up: its loss fell a hundredfold, or its gradients did (a stationary
     point; the thresholds of ``fit_loss_drop`` and of the stalled-updates room's stationary point). A loss that ends
