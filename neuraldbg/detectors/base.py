@@ -292,10 +292,9 @@ class UpdateCensus:
                     metrics["zero_weight"] = 1.0  # its layer passes no gradient to its input
                 held.append((layer, name, metrics))
         ctx.stepped_before.update(data.stepped)
+        # ``grads`` holds the layers with a gradient at this step: one without, while others have one, was frozen
+        # since the debugger was made (``requires_grad_(False)`` in a warm-up of the head, progressive freezing)
         grads = view.layer_gradients
-        # layers none of whose parameters got a gradient at this step, while others did: frozen since the debugger was
-        # made (``requires_grad_(False)`` in a warm-up of the head, progressive freezing), no update to judge
-        graded = {ctx.owners.get(name) for name in data.grad} if data.grad else None
         layers = [
             layer
             for layer, u in view.layer_updates.items()
@@ -304,7 +303,7 @@ class UpdateCensus:
             and u.weight > 0
             and math.isfinite(u.ratio)
             and not (layer in grads and grads[layer].exact_zero)
-            and (graded is None or layer in graded)
+            and (not grads or layer in grads)
         ]
         ratios = [view.layer_updates[layer].ratio for layer in layers]
         lrs = [lr for lr in data.stepped.values() if lr > 0]

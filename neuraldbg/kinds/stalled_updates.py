@@ -141,7 +141,7 @@ class StalledDetector(Detector):
         if known:
             lr = max(census.layer_lrs[layer] for layer in known)
             peak = max(self._layer_peaks[layer] for layer in known)
-        if lr is None or not 0 < lr <= DECAYED * peak or median * peak / lr < limit:
+        if lr is None or not self._decayed(lr, peak) or median * peak / lr < limit:
             return False
         if self._moved >= trained:
             return True
@@ -204,9 +204,10 @@ class StalledDetector(Detector):
                 self._clipped_still(view, census, limit, obs)
         return obs
 
-    def _decayed(self, lr: float | None) -> bool:
-        """The learning rate is on a schedule's tail: at most ``DECAYED`` of the largest the run stepped with."""
-        return lr is not None and 0 < lr <= DECAYED * self._peak_lr
+    def _decayed(self, lr: float | None, peak: float | None = None) -> bool:
+        """The learning rate is on a schedule's tail: at most ``DECAYED`` of ``peak``, by default the largest the run
+        stepped with."""
+        return lr is not None and 0 < lr <= DECAYED * (self._peak_lr if peak is None else peak)
 
     def _clipped_still(self, view: StepView, census: UpdateCensus, limit: float, obs: Observation) -> None:
         """Layers that clipping holds still while the rest of the model trains: gradients made at least
