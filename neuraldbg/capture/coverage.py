@@ -142,6 +142,10 @@ class Coverage:
     zero_gradient_readings: int = 0
     early_zero_readings: int = 0  # ... among the first EARLY_READINGS readings
     zero_steps: tuple[int, int] | None = None  # (first, last) step with an exactly-zero gradient
+    # readings not exactly zero after the first one that was, and the last step of one: a margin loss met on most
+    # batches still has gradients from its hard ones; a policy made deterministic has none again
+    nonzero_after_zero: int = 0
+    last_nonzero_step: int = -1
     # gradients carried over from the previous optimizer step (optimizer.zero_grad() missing)
     carried_steps: int = 0
     carried_span: tuple[int, int] | None = None
@@ -426,6 +430,9 @@ class Coverage:
             self.zero_gradient_readings += 1
             self.early_zero_readings += self.gradient_readings <= EARLY_READINGS
             self.zero_steps = (self.zero_steps or (step, step))[0], step
+        else:
+            self.nonzero_after_zero += self.zero_steps is not None
+            self.last_nonzero_step = step
 
     def failed(self, step: int, what: str) -> None:
         self.failures.append((step, what))

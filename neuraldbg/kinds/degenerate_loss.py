@@ -2,27 +2,56 @@
 parameter gradient were exactly zero on every fully observed step (``cross_entropy`` on one output unit, a loss
 multiplied by 0, a masked mean over an empty mask), or the gradient was exactly zero on at least half of the steps
 where it was read (at least 8): a policy gradient whose policy became deterministic, rewards or a mask that are zero
-on most batches. Cheap steps read the gradient too (the head layer's on a CPU, the loss's on a GPU), so a long run
-is judged on all its steps, not only the fully observed ones. A loss that is NaN while its gradient is exactly zero
-is a mean over an empty set. Nothing can be learned on those steps, whatever the layers do; the exactly-zero
-gradients, the stalls, the frozen-looking parameters and the NaN loss that follow are its effects."""
+on most batches. A margin loss met on most batches once the model learned it (no exactly-zero gradient among the
+first readings, the loss fallen to a small part of its start, hard batches still giving gradients to the end) has
+converged, and is not degenerate. Cheap steps read the gradient too (the head layer's on a CPU, the loss's on a GPU),
+so a long run is judged on all its steps, not only the fully observed ones. A loss that is NaN while its gradient is
+exactly zero is a mean over an empty set. Nothing can be learned on those steps, whatever the layers do; the exactly-
+zero gradients, the stalls, the frozen-looking parameters and the NaN loss that follow are its effects."""
 
 from __future__ import annotations
 
 import math
 
 from ..capture.coverage import Coverage, RunFacts
+from ..config import DebugConfig
 from ..events import FailureKind, SemanticEvent
 from ..health import ActivationHealth, GradientHealth, UpdateHealth
 from ..reasoning.rules import CausalRule, ExactlyZeroGradients
 from ..reasoning.topology import Topology
 from ..text import count, num
+from . import loss_evidence
 from .base import LAST_RANK, Kind, RootLane, Series, run_event
 
 KIND = FailureKind.DEGENERATE_LOSS
 
 #: Exactly-zero gradient readings that, at half of all readings or more, make a loss degenerate on most steps.
 MOSTLY_MIN = 8
+#: A loss met on most batches has converged when, after its first exactly-zero gradient, at least this share of
+#: the readings still had a gradient (the batches whose margins are not met yet) ...
+STILL_GIVEN = 0.05
+#: ... the last of them in the last quarter of the run after it, and the loss ended below this part of its start.
+FALLEN_TO = 0.25
+
+
+def converged(coverage: Coverage, config: DebugConfig) -> bool:
+    """Whether the exactly-zero gradients on most steps are a margin loss that the model learned to meet (batch-hard
+    triplets, hinge losses: exactly zero once every margin of a batch is met) rather than a loss that gives nothing
+    to learn from: none among the first readings (it gave gradients from the start), gradients still given on some
+    batches to the end (a policy made deterministic, its log-probabilities exactly 0, never gives one again), and
+    the loss fallen from its start to near its floor."""
+    if coverage.early_zero_readings or coverage.zero_steps is None:
+        return False
+    first = coverage.zero_steps[0]
+    after = coverage.nonzero_after_zero + coverage.zero_gradient_readings
+    if coverage.nonzero_after_zero < STILL_GIVEN * after:
+        return False
+    if 4 * (coverage.last_nonzero_step - first) < 3 * (coverage.last_step - first):
+        return False
+    curve = loss_evidence.read(coverage, config)
+    if curve is None or not curve.start.mean > 0:
+        return False
+    return 0 <= curve.end.mean <= FALLEN_TO * curve.start.mean
 
 
 class DegenerateLoss(Kind):
@@ -39,7 +68,7 @@ class DegenerateLoss(Kind):
             and coverage.zero_loss_gradient == coverage.loss_gradient_readings
         )
         mostly = zeros >= MOSTLY_MIN and 2 * zeros >= readings
-        if not (always or mostly):
+        if not (always or mostly) or (not always and converged(coverage, facts.config)):
             return None
         metrics = {"steps": float(coverage.steps), "zero_steps": float(zeros), "readings": float(readings)}
         if coverage.last_loss is not None and math.isfinite(coverage.last_loss):
@@ -107,12 +136,12 @@ class DegenerateLoss(Kind):
                 "learn from. "
                 "Typical causes: a policy whose probabilities were pushed to exactly 0 and 1 (log-probability 0: a "
                 "learning rate too high for a policy gradient), rewards or a mask that are zero on most batches, or "
-                "a margin loss satisfied everywhere."
+                "a margin loss met from its first batches (a margin far smaller than the distances it compares)."
             )
             fix = (
                 "for a policy gradient, lower the learning rate and subtract a baseline (normalised returns); for a "
-                "masked loss, check how often the mask is empty; a margin loss that is always satisfied has "
-                "converged: stop earlier."
+                "masked loss, check how often the mask is empty; for a margin loss met from the start, raise the "
+                "margin or mine harder examples."
             )
             return what, fix
         what = (
@@ -131,6 +160,9 @@ class DegenerateLoss(Kind):
     def describe(self, event: SemanticEvent) -> str:
         loss = event.metrics.get("loss")
         value = f", loss {num(loss)}" if loss is not None else ""
+        zeros, readings = event.metrics.get("zero_steps", 0.0), event.metrics.get("readings", 0.0)
+        if readings and zeros < readings:
+            return f"exactly zero gradient on {count(zeros)} of the {count(readings)} steps where it was read{value}"
         return f"exactly zero gradient with respect to the model's output at every step{value}"
 
     def place(self, event: SemanticEvent) -> str:
