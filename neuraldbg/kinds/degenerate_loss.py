@@ -6,8 +6,8 @@ on most batches. A margin loss met on most batches once the model learned it (no
 first readings, the loss fallen to a small part of its start, hard batches still giving gradients to the end) has
 converged, and is not degenerate. Cheap steps read the gradient too (the head layer's on a CPU, the loss's on a GPU),
 so a long run is judged on all its steps, not only the fully observed ones. A loss that is NaN while its gradient is
-exactly zero is a mean over an empty set. Nothing can be learned on those steps, whatever the layers do; the exactly-
-zero gradients, the stalls, the frozen-looking parameters and the NaN loss that follow are its effects."""
+exactly zero is a mean over an empty set. Nothing can be learned on those steps, whatever the layers do; the
+exactly-zero gradients, the stalls, the frozen-looking parameters and the NaN loss that follow are its effects."""
 
 from __future__ import annotations
 
