@@ -5,9 +5,11 @@ gradient the optimizer receives holds an inf or a NaN) and on every fully observ
 gradients in full), and decisive: one occurrence is an event, dated at its step. NaN compares false with
 everything, so a ``norm < threshold`` test would pass it silently; these detectors look for it explicitly.
 
-A non-finite value in the input batch or the model's output that no layer output, the loss nor any gradient of the
-step holds is not a failure: the model's own code dealt with it (missing values imputed inside ``forward``, a mask
-of ``-inf`` added to the logits of moves that are not allowed, whose softmax gives them 0).
+A non-finite value in the input batch, a layer's output or the model's output that neither the loss nor any
+gradient of the step holds is not a failure: the model's own code dealt with it (missing values imputed inside
+``forward``, a mask of ``-inf`` added to the logits of moves that are not allowed, whose softmax gives them 0, the
+NaN a softmax module gives a fully masked row, zeroed after it). A non-finite value that reaches the training shows
+in the loss or a gradient of its step, and is found where it was made.
 
 Where it appears first is where it was made: non-finite values in the input batch are a data problem at that step;
 in the forward pass, the first layer in forward order that produced them; a loss that is non-finite while the
@@ -58,10 +60,13 @@ class NonFiniteDetector(Detector):
             if not math.isfinite(norm):
                 inside = True
                 layers.append(_finding(EventType.ACTIVATION, key[0], {"output_norm": norm}, call=key[1]))
-        # a non-finite value in the input or the model's output that no layer output, the loss nor any gradient of
-        # the step holds never reached the training: the model's own code dealt with it (missing values imputed
-        # in forward, a mask of -inf added to the logits of moves that are not allowed)
-        contained = not inside and _signal_finite(data)
+        # a non-finite value in the input, a layer's output or the model's output that neither the loss nor any
+        # gradient of the step holds never reached the training: the model's own code dealt with it (missing values
+        # imputed in forward, a mask of -inf added to the logits of moves that are not allowed, the NaN rows a
+        # softmax module gives fully masked rows, zeroed by nan_to_num after it)
+        contained = _signal_finite(data)
+        if contained:
+            layers = []
         if data.input_norm is not None:
             obs.saw(EventType.INPUT, "")
             if not math.isfinite(data.input_norm) and not contained:
@@ -243,13 +248,17 @@ class NonFinite(Kind):
             )
         else:
             what = (
-                f"{topo.describe(root.layer)} produced non-finite values (inf or NaN) at step {k} while its input "
-                "was finite" + (f"; they spread to {len(spread)} later layers" if spread else "") + "."
+                f"{topo.describe(root.layer)} produced non-finite values (inf or NaN) at step {k} while the input "
+                "batch and the outputs of the layers before it were finite"
+                + (f"; they spread to {len(spread)} later layers" if spread else "")
+                + ", and they reached the loss or the gradients."
             )
             fix = (
                 f"guard the computation in '{root.layer}': clamp before log, sqrt or pow, add an epsilon to "
-                "divisions, and check its weights for inf; if values grew before turning non-finite, lower the "
-                "learning rate."
+                "divisions, and check its weights for inf; a softmax over scores masked with -inf gives NaN on a "
+                "row masked everywhere (a sequence that is all padding): leave one position unmasked or zero those "
+                "rows after it, before anything reaches the loss; if values grew before turning non-finite, lower "
+                "the learning rate."
             )
         return what, fix
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neuraldbg import EventType, FailureKind
+from neuraldbg import EventType, FailureKind, NeuralDbg
 
 # --------------------------------------------------------------------------------------------- non-finite
 
@@ -171,3 +171,73 @@ def test_a_mask_of_minus_inf_added_to_the_logits_is_not_a_non_finite_failure():
     _, bad = _fit(Masked(), _moves(legal_target=False), F.cross_entropy, watched=True, steps=5)
     assert bad is not None and bad.hypotheses()[0].kind is FailureKind.NON_FINITE
     assert bad.hypotheses()[0].root.step_start == 0
+
+
+class MaskedPool(nn.Module):
+    """Attention pooling over tokens with padding masked by -inf before an ``nn.Softmax`` module: a sequence that
+    is all padding gives a row of NaN, zeroed by ``nan_to_num`` after the softmax (``where="attention"``) or only
+    on the logits (``where="logits"``: the forward is finite, the NaN flows back into the gradients)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.where = where
+        self.emb = nn.Embedding(10, 32, padding_idx=0)
+        self.score = nn.Linear(32, 1)
+        self.softmax = nn.Softmax(dim=-1)
+        self.head = nn.Linear(32, 2)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.emb(tokens)
+        weights = self.softmax(self.score(h).squeeze(-1).masked_fill(tokens == 0, float("-inf")))
+        if self.where == "attention":
+            weights = torch.nan_to_num(weights, nan=0.0)
+        logits = self.head((weights[..., None] * h).sum(1))
+        return torch.nan_to_num(logits, nan=0.0) if self.where == "logits" else logits
+
+
+def _token_batch(n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequences of 0-8 tokens padded to 8 (about one in nine all padding); the label: whether token 3 occurs."""
+    lengths = torch.randint(0, 9, (n,), generator=g)
+    tokens = torch.randint(1, 10, (n, 8), generator=g) * (torch.arange(8) < lengths[:, None])
+    return tokens, ((tokens == 3).sum(1) > 0).long()
+
+
+def _pool_run(where: str, steps: int = 200) -> tuple[NeuralDbg, MaskedPool, list[bool], bool]:
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    model = MaskedPool(where)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    finite, nan_rows = [], False
+    with NeuralDbg(model) as dbg:
+        for _ in range(steps):
+            tokens, y = _token_batch(64, g)
+            with torch.no_grad():
+                scores = model.score(model.emb(tokens)).squeeze(-1).masked_fill(tokens == 0, float("-inf"))
+                nan_rows = nan_rows or bool(torch.isnan(model.softmax(scores)).any())
+            opt.zero_grad()
+            loss = F.cross_entropy(model(tokens), y)
+            loss.backward()
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            finite.append(bool(torch.isfinite(loss)) and all(bool(torch.isfinite(gr).all()) for gr in grads))
+            opt.step()
+    return dbg, model, finite, nan_rows
+
+
+def test_nan_rows_of_a_softmax_module_zeroed_before_the_loss_are_not_a_non_finite_failure():
+    dbg, model, finite, nan_rows = _pool_run("attention")
+    # plain torch: the softmax module gives NaN rows for sequences that are all padding, yet every loss and every
+    # gradient is finite and the model learns the task
+    tokens, y = _token_batch(2000, torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        accuracy = float((model(tokens).argmax(1) == y).float().mean())
+    assert nan_rows and all(finite)
+    assert accuracy > 0.95 and accuracy > float(y.float().mean()) + 0.2
+    assert dbg.healthy, dbg.explain_failure()
+
+
+def test_nan_rows_of_a_softmax_module_that_reach_the_gradients_are_found_at_the_softmax():
+    dbg, _, finite, nan_rows = _pool_run("logits", steps=20)
+    # plain torch: the loss is finite (the logits are cleaned) but the first step's gradients hold NaN
+    assert nan_rows and not finite[0]
+    top = dbg.hypotheses()[0]
+    assert top.kind is FailureKind.NON_FINITE and top.root.layer == "softmax" and top.root.step_start == 0
