@@ -86,6 +86,24 @@ def role_of(module: nn.Module, derivative: float, parametric: bool | None = None
     return Role.OTHER, None
 
 
+def _unit_original(module: nn.Module, params: naming.Parameters) -> str | None:
+    """The parameter a parametrized weight is computed from whose rows are the layer's output units, read as it is
+    (nothing is computed): weight_norm's direction ``original1`` (its magnitude ``original0`` has one element per
+    unit), spectral_norm's ``original``. None when no original has one row per unit."""
+    units = next((n for a in _UNIT_COUNTS if isinstance(n := getattr(module, a, None), int)), None)
+    holder = module.parametrizations["weight"]  # type: ignore[index]
+    originals = [
+        (p.numel, p.name)
+        for p in params.owned_by(holder)
+        if p.tensor.dim() >= 1 and p.tensor.shape[0] == units and p.piece is None
+    ]
+    return max(originals)[1] if originals else None
+
+
+#: The attribute that counts a unit layer's output units.
+_UNIT_COUNTS = ("out_features", "out_channels", "num_features")
+
+
 def describe(model: nn.Module, derivative: float) -> dict[str, LayerInfo]:
     """LayerInfo for the model itself ("") and every watched module, keyed by its user name (see
     :mod:`neuraldbg.model.naming`: wrappers such as DDP or FSDP are seen through)."""
@@ -98,11 +116,14 @@ def describe(model: nn.Module, derivative: float) -> dict[str, LayerInfo]:
         if isinstance(module, _UNIT_LAYERS):
             # A parametrized weight is computed on every read, and reading it may change the run: spectral_norm's
             # power iteration updates its vectors at each read in train mode. It is never an own parameter.
-            weight = None if parametrize.is_parametrized(module, "weight") else getattr(module, "weight", None)
-            own_name = f"{name}.weight" if name else "weight"
-            unit_weight = next(
-                (p.name for p in own if p.tensor is weight or (p.piece is not None and p.name == own_name)), None
-            )
+            if parametrize.is_parametrized(module, "weight"):
+                unit_weight = _unit_original(module, params)
+            else:
+                weight = getattr(module, "weight", None)
+                own_name = f"{name}.weight" if name else "weight"
+                unit_weight = next(
+                    (p.name for p in own if p.tensor is weight or (p.piece is not None and p.name == own_name)), None
+                )
         infos[name] = LayerInfo(
             name=name,
             type_name=naming.class_name(module),

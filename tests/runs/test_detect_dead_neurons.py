@@ -3,9 +3,11 @@ and shared activations, convolution channels after batch norm, a layer that dies
 
 from __future__ import annotations
 
+import pytest
 import support
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.parametrizations import spectral_norm, weight_norm
 
 from neuraldbg import FailureKind
 
@@ -35,9 +37,14 @@ def test_a_relu_layer_killed_by_its_bias_is_dead_from_step_0_and_blamed_on_that_
     assert len(dbg.hypotheses()) == 1
 
 
-def test_dead_units_behind_a_functional_relu_are_found_on_the_layer_that_feeds_it():
+@pytest.mark.parametrize("parametrized", [None, weight_norm, spectral_norm])
+def test_dead_units_behind_a_functional_relu_are_found_on_the_layer_that_feeds_it(parametrized):
+    """Also when the layer's weight is parametrized (weight_norm, spectral_norm): computed from tensors a
+    parametrization holds, its rows still the units."""
     torch.manual_seed(0)
     model = support.FunctionalMLP()
+    if parametrized is not None:
+        model.fc2 = parametrized(model.fc2)
     with torch.no_grad():
         model.fc2.bias.fill_(-30.0)
     batches = support.regression_batches()
