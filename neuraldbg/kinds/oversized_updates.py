@@ -76,19 +76,22 @@ class UpdateSurgeDetector(Detector):
         if census.at_lr_zero:
             obs.saw(self.event_type, "")  # nothing moved: no surge (a stall, the stalled detector's)
             return obs
-        if not (census.ratios and (census.moving or census.stepped_ever)):
+        layers, ratios = census.layers, census.ratios
+        if not ratios:  # every gradient exactly zero: the weights the optimizer's momentum still moves
+            layers, ratios = _carried(view)
+        if not (ratios and (census.moving or census.stepped_ever)):
             return obs
         obs.saw(self.event_type, "")
-        median, top = self._ratios(view, census.layers, census.ratios)
+        median, top = self._ratios(view, layers, ratios)
         limit = view.ctx.config.exploding_update_ratio
         if median <= limit:
             self._start, self._worse = None, False
             self._calm_step(view)
             return obs
         worse = self._getting_worse(view)
-        metrics = census.ratio_metrics()
+        metrics = census.ratio_metrics() if census.ratios else ({"lr": census.lr} if census.lr is not None else {})
         metrics["median_update_ratio"] = median
-        metrics["max_update_ratio"] = max(top, metrics["max_update_ratio"])
+        metrics["max_update_ratio"] = max(top, metrics.get("max_update_ratio", top))
         grads = [g.norm for g in view.layer_gradients.values() if math.isfinite(g.norm)]
         if grads:
             metrics["max_layer_grad_norm"] = max(grads)
@@ -187,6 +190,21 @@ class UpdateSurgeDetector(Detector):
         """A step without large updates: its readings are where the fit stands."""
         for name, value in self._readings(view).items():
             self._calm[name].append(value)
+
+
+def _carried(view: StepView) -> tuple[list[str], list[float]]:
+    """The layers whose gradient is exactly zero at this step and whose weights moved all the same, with their update
+    ratios: what moves them is the optimizer's momentum, at its learning rate (Adam after one step that saturated
+    every unit keeps moving the weights by a fraction of the learning rate per element for tens of steps). The
+    census leaves such layers out (no gradient, no update of their own); a run of large updates is followed through
+    them."""
+    grads = view.layer_gradients
+    layers = [
+        layer
+        for layer, u in view.layer_updates.items()
+        if layer in grads and grads[layer].exact_zero and u.delta > 0 and u.weight > 0 and math.isfinite(u.ratio)
+    ]
+    return layers, [view.layer_updates[layer].ratio for layer in layers]
 
 
 def _logs(values: list[float]) -> list[float]:
