@@ -91,7 +91,9 @@ def _unit_original(module: nn.Module, params: naming.Parameters) -> str | None:
     (nothing is computed): weight_norm's direction ``original1`` (its magnitude ``original0`` has one element per
     unit), spectral_norm's ``original``. None when no original has one row per unit."""
     units = next((n for a in _UNIT_COUNTS if isinstance(n := getattr(module, a, None), int)), None)
-    holder = module.parametrizations["weight"]  # type: ignore[index]
+    holder = module.parametrizations["weight"]
+    if not isinstance(holder, nn.Module):
+        return None
     originals = [
         (p.numel, p.name)
         for p in params.owned_by(holder)
