@@ -91,8 +91,9 @@ def _unit_original(module: nn.Module, params: naming.Parameters) -> str | None:
     (nothing is computed): weight_norm's direction ``original1`` (its magnitude ``original0`` has one element per
     unit), spectral_norm's ``original``. None when no original has one row per unit."""
     units = next((n for a in _UNIT_COUNTS if isinstance(n := getattr(module, a, None), int)), None)
-    holder = module.parametrizations["weight"]
-    if not isinstance(holder, nn.Module):
+    holders = module.parametrizations
+    holder = holders["weight"] if isinstance(holders, nn.ModuleDict) and "weight" in holders else None
+    if holder is None:
         return None
     originals = [
         (p.numel, p.name)
