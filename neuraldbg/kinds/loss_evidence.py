@@ -104,6 +104,9 @@ class Curve:
     # the loss on samples the model had never seen stayed at chance while it memorised the ones it saw again (see
     # :func:`memorised`): its numbers, or None
     memorised: dict[str, float] | None = None
+    # a cross-entropy whose first loss lay far above chance (logits scaled up at the start: a contrastive model's
+    # temperature, an angular margin's scale): it may end above chance and still have learned
+    scaled_start: bool = False
 
     @property
     def level(self) -> float | None:
@@ -151,7 +154,7 @@ class Curve:
         """The loss ends above the band around log(classes), where it began: training made the predictions worse
         than a guess."""
         c = self.chance
-        return c is not None and self.end.mean > (1 + self.band) * c
+        return c is not None and not self.scaled_start and self.end.mean > (1 + self.band) * c
 
 
 def skipped(coverage: Coverage) -> str:
@@ -517,8 +520,13 @@ def read(coverage: Coverage, config: DebugConfig) -> Curve | None:
         second, stopped, falling, half_noise = (end.mean, end.mean), False, False, math.nan
     facts = coverage.training
     classes, level = chance_level(coverage)
-    # the output has classes and its first loss is an untrained classifier's
-    untrained = level is not None and bool(trace.first) and 0.75 * level <= trace.first[0][1] <= level / 0.75
+    # the output has classes and its first loss is an untrained classifier's: near chance, or above it when the
+    # loss is known to be a cross-entropy (its labels were read): logits scaled up at the start (a contrastive
+    # model's temperature of 0.07, an oversized initialisation) put an untrained classifier's loss far above chance
+    first = trace.first[0][1] if trace.first else math.nan
+    ceiling = level / 0.75 if level is not None else math.nan
+    scaled_start = bool(coverage.label_classes) and first > ceiling
+    untrained = level is not None and 0.75 * level <= first and (first <= ceiling or scaled_start)
     chance = level if untrained else None
     targets = target_chance(coverage) or ("", math.nan, math.nan)
     return Curve(
@@ -541,6 +549,7 @@ def read(coverage: Coverage, config: DebugConfig) -> Curve | None:
         baseline=targets[0],
         target_level=targets[1],
         target_pooled=targets[2],
+        scaled_start=scaled_start,
     )
 
 
