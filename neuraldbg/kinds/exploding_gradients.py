@@ -370,6 +370,17 @@ class ExplodingGradients(Kind):
                 )
         if nonfinite:
             what += f" Values turn non-finite at step {min(e.step_start for e in nonfinite)}."
+        fell = unbounded_fall(series)
+        if fell is not None:
+            what += (
+                f" Meanwhile the loss fell without bound, from {num(fell[0])} to {num(fell[1])}: a term of it has no "
+                "lower bound, and the gradients grow as it is pushed down."
+            )
+            fix = (
+                "check the sign of each term of the loss: a divergence or a penalty subtracted instead of added (a "
+                "VAE's KL term with its sign flipped) is maximised without bound, and so is a likelihood whose "
+                "variance may shrink to zero; lowering the learning rate only slows that. Then " + fix
+            )
         return what, fix
 
     def describe(self, event: SemanticEvent) -> str:
@@ -395,6 +406,22 @@ class ExplodingGradients(Kind):
         if is_state(event.to_state, ActivationHealth.AMPLIFYING):
             return "layers amplifying their input"
         return "exploding gradients"
+
+
+#: A loss that falls below minus this many times the size of its first value (or of 1) fell without bound: no
+#: fit of a loss bounded below gets there.
+UNBOUNDED = 1000.0
+
+
+def unbounded_fall(series: Series | None) -> tuple[float, float] | None:
+    """(first, lowest) finite loss of the run when the loss fell without bound (see :data:`UNBOUNDED`), else None."""
+    if series is None:
+        return None
+    finite = [v for _, v in series("loss", "") if math.isfinite(v)]
+    if not finite:
+        return None
+    lowest = min(finite)
+    return (finite[0], lowest) if lowest < -UNBOUNDED * max(1.0, abs(finite[0])) else None
 
 
 def lower_lr(lr: float | None) -> str:
