@@ -21,6 +21,7 @@ from ..kinds.base import Kind
 from ..model.info import LayerInfo, owner_of_params
 from ..stats.history import History, Series
 from ..stats.step import SlotKey, StepData
+from ..stats.training import input_rms
 from .tracker import Tracker
 
 
@@ -114,6 +115,9 @@ class Analyzer:
             return
         if data.stepped:
             add("lr", "", step, max(data.stepped.values()))
+        rms = input_rms(data, self.coverage.training.entry_scale)
+        if math.isfinite(rms):
+            add("input_rms", "", step, rms)
         top = 0.0
         for layer, g in view.layer_gradients.items():
             add("grad_norm", layer, step, g.norm)

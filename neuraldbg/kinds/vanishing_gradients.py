@@ -368,6 +368,16 @@ class VanishingGradients(Kind):
                 "activation (ReLU, GELU) instead of sigmoid/tanh, and use Kaiming (ReLU) or Xavier (tanh) "
                 "initialisation."
             )
+        raw = _raw_input(root, topo, series)
+        if raw is not None and not all_zero:
+            what += (
+                f" The input batch enters {topo.describe(root.layer)}, the first layer it meets, at root-mean-square "
+                f"{num(raw)}, far from unit scale: its gates and saturating units are pinned there."
+            )
+            fix = (
+                "standardise the inputs (subtract each feature's mean, divide by its standard deviation, computed on "
+                "the training data) before they reach the model; then, if gradients still vanish, " + fix
+            )
         return what, fix
 
     def describe(self, event: SemanticEvent) -> str:
@@ -381,3 +391,17 @@ class VanishingGradients(Kind):
 
     def effect(self, event: SemanticEvent) -> str:
         return "vanishing or zero gradients"
+
+
+def _raw_input(root: SemanticEvent, topo: Topology, series: Series) -> float | None:
+    """The input batch's root-mean-square over the first quarter of the run (its median) when it lies far from unit
+    scale (see :data:`.loss_evidence.RAW_INPUT_RMS`) and ``root`` is the first layer with parameters the input meets
+    (a recurrent layer fed raw values in the thousands: its gates saturate at once); else None."""
+    first = next((name for name in topo.order if name and topo.roles.get(name) in ("parametric", "gated")), None)
+    points = series("input_rms", "") if series is not None and root.layer == first else []
+    if not points:
+        return None
+    quarter = max(points[0][0], topo.last_step // 4)
+    early = sorted(v for step, v in points if step <= quarter)
+    raw = early[len(early) // 2]
+    return raw if math.isfinite(raw) and raw >= loss_evidence.RAW_INPUT_RMS else None

@@ -69,14 +69,7 @@ class TrainingFacts:
         grads = [g for g in record.grad.values() if math.isfinite(g)]
         decayed = record.decayed
         kept = [w for name, (d, w) in record.update.items() if decayed and name in decayed and math.isfinite(w)]
-        rms = math.nan
-        if record.input_norm is not None and record.input_numel:
-            rms = record.input_norm / math.sqrt(record.input_numel)
-        scale = record.input_scale
-        if scale is not None and math.isfinite(scale) and scale > 0 and not rms >= scale:
-            rms = scale  # data arguments after the first one, larger
-        if self.entry_scale is not None and rms > self.entry_scale:
-            rms = self.entry_scale  # rescaled in the model's forward before any layer with parameters met it
+        rms = input_rms(record, self.entry_scale)
         self.rows.append(
             Row(
                 step=record.step,
@@ -136,3 +129,18 @@ class TrainingFacts:
             if seen == cut and i + 1 < len(weighted):
                 return (value + weighted[i + 1][0]) / 2
         return weighted[-1][0]
+
+
+def input_rms(record: StepData, entry_scale: float | None) -> float:
+    """The root-mean-square of a step's input batch (NaN: no floating input): the largest of its data arguments',
+    capped by ``entry_scale``, the scale at which the data entered the first layers with parameters (data rescaled
+    in the model's forward before any layer with parameters met it)."""
+    rms = math.nan
+    if record.input_norm is not None and record.input_numel:
+        rms = record.input_norm / math.sqrt(record.input_numel)
+    scale = record.input_scale
+    if scale is not None and math.isfinite(scale) and scale > 0 and not rms >= scale:
+        rms = scale  # data arguments after the first one, larger
+    if entry_scale is not None and rms > entry_scale:
+        rms = entry_scale
+    return rms
