@@ -360,7 +360,9 @@ class VanishingGradients(Kind):
         if all_zero:
             fix = (
                 "the gradients are exactly zero: the loss does not depend on these parameters - look for a "
-                ".detach(), an argmax or comparison, or a ReLU that is dead for every input on the path to the loss."
+                ".detach(), an argmax or comparison, or a ReLU that is dead for every input on the path to the loss; "
+                "two factors of a product both initialised to zero (a LoRA adapter's A and B) give each other none: "
+                "initialise one of them randomly."
             )
         else:
             fix = (
