@@ -756,7 +756,8 @@ def causes(m: dict[str, float], finding: str) -> list[Cause]:
                 2.9,
                 "gradient clipping to a tiny norm",
                 f"clipping made the gradients {num(clip)} times smaller than the backward pass left them",
-                "raise max_norm of clip_grad_norm_ (1.0 is usual) or remove the clipping",
+                "raise the clipping's threshold (max_norm of clip_grad_norm_, 1.0 is usual, or clip_value of "
+                "clip_grad_value_) or remove the clipping",
             )
         )
     trained = m.get("trained")

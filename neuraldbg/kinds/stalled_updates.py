@@ -369,8 +369,9 @@ def _explain_clipped(events: list[SemanticEvent], topo: Topology) -> tuple[str, 
         f"{num(ratio)} of their norm per step or less, while the rest of the model trains. They barely learn."
     )
     fix = (
-        "raise max_norm of the clip_grad_norm_ (or clip_gradients) call over these parameters - 1.0 is usual - or "
-        "remove it; an optimizer that rescales the gradient (Adam) is seldom held still by clipping."
+        "raise the threshold of the clipping over these parameters (max_norm of clip_grad_norm_ or "
+        "clip_gradients - 1.0 is usual -, clip_value of clip_grad_value_) or remove it; an optimizer that rescales "
+        "the gradient (Adam) is seldom held still by clipping."
     )
     return what, fix
 
@@ -414,8 +415,8 @@ def _explain_run(m: dict[str, float]) -> tuple[str, str]:
     clip = m.get("clip")
     if clip is not None and clip >= loss_evidence.TINY_CLIP:
         fix = (
-            f"raise max_norm of clip_grad_norm_ (it made the gradients {num(clip)} times smaller; 1.0 is usual) or "
-            "remove the clipping."
+            f"raise the clipping's threshold (it made the gradients {num(clip)} times smaller): max_norm of "
+            "clip_grad_norm_ (1.0 is usual) or clip_value of clip_grad_value_; or remove the clipping."
         )
     elif total == 0:
         fix = (

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from ..events import FailureKind, SemanticEvent
+from ..events import EventType, FailureKind, SemanticEvent
 from ..kinds import registry
 from ..text import num, quoted
 from .hypothesis import Coupling
@@ -34,7 +34,11 @@ def effects(chain: Sequence[SemanticEvent], topo: Topology) -> str:
         layers = list(dict.fromkeys(e.param or e.layer for e in sorted(evs, key=topo.event_position)))
         start = min(e.step_start for e in evs)
         where = "in the model" if layers == [""] else f"in {quoted(layers)}"
-        parts.append(f"{words} {where} (from step {start})")
+        # a loss finding judges the run's curve as a whole: its first step is the run's, not when the loss went wrong
+        over_the_run = all(
+            e.event_type is EventType.RUN and e.kind is not None and registry.room(e.kind).loss_symptom for e in evs
+        )
+        parts.append(f"{words} {where} ({'over the run' if over_the_run else f'from step {start}'})")
     parts = list(dict.fromkeys(parts))  # two events of one kind in the same place and step read the same
     return "It caused " + "; ".join(parts) + "." if parts else ""
 

@@ -162,6 +162,7 @@ def test_sgd_clipped_to_a_tiny_norm_is_found_and_the_fix_names_the_clipping():
     _, _, dbg = train(1e-3, watched=True)
     assert dbg is not None and stalled_run_events(dbg), dbg.explain_failure()
     assert "clip_grad_norm_" in dbg.explain_failure()[0]
+    assert "clip_value of clip_grad_value_" in dbg.explain_failure()[0]  # the other way of clipping, named too
     _, _, healthy = train(1.0, watched=True)
     assert healthy is not None and healthy.healthy, healthy.explain_failure()
 

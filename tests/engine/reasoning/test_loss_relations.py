@@ -45,3 +45,18 @@ def test_zero_gradients_from_the_first_readings_come_first():
     zero = run_event(FailureKind.DEGENERATE_LOSS, 3, 99, "", steps=100.0, zero_steps=97.0, early_zero=8.0)
     hypotheses = diagnose([zero, dead], TOPO, builtin_rules())
     assert hypotheses[0].kind is FailureKind.DEGENERATE_LOSS
+
+
+def test_a_loss_finding_a_fault_explains_is_said_to_hold_over_the_run_not_from_its_first_step():
+    """A loss finding judges the whole curve: its first step is the run's, not when the loss went wrong, so a fault
+    that began at step 40 is not said to have caused something 'from step 0'; other effects keep their step."""
+    dead = dead_layer(40)
+    loss = run_event(FailureKind.LOSS_AT_CHANCE, 0, 99, "", start=2.3, end=2.3, noise=0.05, losses=100.0)
+    vanishing = SemanticEvent(
+        EventType.GRADIENT, FailureKind.VANISHING_GRADIENTS, "0", None, 41, 99, None, "vanishing", {}, 0.8
+    )
+    hypotheses = diagnose([loss, dead, vanishing], TOPO, builtin_rules())
+    assert hypotheses[0].kind is FailureKind.DEAD_NEURONS and loss in hypotheses[0].chain
+    text = hypotheses[0].explanation
+    assert "in the model (over the run)" in text and "(from step 0)" not in text, text
+    assert "(from step 41)" in text, text
