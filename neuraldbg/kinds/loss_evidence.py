@@ -710,6 +710,9 @@ class Cause:
 
 
 _LR_HIGH = "lower the learning rate (10x at a time), or add a warm-up"
+#: A loss at chance whose first stretch averaged below chance by this many widths of the band of chance had learned
+#: something before it rose back: not labels that never matched their inputs.
+UNLEARNED = 2.0
 
 
 def causes(m: dict[str, float], finding: str) -> list[Cause]:
@@ -725,6 +728,17 @@ def causes(m: dict[str, float], finding: str) -> list[Cause]:
                 "learning rate too high",
                 f"each update changed the weights by {num(early)} of their norm over the first quarter of the "
                 f"run{after}",
+                _LR_HIGH,
+            )
+        )
+    level, start = m.get("prior", m.get("chance")), m.get("start")
+    if finding == "chance" and level is not None and start is not None and start < (1 - UNLEARNED * m["band"]) * level:
+        found.append(
+            Cause(
+                3.2,
+                "learning rate too high",
+                f"the loss had fallen to {num(start)} over the first part of the run, well below chance, and rose "
+                "back to it: training undid what it had learned (a learning rate, or a warm-up's peak, too high)",
                 _LR_HIGH,
             )
         )

@@ -78,7 +78,7 @@ class UpdateSurgeDetector(Detector):
             return obs
         layers, ratios = census.layers, census.ratios
         if not ratios:  # every gradient exactly zero: the weights the optimizer's momentum still moves
-            layers, ratios = _carried(view)
+            layers, ratios = _carried(view, census.layer_lrs)
         if not (ratios and (census.moving or census.stepped_ever)):
             return obs
         obs.saw(self.event_type, "")
@@ -192,17 +192,23 @@ class UpdateSurgeDetector(Detector):
             self._calm[name].append(value)
 
 
-def _carried(view: StepView) -> tuple[list[str], list[float]]:
-    """The layers whose gradient is exactly zero at this step and whose weights moved all the same, with their update
-    ratios: what moves them is the optimizer's momentum, at its learning rate (Adam after one step that saturated
-    every unit keeps moving the weights by a fraction of the learning rate per element for tens of steps). The
-    census leaves such layers out (no gradient, no update of their own); a run of large updates is followed through
-    them."""
+def _carried(view: StepView, stepped: dict[str, float]) -> tuple[list[str], list[float]]:
+    """The layers whose gradient is exactly zero at this step and whose weights moved all the same, stepped with a
+    positive learning rate (``stepped``: each layer's), with their update ratios: what moves them is the
+    optimizer's momentum, at its learning rate (Adam after one step that saturated every unit keeps moving the
+    weights by a fraction of the learning rate per element for tens of steps). The census leaves such layers out
+    (no gradient, no update of their own); a run of large updates is followed through them. Weights written by the
+    loop itself under a learning rate of 0 are not the optimizer's doing."""
     grads = view.layer_gradients
     layers = [
         layer
         for layer, u in view.layer_updates.items()
-        if layer in grads and grads[layer].exact_zero and u.delta > 0 and u.weight > 0 and math.isfinite(u.ratio)
+        if layer in grads
+        and grads[layer].exact_zero
+        and stepped.get(layer, 0.0) > 0
+        and u.delta > 0
+        and u.weight > 0
+        and math.isfinite(u.ratio)
     ]
     return layers, [view.layer_updates[layer].ratio for layer in layers]
 
