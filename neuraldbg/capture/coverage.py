@@ -34,6 +34,8 @@ SCALE_FLOOR = 1.0
 #: The first gradient readings of a run: a loss whose gradient is exactly zero on most of them gave none from the
 #: start (a fit that converged to an exact zero, a margin loss, had gradients first).
 EARLY_READINGS = 8
+#: The weight of each new reading in the running mean of the losses of readings with a gradient (about the last 20).
+GIVEN_PACE = 0.05
 #: Skipped steps whose numbers are kept to show (the count is exact).
 #: Fully observed steps whose label mix is kept (see capture/label_mix.py).
 LABEL_STEPS = 1024
@@ -146,6 +148,10 @@ class Coverage:
     # batches still has gradients from its hard ones; a policy made deterministic has none again
     nonzero_after_zero: int = 0
     last_nonzero_step: int = -1
+    # the losses of the readings that had a gradient: the first ones, and a running mean of the latest (a margin met
+    # by learning leaves the hard batches' losses small; batches that give nothing leave the others as they were)
+    given_first: list[float] = field(default_factory=list)
+    given_recent: float = math.nan
     # gradients carried over from the previous optimizer step (optimizer.zero_grad() missing)
     carried_steps: int = 0
     carried_span: tuple[int, int] | None = None
@@ -393,7 +399,7 @@ class Coverage:
                 all_zero = all(v == 0.0 for v in record.grad.values())
                 self.steps_with_nonzero_gradient += not all_zero
                 # the loss gave nothing: every parameter's gradient and (when read) the output's are exactly zero
-                self._zero_reading(record.step, all_zero and record.target_grad in (None, 0.0))
+                self._zero_reading(record.step, all_zero and record.target_grad in (None, 0.0), record.loss)
             if record.target_grad is not None:
                 self.loss_gradient_readings += 1
                 self.zero_loss_gradient += record.target_grad == 0.0
@@ -406,7 +412,7 @@ class Coverage:
             if record.head_zero is not None:  # a parameter's gradient was read (the output's says nothing of them)
                 self.steps_with_gradient += 1
                 self.steps_with_nonzero_gradient += not zero
-            self._zero_reading(record.step, zero)
+            self._zero_reading(record.step, zero, record.loss)
 
     def note_affine(self, layers: int | None) -> None:
         """One walk of a forward pass's graph: the model is one affine map of ``layers`` layers, or not (None, which
@@ -424,15 +430,20 @@ class Coverage:
             kept[layer] = (units, first, step, seen + 1, spread)
         self.symmetric = kept
 
-    def _zero_reading(self, step: int, zero: bool) -> None:
+    def _zero_reading(self, step: int, zero: bool, loss: float | None = None) -> None:
         self.gradient_readings += 1
         if zero:
             self.zero_gradient_readings += 1
             self.early_zero_readings += self.gradient_readings <= EARLY_READINGS
             self.zero_steps = (self.zero_steps or (step, step))[0], step
-        else:
-            self.nonzero_after_zero += self.zero_steps is not None
-            self.last_nonzero_step = step
+            return
+        self.nonzero_after_zero += self.zero_steps is not None
+        self.last_nonzero_step = step
+        if loss is not None and math.isfinite(loss):
+            if len(self.given_first) < EARLY_READINGS:
+                self.given_first.append(loss)
+            recent = self.given_recent
+            self.given_recent = loss if math.isnan(recent) else recent + GIVEN_PACE * (loss - recent)
 
     def failed(self, step: int, what: str) -> None:
         self.failures.append((step, what))

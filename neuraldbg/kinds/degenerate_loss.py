@@ -14,13 +14,11 @@ from __future__ import annotations
 import math
 
 from ..capture.coverage import Coverage, RunFacts
-from ..config import DebugConfig
 from ..events import FailureKind, SemanticEvent
 from ..health import ActivationHealth, GradientHealth, UpdateHealth
 from ..reasoning.rules import CausalRule, ExactlyZeroGradients
 from ..reasoning.topology import Topology
 from ..text import count, num
-from . import loss_evidence
 from .base import LAST_RANK, Kind, RootLane, Series, run_event
 
 KIND = FailureKind.DEGENERATE_LOSS
@@ -34,12 +32,13 @@ STILL_GIVEN = 0.05
 FALLEN_TO = 0.25
 
 
-def converged(coverage: Coverage, config: DebugConfig) -> bool:
+def converged(coverage: Coverage) -> bool:
     """Whether the exactly-zero gradients on most steps are a margin loss that the model learned to meet (batch-hard
     triplets, hinge losses: exactly zero once every margin of a batch is met) rather than a loss that gives nothing
     to learn from: none among the first readings (it gave gradients from the start), gradients still given on some
     batches to the end (a policy made deterministic, its log-probabilities exactly 0, never gives one again), and
-    the loss fallen from its start to near its floor."""
+    the loss of the batches that still give them fallen from its start to near its floor (a mask empty on most
+    batches leaves the others' loss where it was)."""
     if coverage.early_zero_readings or coverage.zero_steps is None:
         return False
     first = coverage.zero_steps[0]
@@ -48,10 +47,9 @@ def converged(coverage: Coverage, config: DebugConfig) -> bool:
         return False
     if 4 * (coverage.last_nonzero_step - first) < 3 * (coverage.last_step - first):
         return False
-    curve = loss_evidence.read(coverage, config)
-    if curve is None or not curve.start.mean > 0:
-        return False
-    return 0 <= curve.end.mean <= FALLEN_TO * curve.start.mean
+    # judged on the readings that had a gradient only: the steps that give nothing have a loss of 0 whatever the fault
+    began = sum(coverage.given_first) / len(coverage.given_first) if coverage.given_first else math.nan
+    return began > 0 and 0 <= coverage.given_recent <= FALLEN_TO * began
 
 
 class DegenerateLoss(Kind):
@@ -68,7 +66,7 @@ class DegenerateLoss(Kind):
             and coverage.zero_loss_gradient == coverage.loss_gradient_readings
         )
         mostly = zeros >= MOSTLY_MIN and 2 * zeros >= readings
-        if not (always or mostly) or (not always and converged(coverage, facts.config)):
+        if not (always or mostly) or (not always and converged(coverage)):
             return None
         metrics = {"steps": float(coverage.steps), "zero_steps": float(zeros), "readings": float(readings)}
         if coverage.last_loss is not None and math.isfinite(coverage.last_loss):
