@@ -266,6 +266,11 @@ def _held_still(event: SemanticEvent) -> bool:
     return bool(event.layer) and "clip" in event.metrics and "run_updates" not in event.metrics
 
 
+#: A stall that lasted at most this share of the run's steps, ended before its last quarter of losses, in a run whose
+#: loss fell, passed (see :meth:`StalledUpdates.undone`).
+PASSED_SPAN = 0.25
+
+
 class StalledUpdates(Kind):
     name = KIND.value
     states = (UpdateHealth.STALLED,)
@@ -298,6 +303,18 @@ class StalledUpdates(Kind):
             metrics.update(chance=curve.chance, classes=float(curve.classes))
         finite = {k: v for k, v in metrics.items() if math.isfinite(v)}
         return run_event(KIND, curve.start.first, curve.end.last, "", **finite)
+
+    def undone(self, event: SemanticEvent, coverage: Coverage, facts: RunFacts) -> bool:
+        """A stall that passed before the fit (:func:`.loss_evidence.passed_before_the_fit`): it ended, over at most
+        :data:`PASSED_SPAN` of the run's steps, before the run's last quarter of losses, in a run whose loss fell.
+        Residual branches gated at zero by design (a ResNet's zero-initialised last BatchNorm, SkipInit's alpha,
+        LayerScale at 1e-6) under a warm-up barely move for their first few steps, their gradients far below
+        Adam's epsilon, until the gates grow; the median layer is such a branch, and then the model trains as
+        its ungated twin does (held-out accuracy 0.98-0.99 both). A stall that holds, or one the loss never got
+        past, is still reported."""
+        if event.kind is not KIND or "run_updates" in event.metrics:
+            return False
+        return loss_evidence.passed_before_the_fit(event, coverage, facts.config, PASSED_SPAN)
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
         return RootLane(7)
