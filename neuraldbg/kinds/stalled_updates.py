@@ -311,8 +311,12 @@ class StalledUpdates(Kind):
         LayerScale at 1e-6) under a warm-up barely move for their first few steps, their gradients far below
         Adam's epsilon, until the gates grow; the median layer is such a branch, and then the model trains as
         its ungated twin does (held-out accuracy 0.98-0.99 both). A stall that holds, or one the loss never got
-        past, is still reported."""
-        if event.kind is not KIND or "run_updates" in event.metrics:
+        past, is still reported, and so are stalls whose cause is a fact, not a reading: a learning rate of 0 (a
+        schedule at 0 for a stretch) and layers clipping held still. (Gated branches' updates may round to no change
+        at all in float32: that alone is no learning rate of 0.)"""
+        if event.kind is not KIND or "run_updates" in event.metrics or _held_still(event):
+            return False
+        if event.metrics.get("lr") == 0.0:
             return False
         return loss_evidence.passed_before_the_fit(event, coverage, facts.config, PASSED_SPAN)
 

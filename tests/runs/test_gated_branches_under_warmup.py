@@ -35,14 +35,15 @@ def data(n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     return x, (x[:, :4] * x[:, 4:8]).argmax(1)
 
 
-def train(gate: float, peak: float) -> tuple[NeuralDbg, float, list[float]]:
-    """(debugger, held-out accuracy, median update/weight ratio over the weight matrices per step)."""
+def train(gate: float, peak: float, paused: range = range(0)) -> tuple[NeuralDbg, float, list[float]]:
+    """(debugger, held-out accuracy, median update/weight ratio over the weight matrices per step); ``paused``: the
+    steps a schedule sets the learning rate to 0 on."""
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     x, y = data(4096, g)
     model = net(gate)
     opt = torch.optim.SGD(model.parameters(), lr=peak, momentum=0.9)
-    warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: min(1.0, 1e-3 + it / 100))
+    warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 0.0 if it in paused else min(1.0, 1e-3 + it / 100))
     weights = [p for p in model.parameters() if p.dim() == 2]
     ratios = []
     with NeuralDbg(model) as dbg:
@@ -78,3 +79,11 @@ def test_the_same_net_at_a_learning_rate_too_low_for_the_whole_run_is_a_stall():
     dbg, accuracy, ratios = train(0.0, peak=5e-6)
     assert max(ratios) < 1e-5 and accuracy < 0.4  # plain torch: nothing moves, nothing is learned
     assert FailureKind.STALLED_UPDATES in {h.kind for h in dbg.hypotheses()}, dbg.report()
+
+
+def test_a_schedule_at_zero_for_a_stretch_is_a_stall_even_when_the_run_recovers():
+    """No parameter changing at all is a fact, not a reading: the stall is reported though the loss fell after it."""
+    dbg, accuracy, ratios = train(1.0, peak=0.05, paused=range(150, 210))
+    assert max(ratios[151:210]) == 0.0 and accuracy > 0.6  # plain torch: nothing moved there; the run recovered
+    stalls = [h for h in dbg.hypotheses() if h.kind is FailureKind.STALLED_UPDATES]
+    assert stalls and 145 <= stalls[0].root.step_start <= 155, dbg.report()
