@@ -132,20 +132,17 @@ SPARED_FALL = 0.1
 #: fall tenfold through what is left, but the layer lost nearly all it could carry (hunt 24: a set transformer at 50x
 #: its learning rate kept 4 of its head's 64 ReLU units, its loss fell 37-fold, its held-out error was 25x its twin's).
 HOLLOWED = 0.1
-#: Units of a hidden layer that came back: a dead stretch over at most this share of the run's steps, ended before
-#: its last quarter of losses, in a run whose loss fell (see :meth:`DeadNeurons.undone`).
-REVIVED_SPAN = 0.25
 
 
 def _revived(event: SemanticEvent, coverage: Coverage, facts: RunFacts) -> bool:
     """Units of a hidden layer that came back: the layer read alive again after a dead stretch over at most
-    :data:`REVIVED_SPAN` of the run's steps, before the run's last quarter of losses, and the run's loss fell (against
-    its own spread; not to chance). A ReLU unit gets no gradient of its own while dead, but a BatchNorm's batch
-    statistics, the layers before it and the optimizer's momentum move its pre-activation back: hunt 20's CNN
-    (SGD 0.05, momentum 0.9) had 94 % of a BatchNorm's channels off on every sample at steps 13-20 and 34-53 % at the
-    end, and reached its twins' held-out accuracy. Dead units that stay dead to the last check, or a loss that did
-    not fall, are not undone."""
-    return loss_evidence.passed_before_the_fit(event, coverage, facts.config, REVIVED_SPAN)
+    :data:`.loss_evidence.PASSED_SPAN` of the run's steps, before the run's last quarter of losses, and the run's loss
+    fell (against its own spread; not to chance). A ReLU unit gets no gradient of its own while dead, but a BatchNorm's
+    batch statistics, the layers before it and the optimizer's momentum move its pre-activation back: hunt 20's CNN (SGD
+    0.05, momentum 0.9) had 94 % of a BatchNorm's channels off on every sample at steps 13-20 and 34-53 % at the end,
+    and reached its twins' held-out accuracy. Dead units that stay dead to the last check, or a loss that did not fall,
+    are not undone."""
+    return loss_evidence.passed_before_the_fit(event, coverage, facts.config)
 
 
 class DeadNeurons(Kind):

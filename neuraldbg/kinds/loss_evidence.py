@@ -445,17 +445,22 @@ def judged(coverage: Coverage, config: DebugConfig) -> Curve | None:
 STILL_RISING = 1.2
 
 
-def passed_before_the_fit(event: SemanticEvent, coverage: Coverage, config: DebugConfig, span: float) -> bool:
+#: A passing state lasted at most this share of the run's steps (see :func:`passed_before_the_fit`).
+PASSED_SPAN = 0.25
+
+
+def passed_before_the_fit(event: SemanticEvent, coverage: Coverage, config: DebugConfig) -> bool:
     """Whether ``event`` was a passing state of a run that then fitted: it ended (not still holding at the last
-    check), lasted at most ``span`` of the run's steps, ended before the run's last quarter of losses, and the run's
-    loss fell (against its own spread; not to chance)."""
+    check), lasted at most :data:`PASSED_SPAN` of the run's steps, ended before the run's last quarter of losses, and
+    the run's loss fell (against its own spread; not to chance). Dead units that came back, small gradients and
+    stalls that passed are undone by it."""
     if event.metrics.get("ongoing"):
         return False
     curve = read(coverage, config)
     if curve is None or curve.verdict != "fell" or curve.at_chance:
         return False
     steps = max(coverage.last_step + 1, 1)
-    return event.steps <= span * steps and event.step_end < curve.end.first
+    return event.steps <= PASSED_SPAN * steps and event.step_end < curve.end.first
 
 
 def converged(coverage: Coverage, curve: Curve) -> bool:

@@ -266,11 +266,6 @@ def _held_still(event: SemanticEvent) -> bool:
     return bool(event.layer) and "clip" in event.metrics and "run_updates" not in event.metrics
 
 
-#: A stall that lasted at most this share of the run's steps, ended before its last quarter of losses, in a run whose
-#: loss fell, passed (see :meth:`StalledUpdates.undone`).
-PASSED_SPAN = 0.25
-
-
 class StalledUpdates(Kind):
     name = KIND.value
     states = (UpdateHealth.STALLED,)
@@ -306,19 +301,19 @@ class StalledUpdates(Kind):
 
     def undone(self, event: SemanticEvent, coverage: Coverage, facts: RunFacts) -> bool:
         """A stall that passed before the fit (:func:`.loss_evidence.passed_before_the_fit`): it ended, over at most
-        :data:`PASSED_SPAN` of the run's steps, before the run's last quarter of losses, in a run whose loss fell.
-        Residual branches gated at zero by design (a ResNet's zero-initialised last BatchNorm, SkipInit's alpha,
-        LayerScale at 1e-6) under a warm-up barely move for their first few steps, their gradients far below
-        Adam's epsilon, until the gates grow; the median layer is such a branch, and then the model trains as
-        its ungated twin does (held-out accuracy 0.98-0.99 both). A stall that holds, or one the loss never got
-        past, is still reported, and so are stalls whose cause is a fact, not a reading: a learning rate of 0 (a
-        schedule at 0 for a stretch) and layers clipping held still. (Gated branches' updates may round to no change
-        at all in float32: that alone is no learning rate of 0.)"""
+        :data:`.loss_evidence.PASSED_SPAN` of the run's steps, before the run's last quarter of losses, in a run whose
+        loss fell. Residual branches gated at zero by design (a ResNet's zero-initialised last BatchNorm, SkipInit's
+        alpha, LayerScale at 1e-6) under a warm-up barely move for their first few steps, their gradients far below
+        Adam's epsilon, until the gates grow; the median layer is such a branch, and then the model trains as its
+        ungated twin does (held-out accuracy 0.98-0.99 both). A stall that holds, or one the loss never got past, is
+        still reported, and so are stalls whose cause is a fact, not a reading: a learning rate of 0 (a schedule at 0
+        for a stretch) and layers clipping held still. (Gated branches' updates may round to no change at all in
+        float32: that alone is no learning rate of 0.)"""
         if event.kind is not KIND or "run_updates" in event.metrics or _held_still(event):
             return False
         if event.metrics.get("lr") == 0.0:
             return False
-        return loss_evidence.passed_before_the_fit(event, coverage, facts.config, PASSED_SPAN)
+        return loss_evidence.passed_before_the_fit(event, coverage, facts.config)
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
         return RootLane(7)

@@ -280,11 +280,6 @@ def _grew_out(event: SemanticEvent, facts: RunFacts) -> bool:
     return grew
 
 
-#: A stretch of small gradients over at most this share of the run's steps, ended before its last quarter of losses
-#: in a run whose loss fell, passed (see :meth:`VanishingGradients.undone`): as dead units that came back do.
-PASSED_SPAN = 0.25
-
-
 class VanishingGradients(Kind):
     name = KIND.value
     # updates as large as the weights can leave a layer where it passes no gradient (a softmax or a saturating
@@ -308,13 +303,14 @@ class VanishingGradients(Kind):
 
         A small gradient from the layer's first reading that reads healthy after the event and at no step within it
         (:func:`_grew_out`) is undone too: a start small by construction that training grew out of. And a stretch
-        of small gradients that passed: it ended, over at most :data:`PASSED_SPAN` of the run's steps, before the
-        run's last quarter of losses, in a run whose loss fell (a BART under the Trainer's warm-up: its first
-        encoder layer's attention read 1e-7 of the largest gradient over steps 22-108 of 600 while cross-attention
-        learned to line up, then the loss fell from 3.9 to 0.06 and held-out accuracy reached 1.0)."""
+        of small gradients that passed: it ended, over at most :data:`.loss_evidence.PASSED_SPAN` of the run's
+        steps, before the run's last quarter of losses, in a run whose loss fell (a BART under the Trainer's
+        warm-up: its first encoder layer's attention read 1e-7 of the largest gradient over steps 22-108 of 600
+        while cross-attention learned to line up, then the loss fell from 3.9 to 0.06 and held-out accuracy reached
+        1.0)."""
         if event.kind is not KIND:
             return False
-        if loss_evidence.passed_before_the_fit(event, coverage, facts.config, PASSED_SPAN):
+        if loss_evidence.passed_before_the_fit(event, coverage, facts.config):
             return True
         m = event.metrics
         if m.get("exact_zero") != 1.0:
