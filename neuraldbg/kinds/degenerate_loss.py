@@ -32,7 +32,7 @@ STILL_GIVEN = 0.05
 FALLEN_TO = 0.25
 
 
-def converged(coverage: Coverage) -> bool:
+def margin_met(coverage: Coverage) -> bool:
     """Whether the exactly-zero gradients on most steps are a margin loss that the model learned to meet (batch-hard
     triplets, hinge losses: exactly zero once every margin of a batch is met) rather than a loss that gives nothing
     to learn from: none among the first readings (it gave gradients from the start), gradients still given on some
@@ -66,7 +66,7 @@ class DegenerateLoss(Kind):
             and coverage.zero_loss_gradient == coverage.loss_gradient_readings
         )
         mostly = zeros >= MOSTLY_MIN and 2 * zeros >= readings
-        if not (always or mostly) or (not always and converged(coverage)):
+        if not (always or mostly) or (not always and margin_met(coverage)):
             return None
         metrics = {"steps": float(coverage.steps), "zero_steps": float(zeros), "readings": float(readings)}
         if coverage.last_loss is not None and math.isfinite(coverage.last_loss):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from neuraldbg.capture.coverage import Coverage
 from neuraldbg.events import FailureKind
 from neuraldbg.kinds.base import run_event
-from neuraldbg.kinds.degenerate_loss import DegenerateLoss, converged
+from neuraldbg.kinds.degenerate_loss import DegenerateLoss, margin_met
 
 STEPS = 400
 
@@ -26,32 +26,32 @@ def run(first_zero: int = 100, every: int = 5, last_given: int = STEPS - 1, star
 
 
 def test_a_margin_loss_that_keeps_giving_gradients_on_hard_batches_to_the_end_has_converged():
-    assert converged(run())
+    assert margin_met(run())
 
 
 def test_exact_zeros_among_the_first_readings_are_a_loss_that_gave_nothing_from_the_start():
-    assert not converged(run(first_zero=3))
+    assert not margin_met(run(first_zero=3))
 
 
 def test_gradients_on_too_few_batches_after_the_zeros_began_are_not_a_converging_margin():
     coverage = run(every=40)
     assert 0 < coverage.nonzero_after_zero < 0.05 * (coverage.nonzero_after_zero + coverage.zero_gradient_readings)
     assert coverage.last_nonzero_step >= 360
-    assert not converged(coverage)
-    assert converged(run(every=15))  # a fifteenth of the batches still hard: converging
+    assert not margin_met(coverage)
+    assert margin_met(run(every=15))  # a fifteenth of the batches still hard: converging
 
 
 def test_gradients_that_stopped_before_the_last_quarter_are_a_policy_made_deterministic():
-    assert not converged(run(last_given=250))
-    assert converged(run(last_given=340))
+    assert not margin_met(run(last_given=250))
+    assert margin_met(run(last_given=340))
 
 
 def test_a_loss_that_did_not_fall_to_near_its_floor_has_not_converged():
     # a mask empty on most batches from mid-run: the loss is 0 there, but the batches that still give a gradient
     # keep theirs near where it began, and the run's mean loss, zeros included, fell all the same
-    assert not converged(run(start=0.3, end=0.25))
-    assert not converged(run(start=0.3, end=3.0))  # the hard batches' loss grew
-    assert not converged(run(start=-0.3, end=-0.6))  # a loss below zero has no floor at zero
+    assert not margin_met(run(start=0.3, end=0.25))
+    assert not margin_met(run(start=0.3, end=3.0))  # the hard batches' loss grew
+    assert not margin_met(run(start=-0.3, end=-0.6))  # a loss below zero has no floor at zero
 
 
 def test_a_loss_degenerate_on_most_steps_is_not_described_as_zero_on_every_step():
