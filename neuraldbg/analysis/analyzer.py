@@ -93,8 +93,8 @@ class Analyzer:
                 if obs is not None:
                     seen.append((detector.track_name, obs))
             self.tracker.update(record.step, seen)
+            self._count(record)  # first: the history's input scale is capped by this step's entry scale too
             self._record_history(view)
-            self._count(record)
         return self.tracker.started > started
 
     def _count(self, record: StepData) -> None:
