@@ -87,3 +87,32 @@ def test_a_schedule_at_zero_for_a_stretch_is_a_stall_even_when_the_run_recovers(
     assert max(ratios[151:210]) == 0.0 and accuracy > 0.6  # plain torch: nothing moved there; the run recovered
     stalls = [h for h in dbg.hypotheses() if h.kind is FailureKind.STALLED_UPDATES]
     assert stalls and 145 <= stalls[0].root.step_start <= 155, dbg.report()
+
+
+def test_a_layer_clipping_held_still_for_a_stretch_is_reported_even_when_the_run_recovers():
+    """Clipping that holds a layer still is a fact, not a reading: reported though the loss fell after it. An MLP
+    under Adam whose middle layer's gradient is clipped to a norm of 1e-9 over a fifth of the run (below Adam's
+    epsilon: that layer does not move), then released."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    x, y = data(4096, g)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    moved = []
+    with NeuralDbg(model) as dbg:
+        for step in range(600):
+            i = torch.randint(0, len(x), (64,), generator=g)
+            opt.zero_grad()
+            F.cross_entropy(model(x[i]), y[i]).backward()
+            if 180 <= step < 300:
+                torch.nn.utils.clip_grad_norm_(model[2].parameters(), 1e-9)
+            before = model[2].weight.detach().clone()
+            opt.step()
+            moved.append(float((model[2].weight.detach() - before).norm() / before.norm()))
+    test_x, test_y = data(2048, torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        accuracy = float((model(test_x).argmax(1) == test_y).float().mean())
+    # plain torch: the layer barely moves while clipped (Adam's momentum aside, its first steps), the run recovers
+    assert max(moved[260:300]) < 1e-5 < min(moved[310:320]) and accuracy > 0.6
+    held = [h for h in dbg.hypotheses() if h.kind is FailureKind.STALLED_UPDATES and h.root.layer == "2"]
+    assert held and "clipping" in held[0].explanation, dbg.report()
