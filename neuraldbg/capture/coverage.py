@@ -204,6 +204,9 @@ class Coverage:
     # (capture/loss_graph.py): (all integers 1.0/0.0, smallest, largest, mean variance); () when no such loss
     regression_target: tuple[float, ...] = ()
     _regression_profiles: int = 0
+    # ... when that target was broadcast across several outputs of each sample (logits given class indices):
+    # (outputs per sample, the layer whose output the prediction is, "" when not known, step first seen)
+    repeated_target: tuple[int, str, int] | None = None
     # a causal LM that shifts its labels itself, given labels that already are the next input token: the largest
     # share of such labels over the first forward passes (None: not a causal LM given input_ids and labels)
     labels_ahead: float | None = None

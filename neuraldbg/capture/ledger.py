@@ -227,6 +227,9 @@ class GradLedger:
             # a mean squared error's target is profiled now: the backward pass frees what the graph saved
             found = loss_graph.regression(checked) if checked else None
             profile = target_profile(found.target) if found is not None else None
+            if found is not None and found.outputs > 1 and rec.coverage.repeated_target is None:
+                layer = (rec.forward.nodes or {}).get(found.node, "")
+                rec.coverage.repeated_target = (found.outputs, layer, rec.pending.data.step)
             # ... and so is the input of an nll_loss that no log_softmax produced: are its values log-probabilities?
             nll = loss_graph.log_probabilities(checked) if checked else None
             gap = (log_prob_gap(nll.values), nll.node, nll.loss, nll.direct, nll.dim) if nll is not None else None

@@ -33,6 +33,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 #: Graph nodes looked at from the loss, at most (a loss node is a few nodes from the loss: a mean, a weight).
@@ -153,11 +154,16 @@ class ActivatedInput:
 
 @dataclass(frozen=True, slots=True)
 class Regression:
-    """A mean squared error (mean reduction) on a prediction of one value per sample: the target it saved (to be
-    profiled by the caller, then dropped) and how many samples the prediction holds."""
+    """A mean squared error (mean reduction) whose target holds one value per sample: the target it saved (to be
+    profiled by the caller, then dropped; one value per sample) and how many samples the prediction holds.
+    ``outputs`` > 1: the prediction holds that many values per sample and the one target was broadcast across them
+    (``mse_loss(logits, labels.float().unsqueeze(1))``), each compared with it; ``node``: the identity of the graph
+    node that produced the prediction then (to name the layer whose output it is)."""
 
     target: Tensor
     samples: int
+    outputs: int = 1
+    node: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -646,13 +652,26 @@ def _parameters(node: object) -> dict[int, Tensor]:
 
 def _regression(node: object) -> Regression | None:
     """The MSE node's target when its reduction is the mean and its prediction holds one value per sample (a
-    column ``(N, 1)`` or a vector ``(N,)``, the shape of a regression on one number per sample); else None."""
+    column ``(N, 1)`` or a vector ``(N,)``, the shape of a regression on one number per sample), or holds several,
+    ``(N, C)``, against one target value per sample that was broadcast across them (its stride along the columns
+    is 0: torch's ``mse_loss`` expands a ``(N, 1)`` target, with a warning; a target copied C times is not seen);
+    else None."""
     if getattr(node, "_saved_reduction", None) != _MEAN:
         return None
     prediction, target = getattr(node, "_saved_self", None), getattr(node, "_saved_target", None)
     if not isinstance(prediction, Tensor) or not isinstance(target, Tensor):
         return None
     shape = prediction.shape
+    if (
+        prediction.dim() == 2
+        and shape[0] >= 2
+        and shape[1] >= 2
+        and target.shape == shape
+        and target.layout is torch.strided
+        and target.stride(1) == 0
+        and target.stride(0) != 0
+    ):
+        return Regression(target[:, :1], int(shape[0]), int(shape[1]), id(_first_input(node)))
     one_each = prediction.dim() == 1 or (prediction.dim() == 2 and shape[1] == 1)
     if not one_each or target.numel() != prediction.numel() or prediction.numel() < 2:
         return None

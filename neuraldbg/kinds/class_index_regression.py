@@ -18,6 +18,13 @@ What it cannot see: a model trained long enough to memorise the indices of its t
 regressing 10 class indices explains 94 % of their variance after 30 epochs, yet still classifies 28 % of the
 held-out images right against the classifier's 84 %); the harm is then on held-out data only.
 
+The same labels given to a classifier's logits, ``mse_loss(logits, labels.float().unsqueeze(1))``: the one target
+per sample is broadcast across the C outputs (torch warns that the target's size differs from the input's and goes
+on), so every output is pulled to the class index and the outputs cannot rank the classes. That is reported from
+the shapes and the target's integers alone, whatever the loss did: the outputs fit the index well (plain torch: an
+8x8-image CNN's MSE ends at 3 % of the labels' variance while its argmax is right on 23-37 % of held-out images,
+four classes), and two integer values are enough there (two outputs given 0/1 labels).
+
 Not judged: a target with a fractional value (a regression on measured values), with fewer than three values
 (0/1 under MSE is a Brier score), with negative values or more than :data:`MOST_VALUES` of them (wide counts,
 0-255 pixels), a prediction of more than one value per sample (an image, a feature map), a summed MSE, and a run whose
@@ -57,6 +64,8 @@ class ClassIndexRegression(Kind):
             return None
         integer, low, high, variance = coverage.regression_target
         values = high - low + 1
+        if coverage.repeated_target is not None:
+            return _repeated(coverage, coverage.repeated_target)
         if integer < 1 or low < 0 or not FEWEST_VALUES <= values <= MOST_VALUES or not variance > 0:
             return None
         curve = loss_evidence.judged(coverage, facts.config)
@@ -92,6 +101,23 @@ class ClassIndexRegression(Kind):
     ) -> tuple[str, str]:
         m = root.metrics
         low, high = int(m.get("low", 0.0)), int(m.get("high", 0.0))
+        outputs = int(m.get("outputs", 1.0))
+        if outputs > 1:
+            whose = f" (the output of '{root.detail}')" if root.detail else ""
+            what = (
+                f"Class indices regressed by every output: mse_loss compared each of the model's {outputs} outputs "
+                f"per sample{whose} with one target per sample broadcast across them (shape (N, 1) against "
+                f"(N, {outputs}); torch warns that the target size differs from the input size), and that target "
+                f"holds only the integers {low} to {high}, from step {root.step_start}. Every output is pulled "
+                "towards the same number, the label, so the outputs cannot rank the classes: their argmax is "
+                "arbitrary however low the loss goes."
+            )
+            fix = (
+                f"if the {outputs} outputs are one logit per class, train them with cross_entropy(outputs, labels) "
+                "on the integer labels of shape (N,) (argmax to predict); if the model should predict one number "
+                "per sample, give it one output."
+            )
+            return what, fix
         what = (
             f"Class indices regressed with MSE: the model gives one number per sample and mse_loss compares it "
             f"with a target that holds only the integers {low} to {high}. Over steps "
@@ -110,10 +136,36 @@ class ClassIndexRegression(Kind):
 
     def describe(self, event: SemanticEvent) -> str:
         m = event.metrics
-        return f"MSE on integer targets {int(m.get('low', 0.0))}-{int(m.get('high', 0.0))}"
+        outputs = int(m.get("outputs", 1.0))
+        across = f", broadcast across {outputs} outputs" if outputs > 1 else ""
+        return f"MSE on integer targets {int(m.get('low', 0.0))}-{int(m.get('high', 0.0))}{across}"
 
     def label(self, event: SemanticEvent) -> str:
+        outputs = int(event.metrics.get("outputs", 1.0))
+        if outputs > 1:
+            return f"MSE on class indices, each of {outputs} outputs"
         return f"MSE on class indices: {num(100 * event.metrics.get('unexplained', 0.0))}% unexplained"
 
     def effect(self, event: SemanticEvent) -> str:
         return "class indices regressed with MSE"
+
+
+def _repeated(coverage: Coverage, repeated: tuple[int, str, int]) -> SemanticEvent | None:
+    """The labels broadcast across a prediction's outputs: a target of integers from 0 with at least two values
+    (two outputs given 0/1 labels cannot rank them either) and at most :data:`MOST_VALUES`, seen on the first
+    backward passes (its profile read at a flush)."""
+    integer, low, high, variance = coverage.regression_target
+    values = high - low + 1
+    if integer < 1 or low < 0 or not 2 <= values <= MOST_VALUES or not variance > 0:
+        return None
+    outputs, layer, step = repeated
+    return run_event(
+        KIND,
+        step,
+        max(step, coverage.last_step),
+        layer,
+        low=low,
+        high=high,
+        variance=variance,
+        outputs=float(outputs),
+    )

@@ -3,18 +3,21 @@ classes. Ground truth is plain torch in each test: the regression's rounded pred
 a cross-entropy classifier's on the same data, and its loss ends above half of the target's variance. Silent twins
 from other families: the classifier itself, an ordinal regression on integer counts that the model fits, a
 regression on fractional values in the same range that fits as badly, a 0/1 target under MSE; and the debugger
-leaves the training bit-identical."""
+leaves the training bit-identical. The same labels broadcast across a classifier's logits (``(N, 1)`` against
+``(N, C)``) are found however well the loss fits them; one-hot targets of the logits' shape are silent."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 import support
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from neuraldbg import NeuralDbg
+from neuraldbg.kinds.class_index_regression import UNEXPLAINED
 
 KIND = "class_index_regression"
 CLASSES = 10
@@ -201,3 +204,66 @@ def test_profiling_the_target_leaves_the_training_bit_identical():
     assert plain_losses == watched_losses
     for a, b in zip(plain.parameters(), watched.parameters()):
         assert torch.equal(a, b)
+
+
+def logits_given_labels(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The labels handed to ``mse_loss`` beside a classifier's logits: ``(N, 1)`` broadcast to ``(N, C)``."""
+    return F.mse_loss(out, y.float().unsqueeze(1))
+
+
+def logits_given_one_hot(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """MSE on one-hot targets of the logits' own shape: a (Brier-like) classifier that works."""
+    return F.mse_loss(out, F.one_hot(y, CLASSES).float())
+
+
+def classifier() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, CLASSES))
+
+
+@pytest.mark.filterwarnings("ignore:Using a target size:UserWarning")
+@pytest.mark.parametrize("make", [classes, counts], ids=["unordered classes", "an ordinal count"])
+def test_labels_broadcast_across_a_classifiers_logits_are_found_however_well_the_loss_fits(make):
+    torch.manual_seed(0)
+    model = classifier()
+    losses, _ = train(model, make, logits_given_labels, watched=False)
+    broadcast_accuracy = held_out_accuracy(model, make)
+    torch.manual_seed(0)
+    twin = classifier()
+    train(twin, make, F.cross_entropy, watched=False)
+    classifier_accuracy = held_out_accuracy(twin, make)
+    # plain torch: every logit is pulled to the label, so their argmax is near chance (1 in 10 classes) where the
+    # cross-entropy twin classifies; on the count, every logit fits the label well (the loss explains most of its
+    # variance: a test of the fit alone would stay silent), and the argmax is as poor
+    assert broadcast_accuracy < 0.25 and classifier_accuracy > broadcast_accuracy + 0.3
+    ratio = end_over_variance(losses, make)
+    assert ratio < UNEXPLAINED if make is counts else ratio < 1.0, ratio
+
+    torch.manual_seed(0)
+    _, dbg = train(classifier(), make, logits_given_labels, watched=True)
+    assert dbg is not None
+    assert dbg.hypotheses() and dbg.hypotheses()[0].kind.value == KIND, dbg.explain_failure()
+    m = found(dbg)[0].root.metrics
+    assert (m["outputs"], m["low"], m["high"]) == (CLASSES, 0.0, CLASSES - 1.0)
+    text = dbg.explain_failure()[0]
+    assert "(N, 10)" in text and "'2'" in text, text  # the shapes, and the layer whose outputs they are
+    assert "cross_entropy(outputs, labels)" in found(dbg)[0].suggestion
+
+
+def held_out_accuracy(model: nn.Module, make: Callable[[int], support.Batch]) -> float:
+    """The argmax's accuracy on held-out batches of ``make``."""
+    model.eval()
+    with torch.no_grad():
+        held = [make(10_000 + i) for i in range(4)]
+        return sum(float((model(x).argmax(1) == y).float().mean()) for x, y in held) / len(held)
+
+
+def test_one_hot_targets_of_the_logits_own_shape_are_silent():
+    torch.manual_seed(0)
+    model = classifier()
+    train(model, classes, logits_given_one_hot, watched=False)
+    assert accuracy(model, lambda out: out.argmax(1)) > 0.5  # plain torch: MSE on one-hot targets classifies
+
+    torch.manual_seed(0)
+    _, dbg = train(classifier(), classes, logits_given_one_hot, watched=True)
+    assert dbg is not None and not found(dbg), dbg.explain_failure()
+    assert dbg._recorder.coverage.repeated_target is None

@@ -1,0 +1,67 @@
+"""The rule for labels broadcast across a prediction's outputs (``class_index_regression``, its repeated case), on
+profiles written by hand, and the graph reading that finds the broadcast target, on tensors built here."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from neuraldbg.capture import loss_graph
+from neuraldbg.capture.coverage import Coverage, RunFacts
+from neuraldbg.config import DebugConfig
+from neuraldbg.kinds.class_index_regression import MOST_VALUES, ClassIndexRegression
+
+
+def finding(profile: tuple[float, float, float, float], outputs: int = 10):
+    coverage = Coverage()
+    coverage.regression_target = profile
+    coverage.repeated_target = (outputs, "head", 3)
+    coverage.last_step = 99
+    return ClassIndexRegression().run_finding(coverage, RunFacts(1, 100, 100, DebugConfig()))
+
+
+def test_integer_labels_from_zero_broadcast_across_outputs_are_reported_from_where_they_were_seen():
+    event = finding((1.0, 0.0, 9.0, 8.25))
+    assert event is not None
+    assert (event.step_start, event.step_end, event.layer, event.detail) == (3, 99, "", "head")
+    assert event.metrics["outputs"] == 10.0
+
+
+def test_two_labels_across_two_outputs_are_enough():
+    assert finding((1.0, 0.0, 1.0, 0.25), outputs=2) is not None
+
+
+@pytest.mark.parametrize(
+    "profile",
+    [
+        (0.0, 0.0, 9.0, 8.25),  # fractional values: quantities
+        (1.0, -1.0, 1.0, 0.7),  # negative values: no class index
+        (1.0, 0.0, float(MOST_VALUES), 80.0),  # more values than a label set has
+        (1.0, 2.0, 2.0, 0.0),  # one value: nothing to tell apart
+    ],
+    ids=["fractional", "negative", "too many values", "constant"],
+)
+def test_targets_that_are_no_class_indices_are_not_reported(profile):
+    assert finding(profile) is None
+
+
+def mse_node(prediction: torch.Tensor, target: torch.Tensor) -> object:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return F.mse_loss(prediction, target)
+
+
+def test_the_graph_reading_tells_a_broadcast_target_from_a_copied_one_and_from_one_value_per_sample():
+    logits = torch.randn(8, 5, requires_grad=True) * 1.0
+    labels = torch.randint(0, 5, (8,)).float()
+    broadcast = loss_graph.regression([mse_node(logits, labels.unsqueeze(1))])
+    assert broadcast is not None and (broadcast.samples, broadcast.outputs) == (8, 5)
+    assert broadcast.target.shape == (8, 1) and torch.equal(broadcast.target[:, 0], labels)
+    assert broadcast.node == id(logits.grad_fn)
+    # the same labels copied into every column are of the prediction's own shape: not read as broadcast
+    assert loss_graph.regression([mse_node(logits, labels.unsqueeze(1).repeat(1, 5))]) is None
+    single = loss_graph.regression([mse_node(logits[:, :1], labels.unsqueeze(1))])
+    assert single is not None and single.outputs == 1
