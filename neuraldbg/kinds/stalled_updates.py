@@ -32,8 +32,11 @@ loss curve (:mod:`.loss_evidence`, the runs it is judged on) and the model's upd
 ratios of the run's steps add up to less than :data:`RUN_SHARE` of ``loss_trained`` (the weights moved by a few
 percent of their norm in all), while the loss shows that the model has not trained: it stayed at chance (log of the
 classes), it is flat, or its second half still fell by :data:`STILL_FALLING` of its whole fall or more (no plateau
-in sight). A learning rate far too low, or clipping to a tiny norm under SGD, does that; a fit that converged
-(its loss fell a hundredfold, or its gradients did), a run met mid-training, and a classifier met already trained
+in sight; from a start above the chance level, of its fall below it: a regression whose bias learnt its targets' mean
+of 2 in its first steps and then crawled, under SGD at a learning rate 100x too low, fell 14.7 -> 6.4 with a second
+half of only a quarter of that, but 0.7 of its fall below the variance of 9.7). A learning rate far too low, or
+clipping to a tiny norm under SGD, does that; a fit that converged (its loss fell a hundredfold, or its gradients
+did), a run met mid-training, and a classifier met already trained
 (its first losses far below chance: a trained model continued by a new optimizer at a small learning rate, whose
 small steps are the fine-tuning's, not a run too small to train) are not judged.
 """
@@ -91,8 +94,23 @@ def undertrained(coverage: Coverage, config: DebugConfig) -> tuple[str, loss_evi
         return "flat", curve
     first, last = curve.second_half
     fall = curve.start.mean - curve.end.mean
+    level = _chance(curve)
+    if level is not None and curve.end.mean < level < curve.start.mean:
+        # from a start above the chance level, the fall down to it is the targets' mean (or the labels'
+        # frequencies) learnt through the biases, which the smallest steps learn first: the fit is what follows
+        fall = level - curve.end.mean
     if curve.verdict == "fell" and not curve.stopped and first - last >= STILL_FALLING * fall:
         return "falling", curve
+    return None
+
+
+def _chance(curve: loss_evidence.Curve) -> float | None:
+    """The loss of a model that learned nothing from its inputs, when the curve knows it: log(classes) (or the
+    labels' entropy), or the level a mean squared error's or a binary cross-entropy's targets give."""
+    if curve.level is not None:
+        return curve.level
+    if curve.baseline in ("mse", "bce") and math.isfinite(curve.target_level):
+        return curve.target_level
     return None
 
 

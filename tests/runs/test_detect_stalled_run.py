@@ -144,6 +144,43 @@ def test_a_regression_stopped_while_its_loss_still_falls_at_full_pace_is_found()
     assert healthy is not None and healthy.healthy, healthy.explain_failure()
 
 
+def test_a_regression_that_learnt_only_its_targets_mean_and_crawls_on_is_found():
+    """SGD at a learning rate far too low on targets of mean 2: the output's bias learns the mean first (the loss
+    falls from above the targets' variance to below it), then the fit crawls. Against the whole fall the second
+    half's is small, as a fit nearing its plateau's is; against the fall below the targets' variance, the part that
+    is fitting, it is not."""
+    base = support.regression_batches(16, batch=128)
+
+    def make(step: int) -> support.Batch:
+        x, y = base(step)
+        return x, y + 2.0
+
+    def train(lr: float, watched: bool) -> tuple[list[float], list[float], NeuralDbg | None]:
+        torch.manual_seed(0)
+        model = regressor()
+        return run(model, torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), make, F.mse_loss, watched)
+
+    losses, ratios, _ = train(3e-5, watched=False)
+    twin, _, _ = train(3e-3, watched=False)
+    variance = float(torch.cat([make(i)[1] for i in range(8)]).var(correction=0))
+    start, end = mean(losses[:8]), mean(losses[-30:])
+    half = mean(losses[60:80]) - mean(losses[-20:])
+    assert start > variance > end  # the mean learnt, and then some of the fit
+    assert 0.3 * (variance - end) <= half < 0.3 * (start - end)
+    assert sum(ratios) < 0.05 and min(ratios) > 1e-5
+    assert mean(twin[-30:]) < 0.05 * end  # plain torch: at 100x the learning rate it fits
+
+    _, _, dbg = train(3e-5, watched=True)
+    assert dbg is not None
+    found = stalled_run_events(dbg)
+    assert found, dbg.explain_failure()
+    assert found[0].metrics["shape"] == stalled_updates.SHAPES["falling"]
+    assert "raise the learning rate" in dbg.explain_failure()[0]
+
+    _, _, healthy = train(3e-3, watched=True)
+    assert healthy is not None and healthy.healthy, healthy.explain_failure()
+
+
 def test_sgd_clipped_to_a_tiny_norm_is_found_and_the_fix_names_the_clipping():
     make = support.classification_batches((32,), CLASSES, batch=64)
 
