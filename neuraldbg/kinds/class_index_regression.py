@@ -26,7 +26,9 @@ the shapes and the target's integers alone, whatever the loss did: the outputs f
 four classes), and two integer values are enough there (two outputs given 0/1 labels).
 
 Not judged: a target with a fractional value (a regression on measured values), with fewer than three values
-(0/1 under MSE is a Brier score), with negative values or more than :data:`MOST_VALUES` of them (wide counts,
+(0/1 under MSE is a Brier score), whose smallest value is not 0 (ratings of 1 to 5 stars: a scale, not class
+indices; a recommender whose item table was left out of the optimizer fits them poorly, as class indices would be
+fitted, and was told to use cross_entropy), with negative values or more than :data:`MOST_VALUES` of them (wide counts,
 0-255 pixels), a prediction of more than one value per sample (an image, a feature map), a summed MSE, and a run whose
 loss curve cannot be judged (see :func:`.loss_evidence.judged`). An ordinal target that the model does fit (a
 rating, a count it predicts well) explains most of its variance and stays silent.
@@ -66,7 +68,8 @@ class ClassIndexRegression(Kind):
         values = high - low + 1
         if coverage.repeated_target is not None:
             return _repeated(coverage, coverage.repeated_target)
-        if integer < 1 or low < 0 or not FEWEST_VALUES <= values <= MOST_VALUES or not variance > 0:
+        # class indices start at 0 (what cross_entropy takes); integers from 1 are a scale: ratings of 1-5 stars
+        if integer < 1 or low != 0 or not FEWEST_VALUES <= values <= MOST_VALUES or not variance > 0:
             return None
         curve = loss_evidence.judged(coverage, facts.config)
         if curve is None or not UNEXPLAINED * variance <= curve.end.mean < variance:

@@ -1,5 +1,6 @@
-"""The rule for labels broadcast across a prediction's outputs (``class_index_regression``, its repeated case), on
-profiles written by hand, and the graph reading that finds the broadcast target, on tensors built here."""
+"""The rules of ``class_index_regression`` on profiles and curves written by hand (labels broadcast across a
+prediction's outputs; integers from 0 on one output), and the graph reading that finds a broadcast target, on
+tensors built here."""
 
 from __future__ import annotations
 
@@ -65,3 +66,19 @@ def test_the_graph_reading_tells_a_broadcast_target_from_a_copied_one_and_from_o
     assert loss_graph.regression([mse_node(logits, labels.unsqueeze(1).repeat(1, 5))]) is None
     single = loss_graph.regression([mse_node(logits[:, :1], labels.unsqueeze(1))])
     assert single is not None and single.outputs == 1
+
+
+def test_a_poorly_fitted_scale_from_one_is_no_class_indices_and_one_from_zero_is():
+    """One output per sample: integers 1-5 (ratings) fitted poorly are a scale; 0-4 fitted as poorly are judged."""
+
+    def single(low: float, high: float):
+        coverage = Coverage()
+        coverage.regression_target = (1.0, low, high, 1.6)
+        for step in range(200):
+            coverage.losses.add(step, 1.7 if step < 20 else 1.05)
+            coverage.last_step = step
+        coverage.training.steps = 200
+        return ClassIndexRegression().run_finding(coverage, RunFacts(1, 200, 200, DebugConfig()))
+
+    assert single(0.0, 4.0) is not None
+    assert single(1.0, 5.0) is None
