@@ -199,6 +199,9 @@ class Coverage:
     # not use (an advantage ``R - value`` not detached): the layers that hold them (none when no watched layer does)
     # and the step first seen
     undetached: tuple[tuple[str, ...], int] | None = None
+    # the loss holds a policy-gradient term (log-probabilities of picked actions weighed per sample): a surrogate,
+    # which rises as the returns grow (capture/loss_graph.py: weighs_log_probabilities)
+    policy_gradient: bool = False
     classifier_loss: str = ""  # the loss normalises logits itself (cross_entropy, ...): the model is a classifier
     # the profile of a mean squared error's target on one value per sample over the first backward passes
     # (capture/loss_graph.py): (all integers 1.0/0.0, smallest, largest, mean variance); () when no such loss

@@ -261,6 +261,8 @@ class GradLedger:
             # ... and a policy-gradient term whose advantage carries a gradient to a value head (graph nodes only)
             if checked and rec.coverage.undetached is None:
                 self._note_undetached(checked)
+            if checked and not rec.coverage.policy_gradient:
+                rec.coverage.policy_gradient = loss_graph.weighs_log_probabilities(checked)
             # ... and the targets of a binary cross-entropy or a mean squared error: their base rates or variances
             looked_for = self._looked or (mixing and mix is None and found_labels is None)
             targeted = loss_graph.loss_targets(roots) if roots and looked_for else None

@@ -544,8 +544,10 @@ def bounded_range(node: object) -> tuple[str, float, float] | None:
 
 
 #: Nodes between a log-probability or an advantage and the product that weighs one by the other, looked through:
-#: a sign, reshaping, the value of the action taken picked out.
-_WEIGHING_PATH = SHAPE_ONLY | _SELECTING | {"NegBackward0", "SumBackward0", "SumBackward1"}
+#: a sign, reshaping, the value of the action taken picked out, a rollout's steps stacked or concatenated (to the
+#: first of them).
+_STACKING = frozenset({"StackBackward0", "CatBackward0"})
+_WEIGHING_PATH = SHAPE_ONLY | _SELECTING | _STACKING | {"NegBackward0", "SumBackward0", "SumBackward1"}
 #: Nodes between a softmax's or a sigmoid's probabilities and their log (``Categorical(probs)`` renormalises and
 #: clamps them first).
 _TO_LOG = frozenset({"ClampBackward1", "ClampMinBackward0", "DivBackward0", "AddBackward0"}) | SHAPE_ONLY
@@ -585,6 +587,52 @@ def undetached_weight(losses: list[Tensor]) -> UndetachedWeight | None:
             if extra:
                 return UndetachedWeight(tuple(extra.values()))
     return None
+
+
+def weighs_log_probabilities(losses: list[Tensor]) -> bool:
+    """Whether the loss of one backward call (``losses``, its roots, before it runs) holds a policy-gradient term:
+    a product of the log-probabilities of actions picked from a distribution (a log-softmax's entries picked by
+    index, ``Categorical.log_prob``), a Normal's log-density of its samples, or the ratio of two such
+    log-probabilities (PPO's surrogate), and a weight that is a constant (returns, a detached advantage) or that
+    reaches parameters the log-probabilities do not use (a value head's advantage left undetached). Such a loss is
+    a surrogate: it rises as the returns the agent earns grow. A weight made from the same log-probabilities (a
+    focal loss's ``(1 - p)``) is no such term, nor a whole log-softmax times one-hot targets (a hand-written
+    cross-entropy picks nothing). Per-sample weights given to a hand-written, picked cross-entropy read as one (see
+    docs/limitations.md). Graph nodes only: nothing is read."""
+    for node, _ in _walk(losses):
+        if type(node).__name__ != "MulBackward0":
+            continue
+        inputs = [n for n, _ in getattr(node, "next_functions", ())]
+        if len(inputs) != 2:
+            continue
+        for log_side, weight_side in (inputs, inputs[::-1]):
+            if log_side is None or not _picks_log_probability(log_side):
+                continue
+            if weight_side is None:
+                return True
+            policy = _parameters(log_side)
+            if any(k not in policy for k in _parameters(weight_side)):
+                return True
+    return False
+
+
+def _picks_log_probability(node: object) -> bool:
+    """Whether ``node`` (through a sign, reshaping, stacking) is log-probabilities of picked entries, a Normal's
+    log-density, or the exp of a difference of such log-probabilities (see :func:`weighs_log_probabilities`)."""
+    picked = False
+    for _ in range(_HOPS):
+        name = type(node).__name__
+        if node is None or name not in _WEIGHING_PATH:
+            break
+        picked = picked or name in _SELECTING
+        node = _first_input(node)
+    name = type(node).__name__
+    if name == "ExpBackward0":
+        below = _first_input(node)
+        return type(below).__name__ == "SubBackward0" and _picks_log_probability(_first_input(below))
+    if _is_gaussian_log_density(node):
+        return True
+    return picked and _is_log_probability(node)
 
 
 def _through(node: object, path: frozenset[str]) -> object | None:
