@@ -203,6 +203,7 @@ class Coverage:
     # which rises as the returns grow (capture/loss_graph.py: weighs_log_probabilities)
     policy_gradient: bool = False
     classifier_loss: str = ""  # the loss normalises logits itself (cross_entropy, ...): the model is a classifier
+    loss_read: bool = False  # a loss's autograd graph was read on a first backward pass (classifier_loss is known)
     # the profile of a mean squared error's target on one value per sample over the first backward passes
     # (capture/loss_graph.py): (all integers 1.0/0.0, smallest, largest, mean variance); () when no such loss
     regression_target: tuple[float, ...] = ()

@@ -245,6 +245,10 @@ def read(losses: list[Tensor]) -> LossGraph:
     smoothed = _smoothed_nll(root)  # cross_entropy(label_smoothing=...): its nll_loss term stands for it
     root = smoothed or root
     reduced: dict[int, tuple[bool, int | None]] = {}  # node -> (mean, ignored) of the nearest reducing loss node
+    # nodes below a logsumexp: a log_softmax there gives a mixture's weights, added to each component's
+    # log-density and marginalised (a mixture density network's -logsumexp(log_pi + log N(y; mu, sigma))), not a
+    # classifier's log-probabilities of its classes
+    mixed: set[int] = set()
     first = ""
     mean, ignored, cosine = False, None, False
     for node, parent in _walk(losses):
@@ -254,6 +258,9 @@ def read(losses: list[Tensor]) -> LossGraph:
             averaged = node is root and getattr(node, "_saved_reduction", None) == _MEAN and not _weighted(node)
             ignore = _token(node)
         reduced[id(node)] = (averaged, ignore)
+        if name == "LogsumexpBackward0" or id(parent) in mixed:
+            mixed.add(id(node))
+            continue
         if name in NORMALISING:
             found = _producer(node)
             if not first:
