@@ -69,7 +69,7 @@ def train(watched: bool) -> tuple[list[float], float, NeuralDbg | None, MDN]:
 
 def test_a_mixture_density_network_that_fits_is_not_a_classifier_at_chance():
     losses, held_out, _, _ = train(watched=False)
-    x, y = data()
+    _, y = data()
     constant = float(F.gaussian_nll_loss(torch.zeros_like(y[4000:]), y[4000:], torch.ones_like(y[4000:]), full=True))
     assert held_out < constant - 0.2  # plain torch: the mixture fits, far better than the best constant Gaussian
     end = sum(losses[-100:]) / 100
