@@ -242,7 +242,21 @@ class DeadNeurons(Kind):
                 "output that must be non-negative use softplus, or an activation that cannot die (LeakyReLU, GELU)."
             )
             return what, fix
-        if root.step_start > topo.first_step:
+        largest = _largest_update(series, feeding, root.step_start) if feeding else None
+        raw = loss_evidence.raw_input_rms(series("input_rms", "") if series is not None else [], topo.last_step)
+        if root.step_start > topo.first_step and largest is not None and largest < KICK:
+            normalise = (
+                f"normalise the inputs (their root-mean-square is {num(raw)}; normalised data is about 1), then "
+                if raw is not None
+                else ""
+            )
+            fix = (
+                f"{normalise}check that the labels follow their inputs: the units of {who} died by step "
+                f"{root.step_start} under updates of ordinary size (at most {num(largest)} of the weights of "
+                f"{target} per step), so no single large step killed them; ReLU units drift off when the inputs are "
+                "far from unit scale or the loss gives them nothing to learn. A LeakyReLU or GELU cannot die."
+            )
+        elif root.step_start > topo.first_step:
             lr = near(series, "lr", "", root.step_start)
             now = f" (now {num(lr)})" if lr is not None else ""
             fix = (
@@ -268,3 +282,19 @@ class DeadNeurons(Kind):
 
     def effect(self, event: SemanticEvent) -> str:
         return "dead units"
+
+
+#: An update of at least this share of a layer's weights in one step, before units died, is a step large enough to
+#: have pushed them off (a corrupt batch's momentum-carried kick, a learning rate far too high: 0.1-1); healthy
+#: training moves weights by about 0.1 % per step, and units that die under updates below it died gradually.
+KICK = 0.02
+#: How many steps before the units' death the updates of the layer feeding them are looked at.
+KICK_WINDOW = 64
+
+
+def _largest_update(series: Series | None, layer: str, onset: int) -> float | None:
+    """The largest update/weight ratio ||dW||/||W|| of ``layer`` recorded over the :data:`KICK_WINDOW` steps up to
+    ``onset``; None when none was recorded there (the kick may have come between the recorded steps)."""
+    points = series("update_ratio", layer) if series is not None else []
+    found = [v for step, v in points if onset - KICK_WINDOW <= step <= onset and math.isfinite(v)]
+    return max(found) if found else None

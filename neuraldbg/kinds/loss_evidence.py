@@ -564,6 +564,19 @@ def read(coverage: Coverage, config: DebugConfig) -> Curve | None:
 #: a loss at its targets' chance level then says more about the data's scale than about targets not matching
 #: (a forecaster on raw values x1000 ends at its targets' variance).
 RAW_INPUT_RMS = 20.0
+
+
+def raw_input_rms(points: list[tuple[int, float]], last_step: int) -> float | None:
+    """The input batch's root-mean-square over the first quarter of the run (the median of ``points``, the history
+    series ``input_rms``) when it lies far from unit scale (:data:`RAW_INPUT_RMS` or more); else None."""
+    if not points:
+        return None
+    quarter = max(points[0][0], last_step // 4)
+    early = sorted(v for step, v in points if step <= quarter)
+    raw = early[len(early) // 2]
+    return raw if math.isfinite(raw) and raw >= RAW_INPUT_RMS else None
+
+
 #: Samples per column, at least, before the targets' base rates or variances are a chance level (estimated from
 #: the first backward passes' targets: :data:`LABELS_PER_CLASS` for each of a binary label's two values).
 TARGETS_PER_COLUMN = 20

@@ -397,9 +397,4 @@ def _raw_input(root: SemanticEvent, topo: Topology, series: Series) -> float | N
     (a recurrent layer fed raw values in the thousands: its gates saturate at once); else None."""
     first = next((name for name in topo.order if name and topo.roles.get(name) in ("parametric", "gated")), None)
     points = series("input_rms", "") if series is not None and root.layer == first else []
-    if not points:
-        return None
-    quarter = max(points[0][0], topo.last_step // 4)
-    early = sorted(v for step, v in points if step <= quarter)
-    raw = early[len(early) // 2]
-    return raw if math.isfinite(raw) and raw >= loss_evidence.RAW_INPUT_RMS else None
+    return loss_evidence.raw_input_rms(points, topo.last_step)
