@@ -43,6 +43,7 @@ from ..reasoning.rules import ONSET_TOLERANCE, CausalRule, is_update_surge
 from ..reasoning.topology import Topology
 from ..stats.step import StepData
 from ..text import num, quoted
+from . import loss_evidence
 from .base import Check, Kind, RootLane, RootPool, Series, held, near
 
 KIND = FailureKind.EXPLODING_GRADIENTS
@@ -356,6 +357,14 @@ class ExplodingGradients(Kind):
             if ratio is not None and math.isfinite(ratio) and ratio > 0.1:
                 what += f" Updates reach {num(ratio)}x the weights per step."
             fix = lower_lr(lr)
+            raw = loss_evidence.raw_input_rms(series("input_rms", "") if series is not None else [], topo.last_step)
+            if raw is not None:  # the gradients scale with the input: a lower learning rate only slows the fit
+                what += f" The input batch's root-mean-square is {num(raw)}: the data are far from unit scale."
+                fix = (
+                    f"normalise the inputs (and regression targets) to about unit scale (their root-mean-square is "
+                    f"{num(raw)}): a layer's weight gradients grow with its input, and a lower learning rate would "
+                    "only slow the fit; then, if gradients still explode, " + fix
+                )
             clipped = root.metrics.get("clipped_grad_norm")
             if clipped is not None:
                 what += (

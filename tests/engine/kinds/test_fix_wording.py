@@ -1,6 +1,7 @@
-"""What a dead layer's fix says when its units died after the first step, from the history written by hand: a step
+"""What the fixes say, from histories written by hand. A dead layer whose units died after the first step: a step
 large enough to push them off (an update of a tenth of the weights) names the learning rate; updates of ordinary
-size say the units died gradually and name the labels, and the inputs' scale when it is far from 1."""
+size say the units died gradually and name the labels, and the inputs' scale when it is far from 1. Gradients
+that explode on inputs far from unit scale: normalising them comes before lowering the learning rate."""
 
 from __future__ import annotations
 
@@ -40,3 +41,34 @@ def test_units_that_died_under_ordinary_updates_are_not_blamed_on_a_large_step()
 def test_raw_inputs_come_first_when_the_units_died_gradually():
     assert fix(updates=KICK / 10, input_rms=177.0).startswith("normalise the inputs (their root-mean-square is 177")
     assert fix(updates=5 * KICK, input_rms=177.0).startswith("lower the learning rate")
+
+
+def test_gradients_exploding_on_raw_inputs_are_told_to_normalise_them_first():
+    from neuraldbg.health import GradientHealth
+    from neuraldbg.kinds.exploding_gradients import ExplodingGradients
+
+    exploding = SemanticEvent(
+        EventType.GRADIENT,
+        FailureKind.EXPLODING_GRADIENTS,
+        "2",
+        None,
+        64,
+        199,
+        None,
+        GradientHealth.EXPLODING,
+        {"grad_norm": 2.9e5},
+        0.98,
+    )
+
+    def series(input_rms: float):
+        def read(metric: str, layer: str) -> list[tuple[int, float]]:
+            if metric == "input_rms":
+                return [(step, input_rms) for step in range(0, 200, 16)]
+            return [(0, 2e-3)] if metric == "lr" else []
+
+        return read
+
+    what, fix = ExplodingGradients().explain(exploding, [], TOPO, series(1080.0))
+    assert fix.startswith("normalise the inputs") and "1.08e+03" in what
+    _, plain = ExplodingGradients().explain(exploding, [], TOPO, series(1.0))
+    assert plain.startswith("lower the learning rate (now 0.002)")
