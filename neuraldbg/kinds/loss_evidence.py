@@ -816,6 +816,17 @@ def causes(m: dict[str, float], finding: str) -> list[Cause]:
                 "normalise the inputs (ToTensor() scales pixels to 0-1, then Normalize(mean, std))",
             )
         )
+    if finding == "flat":  # beside a loss that does not fit the output (below): the two faults no gradient shows
+        found.append(
+            Cause(
+                0.9,
+                "targets that do not match the inputs",
+                "the gradients flow and the optimizer moves the weights, yet the loss does not fall: when nothing in "
+                "the inputs predicts the targets, the fit cannot improve on where it began",
+                "check that inputs and targets are shuffled together (one permutation, or a Dataset of pairs) and "
+                "aligned the same way; look at a few (input, target) pairs",
+            )
+        )
     if finding == "chance" and "far_above" in m:
         start, level = m.get("start", 0.0), max(m.get("target_level", 0.0), m.get("target_pooled", 0.0))
         began = f"it began at {num(start / level)} times the variance" if level > 0 else "it began far above it"
