@@ -32,6 +32,8 @@ from ..health import ActivationHealth, GradientHealth
 from ..reasoning.rules import CausalRule
 from ..reasoning.topology import Topology
 from ..stats.step import StepData
+from ..text import num
+from . import loss_evidence
 from .base import Check, Kind, RootLane, Series
 
 KIND = FailureKind.NON_FINITE
@@ -237,6 +239,14 @@ class NonFinite(Kind):
                 "use a numerically stable loss on logits (CrossEntropyLoss, BCEWithLogitsLoss) instead of taking the "
                 "log of probabilities, clamp probabilities away from 0 and 1, and check the targets."
             )
+            raw = loss_evidence.raw_input_rms(series("input_rms", "") if series is not None else [], topo.last_step)
+            if raw is not None:  # a log-rate or a logit computed from raw values overflows an exp in the loss
+                what += f" The input batch's root-mean-square is {num(raw)}: the data are far from unit scale."
+                fix = (
+                    f"normalise the inputs to about unit scale (their root-mean-square is {num(raw)}): outputs "
+                    "computed from raw values overflow the exp inside a loss (a Poisson or a Gaussian likelihood's "
+                    "rate, a logit); then, if it persists, " + fix
+                )
         elif root.event_type is EventType.GRADIENT:
             what = (
                 f"Non-finite gradients appear first in {topo.describe(root.layer)} at step {k}, in the backward "

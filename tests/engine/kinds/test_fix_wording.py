@@ -1,7 +1,7 @@
 """What the fixes say, from histories written by hand. A dead layer whose units died after the first step: a step
 large enough to push them off (an update of a tenth of the weights) names the learning rate; updates of ordinary
 size say the units died gradually and name the labels, and the inputs' scale when it is far from 1. Gradients
-that explode on inputs far from unit scale: normalising them comes before lowering the learning rate."""
+that explode, or a loss that turns non-finite, on inputs far from unit scale: normalising them comes first."""
 
 from __future__ import annotations
 
@@ -72,3 +72,21 @@ def test_gradients_exploding_on_raw_inputs_are_told_to_normalise_them_first():
     assert fix.startswith("normalise the inputs") and "1.08e+03" in what
     _, plain = ExplodingGradients().explain(exploding, [], TOPO, series(1.0))
     assert plain.startswith("lower the learning rate (now 0.002)")
+
+
+def test_a_loss_turned_non_finite_on_raw_inputs_is_told_to_normalise_them_first():
+    from neuraldbg.health import GradientHealth
+    from neuraldbg.kinds.non_finite import NonFinite
+
+    loss = SemanticEvent(
+        EventType.LOSS, FailureKind.NON_FINITE, "", None, 0, 199, None, GradientHealth.NON_FINITE, {}, 1.0
+    )
+
+    def series(input_rms: float):
+        return lambda metric, layer: [(s, input_rms) for s in range(0, 200, 16)] if metric == "input_rms" else []
+
+    what, fix = NonFinite().explain(loss, [], TOPO, series(979.0))
+    assert fix.startswith("normalise the inputs to about unit scale (their root-mean-square is 979)"), fix
+    assert "979" in what
+    _, plain = NonFinite().explain(loss, [], TOPO, series(1.0))
+    assert plain.startswith("use a numerically stable loss on logits")
