@@ -280,6 +280,20 @@ def _grew_out(event: SemanticEvent, facts: RunFacts) -> bool:
     return grew
 
 
+def _first_reading_small(event: SemanticEvent, facts: RunFacts) -> bool:
+    """Whether the layer of ``event`` read a small gradient at its first fully observed step, though the event
+    itself began later: a start small by construction that a brief healthy reading interrupted before it went on
+    (a selective-scan model's step-size projection: 3e-6 at step 0, 1e-4 at step 32, 2e-5 over steps 48-160, then
+    healthy)."""
+    history = facts.history
+    own, largest = (history.get("grad_norm", event.layer), facts.largest_gradient) if history else (None, None)
+    if own is None or largest is None:
+        return False
+    tops = dict(largest.points())
+    first = next(((step, norm) for step, norm in own.points() if step in tops), None)
+    return first is not None and math.isfinite(first[1]) and _small(first[1], tops[first[0]], facts.config)
+
+
 class VanishingGradients(Kind):
     name = KIND.value
     # updates as large as the weights can leave a layer where it passes no gradient (a softmax or a saturating
@@ -314,7 +328,8 @@ class VanishingGradients(Kind):
             return True
         m = event.metrics
         if m.get("exact_zero") != 1.0:
-            return m.get("small_from_first_reading") == 1.0 and _grew_out(event, facts)
+            small_at_first = m.get("small_from_first_reading") == 1.0 or _first_reading_small(event, facts)
+            return small_at_first and _grew_out(event, facts)
         return event.step_end < coverage.last_full_step
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
