@@ -60,10 +60,12 @@ def test_gradients_exploding_on_raw_inputs_are_told_to_normalise_them_first():
         0.98,
     )
 
-    def series(input_rms: float):
+    def series(input_rms: float, updates: float = 1e-3):
         def read(metric: str, layer: str) -> list[tuple[int, float]]:
             if metric == "input_rms":
                 return [(step, input_rms) for step in range(0, 200, 16)]
+            if metric == "update_ratio" and layer == "2":
+                return [(step, updates) for step in range(0, 200, 16)]
             return [(0, 2e-3)] if metric == "lr" else []
 
         return read
@@ -72,6 +74,9 @@ def test_gradients_exploding_on_raw_inputs_are_told_to_normalise_them_first():
     assert fix.startswith("normalise the inputs") and "1.08e+03" in what
     _, plain = ExplodingGradients().explain(exploding, [], TOPO, series(1.0))
     assert plain.startswith("lower the learning rate (now 0.002)")
+    # updates as large as a learning rate far too high makes: the learning rate, whatever the inputs' scale
+    _, large = ExplodingGradients().explain(exploding, [], TOPO, series(1080.0, updates=0.5))
+    assert large.startswith("lower the learning rate (now 0.002)")
 
 
 def test_a_loss_turned_non_finite_on_raw_inputs_is_told_to_normalise_them_first():
