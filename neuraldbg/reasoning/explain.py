@@ -87,7 +87,10 @@ def explain(
         now = f" (now {num(lr)})" if lr is not None else ""
         fix = f"lower the learning rate{now}, e.g. 10x smaller, or warm it up; then {fix}"
     # events of the root's own kind that the text above already lists are part of the fault, not its effects
-    consequences = effects([e for e in rest if not (room.lists_own and e.kind is kind)], topo)
+    # the root's own kind in its own layer (a shared layer's second call) is the root again, not its effect
+    consequences = effects(
+        [e for e in rest if not (e.kind is kind and (room.lists_own or e.layer == root.layer))], topo
+    )
     text = " ".join(p for p in (what, consequences, f"Fix: {fix}") if p)
     return text, fix
 

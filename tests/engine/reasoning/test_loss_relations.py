@@ -73,3 +73,23 @@ def test_a_layer_fault_comes_before_a_run_level_finding_as_confident_and_as_earl
     for order in ([frozen, indices], [indices, frozen]):
         hypotheses = diagnose(order, TOPO, builtin_rules())
         assert hypotheses[0].kind is FailureKind.FROZEN_PARAMETERS, [h.kind for h in hypotheses]
+
+
+def test_a_shared_layers_second_call_dying_too_is_not_said_to_be_caused_by_its_first():
+    """A siamese net's shared embedding dies on both calls: one fault, not the first call's effect on the second."""
+    first = dead_layer(40)
+    second = SemanticEvent(
+        EventType.ACTIVATION,
+        FailureKind.DEAD_NEURONS,
+        "1",
+        None,
+        44,
+        99,
+        None,
+        "dead",
+        {"dead_fraction": 1.0, "call": 1.0},
+        0.9,
+    )
+    hypotheses = diagnose([first, second], TOPO, builtin_rules())
+    assert hypotheses[0].kind is FailureKind.DEAD_NEURONS and second in hypotheses[0].chain
+    assert "caused dead units in '1'" not in hypotheses[0].explanation, hypotheses[0].explanation
