@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from ..events import FailureKind, SemanticEvent
 from ..health import HealthState, is_state
 from ..kinds import registry
-from ..kinds.base import LAST_RANK, RootLane
+from ..kinds.base import RootLane
 from .explain import explain
 from .hypothesis import CausalHypothesis, Coupling
 from .index import Claims, Lane, RangeMax
@@ -99,23 +99,9 @@ def diagnose(
         explanation, suggestion = explain(kind, root, chain, couplings, topo, series)
         hypotheses.append(CausalHypothesis(kind, confidence, root, chain, explanation, suggestion, couplings))
     hypotheses.sort(
-        key=lambda h: (
-            registry.room(h.kind).tier,
-            -h.confidence,
-            h.root.step_start,
-            _lane_rank(h),
-            topo.event_position(h.root),
-        )
+        key=lambda h: (registry.room(h.kind).tier, -h.confidence, h.root.step_start, topo.event_position(h.root))
     )
     return hypotheses
-
-
-def _lane_rank(hypothesis: CausalHypothesis) -> float:
-    """The rank of the lane its root was picked from: of two hypotheses as confident from the same step, the one
-    its kind says to look at first (a layer's parameters left out of the optimizer before the poor fit of a loss
-    they leave behind: a run-level finding's position, the model's, is no reason to come first)."""
-    lane = registry.room(hypothesis.kind).lane(hypothesis.root)
-    return lane.rank if lane is not None else LAST_RANK
 
 
 def _confidence(root: SemanticEvent, chain: list[SemanticEvent]) -> float:

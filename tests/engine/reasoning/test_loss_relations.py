@@ -62,19 +62,6 @@ def test_a_loss_finding_a_fault_explains_is_said_to_hold_over_the_run_not_from_i
     assert "(from step 41)" in text, text
 
 
-def test_a_layer_fault_comes_before_a_run_level_finding_as_confident_and_as_early():
-    """Parameters left out of the optimizer from step 0, and a poor fit of integer targets read as class indices
-    from step 0, both at confidence 1: the frozen layer's lane is looked at first (rank 5 against 8), so it leads;
-    the run-level finding's place, the model's, before every layer, is no reason to."""
-    frozen = SemanticEvent(
-        EventType.UPDATE, FailureKind.FROZEN_PARAMETERS, "2", "2.weight", 0, 99, None, "frozen", {}, 1.0
-    )
-    indices = run_event(FailureKind.CLASS_INDEX_REGRESSION, 0, 99, "mse_loss", low=0.0, high=4.0, variance=2.0)
-    for order in ([frozen, indices], [indices, frozen]):
-        hypotheses = diagnose(order, TOPO, builtin_rules())
-        assert hypotheses[0].kind is FailureKind.FROZEN_PARAMETERS, [h.kind for h in hypotheses]
-
-
 def test_a_shared_layers_second_call_dying_too_is_not_said_to_be_caused_by_its_first():
     """A siamese net's shared embedding dies on both calls: one fault, not the first call's effect on the second."""
     first = dead_layer(40)
