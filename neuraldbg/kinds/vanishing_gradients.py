@@ -291,7 +291,9 @@ def _first_reading_small(event: SemanticEvent, facts: RunFacts) -> bool:
         return False
     tops = dict(largest.points())
     first = next(((step, norm) for step, norm in own.points() if step in tops), None)
-    return first is not None and math.isfinite(first[1]) and _small(first[1], tops[first[0]], facts.config)
+    if first is None or first[0] >= event.step_start:  # the event began there: its own flag says
+        return False
+    return math.isfinite(first[1]) and _small(first[1], tops[first[0]], facts.config)
 
 
 class VanishingGradients(Kind):
