@@ -202,6 +202,9 @@ class Coverage:
     # the loss holds a policy-gradient term (log-probabilities of picked actions weighed per sample): a surrogate,
     # which rises as the returns grow (capture/loss_graph.py: weighs_log_probabilities)
     policy_gradient: bool = False
+    # ... or a term that may be one: picked log-probabilities weighed by a constant never negative so far (returns
+    # before a critic learned, or class weights under a hand-written cross-entropy): looked at again on full steps
+    policy_candidate: bool = False
     classifier_loss: str = ""  # the loss normalises logits itself (cross_entropy, ...): the model is a classifier
     loss_read: bool = False  # a loss's autograd graph was read on a first backward pass (classifier_loss is known)
     # the profile of a mean squared error's target on one value per sample over the first backward passes

@@ -219,7 +219,9 @@ class GradLedger:
             self._looked = self._target_passes < TARGET_CHECKS and data.full
             counted = data.sample_count if data.full and data.step >= samples.LOSSES_FROM else 0
             mixing = data.full and self._mix.looking
-            roots = hooks.backward_roots() if self._loss_checks or self._looked or counted or mixing else []
+            # a policy-gradient term whose weights were never negative yet is looked for again on every full step
+            recheck = data.full and rec.coverage.policy_candidate and not rec.coverage.policy_gradient
+            roots = hooks.backward_roots() if self._loss_checks or self._looked or counted or mixing or recheck else []
             checked = roots if self._loss_checks else []
             # readings before and after the pass compare graph nodes by identity: the nodes are held until the next
             # backward call (see loss_graph.hold)
@@ -261,8 +263,10 @@ class GradLedger:
             # ... and a policy-gradient term whose advantage carries a gradient to a value head (graph nodes only)
             if checked and rec.coverage.undetached is None:
                 self._note_undetached(checked)
-            if checked and not rec.coverage.policy_gradient:
-                rec.coverage.policy_gradient = loss_graph.weighs_log_probabilities(checked)
+            if (checked or recheck) and roots and not rec.coverage.policy_gradient:
+                weighed = loss_graph.weighs_log_probabilities(roots)
+                rec.coverage.policy_gradient = weighed == "advantage"
+                rec.coverage.policy_candidate = rec.coverage.policy_candidate or weighed == "weight"
             # ... and the targets of a binary cross-entropy or a mean squared error: their base rates or variances
             looked_for = self._looked or (mixing and mix is None and found_labels is None)
             targeted = loss_graph.loss_targets(roots) if roots and looked_for else None

@@ -596,31 +596,55 @@ def undetached_weight(losses: list[Tensor]) -> UndetachedWeight | None:
     return None
 
 
-def weighs_log_probabilities(losses: list[Tensor]) -> bool:
+def weighs_log_probabilities(losses: list[Tensor]) -> str:
     """Whether the loss of one backward call (``losses``, its roots, before it runs) holds a policy-gradient term:
     a product of the log-probabilities of actions picked from a distribution (a log-softmax's entries picked by
     index, ``Categorical.log_prob``), a Normal's log-density of its samples, or the ratio of two such
-    log-probabilities (PPO's surrogate), and a weight that is a constant (returns, a detached advantage) or that
-    reaches parameters the log-probabilities do not use (a value head's advantage left undetached). Such a loss is
-    a surrogate: it rises as the returns the agent earns grow. A weight made from the same log-probabilities (a
-    focal loss's ``(1 - p)``) is no such term, nor a whole log-softmax times one-hot targets (a hand-written
-    cross-entropy picks nothing). Per-sample weights given to a hand-written, picked cross-entropy read as one (see
-    docs/limitations.md). Graph nodes only: nothing is read."""
+    log-probabilities (PPO's surrogate), and an advantage. ``"advantage"``: the weight holds values of both signs
+    (returns less a baseline, normalised returns, a detached advantage), or reaches parameters the
+    log-probabilities do not use (a value head's advantage left undetached), or weighs a ratio; such a loss is a
+    surrogate, which rises as the returns the agent earns grow. ``"weight"``: a constant weight never negative on
+    this pass, which may be class weights, a padding mask or a label-smoothing share under a hand-written
+    cross-entropy, or an advantage not yet of both signs (returns before a critic learned: every one positive);
+    the caller looks again on later passes. ``""``: neither (a focal loss's ``(1 - p)`` made from the same
+    log-probabilities, a whole log-softmax times one-hot targets, which picks nothing). Graph nodes, and a constant
+    weight's smallest and largest value (two numbers)."""
+    found = ""
     for node, _ in _walk(losses):
         if type(node).__name__ != "MulBackward0":
             continue
         inputs = [n for n, _ in getattr(node, "next_functions", ())]
         if len(inputs) != 2:
             continue
-        for log_side, weight_side in (inputs, inputs[::-1]):
+        for slot, (log_side, weight_side) in enumerate((inputs, inputs[::-1])):
             if log_side is None or not _picks_log_probability(log_side):
                 continue
             if weight_side is None:
-                return True
+                if _is_ratio(log_side) or _both_signs(getattr(node, "_saved_other" if slot == 0 else "_saved_self")):
+                    return "advantage"
+                found = "weight"
+                continue
             policy = _parameters(log_side)
             if any(k not in policy for k in _parameters(weight_side)):
-                return True
-    return False
+                return "advantage"
+    return found
+
+
+def _is_ratio(node: object) -> bool:
+    """Whether ``node`` (through a sign and reshaping) is the exp of a difference: PPO's probability ratio."""
+    found = _through(node, _WEIGHING_PATH)
+    return type(found).__name__ == "ExpBackward0" and type(_first_input(found)).__name__ == "SubBackward0"
+
+
+def _both_signs(weight: object | None) -> bool:
+    """Whether a product's constant operand (as the graph saved it) holds values of both signs: an advantage, not a
+    weight."""
+    if not isinstance(weight, Tensor) or type(weight) is not Tensor or weight.numel() < 2:
+        return False
+    if not weight.is_floating_point() or weight.is_sparse:
+        return False
+    low, high = torch.aminmax(weight.detach())
+    return float(low) < 0.0 < float(high)
 
 
 def _picks_log_probability(node: object) -> bool:
