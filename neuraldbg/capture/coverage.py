@@ -206,7 +206,9 @@ class Coverage:
     # before a critic learned, or class weights under a hand-written cross-entropy): looked at again on full steps
     policy_candidate: bool = False
     classifier_loss: str = ""  # the loss normalises logits itself (cross_entropy, ...): the model is a classifier
-    loss_read: bool = False  # a loss's autograd graph was read on a first backward pass (classifier_loss is known)
+    # the loss marginalises a log_softmax's output with a logsumexp (a mixture's weights: a mixture density network),
+    # holding no classifier's log-probabilities (capture/loss_graph.py: read)
+    mixture_loss: bool = False
     # the profile of a mean squared error's target on one value per sample over the first backward passes
     # (capture/loss_graph.py): (all integers 1.0/0.0, smallest, largest, mean variance); () when no such loss
     regression_target: tuple[float, ...] = ()

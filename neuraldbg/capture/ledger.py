@@ -434,7 +434,7 @@ class GradLedger:
         rec = self._rec
         self._loss_checks -= 1
         graph = loss_graph.read(roots)  # no roots (a backward pass from a given gradient, not a loss): nothing
-        rec.coverage.loss_read = rec.coverage.loss_read or bool(roots)
+        rec.coverage.mixture_loss = rec.coverage.mixture_loss or graph.mixture
         if not rec.coverage.input_layer_normalizes:
             first = rec.forward.input_layer()
             rec.coverage.input_layer_normalizes = first is not None and first.normalizes

@@ -180,6 +180,7 @@ class LossGraph:
     ignored: int | None = None  # the ``ignore_index`` of that loss when it names a token id (>= 0)
     cosine: bool = False  # the logits are cosine similarities times a scale (see scaled_cosine)
     smoothed: bool = False  # a label-smoothed cross-entropy (its chance level is log(classes), not the labels')
+    mixture: bool = False  # a log_softmax met under a logsumexp: a mixture's weights, marginalised
 
 
 def _weighted(node: object) -> bool:
@@ -249,6 +250,7 @@ def read(losses: list[Tensor]) -> LossGraph:
     # log-density and marginalised (a mixture density network's -logsumexp(log_pi + log N(y; mu, sigma))), not a
     # classifier's log-probabilities of its classes
     mixed: set[int] = set()
+    mixture = False
     first = ""
     mean, ignored, cosine = False, None, False
     for node, parent in _walk(losses):
@@ -260,6 +262,7 @@ def read(losses: list[Tensor]) -> LossGraph:
         reduced[id(node)] = (averaged, ignore)
         if name == "LogsumexpBackward0" or id(parent) in mixed:
             mixed.add(id(node))
+            mixture = mixture or name in NORMALISING
             continue
         if name in NORMALISING:
             found = _producer(node)
@@ -270,8 +273,10 @@ def read(losses: list[Tensor]) -> LossGraph:
                 kind = ACTIVATIONS.get(type(found).__name__)
                 if kind is not None:
                     activated = ActivatedInput(NORMALISING[name], kind, id(found), id(_first_input(found)))
-                    return LossGraph(NORMALISING[name], activated, averaged, ignore, smoothed=smoothed is not None)
-    return LossGraph(first, None, mean, ignored, cosine, smoothed is not None)
+                    return LossGraph(
+                        NORMALISING[name], activated, averaged, ignore, smoothed=smoothed is not None, mixture=mixture
+                    )
+    return LossGraph(first, None, mean, ignored, cosine, smoothed is not None, mixture)
 
 
 #: Nodes of the smoothing term of ``cross_entropy(label_smoothing=eps)`` below its weight: a sum over the classes

@@ -411,9 +411,9 @@ def chance_level(coverage: Coverage) -> tuple[int, float | None]:
     # the classes the loss's own input holds on its dimension 1 (an nll_loss over images or sequences: (N, C, H, W)
     # logits, whose last dimension is the image's width), when its labels were read; else the output's last
     classes = coverage.label_classes or facts.classes
-    if classes > 1 and coverage.loss_read and not coverage.classifier_loss and not coverage.label_classes:
-        # the loss's graph was read and normalises no logits: the output's last dimension is no classes (a
-        # mixture density network's K components, a hand-written likelihood)
+    if classes > 1 and coverage.mixture_loss and not coverage.classifier_loss and not coverage.label_classes:
+        # the loss marginalises a log_softmax's output and normalises no logits: the output's last dimension holds a
+        # mixture's components, no classes (a mixture density network's K Gaussians)
         return classes, None
     if classes > 1:
         return classes, math.log(classes)

@@ -70,7 +70,7 @@ def test_met_trained_needs_a_cross_entropy_far_below_chance():
     def judge(first: float, classes: int, loss: str = "cross_entropy", probabilities: bool | None = None) -> bool:
         coverage = SimpleNamespace(
             classifier_loss=loss,
-            loss_read=True,
+            mixture_loss=False,
             classifier_mean=True,
             loss_options=float(classes),
             baseline_kind="",

@@ -78,13 +78,18 @@ def test_a_mixture_density_network_that_fits_is_not_a_classifier_at_chance():
     watched, _, dbg, _ = train(watched=True)
     assert watched == losses
     assert dbg is not None and dbg.healthy, dbg.explain_failure()
-    assert dbg._recorder.coverage.loss_read and not dbg._recorder.coverage.classifier_loss
+    assert dbg._recorder.coverage.mixture_loss and not dbg._recorder.coverage.classifier_loss
 
 
 def test_the_graph_reads_a_mixtures_log_softmax_as_no_classifier_and_cross_entropy_as_one():
     torch.manual_seed(0)
     model = MDN()
     x, y = data()
-    assert loss_graph.read([nll(model(x[:16]), y[:16])]).loss == ""
+    mixture = loss_graph.read([nll(model(x[:16]), y[:16])])
+    assert mixture.loss == "" and mixture.mixture
     logits = model.weights(model.body(x[:16]))
-    assert loss_graph.read([F.cross_entropy(logits, torch.zeros(16, dtype=torch.long))]).loss
+    labels = torch.zeros(16, 1, dtype=torch.long)
+    assert loss_graph.read([F.cross_entropy(logits, labels.squeeze(1))]).loss
+    # a classifier's cross-entropy written by hand with a logsumexp of its own logits is no mixture
+    by_hand = loss_graph.read([-(logits - logits.logsumexp(1, keepdim=True)).gather(1, labels).mean()])
+    assert not by_hand.mixture
