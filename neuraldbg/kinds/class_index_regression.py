@@ -154,14 +154,15 @@ class ClassIndexRegression(Kind):
 
 
 def _repeated(coverage: Coverage, repeated: tuple[int, str, int]) -> SemanticEvent | None:
-    """The labels broadcast across a prediction's outputs: a target of integers from 0 with at least two values
-    (two outputs given 0/1 labels cannot rank them either) and at most :data:`MOST_VALUES`, seen on the first
-    backward passes (its profile read at a flush)."""
+    """The labels broadcast across a prediction's outputs: a target of integers 0 to C - 1 for C outputs, one per
+    label (two outputs given 0/1 labels cannot rank them either), C at most :data:`MOST_VALUES`, seen on the first
+    backward passes (its profile read at a flush). Heads of an ensemble, or a sequence's steps, each regressing one
+    integer target are not judged unless the target's values happen to number the outputs (see
+    docs/limitations.md)."""
     integer, low, high, variance = coverage.regression_target
-    values = high - low + 1
-    if integer < 1 or low < 0 or not 2 <= values <= MOST_VALUES or not variance > 0:
-        return None
     outputs, layer, step = repeated
+    if integer < 1 or low != 0 or high + 1 != outputs or not 2 <= outputs <= MOST_VALUES or not variance > 0:
+        return None
     return run_event(
         KIND,
         step,

@@ -33,6 +33,7 @@ def test_integer_labels_from_zero_broadcast_across_outputs_are_reported_from_whe
 
 def test_two_labels_across_two_outputs_are_enough():
     assert finding((1.0, 0.0, 1.0, 0.25), outputs=2) is not None
+    assert finding((1.0, 0.0, 1.0, 0.25), outputs=3) is None  # three heads' Brier scores on 0/1 labels
 
 
 @pytest.mark.parametrize(
@@ -42,8 +43,10 @@ def test_two_labels_across_two_outputs_are_enough():
         (1.0, -1.0, 1.0, 0.7),  # negative values: no class index
         (1.0, 0.0, float(MOST_VALUES), 80.0),  # more values than a label set has
         (1.0, 2.0, 2.0, 0.0),  # one value: nothing to tell apart
+        (1.0, 0.0, 4.0, 2.0),  # five values for ten outputs: no label per output (a count regressed at each step)
+        (1.0, 1.0, 10.0, 8.25),  # labels from 1: they do not index the outputs
     ],
-    ids=["fractional", "negative", "too many values", "constant"],
+    ids=["fractional", "negative", "too many values", "constant", "fewer values than outputs", "from one"],
 )
 def test_targets_that_are_no_class_indices_are_not_reported(profile):
     assert finding(profile) is None
