@@ -205,7 +205,7 @@ def finding(coverage: Coverage, config: DebugConfig) -> tuple[str, Curve] | None
     # enough training to judge a loss that stays where it began: the updates added up to the size of the weights,
     # unless clipping to a tiny norm is why they did not (a smoke run at a small learning rate is inconclusive)
     trained = not curve.trained < config.loss_trained or (math.isfinite(clip) and clip >= TINY_CLIP)
-    if curve.at_chance and not curve.falling and (trained or _never_left_chance(curve)):
+    if curve.at_chance and trained and not curve.falling:
         return "loss_at_chance", curve
     memo = memorised(coverage, curve)
     if memo is not None:
@@ -226,23 +226,6 @@ def finding(coverage: Coverage, config: DebugConfig) -> tuple[str, Curve] | None
     ):
         return "loss_not_decreasing", curve
     return None
-
-
-def _never_left_chance(curve: Curve) -> bool:
-    """A classifier's loss that began within the band around its chance level and ends there (the caller asks that
-    it ends at chance and is not falling), after updates that added up to :data:`CHANCE_TRAINED` of the weights'
-    norm or more: a model that learns moves off chance long before its updates add up to that."""
-    c, level = curve.chance, curve.level
-    if c is None or level is None or not curve.trained >= CHANCE_TRAINED:
-        return False
-    return (1 - curve.band) * level <= curve.start.mean <= (1 + curve.band) * c
-
-
-#: Updates that add up to this share of the weights' norm leave a classifier that can learn off chance: an MLP on
-#: a learnable 10-class task under Adam leaves the band of log 10 (the mean of 8 losses) once its updates add up to
-#: 0.15-0.22 as the run's rows sum them (learning rates 1e-4 to 1e-3); given shuffled labels it stays at chance past
-#: 0.33, as PointNet, a Perceiver and BatchNorm CNNs under Adam did (0.36-0.48) below ``loss_trained``.
-CHANCE_TRAINED = 0.3
 
 
 #: A cross-entropy whose first loss lay far above chance (:attr:`Curve.scaled_start`) and that ended below this share
