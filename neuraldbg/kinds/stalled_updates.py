@@ -100,9 +100,10 @@ def undertrained(coverage: Coverage, config: DebugConfig) -> tuple[str, loss_evi
     first, last = curve.second_half
     fall = curve.start.mean - curve.end.mean
     level = _chance(curve)
-    if level is not None and curve.end.mean < level < curve.start.mean:
-        # from a start above the chance level, the fall down to it is the targets' mean (or the labels'
-        # frequencies) learnt through the biases, which the smallest steps learn first: the fit is what follows
+    if level is not None and curve.end.mean < level and (1 + curve.band) * level < curve.start.mean:
+        # from a start clearly above the chance level (past its band), the fall down to it is the targets' mean (or
+        # the labels' frequencies) learnt through the biases, which the smallest steps learn first: the fit is what
+        # follows (a start at chance, a zero-initialised head's, is measured from where it began)
         fall = level - curve.end.mean
     if curve.verdict == "fell" and not curve.stopped and first - last >= STILL_FALLING * fall:
         return "falling", curve
@@ -110,10 +111,12 @@ def undertrained(coverage: Coverage, config: DebugConfig) -> tuple[str, loss_evi
 
 
 def _chance(curve: loss_evidence.Curve) -> float | None:
-    """The loss of a model that learned nothing from its inputs, when the curve knows it: log(classes) (or the
-    labels' entropy), or the level a mean squared error's or a binary cross-entropy's targets give."""
-    if curve.level is not None:
-        return curve.level
+    """The loss of a model that learned nothing from its inputs, when the curve knows it: log(classes) (not the
+    labels' entropy below it: a classifier falling from log(classes) towards its labels' frequencies is already
+    fitting, as a fine-tune's new head at a small learning rate does), or the level a mean squared error's or a
+    binary cross-entropy's targets give."""
+    if curve.chance is not None:
+        return curve.chance
     if curve.baseline in ("mse", "bce") and math.isfinite(curve.target_level):
         return curve.target_level
     return None
