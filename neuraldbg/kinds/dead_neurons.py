@@ -243,8 +243,8 @@ class DeadNeurons(Kind):
             )
             return what, fix
         largest = _largest_update(series, feeding, root.step_start) if feeding else None
-        raw = loss_evidence.raw_input_rms(series("input_rms", "") if series is not None else [], topo.last_step)
         if root.step_start > topo.first_step and largest is not None and largest < KICK:
+            raw = loss_evidence.raw_input_rms(series, topo.last_step)
             normalise = (
                 f"normalise the inputs (their root-mean-square is {num(raw)}; normalised data is about 1), then "
                 if raw is not None

@@ -357,7 +357,7 @@ class ExplodingGradients(Kind):
             if ratio is not None and math.isfinite(ratio) and ratio > 0.1:
                 what += f" Updates reach {num(ratio)}x the weights per step."
             fix = lower_lr(lr)
-            raw = loss_evidence.raw_input_rms(series("input_rms", "") if series is not None else [], topo.last_step)
+            raw = loss_evidence.raw_input_rms(series, topo.last_step)
             calm = ratio is None or not ratio >= STEADY_UPDATE  # updates of ordinary size: not a learning rate's doing
             if raw is not None and calm:  # the gradients scale with the input: a lower learning rate only slows the fit
                 what += f" The input batch's root-mean-square is {num(raw)}: the data are far from unit scale."

@@ -51,7 +51,7 @@ from ..stats import samples
 from ..stats.losses import LossTrace, Stretch, combine
 from ..stats.training import TrainingFacts
 from ..text import count, num
-from .base import LAST_RANK, Kind, RootLane, run_event
+from .base import LAST_RANK, Kind, RootLane, Series, run_event
 
 #: The least move of a loss that counts, as a share of its start, when its batch-to-batch spread is smaller: a loss
 #: that hardly varies from batch to batch (a skip-gram model held at 6 log 2 by its zero-initialised output vectors
@@ -566,9 +566,10 @@ def read(coverage: Coverage, config: DebugConfig) -> Curve | None:
 RAW_INPUT_RMS = 20.0
 
 
-def raw_input_rms(points: list[tuple[int, float]], last_step: int) -> float | None:
-    """The input batch's root-mean-square over the first quarter of the run (the median of ``points``, the history
-    series ``input_rms``) when it lies far from unit scale (:data:`RAW_INPUT_RMS` or more); else None."""
+def raw_input_rms(series: Series | None, last_step: int) -> float | None:
+    """The input batch's root-mean-square over the first quarter of the run (the median of the history series
+    ``input_rms``) when it lies far from unit scale (:data:`RAW_INPUT_RMS` or more); else None."""
+    points = series("input_rms", "") if series is not None else []
     if not points:
         return None
     quarter = max(points[0][0], last_step // 4)

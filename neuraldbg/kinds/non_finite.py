@@ -239,7 +239,7 @@ class NonFinite(Kind):
                 "use a numerically stable loss on logits (CrossEntropyLoss, BCEWithLogitsLoss) instead of taking the "
                 "log of probabilities, clamp probabilities away from 0 and 1, and check the targets."
             )
-            raw = loss_evidence.raw_input_rms(series("input_rms", "") if series is not None else [], topo.last_step)
+            raw = loss_evidence.raw_input_rms(series, topo.last_step)
             if raw is not None:  # a log-rate or a logit computed from raw values overflows an exp in the loss
                 what += f" The input batch's root-mean-square is {num(raw)}: the data are far from unit scale."
                 fix = (

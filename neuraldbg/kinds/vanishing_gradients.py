@@ -413,5 +413,4 @@ def _raw_input(root: SemanticEvent, topo: Topology, series: Series) -> float | N
     scale (see :data:`.loss_evidence.RAW_INPUT_RMS`) and ``root`` is the first layer with parameters the input meets
     (a recurrent layer fed raw values in the thousands: its gates saturate at once); else None."""
     first = next((name for name in topo.order if name and topo.roles.get(name) in ("parametric", "gated")), None)
-    points = series("input_rms", "") if series is not None and root.layer == first else []
-    return loss_evidence.raw_input_rms(points, topo.last_step)
+    return loss_evidence.raw_input_rms(series, topo.last_step) if root.layer == first else None
