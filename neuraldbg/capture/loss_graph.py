@@ -637,8 +637,16 @@ def weighs_log_probabilities(losses: list[Tensor]) -> str:
 
 def _is_ratio(node: object) -> bool:
     """Whether ``node`` (through a sign and reshaping) is the exp of a difference: PPO's probability ratio."""
-    found = _through(node, _WEIGHING_PATH)
-    return type(found).__name__ == "ExpBackward0" and type(_first_input(found)).__name__ == "SubBackward0"
+    return _ratio_of(_through(node, _WEIGHING_PATH)) is not None
+
+
+def _ratio_of(node: object) -> object | None:
+    """When ``node`` is the exp of a difference (a ratio of probabilities, ``exp(log_prob - old_log_prob)``), the
+    node of the difference's first term; else None."""
+    if type(node).__name__ != "ExpBackward0":
+        return None
+    below = _first_input(node)
+    return _first_input(below) if type(below).__name__ == "SubBackward0" else None
 
 
 def _both_signs(weight: object | None) -> bool:
@@ -662,10 +670,9 @@ def _picks_log_probability(node: object) -> bool:
             break
         picked = picked or name in _SELECTING
         node = _first_input(node)
-    name = type(node).__name__
-    if name == "ExpBackward0":
-        below = _first_input(node)
-        return type(below).__name__ == "SubBackward0" and _picks_log_probability(_first_input(below))
+    if type(node).__name__ == "ExpBackward0":
+        term = _ratio_of(node)
+        return term is not None and _picks_log_probability(term)
     if _is_gaussian_log_density(node):
         return True
     return picked and _is_log_probability(node)
@@ -687,8 +694,8 @@ def _is_log_probability(node: object) -> bool:
     found = _through(node, _WEIGHING_PATH)
     name = type(found).__name__
     if name == "ExpBackward0":  # a probability ratio, exp(log_prob - old_log_prob): PPO's surrogate weighs it
-        below = _first_input(found)
-        return type(below).__name__ == "SubBackward0" and _is_log_probability(_first_input(below))
+        term = _ratio_of(found)
+        return term is not None and _is_log_probability(term)
     if name == "LogSoftmaxBackward0":
         return True
     if name == "LogBackward0":
