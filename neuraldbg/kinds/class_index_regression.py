@@ -64,10 +64,10 @@ class ClassIndexRegression(Kind):
     def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
         if len(coverage.regression_target) != 4:
             return None
-        integer, low, high, variance = coverage.regression_target
-        values = high - low + 1
         if coverage.repeated_target is not None:
             return _repeated(coverage, coverage.repeated_target)
+        integer, low, high, variance = coverage.regression_target
+        values = high - low + 1
         # class indices start at 0 (what cross_entropy takes); integers from 1 are a scale: ratings of 1-5 stars
         if integer < 1 or low != 0 or not FEWEST_VALUES <= values <= MOST_VALUES or not variance > 0:
             return None
