@@ -41,11 +41,13 @@ from .overhead import CASES, Case, _fixture
 #: (label, class or module, function): what is timed, in the order printed. Nested parts are indented under their
 #: caller; a function of a module is timed wherever it is called from (its callers look it up on the module).
 PARTS: list[tuple[str, Any, str]] = [
-    ("forward hook (every module call)", ForwardPath, "on_module_output"),
+    ("the model's call begins (opens the pass)", ForwardPath, "on_model_call"),
     ("  commit of the last step", Recorder, "commit"),
     ("    flush", Recorder, "flush"),
     ("      analysis of the flushed records", Analyzer, "consume"),
-    ("  end of the model's forward", ForwardPath, "_end"),
+    ("forward hook (hooked passes: every module call)", ForwardPath, "on_module_output"),
+    ("the model's call returns (unhooked passes)", ForwardPath, "on_model_end"),
+    ("  end of the model's forward (either way)", ForwardPath, "_end"),
     ("    the output's cheap check", ForwardPath, "_check_ends"),
     ("      its norm and read (host_norm, from every caller)", tensors, "host_norm"),
     ("optimizer pre-hook", BackwardPath, "on_optimizer_step"),

@@ -125,12 +125,53 @@ class ForwardPath:
         self._thread = threading.get_ident()
         self.compiled.attach(self._names)
 
+    def model_calls(self) -> hooks.ModelCalls | None:
+        """What :func:`~neuraldbg.capture.hooks.on_model_calls` needs, while attached."""
+        if self._root is None or hasattr(self._root, "_orig_mod"):  # a compiled module: its graphs see the hook
+            return None
+        layers = {module: name for module, name in self._names.items() if name}
+        return self._root, layers, self.on_model_call, self.on_model_end, self._seen
+
     def detach(self) -> None:
         self._names = {}
         self._root = None
         self._noted = []
         self.compiled.detach()
         self.release()
+
+    def on_model_call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """The watched model's own call begins (see :func:`~neuraldbg.capture.hooks.on_model_calls`): a training
+        forward pass opens here, before any layer runs. True when no layer call needs the module hook: a cheap
+        step, whose layers' outputs are only kept (see :func:`~neuraldbg.capture.hooks.on_model_calls`: a
+        non-finite output is traced to the layer it began in; on a GPU they are measured with the output); the
+        module hook then sits the call out, torch calls every layer on its fast path, and :meth:`on_model_end` ends
+        the pass."""
+        rec = self._rec
+        if (
+            self._open
+            or not rec.active
+            or threading.get_ident() != self._thread
+            or not torch.is_grad_enabled()
+            or _transformed()
+        ):
+            return False
+        try:
+            self._begin()
+        except Exception as exc:
+            rec.fail("the forward hook of the model", exc)
+            return False
+        return (
+            not self._full
+            and self.nodes is None  # the loss's graph is being checked: its nodes are named from the layers' outputs
+            and not hooks.compiled_any()  # a graph compiled while the hook is out would never call it
+        )
+
+    def on_model_end(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        """The watched model's own call returned, its layers unseen (see :meth:`on_model_call`)."""
+        try:
+            self._end(args, kwargs, output)
+        except Exception as exc:
+            self._rec.fail("the forward hook of the model", exc)
 
     def on_module_output(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         """The global forward hook, called after every module call in the process."""

@@ -25,6 +25,7 @@ import re
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -64,6 +65,9 @@ def require_torch(version: str) -> None:
 require_torch(str(torch.__version__))
 
 ModuleHook = Callable[[torch.nn.Module, tuple[Any, ...], dict[str, Any], Any], None]
+#: ``(model, its layers to their names, start, end, the list a muted call's layer outputs go to)``: see
+#: :func:`on_model_calls`
+ModelCalls = tuple[torch.nn.Module, dict[torch.nn.Module, str], Any, Any, list[tuple[str, Any]]]
 OptimizerHook = Callable[[torch.optim.Optimizer, tuple[Any, ...], dict[str, Any]], None]
 
 
@@ -82,12 +86,36 @@ class HookHandle:
         self._quiet = quiet  # the warnings filter installed while attached
         #: the module hook's key in torch's global table: pass it to the next :func:`attach` of the same debugger
         self.key: int | None = handles[0].id if handles else None
+        self._module_hook: ModuleHook | None = None  # held while the module hook sits a model call out (see mute)
+
+    @property
+    def muted(self) -> bool:
+        """Whether the module hook sits a model call out now (see :meth:`mute`)."""
+        return self._module_hook is not None
 
     @property
     def attached(self) -> bool:
         return bool(self._handles)
 
+    def mute(self) -> bool:
+        """Take the module hook out of torch's global table until :meth:`unmute` (a model call that runs without
+        it: with no global module hook, torch calls every module on its fast path). False when it is not there."""
+        table = _module_globals._global_forward_hooks
+        if self._module_hook is not None or self.key is None or self.key not in table:
+            return False
+        self._module_hook = table.pop(self.key)
+        _GLOBAL_WITH_KWARGS.pop(self.key, None)
+        return True
+
+    def unmute(self) -> None:
+        """Put the module hook back under its key (torch.compile's guards see the same table as before)."""
+        hook, self._module_hook = self._module_hook, None
+        if hook is not None and self.key is not None and self._handles:
+            _module_globals._global_forward_hooks[self.key] = hook
+            _GLOBAL_WITH_KWARGS[self.key] = True
+
     def remove(self) -> None:
+        self._module_hook = None
         while self._handles:
             handle = self._handles.pop()
             handle.remove()
@@ -120,27 +148,35 @@ def attach(
     *,
     key: int | None = None,
     on_backward: BackwardListener | None = None,
+    model_calls: ModelCalls | None = None,
 ) -> HookHandle:
     """The global module forward hook (``hook(module, args, kwargs, output)``), the optimizer step pre- and
     post-hooks (``hook(optimizer, args, kwargs)``) and, when given, a backward-call listener (see
-    :func:`on_backward_calls`). Every callback must return None: nothing in the run changes.
+    :func:`on_backward_calls`) and the model's own calls (``(model, layers, start, end, seen)``, see
+    :func:`on_model_calls`).
+    Every callback must return None (a model call's ``start`` a bool): nothing in the run changes.
 
     ``key``: the :attr:`HookHandle.key` of this debugger's previous attachment. torch.compile guards on the keys
     of the global hook table; re-attaching the same callable under the same key keeps a compiled model's graphs
     valid, where a fresh key would recompile it on every ``attach()`` (and fall back to eager after 8)."""
     handles: list[Any] = []
+    result = HookHandle(handles)
     try:
         handles.append(_module_hook(on_module_output, key))
         handles.append(register_optimizer_step_pre_hook(on_step))
         handles.append(register_optimizer_step_post_hook(on_stepped))
         if on_backward is not None:
             handles.append(on_backward_calls(on_backward))
+        if model_calls is not None:
+            handles.append(on_model_calls(*model_calls, result))
     except BaseException:
         for handle in handles:
             handle.remove()
         raise
     warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
-    return HookHandle(handles, warnings.filters[0])
+    result.key = handles[0].id
+    result._quiet = warnings.filters[0]
+    return result
 
 
 def _module_hook(hook: ModuleHook, key: int | None) -> RemovableHandle:
@@ -181,6 +217,17 @@ def compiled_graphs() -> frozenset[str] | None:
 
 
 _unreadable = itertools.count()
+
+
+def compiled_any() -> bool:
+    """Whether torch.compile has compiled anything in this process (True when that cannot be read)."""
+    convert_frame = sys.modules.get("torch._dynamo.convert_frame")
+    if convert_frame is None:
+        return False
+    try:
+        return bool(convert_frame.input_codes.seen)
+    except Exception:  # a private API that moved
+        return True
 
 
 def forget_compiled_code() -> None:
@@ -317,3 +364,128 @@ class _ListenerHandle:
             _backward_listeners.remove(listener)
         if not _backward_listeners and torch.autograd.backward is _backward and _original_backward is not None:
             torch.autograd.backward = _original_backward
+
+
+# --- the watched model's own calls, and its layers' while the module hook sits a call out ----------------------
+
+#: ``start(model, args, kwargs)`` is called as a watched model's own call (``model(x)``) begins; True: the module
+#: hook sits the call out (see :meth:`HookHandle.mute`) and ``end(model, args, kwargs, output)`` is called as it
+#: returns, in its stead; the outputs of the model's layers in that call are appended to a list, ``(name, output)``.
+ModelCallStart = Callable[[torch.nn.Module, tuple[Any, ...], dict[str, Any]], bool]
+ModelCallEnd = Callable[[torch.nn.Module, tuple[Any, ...], dict[str, Any], Any], None]
+
+
+class _Root:
+    """A watched model: its callbacks and its debugger's hooks."""
+
+    __slots__ = ("end", "handle", "ref", "start")
+
+    def __init__(self, model: torch.nn.Module, start: ModelCallStart, end: ModelCallEnd, handle: HookHandle) -> None:
+        self.ref = weakref.ref(model)
+        self.start, self.end, self.handle = start, end, handle
+
+
+class _Layer:
+    """A layer of a watched model: its name, its debugger's hooks and where its outputs go while they are out."""
+
+    __slots__ = ("handle", "name", "ref", "seen")
+
+    def __init__(self, module: torch.nn.Module, name: str, handle: HookHandle, seen: list[tuple[str, Any]]) -> None:
+        self.ref = weakref.ref(module)
+        self.name, self.handle, self.seen = name, handle, seen
+
+
+_roots: dict[int, _Root] = {}  # by the model's identity
+_layers: dict[int, _Layer] = {}  # by the layer's identity
+#: the classes whose ``__call__`` is wrapped: the call it resolved to before, whether the class held it itself, and
+#: how many watched modules (models and layers) are of that class
+_wrapped: dict[type, list[Any]] = {}
+
+
+def on_model_calls(
+    model: torch.nn.Module,
+    layers: dict[torch.nn.Module, str],
+    start: ModelCallStart,
+    end: ModelCallEnd,
+    seen: list[tuple[str, Any]],
+    handle: HookHandle,
+) -> Any:
+    """See a watched model's own calls from their start, and its layers' outputs in the calls the module hook sits
+    out. The ``__call__`` of each class among them is wrapped while a module of that class is watched: every other
+    instance, and every call traced by torch.compile, goes straight to the call the class had (one Python call
+    more than before, where a global module hook sends every module call of the process down torch's slow path).
+    Nothing is stored on the modules: they pickle and deep-copy as they are. ``model.forward(x)`` called directly,
+    and a model that is never called itself (its submodules called one by one), are not seen here: the module hook
+    sees their layers as before. A module another debugger watches already is left to that one."""
+    mine: list[tuple[torch.nn.Module, int, dict[int, Any]]] = []
+    if id(model) not in _roots:
+        _roots[id(model)] = _Root(model, start, end, handle)
+        mine.append((model, id(model), _roots))
+    for module, name in layers.items():
+        if module is not model and id(module) not in _layers:
+            _layers[id(module)] = _Layer(module, name, handle, seen)
+            mine.append((module, id(module), _layers))
+    for module, _, _ in mine:
+        cls = type(module)
+        if cls in _wrapped:
+            _wrapped[cls][2] += 1
+            continue
+        before = cls.__call__
+        _wrapped[cls] = [before, "__call__" in cls.__dict__, 1]
+        cls.__call__ = _watched_call(cls, before)  # type: ignore[method-assign]
+    return _ModelCallsHandle([(type(module), key, table) for module, key, table in mine])
+
+
+def _watched_call(cls: type, original: Callable[..., Any]) -> Callable[..., Any]:
+    """The wrapped ``__call__`` of a class some watched module is of."""
+
+    @functools.wraps(original)
+    def __call__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return original(self, *args, **kwargs)
+        key = id(self)
+        root = _roots.get(key)
+        if root is not None and type(self) is cls and root.ref() is self:
+            muted = root.start(self, args, kwargs) and root.handle.mute()
+            if not muted:
+                return original(self, *args, **kwargs)
+            try:
+                output = original(self, *args, **kwargs)
+            finally:
+                root.handle.unmute()
+            root.end(self, args, kwargs, output)
+            return output
+        output = original(self, *args, **kwargs)
+        layer = _layers.get(key)
+        if layer is not None and layer.handle.muted and type(self) is cls and layer.ref() is self:
+            layer.seen.append((layer.name, output))
+        return output
+
+    return __call__
+
+
+class _ModelCallsHandle:
+    """Stops seeing one debugger's model and layers (and unwraps each class with its last watched module)."""
+
+    id = None  # not in torch's table of module hooks
+
+    def __init__(self, mine: list[tuple[type, int, dict[int, Any]]]) -> None:
+        self._mine = mine
+
+    def remove(self) -> None:
+        mine, self._mine = self._mine, []
+        for cls, key, table in mine:
+            table.pop(key, None)
+            count = _wrapped.get(cls)
+            if count is None:
+                continue
+            count[2] -= 1
+            if count[2] > 0:
+                continue
+            before, own, _ = _wrapped.pop(cls)
+            if getattr(cls.__dict__.get("__call__"), "__wrapped__", None) is not before:
+                continue  # something wrapped the class after us: our call stays, passing every call through
+            if own:
+                cls.__call__ = before  # type: ignore[method-assign,assignment]
+            else:
+                delattr(cls, "__call__")

@@ -124,6 +124,7 @@ class Recorder:
             self.backward.on_optimizer_stepped,
             key=self._hook_key,
             on_backward=self.ledger.before,
+            model_calls=self.forward.model_calls(),
         )
         self._hook_key = self._handle.key
 

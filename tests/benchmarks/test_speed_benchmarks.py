@@ -131,9 +131,11 @@ def test_the_step_parts_are_timed_inside_the_loop_and_the_timers_are_removed_aft
     assert m.plain > 0 and m.watched > 0
     assert set(m.plain_phases) == set(m.watched_phases) == set(step_parts.PHASES)
     assert sum(m.plain_phases.values()) <= m.plain  # the phases lie within the step
-    hook, pre = parts["forward hook (every module call)"], parts["optimizer pre-hook"]
-    assert hook > 0 and pre > 0
-    assert parts["    the output's cheap check"] <= parts["  end of the model's forward"] <= hook  # nested: within
+    hook, pre = parts["forward hook (hooked passes: every module call)"], parts["optimizer pre-hook"]
+    start, end = parts["the model's call begins (opens the pass)"], parts["the model's call returns (unhooked passes)"]
+    assert hook > 0 and pre > 0 and start > 0 and end > 0  # the warm-up's last full steps hook, its cheap ones do not
+    assert parts["    the output's cheap check"] <= parts["  end of the model's forward (either way)"] <= hook + end
+    assert parts["    flush"] <= parts["  commit of the last step"]  # nested: within
     assert parts["  finite check of the gradients"] <= pre
     assert 0 < parts["    their copy, sum and read (surely_finite)"] <= parts["  finite check of the gradients"]
     assert gc.isenabled()

@@ -1,0 +1,245 @@
+"""Cheap CPU steps run the model without the global module hook (torch then calls every layer on its fast path):
+the model's own call opens the pass, the layers' outputs are still kept, and the hook is back outside that call.
+
+Whether the hook is in torch's table is read from inside the model's forward (a probe layer), in plain torch terms:
+``torch.nn.modules.module._global_forward_hooks``. Runs in a process where torch.compile compiled something keep the
+hook on every pass (see test_after_torch_compile_ran_every_pass_keeps_the_module_hook), so the tests that expect
+unhooked passes say that nothing was compiled, whatever ran before them in this process.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules import module as module_globals
+
+from neuraldbg import FailureKind, NeuralDbg
+from neuraldbg.capture import hooks
+
+
+class Probe(nn.Module):
+    """Passes its input through and notes, per call, whether any global module hook is in torch's table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hooked: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.hooked.append(bool(module_globals._global_forward_hooks))
+        return x
+
+
+class Log(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x)
+
+
+@pytest.fixture
+def nothing_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hooks, "compiled_any", lambda: False)
+
+
+def _train(model: nn.Module, steps: int, between: list[bool] | None = None) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x, y = torch.randn(16, 6, generator=g), torch.randn(16, 1, generator=g)
+        opt.zero_grad()
+        out = model(x)
+        if between is not None:  # outside the model's call, between its forward and its loss
+            between.append(bool(module_globals._global_forward_hooks))
+        F.mse_loss(out, y).backward()
+        opt.step()
+
+
+def test_a_cheap_cpu_pass_runs_without_the_module_hook_and_a_full_pass_with_it(nothing_compiled):
+    torch.manual_seed(0)
+    probe = Probe()
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), probe, nn.Linear(8, 1))
+    assert not module_globals._global_forward_hooks  # no other hook in this process: what the probe sees is ours
+    between: list[bool] = []
+    with NeuralDbg(model) as dbg:
+        _train(model, 40, between)
+    hooked = probe.hooked
+    assert dbg.steps == 40 and len(hooked) == 40
+    assert all(hooked[:17])  # the first 16 steps are fully observed: every layer seen by the hook
+    assert hooked[32]  # ... and every 16th after
+    assert not any(hooked[17:32]) and not any(hooked[33:40])  # cheap steps: torch's fast path for every layer
+    assert all(between)  # the hook is back as soon as the model's call returns
+    assert not module_globals._global_forward_hooks  # and gone after the block
+    for cls in (nn.Sequential, nn.Linear, nn.ReLU, Probe):
+        assert "__call__" not in cls.__dict__  # every class unwrapped
+
+
+def test_a_pass_on_another_thread_or_without_gradients_keeps_the_hook(nothing_compiled):
+    torch.manual_seed(0)
+    probe = Probe()
+    model = nn.Sequential(nn.Linear(6, 8), probe, nn.Linear(8, 1))
+    with NeuralDbg(model):
+        _train(model, 20)
+        with torch.no_grad():  # a validation pass: not a training step, the hook decides as before
+            model(torch.randn(4, 6))
+    assert probe.hooked[17] is False and probe.hooked[-1] is True
+
+
+def test_a_non_finite_value_begun_on_an_unhooked_pass_is_traced_to_its_layer(nothing_compiled):
+    def build() -> nn.Sequential:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 16), Log(), Probe(), nn.Linear(16, 1))
+        with torch.no_grad():
+            model[2].bias.fill_(5.0)  # log's input positive on ordinary batches
+        return model
+
+    def batches():
+        g = torch.Generator().manual_seed(3)
+        for i in range(120):
+            x, y = torch.randn(32, 10, generator=g), torch.randn(32, 1, generator=g)
+            yield i, (x * 1e4 if i == 100 else x), y  # one batch of raw, unscaled values at step 100
+
+    # ground truth, plain torch: at step 100 log is given finite values and returns non-finite ones
+    plain = build()
+    opt = torch.optim.SGD(plain.parameters(), lr=1e-3)
+    for i, x, y in batches():
+        opt.zero_grad()
+        h = plain[2](plain[1](plain[0](x)))
+        if i == 100:
+            assert torch.isfinite(h).all() and not torch.isfinite(torch.log(h)).all()
+            break
+        assert torch.isfinite(torch.log(h)).all()
+        F.mse_loss(plain(x), y).backward()
+        opt.step()
+
+    model = build()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with NeuralDbg(model) as dbg:
+        for _, x, y in batches():
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+    assert model[4].hooked[100] is False  # the step was a cheap, unhooked one
+    first = next(e for e in dbg.events if e.kind is FailureKind.NON_FINITE)
+    assert (first.layer, first.step_start) == ("3", 100)
+    assert "'3' (Log) produced non-finite values" in dbg.explain_failure()[0]
+
+
+def test_a_model_raising_in_an_unhooked_pass_gets_the_module_hook_back(nothing_compiled):
+    class Flaky(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.calls += 1
+            if self.calls == 20:
+                raise RuntimeError("a bad batch")
+            return x
+
+    torch.manual_seed(0)
+    flaky, probe = Flaky(), Probe()
+    model = nn.Sequential(nn.Linear(6, 8), flaky, probe, nn.Linear(8, 1))
+    with NeuralDbg(model) as dbg:
+        _train(model, 19)
+        with pytest.raises(RuntimeError, match="a bad batch"):
+            model(torch.randn(4, 6))
+        assert module_globals._global_forward_hooks  # back in torch's table
+        _train(model, 10)
+    assert dbg.steps == 29
+    assert probe.hooked[-1] is False  # cheap steps after it still run unhooked
+
+
+def test_a_model_watched_and_copied_mid_run_pickles_and_other_instances_are_untouched(nothing_compiled):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 1))
+    other = nn.Linear(6, 3)
+    x = torch.randn(5, 6)
+    expected = other(x)
+    with NeuralDbg(model) as dbg:
+        _train(model, 20)  # step 20: a cheap step
+        twin = copy.deepcopy(model)
+        saved = io.BytesIO()
+        torch.save(model, saved)
+        restored = pickle.loads(pickle.dumps(model))
+        assert torch.equal(other(x), expected)
+        seen = dbg._recorder.forward._seen
+        model(torch.randn(2, 6))  # a cheap pass: its layers' outputs are kept until the pass is let go ...
+        other(x)
+        assert all(name in {"0", "1", "2"} for name, _ in seen)  # ... and no other module's
+    for copied in (twin, restored):
+        assert torch.equal(copied(x), model(x))
+        assert not copied._forward_hooks and not copied[0]._forward_hooks
+    assert "__call__" not in nn.Linear.__dict__ and "__call__" not in nn.Sequential.__dict__
+
+
+def test_a_class_wrapped_by_someone_else_after_the_debugger_keeps_working(nothing_compiled):
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(6, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x)
+
+    torch.manual_seed(0)
+    model = Net()
+    calls: list[int] = []
+    with NeuralDbg(model) as dbg:
+        ours = Net.__call__
+
+        def theirs(self, *args, **kwargs):
+            calls.append(1)
+            return ours(self, *args, **kwargs)
+
+        Net.__call__ = theirs
+        _train(model, 20)
+    assert dbg.steps == 20 and len(calls) == 20
+    Net.__call__ = ours  # still ours, passing every call through now that nothing is watched
+    assert torch.equal(model(torch.ones(1, 6)), model.fc(torch.ones(1, 6)))
+
+
+def test_after_torch_compile_ran_every_pass_keeps_the_module_hook(monkeypatch: pytest.MonkeyPatch):
+    compiled = torch.compile(lambda t: t * 2 + 1, backend="eager")
+    assert torch.equal(compiled(torch.ones(3)), torch.full((3,), 3.0))
+    assert hooks.compiled_any()  # read from torch.compile's own bookkeeping
+    torch.manual_seed(0)
+    probe = Probe()
+    model = nn.Sequential(nn.Linear(6, 8), probe, nn.Linear(8, 1))
+    with NeuralDbg(model):
+        _train(model, 30)
+    assert all(probe.hooked)  # a graph compiled while the hook is out would never call it: it stays in
+
+
+def test_the_device_path_runs_unhooked_too_and_still_measures_every_layer_on_a_cheap_step(nothing_compiled):
+    torch.manual_seed(0)
+    probe = Probe()
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), probe, nn.Linear(8, 1))
+    dbg = NeuralDbg(model)
+    dbg._recorder.host_reads_are_free = False  # a GPU's path: every layer output's norm on every step
+    records = []
+    sink = dbg._recorder._sink
+    dbg._recorder._sink = lambda found: (records.extend(found), sink(found))[1]
+    with dbg:
+        _train(model, 20)
+    cheap = [r for r in records if not r.full]
+    assert cheap and probe.hooked[17] is False
+    for record in cheap:  # the layer outputs kept on an unhooked pass are measured as the hook's were
+        assert {key[0] for key in record.act} >= {"0", "1", "2", "3"}
+
+
+def test_a_pass_whose_loss_graph_is_checked_sees_every_layer(nothing_compiled):
+    torch.manual_seed(0)
+    probe = Probe()
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), probe, nn.Linear(8, 1))
+    with NeuralDbg(model) as dbg:
+        _train(model, 20)  # cheap steps by now
+        fwd = dbg._recorder.forward
+        fwd.nodes = {}  # a check of the loss's graph wants the graph nodes of the layers' outputs named
+        model(torch.randn(4, 6))
+        named = set(fwd.nodes.values())
+    assert probe.hooked[-1] is True and probe.hooked[-2] is False
+    assert named >= {"0", "1", "3"}  # "2" passes its input through: its output's node is the ReLU's
