@@ -425,15 +425,20 @@ def on_model_calls(
         if module is not model and id(module) not in _layers:
             _layers[id(module)] = _Layer(module, name, handle, seen)
             mine.append((module, id(module), _layers))
-    for module, _, _ in mine:
+    kept: list[tuple[type, int, dict[int, Any]]] = []
+    for module, key, table in mine:
         cls = type(module)
-        if cls in _wrapped:
-            _wrapped[cls][2] += 1
-            continue
-        before = cls.__call__
-        _wrapped[cls] = [before, "__call__" in cls.__dict__, 1]
-        cls.__call__ = _watched_call(cls, before)  # type: ignore[method-assign]
-    return _ModelCallsHandle([(type(module), key, table) for module, key, table in mine])
+        if cls not in _wrapped:
+            before, own = cls.__call__, "__call__" in cls.__dict__
+            try:
+                cls.__call__ = _watched_call(cls, before)  # type: ignore[method-assign]
+            except (AttributeError, TypeError):  # a class that takes no attribute: the module hook sees its calls
+                table.pop(key, None)
+                continue
+            _wrapped[cls] = [before, own, 0]
+        _wrapped[cls][2] += 1
+        kept.append((cls, key, table))
+    return _ModelCallsHandle(kept)
 
 
 def _watched_call(cls: type, original: Callable[..., Any]) -> Callable[..., Any]:

@@ -243,3 +243,20 @@ def test_a_pass_whose_loss_graph_is_checked_sees_every_layer(nothing_compiled):
         named = set(fwd.nodes.values())
     assert probe.hooked[-1] is True and probe.hooked[-2] is False
     assert named >= {"0", "1", "3"}  # "2" passes its input through: its output's node is the ReLU's
+
+
+def test_a_model_of_a_class_that_takes_no_attribute_is_watched_through_the_module_hook(nothing_compiled):
+    class Closed(type(nn.Module)):
+        def __setattr__(cls, name, value):
+            raise AttributeError(f"{cls.__name__} is closed")
+
+    class Net(nn.Sequential, metaclass=Closed):
+        pass
+
+    torch.manual_seed(0)
+    probe = Probe()
+    model = Net(nn.Linear(6, 8), nn.ReLU(), probe, nn.Linear(8, 1))
+    with NeuralDbg(model) as dbg:
+        _train(model, 20)
+    assert dbg.steps == 20 and all(probe.hooked)  # the model's call is not seen: every pass keeps the hook
+    assert "__call__" not in nn.Linear.__dict__  # its layers' classes were wrapped for the run, and unwrapped
