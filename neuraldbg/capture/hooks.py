@@ -395,6 +395,9 @@ class _Layer:
         self.name, self.handle, self.seen = name, handle, seen
 
 
+_fx_trace = sys.modules.get("torch.fx._symbolic_trace")
+#: whether ``torch.fx.symbolic_trace`` is tracing (torch.export and torch.compile are told by is_compiling)
+_fx_tracing: Callable[[], bool] = getattr(_fx_trace, "is_fx_symbolic_tracing", lambda: False)
 _roots: dict[int, _Root] = {}  # by the model's identity
 _layers: dict[int, _Layer] = {}  # by the layer's identity
 #: the classes whose ``__call__`` is wrapped: the call it resolved to before, whether the class held it itself, and
@@ -431,7 +434,7 @@ def on_model_calls(
         if cls not in _wrapped:
             before, own = cls.__call__, "__call__" in cls.__dict__
             try:
-                cls.__call__ = _watched_call(cls, before)  # type: ignore[method-assign]
+                cls.__call__ = _watched_call(cls, before, own)  # type: ignore[method-assign]
             except (AttributeError, TypeError):  # a class that takes no attribute: the module hook sees its calls
                 table.pop(key, None)
                 continue
@@ -441,11 +444,13 @@ def on_model_calls(
     return _ModelCallsHandle(kept)
 
 
-def _watched_call(cls: type, original: Callable[..., Any]) -> Callable[..., Any]:
-    """The wrapped ``__call__`` of a class some watched module is of."""
+def _watched_call(cls: type, original: Callable[..., Any], own: bool) -> Callable[..., Any]:
+    """The wrapped ``__call__`` of a class some watched module is of (``own``: the class defined the one it had)."""
 
     @functools.wraps(original)
     def __call__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if _fx_tracing():  # torch.fx replaces Module.__call__ while it traces: the class's call must reach it
+            return original(self, *args, **kwargs) if own else super(cls, self).__call__(*args, **kwargs)
         if torch.compiler.is_compiling():
             return original(self, *args, **kwargs)
         key = id(self)

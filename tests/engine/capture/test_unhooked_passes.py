@@ -260,3 +260,14 @@ def test_a_model_of_a_class_that_takes_no_attribute_is_watched_through_the_modul
         _train(model, 20)
     assert dbg.steps == 20 and all(probe.hooked)  # the model's call is not seen: every pass keeps the hook
     assert "__call__" not in nn.Linear.__dict__  # its layers' classes were wrapped for the run, and unwrapped
+
+
+def test_torch_fx_traces_a_watched_model_as_it_traces_it_unwatched(nothing_compiled):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 1))
+    plain = [(n.op, n.target) for n in torch.fx.symbolic_trace(model).graph.nodes]
+    assert [op for op, _ in plain].count("call_module") == 3  # its layers are leaves
+    with NeuralDbg(model):
+        _train(model, 20)
+        assert [(n.op, n.target) for n in torch.fx.symbolic_trace(model).graph.nodes] == plain
+        _train(model, 5)
