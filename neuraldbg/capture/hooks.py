@@ -450,7 +450,9 @@ def _watched_call(cls: type, original: Callable[..., Any], own: bool) -> Callabl
     @functools.wraps(original)
     def __call__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if _fx_tracing():  # torch.fx replaces Module.__call__ while it traces: the class's call must reach it
-            return original(self, *args, **kwargs) if own else super(cls, self).__call__(*args, **kwargs)
+            if own:
+                return original(self, *args, **kwargs)
+            return super(cls, self).__call__(*args, **kwargs)  # type: ignore[arg-type]
         if torch.compiler.is_compiling():
             return original(self, *args, **kwargs)
         key = id(self)
