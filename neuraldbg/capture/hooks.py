@@ -388,11 +388,12 @@ class _Root:
 class _Layer:
     """A layer of a watched model: its name, its debugger's hooks and where its outputs go while they are out."""
 
-    __slots__ = ("handle", "name", "ref", "seen")
+    __slots__ = ("handle", "name", "ref", "seen", "thread")
 
     def __init__(self, module: torch.nn.Module, name: str, handle: HookHandle, seen: list[tuple[str, Any]]) -> None:
         self.ref = weakref.ref(module)
         self.name, self.handle, self.seen = name, handle, seen
+        self.thread = threading.get_ident()  # the training thread (another one may serve predictions meanwhile)
 
 
 _fx_trace = sys.modules.get("torch.fx._symbolic_trace")
@@ -469,7 +470,13 @@ def _watched_call(cls: type, original: Callable[..., Any], own: bool) -> Callabl
             return output
         output = original(self, *args, **kwargs)
         layer = _layers.get(key)
-        if layer is not None and layer.handle.muted and type(self) is cls and layer.ref() is self:
+        if (
+            layer is not None
+            and layer.handle.muted
+            and type(self) is cls
+            and layer.ref() is self
+            and threading.get_ident() == layer.thread
+        ):
             layer.seen.append((layer.name, output))
         return output
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import io
 import pickle
+import threading
 
 import pytest
 import torch
@@ -271,3 +272,47 @@ def test_torch_fx_traces_a_watched_model_as_it_traces_it_unwatched(nothing_compi
         _train(model, 20)
         assert [(n.op, n.target) for n in torch.fx.symbolic_trace(model).graph.nodes] == plain
         _train(model, 5)
+
+
+def test_a_layer_called_from_another_thread_during_an_unhooked_pass_is_not_kept(nothing_compiled):
+    class Server(nn.Module):
+        """Passes its input through; on one call, has another thread run the first layer (a prediction served)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.serve: nn.Module | None = None
+            self.served: list[torch.Tensor] = []
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.serve is not None:
+                layer, self.serve = self.serve, None
+                worker = threading.Thread(target=lambda: self.served.append(layer(torch.randn(3, 6))))
+                worker.start()
+                worker.join()
+            return x
+
+    class Snapshot(nn.Module):
+        """Passes its input through, noting what the debugger keeps of the pass so far."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[tuple[str, object]] | None = None
+            self.kept: list[tuple[str, object]] = []
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.seen is not None:
+                self.kept = list(self.seen)
+            return x
+
+    torch.manual_seed(0)
+    server, snapshot = Server(), Snapshot()
+    model = nn.Sequential(nn.Linear(6, 8), server, nn.Linear(8, 1), snapshot)
+    with NeuralDbg(model) as dbg:
+        _train(model, 20)
+        snapshot.seen = dbg._recorder.forward._seen
+        server.serve = model[0]
+        out = model(torch.randn(4, 6))  # a cheap, unhooked pass
+        F.mse_loss(out, torch.zeros(4, 1)).backward()
+    assert len(server.served) == 1
+    assert [name for name, _ in snapshot.kept] == ["0", "1", "2"]  # the training thread's calls only, in order
+    assert all(output is not server.served[0] for _, output in snapshot.kept)
