@@ -24,6 +24,7 @@ import itertools
 import re
 import sys
 import threading
+import types
 import warnings
 import weakref
 from collections.abc import Callable
@@ -87,11 +88,8 @@ class HookHandle:
         #: the module hook's key in torch's global table: pass it to the next :func:`attach` of the same debugger
         self.key: int | None = handles[0].id if handles else None
         self._module_hook: ModuleHook | None = None  # held while the module hook sits a model call out (see mute)
-
-    @property
-    def muted(self) -> bool:
-        """Whether the module hook sits a model call out now (see :meth:`mute`)."""
-        return self._module_hook is not None
+        #: whether the module hook sits a model call out now (see :meth:`mute`; read on every layer call then)
+        self.muted = False
 
     @property
     def attached(self) -> bool:
@@ -105,17 +103,20 @@ class HookHandle:
             return False
         self._module_hook = table.pop(self.key)
         _GLOBAL_WITH_KWARGS.pop(self.key, None)
+        self.muted = True
         return True
 
     def unmute(self) -> None:
         """Put the module hook back under its key (torch.compile's guards see the same table as before)."""
         hook, self._module_hook = self._module_hook, None
+        self.muted = False
         if hook is not None and self.key is not None and self._handles:
             _module_globals._global_forward_hooks[self.key] = hook
             _GLOBAL_WITH_KWARGS[self.key] = True
 
     def remove(self) -> None:
         self._module_hook = None
+        self.muted = False
         while self._handles:
             handle = self._handles.pop()
             handle.remove()
@@ -396,9 +397,10 @@ class _Layer:
         self.thread = threading.get_ident()  # the training thread (another one may serve predictions meanwhile)
 
 
-_fx_trace = sys.modules.get("torch.fx._symbolic_trace")
-#: whether ``torch.fx.symbolic_trace`` is tracing (torch.export and torch.compile are told by is_compiling)
-_fx_tracing: Callable[[], bool] = getattr(_fx_trace, "is_fx_symbolic_tracing", lambda: False)
+#: torch.fx's tracer, whose ``_is_fx_tracing_flag`` says it is tracing (read on every call of a wrapped class)
+_fx = sys.modules.get("torch.fx._symbolic_trace") or types.SimpleNamespace(_is_fx_tracing_flag=False)
+_compiling = torch.compiler.is_compiling
+_get_ident = threading.get_ident
 _roots: dict[int, _Root] = {}  # by the model's identity
 _layers: dict[int, _Layer] = {}  # by the layer's identity
 #: the classes whose ``__call__`` is wrapped: the call it resolved to before, whether the class held it itself, and
@@ -450,13 +452,19 @@ def _watched_call(cls: type, original: Callable[..., Any], own: bool) -> Callabl
 
     @functools.wraps(original)
     def __call__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if _fx_tracing():  # torch.fx replaces Module.__call__ while it traces: the class's call must reach it
+        if _fx._is_fx_tracing_flag:  # torch.fx replaces Module.__call__ while it traces: the call must reach it
             if own:
                 return original(self, *args, **kwargs)
             return super(cls, self).__call__(*args, **kwargs)  # type: ignore[arg-type]
-        if torch.compiler.is_compiling():
+        if _compiling():
             return original(self, *args, **kwargs)
         key = id(self)
+        layer = _layers.get(key)
+        if layer is not None:
+            output = original(self, *args, **kwargs)
+            if layer.handle.muted and type(self) is cls and layer.ref() is self and _get_ident() == layer.thread:
+                layer.seen.append((layer.name, output))
+            return output
         root = _roots.get(key)
         if root is not None and type(self) is cls and root.ref() is self:
             muted = root.start(self, args, kwargs) and root.handle.mute()
@@ -468,17 +476,7 @@ def _watched_call(cls: type, original: Callable[..., Any], own: bool) -> Callabl
                 root.handle.unmute()
             root.end(self, args, kwargs, output)
             return output
-        output = original(self, *args, **kwargs)
-        layer = _layers.get(key)
-        if (
-            layer is not None
-            and layer.handle.muted
-            and type(self) is cls
-            and layer.ref() is self
-            and threading.get_ident() == layer.thread
-        ):
-            layer.seen.append((layer.name, output))
-        return output
+        return original(self, *args, **kwargs)
 
     return __call__
 
