@@ -115,6 +115,8 @@ class ForwardPath:
         self._sources: dict[str, tuple[str, float, float, str, bool]] = {}
         self._entered = 0  # layer calls with parameters given a floating input in this pass
         self._entries = 0  # their inputs read in this pass
+        self._own_hooks = False  # a watched layer has forward hooks or pre-hooks of its own (see on_module_output)
+        self._hooks_in_pass = False  # ... found so in the hooked pass under way
 
     def attach(self) -> None:
         model = self._model()
@@ -122,6 +124,9 @@ class ForwardPath:
             raise RuntimeError("the model was garbage-collected")
         self._root = model
         self._names = {module: name for name, module in naming.named_modules(model) if name in self._infos}
+        self._own_hooks = self._own_hooks or any(
+            m._forward_hooks or m._forward_pre_hooks for m in self._names if m is not model
+        )
         self._thread = threading.get_ident()
         self.compiled.attach(self._names)
 
@@ -149,6 +154,9 @@ class ForwardPath:
         rec = self._rec
         if (
             self._open
+            or self._own_hooks
+            or module._forward_hooks  # the module hook saw the output before the model's own hooks changed it
+            or module._forward_pre_hooks
             or not rec.active
             or threading.get_ident() != self._thread
             or not torch.is_grad_enabled()
@@ -181,6 +189,8 @@ class ForwardPath:
         name = self._names.get(module)
         if name is None:
             return
+        if module._forward_hooks or module._forward_pre_hooks:  # a layer whose output or input its own hooks change:
+            self._hooks_in_pass = True  # the module hook, called before them, sees what it made: passes keep it
         rec = self._rec
         if threading.get_ident() != self._thread:
             rec.coverage.other_thread_forwards += not name
@@ -201,6 +211,7 @@ class ForwardPath:
             if name and self._full and isinstance(module, nn.MultiheadAttention):
                 self._note_attention(name, args, kwargs)
             if not name:
+                self._own_hooks, self._hooks_in_pass = self._hooks_in_pass, False  # as this hooked pass found them
                 if self._full and self._range_checks:  # the model's own data argument (a tensor it concatenates)
                     self._note_source(name, args, kwargs, output)
                 self._end(args, kwargs, output)

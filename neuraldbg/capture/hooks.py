@@ -24,7 +24,6 @@ import itertools
 import re
 import sys
 import threading
-import types
 import warnings
 import weakref
 from collections.abc import Callable
@@ -90,6 +89,7 @@ class HookHandle:
         self._module_hook: ModuleHook | None = None  # held while the module hook sits a model call out (see mute)
         #: whether the module hook sits a model call out now (see :meth:`mute`; read on every layer call then)
         self.muted = False
+        self._after_it: list[int] = []
 
     @property
     def attached(self) -> bool:
@@ -101,18 +101,25 @@ class HookHandle:
         table = _module_globals._global_forward_hooks
         if self._module_hook is not None or self.key is None or self.key not in table:
             return False
+        # its with_kwargs flag stays: another thread that took the table's hooks just before still calls it with
+        # the keyword arguments, and a flag without a hook costs torch nothing
+        keys = list(table)
+        self._after_it = keys[keys.index(self.key) + 1 :]  # the hooks registered after it, put back after it
         self._module_hook = table.pop(self.key)
-        _GLOBAL_WITH_KWARGS.pop(self.key, None)
         self.muted = True
         return True
 
     def unmute(self) -> None:
-        """Put the module hook back under its key (torch.compile's guards see the same table as before)."""
+        """Put the module hook back under its key, where it was in the table (torch.compile's guards, and the
+        hooks of others that modify an output, see the same table as before)."""
         hook, self._module_hook = self._module_hook, None
         self.muted = False
         if hook is not None and self.key is not None and self._handles:
-            _module_globals._global_forward_hooks[self.key] = hook
-            _GLOBAL_WITH_KWARGS[self.key] = True
+            table = _module_globals._global_forward_hooks
+            table[self.key] = hook
+            for key in self._after_it:
+                if key in table:
+                    table[key] = table.pop(key)  # to the end
 
     def remove(self) -> None:
         self._module_hook = None
@@ -377,13 +384,15 @@ ModelCallEnd = Callable[[torch.nn.Module, tuple[Any, ...], dict[str, Any], Any],
 
 
 class _Root:
-    """A watched model: its callbacks and its debugger's hooks."""
+    """A watched model: its callbacks, its debugger's hooks, and how deep in its own calls the process is."""
 
-    __slots__ = ("end", "handle", "ref", "start")
+    __slots__ = ("depth", "end", "handle", "reentered", "ref", "start")
 
     def __init__(self, model: torch.nn.Module, start: ModelCallStart, end: ModelCallEnd, handle: HookHandle) -> None:
         self.ref = weakref.ref(model)
         self.start, self.end, self.handle = start, end, handle
+        self.depth = 0
+        self.reentered = False  # called inside its own call once (a forward calling ``self`` on chunks): never muted
 
 
 class _Layer:
@@ -397,15 +406,13 @@ class _Layer:
         self.thread = threading.get_ident()  # the training thread (another one may serve predictions meanwhile)
 
 
-#: torch.fx's tracer, whose ``_is_fx_tracing_flag`` says it is tracing (read on every call of a wrapped class)
-_fx = sys.modules.get("torch.fx._symbolic_trace") or types.SimpleNamespace(_is_fx_tracing_flag=False)
+_roots: dict[int, _Root] = {}  # by the model's identity
+_layers: dict[int, list[_Layer]] = {}  # by the layer's identity: one entry per debugger watching it
+#: ``nn.Module.__call__`` as it was before the debugger wrapped it, while wrapped
+_module_call: list[Callable[..., Any]] = []
 _compiling = torch.compiler.is_compiling
 _get_ident = threading.get_ident
-_roots: dict[int, _Root] = {}  # by the model's identity
-_layers: dict[int, _Layer] = {}  # by the layer's identity
-#: the classes whose ``__call__`` is wrapped: the call it resolved to before, whether the class held it itself, and
-#: how many watched modules (models and layers) are of that class
-_wrapped: dict[type, list[Any]] = {}
+_grad_enabled = torch.is_grad_enabled
 
 
 def on_model_calls(
@@ -417,92 +424,87 @@ def on_model_calls(
     handle: HookHandle,
 ) -> Any:
     """See a watched model's own calls from their start, and its layers' outputs in the calls the module hook sits
-    out. The ``__call__`` of each class among them is wrapped while a module of that class is watched: every other
-    instance, and every call traced by torch.compile, goes straight to the call the class had (one Python call
-    more than before, where a global module hook sends every module call of the process down torch's slow path).
-    Nothing is stored on the modules: they pickle and deep-copy as they are. ``model.forward(x)`` called directly,
-    and a model that is never called itself (its submodules called one by one), are not seen here: the module hook
-    sees their layers as before. A module another debugger watches already is left to that one."""
-    mine: list[tuple[torch.nn.Module, int, dict[int, Any]]] = []
+    out: ``nn.Module.__call__`` is wrapped while a debugger is attached (one Python call more per module call of
+    the process, where a global module hook sends every one of them down torch's slow path); the wrapper looks the
+    module up by identity and otherwise passes the call through. Calls traced by torch.compile go straight to
+    torch; torch.fx replaces ``nn.Module.__call__`` while it traces, as it always does. Nothing is stored on the
+    modules: they pickle and deep-copy as they are, and a module whose class changes (a lazy layer, a
+    parametrisation) is still seen. ``model.forward(x)`` called directly, and a model that is never called itself
+    (its submodules called one by one), are not seen here: the module hook sees their layers as before. A model a
+    debugger watches already is left to that one."""
+    mine: list[tuple[int, Any]] = []
     if id(model) not in _roots:
-        _roots[id(model)] = _Root(model, start, end, handle)
-        mine.append((model, id(model), _roots))
+        root = _Root(model, start, end, handle)
+        _roots[id(model)] = root
+        mine.append((id(model), root))
     for module, name in layers.items():
-        if module is not model and id(module) not in _layers:
-            _layers[id(module)] = _Layer(module, name, handle, seen)
-            mine.append((module, id(module), _layers))
-    kept: list[tuple[type, int, dict[int, Any]]] = []
-    for module, key, table in mine:
-        cls = type(module)
-        if cls not in _wrapped:
-            before, own = cls.__call__, "__call__" in cls.__dict__
-            try:
-                cls.__call__ = _watched_call(cls, before, own)  # type: ignore[method-assign]
-            except (AttributeError, TypeError):  # a class that takes no attribute: the module hook sees its calls
-                table.pop(key, None)
-                continue
-            _wrapped[cls] = [before, own, 0]
-        _wrapped[cls][2] += 1
-        kept.append((cls, key, table))
-    return _ModelCallsHandle(kept)
+        if module is not model:
+            layer = _Layer(module, name, handle, seen)
+            _layers.setdefault(id(module), []).append(layer)
+            mine.append((id(module), layer))
+    if not _module_call:
+        _module_call.append(torch.nn.Module.__call__)
+        torch.nn.Module.__call__ = _watched_call  # type: ignore[method-assign]
+    return _ModelCallsHandle(mine)
 
 
-def _watched_call(cls: type, original: Callable[..., Any], own: bool) -> Callable[..., Any]:
-    """The wrapped ``__call__`` of a class some watched module is of (``own``: the class defined the one it had)."""
-
-    @functools.wraps(original)
-    def __call__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if _fx._is_fx_tracing_flag:  # torch.fx replaces Module.__call__ while it traces: the call must reach it
-            if own:
-                return original(self, *args, **kwargs)
-            return super(cls, self).__call__(*args, **kwargs)  # type: ignore[arg-type]
-        if _compiling():
-            return original(self, *args, **kwargs)
-        key = id(self)
-        layer = _layers.get(key)
-        if layer is not None:
-            output = original(self, *args, **kwargs)
-            if layer.handle.muted and type(self) is cls and layer.ref() is self and _get_ident() == layer.thread:
-                layer.seen.append((layer.name, output))
-            return output
-        root = _roots.get(key)
-        if root is not None and type(self) is cls and root.ref() is self:
-            muted = root.start(self, args, kwargs) and root.handle.mute()
-            if not muted:
-                return original(self, *args, **kwargs)
-            try:
-                output = original(self, *args, **kwargs)
-            finally:
+def _watched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """``nn.Module.__call__`` while a debugger is attached."""
+    call = _module_call[0] if _module_call else _wrapped_call_impl
+    if _compiling():
+        return call(self, *args, **kwargs)
+    key = id(self)
+    root = _roots.get(key)
+    if root is None or root.ref() is not self:
+        output = call(self, *args, **kwargs)
+    elif root.depth:  # the model called inside its own call: each such call is a pass, as the module hook sees it
+        root.reentered = True
+        output = call(self, *args, **kwargs)
+    else:
+        muted = not root.reentered and root.start(self, args, kwargs) and root.handle.mute()
+        root.depth += 1
+        try:
+            output = call(self, *args, **kwargs)
+        finally:
+            root.depth -= 1
+            if muted:
                 root.handle.unmute()
+        if muted:
             root.end(self, args, kwargs, output)
-            return output
-        return original(self, *args, **kwargs)
+    layers = _layers.get(key)
+    if layers is not None:
+        for layer in layers:
+            if layer.handle.muted and layer.ref() is self and _get_ident() == layer.thread and _grad_enabled():
+                layer.seen.append((layer.name, output))
+    return output
 
-    return __call__
+
+_wrapped_call_impl = torch.nn.Module.__call__  # what the wrapper falls back to if unwrapped meanwhile
 
 
 class _ModelCallsHandle:
-    """Stops seeing one debugger's model and layers (and unwraps each class with its last watched module)."""
+    """Stops seeing one debugger's model and layers (and unwraps ``nn.Module.__call__`` with the last one)."""
 
     id = None  # not in torch's table of module hooks
 
-    def __init__(self, mine: list[tuple[type, int, dict[int, Any]]]) -> None:
+    def __init__(self, mine: list[tuple[int, Any]]) -> None:
         self._mine = mine
 
     def remove(self) -> None:
         mine, self._mine = self._mine, []
-        for cls, key, table in mine:
-            table.pop(key, None)
-            count = _wrapped.get(cls)
-            if count is None:
+        for key, entry in mine:
+            if isinstance(entry, _Root):
+                if _roots.get(key) is entry:
+                    del _roots[key]
                 continue
-            count[2] -= 1
-            if count[2] > 0:
-                continue
-            before, own, _ = _wrapped.pop(cls)
-            if getattr(cls.__dict__.get("__call__"), "__wrapped__", None) is not before:
-                continue  # something wrapped the class after us: our call stays, passing every call through
-            if own:
-                cls.__call__ = before  # type: ignore[method-assign,assignment]
-            else:
-                delattr(cls, "__call__")
+            found = _layers.get(key)
+            if found is not None and entry in found:
+                found.remove(entry)
+                if not found:
+                    del _layers[key]
+        if _roots or _layers or not _module_call:
+            return
+        before = _module_call.pop()
+        if torch.nn.Module.__dict__.get("__call__") is _watched_call:
+            torch.nn.Module.__call__ = before  # type: ignore[method-assign]
+        # else something replaced it after us: that stays, and ours passes every call through if it is still called

@@ -23,6 +23,9 @@ from torch.nn.modules import module as module_globals
 from neuraldbg import FailureKind, NeuralDbg
 from neuraldbg.capture import hooks
 
+#: torch's own ``nn.Module.__call__``, as it is when no debugger is attached
+MODULE_CALL = nn.Module._wrapped_call_impl
+
 
 class Probe(nn.Module):
     """Passes its input through and notes, per call, whether any global module hook is in torch's table."""
@@ -74,8 +77,7 @@ def test_a_cheap_cpu_pass_runs_without_the_module_hook_and_a_full_pass_with_it(n
     assert not any(hooked[17:32]) and not any(hooked[33:40])  # cheap steps: torch's fast path for every layer
     assert all(between)  # the hook is back as soon as the model's call returns
     assert not module_globals._global_forward_hooks  # and gone after the block
-    for cls in (nn.Sequential, nn.Linear, nn.ReLU, Probe):
-        assert "__call__" not in cls.__dict__  # every class unwrapped
+    assert nn.Module.__dict__["__call__"] is MODULE_CALL  # unwrapped
 
 
 def test_a_pass_on_another_thread_or_without_gradients_keeps_the_hook(nothing_compiled):
@@ -174,33 +176,29 @@ def test_a_model_watched_and_copied_mid_run_pickles_and_other_instances_are_unto
     for copied in (twin, restored):
         assert torch.equal(copied(x), model(x))
         assert not copied._forward_hooks and not copied[0]._forward_hooks
-    assert "__call__" not in nn.Linear.__dict__ and "__call__" not in nn.Sequential.__dict__
+    assert nn.Module.__dict__["__call__"] is MODULE_CALL
 
 
-def test_a_class_wrapped_by_someone_else_after_the_debugger_keeps_working(nothing_compiled):
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc = nn.Linear(6, 1)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.fc(x)
-
+def test_a_module_call_wrapped_by_someone_else_after_the_debugger_keeps_working(nothing_compiled):
     torch.manual_seed(0)
-    model = Net()
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 1))
     calls: list[int] = []
-    with NeuralDbg(model) as dbg:
-        ours = Net.__call__
 
-        def theirs(self, *args, **kwargs):
-            calls.append(1)
-            return ours(self, *args, **kwargs)
+    def theirs(self, *args, **kwargs):
+        calls.append(1)
+        return ours(self, *args, **kwargs)
 
-        Net.__call__ = theirs
-        _train(model, 20)
-    assert dbg.steps == 20 and len(calls) == 20
-    Net.__call__ = ours  # still ours, passing every call through now that nothing is watched
-    assert torch.equal(model(torch.ones(1, 6)), model.fc(torch.ones(1, 6)))
+    try:
+        with NeuralDbg(model) as dbg:
+            ours = nn.Module.__call__
+            nn.Module.__call__ = theirs
+            _train(model, 20)
+        assert dbg.steps == 20 and len(calls) == 20 * 4  # the model and its three layers, each step
+        assert nn.Module.__call__ is theirs  # left in place: ours, under it, passes every call through
+        x = torch.ones(1, 6)
+        assert torch.equal(model(x), model[2](model[1](model[0](x))))
+    finally:
+        nn.Module.__call__ = MODULE_CALL
 
 
 def test_after_torch_compile_ran_every_pass_keeps_the_module_hook(monkeypatch: pytest.MonkeyPatch):
@@ -246,21 +244,109 @@ def test_a_pass_whose_loss_graph_is_checked_sees_every_layer(nothing_compiled):
     assert named >= {"0", "1", "3"}  # "2" passes its input through: its output's node is the ReLU's
 
 
-def test_a_model_of_a_class_that_takes_no_attribute_is_watched_through_the_module_hook(nothing_compiled):
-    class Closed(type(nn.Module)):
-        def __setattr__(cls, name, value):
-            raise AttributeError(f"{cls.__name__} is closed")
+def test_a_layer_whose_class_changes_during_the_run_is_still_traced(nothing_compiled):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LazyLinear(16), nn.ReLU(), nn.LazyLinear(16), nn.ReLU(), nn.Linear(16, 1), Probe())
+    opt = None
+    g = torch.Generator().manual_seed(2)
+    with NeuralDbg(model) as dbg:
+        for step in range(110):
+            x, y = torch.randn(16, 6, generator=g), torch.randn(16, 1, generator=g)
+            if step == 20:  # a parametrisation gives layer '4' a class of its own
+                nn.utils.parametrizations.weight_norm(model[4])
+                opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+            if step == 100:
+                with torch.no_grad():
+                    model[2].weight[0, 0] = float("nan")  # a corrupted weight in the second (once lazy) layer
+                    assert torch.isfinite(model[1](model[0](x))).all()  # its input: finite (plain torch)
+            out = model(x)  # the first call makes the lazy layers Linear layers
+            opt = opt or torch.optim.SGD(model.parameters(), lr=1e-2)
+            opt.zero_grad()
+            F.mse_loss(out, y).backward()
+            opt.step()
+    assert type(model[2]) is nn.Linear and type(model[4]).__name__ == "ParametrizedLinear"
+    assert model[5].hooked[100] is False  # a cheap, unhooked pass
+    first = next(e for e in dbg.events if e.kind is FailureKind.NON_FINITE)
+    assert (first.layer, first.step_start) == ("2", 100)
 
-    class Net(nn.Sequential, metaclass=Closed):
-        pass
 
+def test_a_model_or_layer_with_forward_hooks_of_its_own_keeps_the_module_hook(nothing_compiled):
+    for hooked in ("model", "layer"):
+        torch.manual_seed(0)
+        probe = Probe()
+        model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), probe, nn.Linear(8, 1))
+        with NeuralDbg(model):
+            _train(model, 18)
+            # the module hook sees an output before the module's own hooks change it (a nan_to_num guard)
+            target = model if hooked == "model" else model[0]
+            handle = target.register_forward_hook(lambda m, i, o: torch.nan_to_num(o))
+            _train(model, 20)  # from the next fully observed step on, every pass keeps the module hook
+            handle.remove()
+        assert probe.hooked[17] is False and all(probe.hooked[33:]), hooked
+        if hooked == "model":  # the model's own hooks are looked at on each of its calls: from the very next one
+            assert all(probe.hooked[18:])
+
+
+def test_the_hook_is_put_back_where_it_was_among_others_with_its_keyword_flag_kept(nothing_compiled):
     torch.manual_seed(0)
     probe = Probe()
-    model = Net(nn.Linear(6, 8), nn.ReLU(), probe, nn.Linear(8, 1))
+    model = nn.Sequential(nn.Linear(6, 8), probe, nn.Linear(8, 1))
+    seen: list[list[int]] = []
+    with NeuralDbg(model):
+        others = nn.modules.module.register_module_forward_hook(lambda m, i, o: None)  # another monitor's hook
+        order = list(module_globals._global_forward_hooks)
+        flags = dict(module_globals._global_forward_hooks_with_kwargs)
+        probe.forward = lambda x: (seen.append(list(module_globals._global_forward_hooks_with_kwargs)), x)[1]
+        _train(model, 20)
+        assert list(module_globals._global_forward_hooks) == order  # ours first, theirs after, as registered
+        others.remove()
+    ours = next(k for k, v in flags.items() if v)
+    assert all(ours in keys for keys in seen)  # also while ours is out: a thread that took it calls it right
+
+
+def test_layers_run_without_gradients_inside_the_forward_are_not_kept(nothing_compiled):
+    class Frozen(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.backbone = nn.Sequential(nn.Linear(6, 8), nn.ReLU())
+            self.head = nn.Linear(8, 1)
+            self.kept: list[str] = []
+            self.seen: list[tuple[str, object]] | None = None
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():  # a frozen backbone, as the module hook never saw it
+                h = self.backbone(x)
+            out = self.head(h)
+            if self.seen is not None:
+                self.kept = [name for name, _ in self.seen]
+            return out
+
+    torch.manual_seed(0)
+    model = Frozen()
     with NeuralDbg(model) as dbg:
         _train(model, 20)
-    assert dbg.steps == 20 and all(probe.hooked)  # the model's call is not seen: every pass keeps the hook
-    assert "__call__" not in nn.Linear.__dict__  # its layers' classes were wrapped for the run, and unwrapped
+        model.seen = dbg._recorder.forward._seen
+        _train(model, 1)  # step 20: cheap
+    assert model.kept == ["head"]
+
+
+def test_a_model_called_inside_its_own_call_keeps_the_module_hook_after(nothing_compiled):
+    class Chunked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 1))
+            self.probe = Probe()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.shape[0] > 8:  # a large batch: itself on each half
+                return torch.cat([self(half) for half in x.split(x.shape[0] // 2)])
+            return self.net(self.probe(x))
+
+    torch.manual_seed(0)
+    model = Chunked()
+    with NeuralDbg(model) as dbg:
+        _train(model, 30)
+    assert dbg.steps == 30 and all(model.probe.hooked)  # each inner call a pass of its own, as before
 
 
 def test_torch_fx_traces_a_watched_model_as_it_traces_it_unwatched(nothing_compiled):
