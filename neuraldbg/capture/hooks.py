@@ -15,6 +15,11 @@ Backward calls: while a debugger is attached, ``torch.autograd.backward`` (which
 wrapped, so each backward pass of the process is seen from its start, with the loss it starts from, and from its
 end (:func:`on_backward_calls`): that is how the loss of a user's own loop is recorded without ``observe_loss``,
 and how gradients left over from the previous optimizer step are proved.
+
+Model calls: while a debugger is attached, ``nn.Module.__call__`` is wrapped too (:func:`on_model_calls`), so the
+watched model's own call is seen from its start. On a cheap step the module hook sits that call out
+(:meth:`HookHandle.mute`): with no global hook in torch's table every layer runs on torch's fast path, and the
+wrapper keeps the layers' outputs itself.
 """
 
 from __future__ import annotations
