@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import support
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -50,18 +51,17 @@ def train(watched: bool) -> tuple[list[float], float, NeuralDbg | None, MDN]:
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(2)
     losses: list[float] = []
-    dbg = NeuralDbg(model) if watched else None
-    if dbg is not None:
-        dbg.__enter__()
-    for _ in range(400):
-        i = torch.randint(0, 4000, (128,), generator=g)
-        opt.zero_grad()
-        loss = nll(model(x[i]), y[i])
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    if dbg is not None:
-        dbg.__exit__(None, None, None)
+
+    def loop() -> None:
+        for _ in range(400):
+            i = torch.randint(0, 4000, (128,), generator=g)
+            opt.zero_grad()
+            loss = nll(model(x[i]), y[i])
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+
+    dbg = support.watching(model, loop, watched)
     with torch.no_grad():
         held_out = float(nll(model(x[4000:]), y[4000:]))
     return losses, held_out, dbg, model

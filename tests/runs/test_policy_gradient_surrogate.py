@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import math
 
+import support
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributions import Categorical
-
-from neuraldbg import NeuralDbg
 
 ENVS, HORIZON, UPDATES = 16, 5, 300
 LOSS_FINDINGS = {"loss_not_decreasing", "unstable_loss", "loss_at_chance"}
@@ -77,12 +76,10 @@ def train(detach: bool = True, watched: bool = False, seed: int = 0):
     before = balance(model)
     opt = torch.optim.Adam(model.parameters(), lr=7e-4)
     env = Pole(7)
-    state = env.state.clone()
     losses: list[float] = []
-    dbg = NeuralDbg(model) if watched else None
-    if dbg is not None:
-        dbg.__enter__()
-    try:
+
+    def loop() -> None:
+        state = env.state.clone()
         for _ in range(UPDATES):
             log_probs, values, rewards, dones, entropies = [], [], [], [], []
             for _ in range(HORIZON):
@@ -109,9 +106,8 @@ def train(detach: bool = True, watched: bool = False, seed: int = 0):
             loss.backward()
             opt.step()
             losses.append(float(loss.detach()))
-    finally:
-        if dbg is not None:
-            dbg.__exit__(None, None, None)
+
+    dbg = support.watching(model, loop, watched)
     return losses, before, balance(model), dbg
 
 
