@@ -134,8 +134,7 @@ class ForwardPath:
         """What :func:`~neuraldbg.capture.hooks.on_model_calls` needs, while attached."""
         if self._root is None or hasattr(self._root, "_orig_mod"):  # a compiled module: its graphs see the hook
             return None
-        layers = {module: name for module, name in self._names.items() if name}
-        return self._root, layers, self.on_model_call, self.on_model_end, self._seen
+        return self._root, self._names, self.on_model_call, self.on_model_end, self._seen
 
     def detach(self) -> None:
         self._names = {}

@@ -70,8 +70,8 @@ def require_torch(version: str) -> None:
 require_torch(str(torch.__version__))
 
 ModuleHook = Callable[[torch.nn.Module, tuple[Any, ...], dict[str, Any], Any], None]
-#: ``(model, its layers to their names, start, end, the list a muted call's layer outputs go to)``: see
-#: :func:`on_model_calls`
+#: ``(model, its modules to their names (the model's own entry ignored), start, end, the list a muted call's layer
+#: outputs go to)``: see :func:`on_model_calls`
 ModelCalls = tuple[torch.nn.Module, dict[torch.nn.Module, str], Any, Any, list[tuple[str, Any]]]
 OptimizerHook = Callable[[torch.optim.Optimizer, tuple[Any, ...], dict[str, Any]], None]
 
