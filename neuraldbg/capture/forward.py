@@ -156,10 +156,7 @@ class ForwardPath:
             or self._own_hooks
             or module._forward_hooks  # the module hook saw the output before the model's own hooks changed it
             or module._forward_pre_hooks
-            or not rec.active
-            or threading.get_ident() != self._thread
-            or not torch.is_grad_enabled()
-            or _transformed()
+            or self._refused(root=False)  # counted by the module hook, which sees this call's end
         ):
             return False
         try:
@@ -180,6 +177,23 @@ class ForwardPath:
         except Exception as exc:
             self._rec.fail("the forward hook of the model", exc)
 
+    def _refused(self, root: bool) -> bool:
+        """Whether a watched module's call now is no training forward of this debugger's: another thread's, one
+        without gradients, one inside a ``torch.func`` transform (per-sample values inside vmap or grad, not a
+        training step's tensors), or one while detached. ``root``: the model's own call, counted in the coverage
+        by why."""
+        coverage = self._rec.coverage
+        if threading.get_ident() != self._thread:
+            coverage.other_thread_forwards += root
+            return True
+        if not torch.is_grad_enabled():
+            coverage.no_grad_forwards += root
+            return True
+        if _transformed():
+            coverage.transformed_forwards += root
+            return True
+        return not self._rec.active
+
     def on_module_output(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         """The global forward hook, called after every module call in the process."""
         if torch.compiler.is_compiling():
@@ -190,18 +204,9 @@ class ForwardPath:
             return
         if module._forward_hooks or module._forward_pre_hooks:  # a layer whose output or input its own hooks change:
             self._hooks_in_pass = True  # the module hook, called before them, sees what it made: passes keep it
+        if self._refused(root=not name):
+            return
         rec = self._rec
-        if threading.get_ident() != self._thread:
-            rec.coverage.other_thread_forwards += not name
-            return
-        if not torch.is_grad_enabled():
-            rec.coverage.no_grad_forwards += not name
-            return
-        if _transformed():  # per-sample values inside vmap or grad: not a training step's tensors
-            rec.coverage.transformed_forwards += not name
-            return
-        if not rec.active:
-            return
         try:
             if not self._open:
                 self._begin()
