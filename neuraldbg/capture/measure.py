@@ -158,7 +158,7 @@ def output_dead_pulled(pending: Pending, output: Tensor, grad: Tensor) -> None:
         channel_first = output.dim() == 4
         never = stats.never_positive(output.detach(), channel_first)
         u = stats.unit_dim(grad, channel_first)
-        pulled = (grad.detach() != 0).movedim(u, -1).reshape(-1, grad.shape[u]).any(dim=0)
+        pulled = torch.any(grad.detach() != 0, dim=tuple(stats.other_dims(grad, u)))  # in place, no copy
         pending.put("output_dead_pulled", None, (never & pulled).sum(dtype=torch.float32), int(never.shape[0]))
 
 

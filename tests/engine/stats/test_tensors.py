@@ -73,6 +73,51 @@ def test_never_positive_and_zero_gradient_units_match_brute_force():
     assert zero.tolist() == [bool((grad[u] == 0).all()) for u in range(6)]
 
 
+@pytest.mark.parametrize(
+    ("shape", "channel_first", "unit_dim"),
+    [((4, 5, 6, 7), True, 1), ((4, 6, 7, 5), False, 3), ((3, 8, 5), False, 2), ((3, 5, 8), True, 1), ((9,), True, 0)],
+)
+def test_never_positive_of_maps_and_sequences_matches_brute_force(shape, channel_first, unit_dim):
+    torch.manual_seed(1)
+    t = torch.randn(shape)
+    if t.dim() > 1:
+        t.select(unit_dim, 1).copy_(-t.select(unit_dim, 1).abs())  # a unit never positive anywhere
+        t.select(unit_dim, 2).copy_(-t.select(unit_dim, 2).abs())
+        at = [-1] * t.dim()
+        at[unit_dim] = 2
+        t[tuple(at)] = 0.5  # ... and one positive at a single element (the last sample's)
+        at[unit_dim] = 3
+        t[tuple(at)] = float("nan")  # NaN: not "never positive"
+    never = stats.never_positive(t, channel_first)
+    moved = t.movedim(unit_dim, -1).reshape(-1, shape[unit_dim]) if t.dim() > 1 else t.reshape(-1, 1).T
+    expected = [bool((moved[:, u] <= 0).all()) for u in range(moved.shape[1])] if t.dim() > 1 else (t <= 0).tolist()
+    assert never.tolist() == expected
+    if t.dim() > 1:
+        assert never[1] and not never[2] and not never[3]
+
+
+def test_output_dead_pulled_counts_image_channels_the_loss_pulls_on():
+    from neuraldbg.capture.measure import output_dead_pulled
+    from neuraldbg.capture.pending import Pending
+
+    torch.manual_seed(2)
+    out = torch.randn(4, 5, 3, 3)  # a segmentation head's logits: channels are the units
+    out[:, 1] = -out[:, 1].abs()  # never positive, pulled on below
+    out[:, 3] = -out[:, 3].abs()  # never positive, its gradient all zero
+    out[:, 4] = -out[:, 4].abs()
+    out[2, 4, 1, 1] = 1.0  # positive at one pixel of one sample: alive
+    grad = torch.randn(4, 5, 3, 3)
+    grad[:, 3] = 0
+    grad[:, 1] = 0
+    grad[3, 1, 2, 0] = 1e-6  # one pixel of one sample pulls on channel 1
+    pending = Pending(0, True)
+    output_dead_pulled(pending, out, grad)
+    pending.file([t.item() for t in pending.tensors], [])
+    never = [bool((out[:, c] <= 0).all()) for c in range(5)]
+    pulled = [bool((grad[:, c] != 0).any()) for c in range(5)]
+    assert pending.data.output_dead_pulled == (sum(n and p for n, p in zip(never, pulled)), 5) == (1, 5)
+
+
 @pytest.mark.parametrize(("center", "radius"), [(0.0, 0.995), (0.5, 0.4975)])
 def test_saturated_count_matches_elementwise_bounds(center, radius):
     t = torch.rand(40, 9) * 2 - 1 + center
