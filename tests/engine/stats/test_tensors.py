@@ -109,13 +109,31 @@ def test_output_dead_pulled_counts_image_channels_the_loss_pulls_on():
     grad = torch.randn(4, 5, 3, 3)
     grad[:, 3] = 0
     grad[:, 1] = 0
-    grad[3, 1, 2, 0] = 1e-6  # one pixel of one sample pulls on channel 1
+    grad[3, 1, 2, 0] = 1e-6  # one pixel of one sample pulls on channel 1 (its smallest is 0: the largest tells)
+    out[:, 0] = -out[:, 0].abs()  # never positive, pulled on by a negative gradient only ...
+    grad[:, 0] = 0
+    grad[1, 0, 0, 2] = -3.0  # ... one negative entry among zeros (its largest is 0: the smallest tells)
     pending = Pending(0, True)
     output_dead_pulled(pending, out, grad)
     pending.file([t.item() for t in pending.tensors], [])
     never = [bool((out[:, c] <= 0).all()) for c in range(5)]
     pulled = [bool((grad[:, c] != 0).any()) for c in range(5)]
-    assert pending.data.output_dead_pulled == (sum(n and p for n, p in zip(never, pulled)), 5) == (1, 5)
+    assert pending.data.output_dead_pulled == (sum(n and p for n, p in zip(never, pulled)), 5) == (2, 5)
+
+
+def test_sample_outcomes_hits_take_the_first_of_tied_largest_entries_as_argmax_does():
+    log_probs = torch.randn(6, 4).log_softmax(1)
+    log_probs[0] = -math.log(4)  # a zero-initialised head: every class tied
+    log_probs[1] = -math.log(4)
+    log_probs[2, 1] = float("nan")  # NaN: argmax picks it
+    target = torch.tensor([0, 2, 1, 3, 1, -100])
+    losses, hits = stats.sample_outcomes(log_probs, target, -100, 6)
+    expected = [float(int(log_probs[i].argmax()) == int(target[i])) for i in range(5)]
+    assert hits[:5].tolist() == expected
+    assert expected[:3] == [1.0, 0.0, 1.0]  # tied: the first class; NaN: the NaN's class
+    assert math.isnan(hits[5]) and math.isnan(losses[5])  # an ignored sample
+    assert [losses[i].item() for i in (0, 1, 3, 4)] == [-log_probs[i, target[i]].item() for i in (0, 1, 3, 4)]
+    assert math.isnan(losses[2])  # the NaN is the target's entry
 
 
 @pytest.mark.parametrize(("center", "radius"), [(0.0, 0.995), (0.5, 0.4975)])
