@@ -239,8 +239,7 @@ def label_counts(target: Tensor, classes: int, ignore: int) -> Tensor:
     [0, classes) in the last bin. A fixed number of bins and ``scatter_add``: nothing waits for the device (a
     ``bincount`` or a boolean index would)."""
     t = target.detach().reshape(-1).long()
-    inside = (t >= 0) & (t < classes)
-    bins = torch.where(inside, t, torch.full_like(t, classes))
+    bins = t.clamp(-1, classes) % (classes + 1)  # below 0 (-1) and from ``classes`` on: bin ``classes``
     counted = (t != ignore).float()
     return torch.zeros(classes + 1, device=t.device).scatter_add_(0, bins, counted)
 
@@ -632,9 +631,12 @@ def sample_outcomes(values: Tensor, target: Tensor, ignore: int, samples: int) -
     kept = target != ignore
     detached = values.detach()
     picked = detached.float().gather(1, torch.where(kept, target, 0).unsqueeze(1)).squeeze(1)
-    losses = torch.where(kept, -picked, 0.0).view(samples, -1).sum(1)
     # max(1)'s indices are argmax(1)'s (the first of tied largest entries, a NaN's first), ~3x cheaper on a CPU
-    hits = ((detached.max(1).indices == target) & kept).view(samples, -1).sum(1).float()
+    hit = detached.max(1).indices == target
+    if rows == samples:  # one row each (a classifier): the row's own, NaN where ignored (half the operations)
+        return torch.where(kept, -picked, math.nan), torch.where(kept, hit.float(), math.nan)
+    losses = torch.where(kept, -picked, 0.0).view(samples, -1).sum(1)
+    hits = (hit & kept).view(samples, -1).sum(1).float()
     counts = kept.view(samples, -1).sum(1)
     return losses / counts, hits / counts  # 0 / 0: NaN
 

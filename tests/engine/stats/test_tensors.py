@@ -170,3 +170,11 @@ def test_first_tensor_finds_the_first_float_tensor_in_nested_outputs():
     assert stats.first_tensor(None) is None
     packed = nn.utils.rnn.pack_padded_sequence(torch.randn(2, 3, 4), [3, 2], batch_first=True)
     assert stats.first_tensor(packed) is packed.data
+
+
+@pytest.mark.parametrize("ignore", [-100, -1, 0, 4])
+def test_label_counts_put_every_index_outside_the_classes_in_the_last_bin_and_leave_ignore_out(ignore):
+    target = torch.tensor([[0, 1, 1, -1, 4, 5, 9, -3], [3, 3, 3, 0, -100, 2, 6, -1]])
+    counts = stats.label_counts(target, 5, ignore).tolist()
+    flat = [v for v in target.reshape(-1).tolist() if v != ignore]
+    assert counts == [float(flat.count(c)) for c in range(5)] + [float(sum(1 for v in flat if not 0 <= v < 5))]
