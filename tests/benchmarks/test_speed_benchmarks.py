@@ -1,5 +1,6 @@
 """The speed benchmarks run and measure what they say: the peers' hand-written bound, the GPU script without a GPU,
-the parts of a watched step timed inside the loop, the analysis of full steps compared across packages."""
+the parts of a watched step timed inside the loop, the analysis of full steps compared across packages, and the
+families of real sizes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 import neuraldbg
-from benchmarks import against, gpu, hook_floor, overhead, peers, step_parts
+from benchmarks import against, families, gpu, hook_floor, overhead, peers, step_parts
 from benchmarks.overhead import CASES
 from neuraldbg.config import PRESETS
 
@@ -166,3 +167,26 @@ def test_the_analysis_comparison_times_each_packages_analysis_and_refuses_differ
     other = types.SimpleNamespace(NeuralDbg=strict_debugger)
     with pytest.raises(AssertionError, match="different events"):
         against.analysis(case, other, repeats=1)  # type: ignore[arg-type]  # a stand-in for a package
+
+
+@pytest.mark.parametrize("case", families.CASES, ids=lambda c: c.build.__name__)
+def test_every_family_trains_fully_observed_steps_under_the_debugger(case: overhead.Case):
+    torch.manual_seed(0)
+    model = case.build()
+    x, y = case.batch(torch.Generator().manual_seed(0))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with neuraldbg.NeuralDbg(model, preset="full") as dbg:
+        for _ in range(3):
+            opt.zero_grad()
+            loss = case.loss(model(x), y)
+            loss.backward()
+            opt.step()
+    assert dbg.steps == 3 and torch.isfinite(loss)
+
+
+def test_the_families_table_prints_a_row_of_ratios_per_model(capsys: pytest.CaptureFixture[str]):
+    assert families.main(["--quick", "--model", "multilabel"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| multi-label")]
+    assert len(rows) == 1
+    cells = rows[0].strip("|").split("|")
+    assert [c.strip()[-1] for c in cells[2:]] == ["x"] * 4
