@@ -162,22 +162,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--model", choices=[c.build.__name__ for c in CASES], action="append", help="only these models")
     args = parser.parse_args(argv)
+    threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
-    rounds, warmup = (4, 6) if args.quick else (12, 40)
+    try:
+        table(args.model, args.quick)
+    finally:
+        torch.set_num_threads(threads)  # as it was: a caller in the same process (a test) keeps its own
+    return 0
+
+
+def table(models: list[str] | None, quick: bool) -> None:
+    """Measure each family (``models``: only these) and print the table."""
+    rounds, warmup = (4, 6) if quick else (12, 40)
     python = sys.version.split()[0]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, python {python}")
     print()
     print("| model | plain step | default | economy | full | default, first 50 steps |")
     print("|---|---|---|---|---|---|")
     for case in CASES:
-        if args.model and case.build.__name__ not in args.model:
+        if models and case.build.__name__ not in models:
             continue
         r = measure(case, warmup, rounds)
         print(
             f"| {case.name} | {r['plain_ms']:.2f} ms | {r['default']:.3f}x | {r['economy']:.3f}x | {r['full']:.3f}x |"
             f" {r['first50']:.2f}x |"
         )
-    return 0
 
 
 if __name__ == "__main__":
