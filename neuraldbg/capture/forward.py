@@ -357,9 +357,10 @@ class ForwardPath:
         return self._tentative if self._tentative is not None else self._rec.pending
 
     def _layer(self, name: str, output: Any) -> None:
-        """A fully observed step: the layer's statistics, now, before anything downstream modifies it in place."""
+        """A fully observed step: the layer's statistics, now, before anything downstream modifies it in place. An
+        output without elements (an expert that no token was routed to, an empty batch) tells nothing: not measured."""
         t = stats.first_tensor(output)
-        if t is None:
+        if t is None or not t.numel():
             return
         plain = stats.readable(t)
         if plain is not t:  # a sparse output: its norm from its values; no per-unit statistics

@@ -152,8 +152,8 @@ def output_dead_pulled(pending: Pending, output: Tensor, grad: Tensor) -> None:
     gradient on some sample): a class logit held at 0 by a ReLU that the loss wants to move. A representation whose
     loss leaves its zero units alone (a forward-forward layer's goodness, the square of each unit) has none. Units:
     channels of an image-shaped output, the last dimension otherwise."""
-    if output.dim() < 2 or grad.shape != output.shape or not output.is_floating_point():
-        return
+    if output.dim() < 2 or not output.numel() or grad.shape != output.shape or not output.is_floating_point():
+        return  # (an empty batch: no sample to be positive on)
     with torch.no_grad():
         channel_first = output.dim() == 4
         never = stats.never_positive(output.detach(), channel_first)
