@@ -620,7 +620,8 @@ def _widths(module: nn.Module) -> tuple[int, int, int] | None:
     """(inputs, outputs, groups) of a trainable Linear or convolution layer; None for any other module."""
     # its own parameter, never the attribute: a parametrised weight (spectral_norm) is computed on each read, and
     # in training mode that read runs a power iteration that changes the run
-    weight = module._parameters.get("weight")
+    own = module._parameters
+    weight = own["weight"] if "weight" in own else None  # noqa: SIM401 (a TorchScript module's table has no get)
     if not isinstance(weight, nn.Parameter) or not weight.requires_grad:
         return None  # a frozen layer (a backbone's projection before a linear probe) is no design to question
     if isinstance(module, nn.Linear):
