@@ -143,10 +143,8 @@ def all_norms(
     n = len(entries)
     pending.put_vector(entries, values[:n])
     pending.put("target_grad", None, values[n] / loss_scale if loss_scale is not None else values[n])
-    # sum of |d(loss)/d(output)|, accumulated in float32 at least (a float64 output's in float64: torch refuses to
-    # narrow it), read as float32 like every reading
-    g = grad.detach()
-    pull = torch.linalg.vector_norm(g, 1, dtype=None if g.dtype == torch.float64 else torch.float32).float()
+    # sum of |d(loss)/d(output)|, read as float32 like every reading
+    pull = torch.linalg.vector_norm(grad.detach(), 1, dtype=stats.accumulation_dtype(grad)).float()
     pending.put("target_grad_sum", None, pull / loss_scale if loss_scale is not None else pull)
 
 

@@ -507,9 +507,13 @@ def host_norm(t: Tensor) -> float | None:
     if plain is None:
         return None
     # on a detached tensor nothing is recorded for autograd: no grad-mode switch needed
-    return float(
-        torch.linalg.vector_norm(plain.detach(), dtype=torch.float32 if plain.dtype in _LOW_PRECISION else None)
-    )
+    return float(torch.linalg.vector_norm(plain.detach(), dtype=accumulation_dtype(plain)))
+
+
+def accumulation_dtype(t: Tensor) -> torch.dtype | None:
+    """The dtype a norm of ``t`` is accumulated in: float32 for half precisions (their own overflows at 65504),
+    None (``t``'s own) for the others; a float64 tensor cannot be reduced into float32 (torch refuses to narrow)."""
+    return torch.float32 if t.dtype in _LOW_PRECISION else None
 
 
 def unit_dim(t: Tensor, channel_first: bool) -> int:
