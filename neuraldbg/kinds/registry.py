@@ -21,6 +21,8 @@ _unregistered: dict[FailureKind, Kind] = {}
 #: share names: GradientHealth.EXPLODING and UpdateHealth.EXPLODING are different states).
 _state_kind: dict[tuple[type, str], FailureKind] = {}
 _evidence_owner: dict[tuple[type, str], Kind] = {}
+#: How many times a room was added or replaced: what was resolved against the registry before is stale once it moved.
+generation = 0
 
 
 def _key(state: HealthState | str) -> tuple[type, str]:
@@ -50,8 +52,10 @@ def register(room: Kind) -> Kind:
         _state_kind[_key(state)] = room.kind
     for state in room.evidence:
         _evidence_owner[_key(state)] = room
+    global generation
     _rooms[room.kind] = room
     _unregistered.pop(room.kind, None)
+    generation += 1
     return room
 
 

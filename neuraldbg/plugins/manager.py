@@ -27,6 +27,10 @@ from . import hookspecs
 from .hookspecs import hookimpl
 
 _registered: list[Any] = []
+#: The manager of the last debugger made without plugins of its own, with the plugins it was made of: the next
+#: such debugger shares it while the entry points and the registered plugins are the same objects (registering a
+#: plugin's hook implementations costs more than a quarter of a millisecond, a smoke test's whole attach).
+_shared: tuple[tuple[Any, ...], pluggy.PluginManager] | None = None
 
 
 class _Builtin:
@@ -56,14 +60,28 @@ def _entry_point_plugins() -> tuple[Any, ...]:
 
 
 def manager(extra: Iterable[Any] = ()) -> pluggy.PluginManager:
-    """A plugin manager holding the built-in kinds, the entry points, the registered plugins and ``extra``."""
+    """A plugin manager holding the built-in kinds, the entry points, the registered plugins and ``extra``. Without
+    ``extra``, the same manager as the last call's while its plugins are the same objects (the hooks are still
+    called for each debugger: its detectors are its own)."""
+    global _shared
+    extra = tuple(extra)
+    plugins = (*_entry_point_plugins(), *_registered)
+    shared = _shared
+    if not extra and shared is not None and _same(shared[0], plugins):
+        return shared[1]
     pm = pluggy.PluginManager("neuraldbg")
     pm.add_hookspecs(hookspecs)
     pm.register(_Builtin(), name="neuraldbg.builtin")
-    for plugin in (*_entry_point_plugins(), *_registered, *extra):
+    for plugin in (*plugins, *extra):
         if not pm.is_registered(plugin):
             pm.register(plugin)
+    if not extra:
+        _shared = (plugins, pm)
     return pm
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def kinds_of(pm: pluggy.PluginManager) -> list[Kind]:

@@ -72,3 +72,70 @@ def test_a_registered_plugin_applies_to_every_new_debugger_until_unregistered():
         neuraldbg.unregister_plugin(plugin)
     dbg, _ = support.train(dead_model(), support.regression_batches(), steps=5)
     assert not any(e.to_state == "constant" for e in dbg.events)
+
+
+class OtherPlugin:
+    """A second plugin with a detector of its own, to tell which of two plugins a debugger holds."""
+
+    @hookimpl
+    def neuraldbg_detectors(self, config):  # type: ignore[no-untyped-def]
+        detector = ConstantOutput()
+        detector.name = "other_constant_output"
+        return [detector]
+
+
+def detector_names(dbg: neuraldbg.NeuralDbg) -> set[str]:
+    return {d.name for d in dbg._analyzer.detectors}
+
+
+def test_debuggers_share_the_plugin_manager_only_while_their_plugins_are_the_same_objects():
+    from neuraldbg.plugins import manager
+
+    assert manager.manager() is manager.manager()  # made once for debuggers without plugins of their own
+    first, second = Plugin(), OtherPlugin()
+    neuraldbg.register_plugin(first)
+    try:
+        assert "constant_output" in detector_names(neuraldbg.NeuralDbg(dead_model()))
+    finally:
+        neuraldbg.unregister_plugin(first)
+    neuraldbg.register_plugin(second)  # as many plugins as before, another one
+    try:
+        names = detector_names(neuraldbg.NeuralDbg(dead_model()))
+        assert "other_constant_output" in names and "constant_output" not in names
+    finally:
+        neuraldbg.unregister_plugin(second)
+    assert not {"constant_output", "other_constant_output"} & detector_names(neuraldbg.NeuralDbg(dead_model()))
+    # a debugger's own plugins stay its own: the next debugger without plugins does not get them
+    assert "constant_output" in detector_names(neuraldbg.NeuralDbg(dead_model(), plugins=[Plugin()]))
+    assert "constant_output" not in detector_names(neuraldbg.NeuralDbg(dead_model()))
+    # and each debugger gets fresh detectors (they hold a run's state) from the shared manager
+    a, b = neuraldbg.NeuralDbg(dead_model()), neuraldbg.NeuralDbg(dead_model())
+    assert not {id(d) for d in a._analyzer.detectors} & {id(d) for d in b._analyzer.detectors}
+
+
+def test_the_rules_resolved_once_are_given_anew_to_each_debugger_and_again_when_a_kind_is_redefined(monkeypatch):
+    import neuraldbg.kinds as kinds
+    from neuraldbg.kinds import registry
+
+    resolved = []
+    resolve = kinds._rules
+    monkeypatch.setattr(kinds, "_rules", lambda chosen: resolved.append(len(chosen)) or resolve(chosen))
+    monkeypatch.setattr(kinds, "_resolved", None)
+    first, second = kinds.rules(), kinds.rules()
+    assert resolved == [len(kinds.rooms())]  # resolved once
+    assert first == second and first is not second  # each a list of its own: a debugger may extend it
+    first.clear()
+    assert kinds.rules() == second
+    assert kinds.rules(kinds.rooms()[1:]) != second and len(resolved) == 2  # other kinds: resolved for them
+    chosen = kinds.rooms()
+    kinds.rules(chosen)
+    assert len(resolved) == 3
+    room = chosen[0]
+    cls = type(room)
+    redefined = type(cls.__name__, (cls,), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    try:
+        registry.register(redefined())  # a module reloaded: its class defined again replaces the room
+        kinds.rules(chosen)  # the same kinds, the registry moved under them: resolved again
+        assert len(resolved) == 4
+    finally:
+        registry.register(room)
