@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
@@ -406,7 +407,12 @@ def _onset(e: SemanticEvent) -> int:
 
 def _trusted(rule: CausalRule) -> bool:
     """Whether ``covers`` and ``earliest_effect`` describe this rule's ``explains`` (defined with it or below)."""
-    mro = type(rule).__mro__
+    return _trusted_class(type(rule))
+
+
+@functools.lru_cache(maxsize=256)
+def _trusted_class(cls: type) -> bool:
+    mro = cls.__mro__
 
     def owner(name: str) -> type:
         return next(c for c in mro if name in c.__dict__)
