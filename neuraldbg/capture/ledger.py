@@ -109,6 +109,8 @@ _LossReadings = tuple[
     tuple[Tensor, loss_graph.ClampedScores] | None,
     tuple[Tensor, int] | None,
 ]
+#: The readings of a backward pass whose graph was not looked at.
+_NO_READINGS: _LossReadings = (None, None, None, None, None, None, None, None, None)
 
 
 @dataclass(slots=True)
@@ -222,6 +224,9 @@ class GradLedger:
             # a policy-gradient term whose weights were never negative yet is looked for again on every full step
             recheck = data.full and rec.coverage.policy_candidate and not rec.coverage.policy_gradient
             roots = hooks.backward_roots() if self._loss_checks or self._looked or counted or mixing or recheck else []
+            if not roots and not mixing:  # nothing to read in the graph (every cheap step): no reading below
+                self._held = []
+                return partial(self._after, loss, states, carried, check, manual, roots, _NO_READINGS)
             checked = roots if self._loss_checks else []
             # readings before and after the pass compare graph nodes by identity: the nodes are held until the next
             # backward call (see loss_graph.hold)

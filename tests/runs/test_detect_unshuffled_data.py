@@ -299,3 +299,25 @@ def test_one_utterance_of_one_speaker_per_batch_is_not_called_at_chance():
         assert float((model(x).argmax(1) == y).float().mean()) > 0.6  # plain torch: it learns (chance 0.17)
     assert sum(losses[-50:]) / 50 < 0.7 * math.log(6)
     assert dbg is not None and dbg.hypotheses() == [], dbg.report()
+
+
+def test_backward_passes_from_a_given_gradient_stop_the_look_for_labels_and_a_classifier_keeps_it():
+    """A loop whose backward passes start from a gradient it hands in (``out.backward(grad)``: no loss, so no labels
+    in the graph) stops looking for a classifier's labels after a few fully observed passes (the look costs every
+    full step a walk of the graph); a classifier's loop keeps looking (its labels are read every full step)."""
+    x, y = clusters(256, seed=3)
+    for given in (True, False):
+        model = classifier()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+        with NeuralDbg(model) as dbg:
+            for step in range(8):
+                rows = slice(32 * step, 32 * (step + 1))
+                opt.zero_grad()
+                out = model(x[rows])
+                if given:
+                    out.backward(F.softmax(out.detach(), 1) - F.one_hot(y[rows], CLASSES).float())  # d(CE)/d(out) * n
+                else:
+                    F.cross_entropy(out, y[rows]).backward()
+                opt.step()
+        assert dbg._analyzer.full_steps == 8  # every pass fully observed: the look was offered each time
+        assert dbg._recorder.ledger._mix.looking is (not given)
