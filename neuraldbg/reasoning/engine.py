@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import functools
 import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
@@ -405,13 +404,20 @@ def _onset(e: SemanticEvent) -> int:
     return e.step_start
 
 
+#: :func:`_trusted` of each rule class met (it depends on the class alone).
+_TRUSTED: dict[type, bool] = {}
+
+
 def _trusted(rule: CausalRule) -> bool:
     """Whether ``covers`` and ``earliest_effect`` describe this rule's ``explains`` (defined with it or below)."""
-    return _trusted_class(type(rule))
+    cls = type(rule)
+    found = _TRUSTED.get(cls)
+    if found is None:
+        found = _TRUSTED[cls] = _describes_explains(cls)
+    return found
 
 
-@functools.lru_cache(maxsize=256)
-def _trusted_class(cls: type) -> bool:
+def _describes_explains(cls: type) -> bool:
     mro = cls.__mro__
 
     def owner(name: str) -> type:
