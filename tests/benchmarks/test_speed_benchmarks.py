@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import neuraldbg
-from benchmarks import against, families, gpu, hook_floor, overhead, peers, step_parts
+from benchmarks import against, families, gpu, hook_floor, overhead, peers, smoke_steps, step_parts
 from benchmarks.overhead import CASES
 from neuraldbg.config import PRESETS
 
@@ -190,3 +190,35 @@ def test_the_families_table_prints_a_row_of_ratios_per_model(capsys: pytest.Capt
     assert len(rows) == 1
     cells = rows[0].strip("|").split("|")
     assert [c.strip()[-1] for c in cells[2:]] == ["x"] * 4
+
+
+def test_the_smoke_steps_are_grouped_by_what_the_debugger_did_on_each():
+    groups = smoke_steps.groups({0: True, 1: False, 2: True, 3: True, 4: False, 5: False})
+    assert groups["fully observed"] == [0, 2, 3]
+    assert groups["cheap, after a fully observed one"] == [1, 4]
+    assert groups["other cheap"] == list(range(5, smoke_steps.STEPS))
+
+
+def test_the_smoke_steps_read_the_fully_observed_steps_from_the_debuggers_records(capsys: pytest.CaptureFixture[str]):
+    models = smoke_steps.smoke_models()
+    watched = smoke_steps.run(models, "mlp", 0, watched=True)
+    plain = smoke_steps.run(models, "mlp", 0, watched=False)
+    assert watched.debugger is not None and plain.debugger is None and not plain.fixed and not plain.full
+    assert len(watched.steps) == len(plain.steps) == smoke_steps.STEPS == watched.debugger.steps
+    assert sorted(watched.full) == list(range(smoke_steps.STEPS))  # every step analysed once
+    assert sum(watched.full.values()) == watched.debugger._analyzer.full_steps > 0
+    assert all(watched.full[step] for step in range(16))  # the dense start: every step fully observed
+    assert set(watched.fixed) == set(smoke_steps.FIXED) and all(ns > 0 for ns in watched.fixed.values())
+    threads = torch.get_num_threads()
+    assert smoke_steps.main(["--runs", "1", "--model", "mlp"]) == 0
+    assert torch.get_num_threads() == threads
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ")]
+    assert [row.split("|")[1].strip() for row in rows[1:]] == [
+        "fully observed",
+        "cheap, after a fully observed one",
+        "other cheap",
+        *smoke_steps.FIXED,
+        "the whole run",
+    ]
+    assert rows[-1].split("|")[2].strip() == str(smoke_steps.STEPS)

@@ -164,6 +164,7 @@ COMMANDS = {
     "python -m benchmarks.overhead --peers": "benchmark",
     "python -m benchmarks.smoke_file": "benchmark",
     "python -m benchmarks.smoke_file --cold": "benchmark",
+    "python -m benchmarks.smoke_steps": "benchmark",
     "python -m benchmarks.step_parts --model deep --preset full": "benchmark",
     "python -m benchmarks.against REVISION": "benchmark",
     "python -m benchmarks.gpu": "benchmark",

@@ -1,0 +1,188 @@
+"""Where a smoke test's time goes: each step of the smoke file's runs, watched against plain, and the fixed costs.
+
+    python -m benchmarks.smoke_steps              # 15 runs of each model (about 10 s on 2 cores)
+    python -m benchmarks.smoke_steps --runs 5 --model mlp
+
+The models, batches and optimizer are the smoke file's (:mod:`benchmarks.smoke_file`: the 32-64-64-10 MLP and the
+small CNN, Adam at 1e-3, 50 steps): each run trains a fresh copy in a loop like the fixture's ``smoke_train``
+(``zero_grad``, forward, loss, ``observe_loss``, ``backward``, ``step``), alternately plain and under a fresh
+debugger, one torch thread. Every step is timed. A step's added time is the median over runs of the watched step's
+time less the plain one's; steps are grouped by what the debugger does on them: fully observed steps, the cheap
+step right after one (it commits the fully observed step and analyses it), and the other cheap steps. The fixed
+costs of a test are timed apart: making the debugger, entering its ``with`` block, leaving it (the last step is
+committed and analysed there) and the first ``explain_failure()``. Which steps were fully observed is read from the
+records the debugger analysed, so the grouping is the debugger's own, not assumed from its schedule.
+
+Where :mod:`benchmarks.smoke_file` gives the whole test's ratio, this says which part of it to work on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from neuraldbg import NeuralDbg
+
+from .smoke_file import COMMON
+
+STEPS = 50
+#: The fixed costs of a watched test, in the order printed.
+FIXED = ("make the debugger", "enter its block", "leave it", "first explain_failure()")
+
+
+def smoke_models() -> dict[str, Any]:
+    """The smoke file's ``mlp``, ``cnn`` and ``batches`` (its shared module's source, run here)."""
+    namespace: dict[str, Any] = {}
+    exec(compile(COMMON, "smoke_common", "exec"), namespace)  # the benchmark's own source text
+    return namespace
+
+
+@dataclass
+class Run:
+    steps: list[int]  # nanoseconds of each step
+    fixed: dict[str, int] = field(default_factory=dict)  # nanoseconds of each of FIXED (watched runs only)
+    full: dict[int, bool] = field(default_factory=dict)  # each analysed step: fully observed or not
+    debugger: NeuralDbg | None = None
+
+
+def run(models: dict[str, Any], kind: str, seed: int, watched: bool) -> Run:
+    """One smoke run of 50 steps of the ``kind`` model on the batches of ``seed``, plain or under a fresh debugger."""
+    clock = time.perf_counter_ns
+    model = models[kind]()
+    data = models["batches"](kind, seed)
+    torch.manual_seed(0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    result = Run([])
+    t0 = clock()
+    dbg = NeuralDbg(model) if watched else None
+    t1 = clock()
+    if dbg is not None:
+        sink: Callable[[Any], bool] = dbg._recorder._sink
+
+        def keep(records: Any) -> bool:
+            result.full.update((r.step, r.full) for r in records)
+            return sink(records)
+
+        dbg._recorder._sink = keep
+        dbg.__enter__()
+    t2 = clock()
+    for step in range(STEPS):
+        x, y = data[step % len(data)]
+        start = clock()
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        if dbg is not None:
+            dbg.observe_loss(loss)
+        loss.backward()
+        optimizer.step()
+        result.steps.append(clock() - start)
+    if dbg is not None:
+        t3 = clock()
+        dbg.__exit__(None, None, None)
+        t4 = clock()
+        dbg.explain_failure()
+        t5 = clock()
+        result.fixed = dict(zip(FIXED, (t1 - t0, t2 - t1, t4 - t3, t5 - t4), strict=True))
+        result.debugger = dbg
+    return result
+
+
+def groups(full: dict[int, bool]) -> dict[str, list[int]]:
+    """The steps of each group: fully observed, the cheap step right after a fully observed one, the other cheap."""
+    out: dict[str, list[int]] = {"fully observed": [], "cheap, after a fully observed one": [], "other cheap": []}
+    for step in range(STEPS):
+        if full.get(step, False):
+            out["fully observed"].append(step)
+        elif full.get(step - 1, False):
+            out["cheap, after a fully observed one"].append(step)
+        else:
+            out["other cheap"].append(step)
+    return out
+
+
+@dataclass
+class Measured:
+    plain: list[float]  # median ms of each step, plain
+    added: list[float]  # median ms each step adds under the debugger
+    fixed: dict[str, float]  # median ms of each of FIXED
+    groups: dict[str, list[int]]
+    agreed: bool  # every watched run observed the same steps fully
+
+
+def measure(kind: str, runs: int, warmup: int = 2) -> Measured:
+    models = smoke_models()
+    for seed in range(warmup):
+        run(models, kind, seed, True)
+        run(models, kind, seed, False)
+    plain: list[list[int]] = []
+    watched: list[Run] = []
+    for i in range(runs):
+        pair = [(False, i), (True, i)] if i % 2 == 0 else [(True, i), (False, i)]
+        for is_watched, seed in pair:
+            got = run(models, kind, seed % 5, is_watched)
+            if is_watched:
+                watched.append(got)
+            else:
+                plain.append(got.steps)
+    plain_ms = [statistics.median(p[s] for p in plain) / 1e6 for s in range(STEPS)]
+    pairs = list(zip(watched, plain, strict=True))
+    added = [statistics.median(w.steps[s] - p[s] for w, p in pairs) / 1e6 for s in range(STEPS)]
+    fixed = {name: statistics.median(w.fixed[name] for w in watched) / 1e6 for name in FIXED}
+    first = watched[0].full
+    return Measured(plain_ms, added, fixed, groups(first), all(w.full == first for w in watched))
+
+
+def table(kind: str, m: Measured) -> list[str]:
+    lines = [
+        f"| {kind}: what | steps | plain ms a step | added ms a step (median, range) | added ms a test |",
+        "|---|---|---|---|---|",
+    ]
+    total = 0.0
+    for name, steps in m.groups.items():
+        if not steps:
+            continue
+        added = [m.added[s] for s in steps]
+        plain = statistics.median(m.plain[s] for s in steps)
+        total += sum(added)
+        spread = f"{statistics.median(added):.3f} ({min(added):.3f}-{max(added):.3f})"
+        lines.append(f"| {name} | {len(steps)} | {plain:.3f} | {spread} | {sum(added):.2f} |")
+    for name, ms in m.fixed.items():
+        total += ms
+        lines.append(f"| {name} | - | - | - | {ms:.2f} |")
+    plain_total = sum(m.plain)
+    ratio = (plain_total + total) / plain_total
+    lines.append(f"| the whole run | {STEPS} | {plain_total:.2f} ms a run | - | {total:.2f} ({ratio:.2f}x) |")
+    if not m.agreed:
+        lines.append("(the runs did not all observe the same steps fully: the groups are the first run's)")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15, help="runs of each model, plain and watched (default 15)")
+    parser.add_argument("--model", action="append", choices=["mlp", "cnn"], help="only these models (repeatable)")
+    args = parser.parse_args(argv)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+        print(f"smoke runs of {STEPS} steps, {args.runs} runs each, torch {torch.__version__}, 1 thread, load {load}")
+        for kind in args.model or ["mlp", "cnn"]:
+            print()
+            print("\n".join(table(kind, measure(kind, args.runs))))
+    finally:
+        torch.set_num_threads(threads)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
