@@ -10,7 +10,9 @@ debugger, one torch thread. Every step is timed. A step's added time is the medi
 time less the plain one's; steps are grouped by what the debugger does on them: fully observed steps, the cheap
 step right after one (it commits the fully observed step and analyses it), and the other cheap steps. The fixed
 costs of a test are timed apart: making the debugger, entering its ``with`` block, leaving it (the last step is
-committed and analysed there) and the first ``explain_failure()``. Which steps were fully observed is read from the
+committed and analysed there) and the first ``explain_failure()``. A second table splits each group's average
+step into its phases (``zero_grad``, forward, loss, ``observe_loss``, backward, optimizer step): a fully observed
+step's analysis, for one, is paid in the next step's forward, when that step's first call commits it. Which steps were fully observed is read from the
 records the debugger analysed, so the grouping is the debugger's own, not assumed from its schedule.
 
 Where :mod:`benchmarks.smoke_file` gives the whole test's ratio, this says which part of it to work on.
@@ -19,6 +21,7 @@ Where :mod:`benchmarks.smoke_file` gives the whole test's ratio, this says which
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -35,6 +38,8 @@ from neuraldbg import NeuralDbg
 from .smoke_file import COMMON
 
 STEPS = 50
+#: The phases of a step, each timed (a step's time is their sum).
+PHASES = ("zero_grad", "forward", "loss", "observe_loss", "backward", "step")
 #: The fixed costs of a watched test, in the order printed.
 FIXED = ("make the debugger", "enter its block", "leave it", "first explain_failure()")
 
@@ -49,6 +54,7 @@ def smoke_models() -> dict[str, Any]:
 @dataclass
 class Run:
     steps: list[int]  # nanoseconds of each step
+    phases: list[list[int]] = field(default_factory=list)  # nanoseconds of each of PHASES, for each step
     fixed: dict[str, int] = field(default_factory=dict)  # nanoseconds of each of FIXED (watched runs only)
     full: dict[int, bool] = field(default_factory=dict)  # each analysed step: fully observed or not
     debugger: NeuralDbg | None = None
@@ -77,14 +83,22 @@ def run(models: dict[str, Any], kind: str, seed: int, watched: bool) -> Run:
     t2 = clock()
     for step in range(STEPS):
         x, y = data[step % len(data)]
-        start = clock()
+        t = [clock()]
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
+        t.append(clock())
+        output = model(x)
+        t.append(clock())
+        loss = F.cross_entropy(output, y)
+        t.append(clock())
         if dbg is not None:
             dbg.observe_loss(loss)
+        t.append(clock())
         loss.backward()
+        t.append(clock())
         optimizer.step()
-        result.steps.append(clock() - start)
+        t.append(clock())
+        result.phases.append([b - a for a, b in itertools.pairwise(t)])
+        result.steps.append(t[-1] - t[0])
     if dbg is not None:
         t3 = clock()
         dbg.__exit__(None, None, None)
@@ -113,6 +127,7 @@ def groups(full: dict[int, bool]) -> dict[str, list[int]]:
 class Measured:
     plain: list[float]  # median ms of each step, plain
     added: list[float]  # median ms each step adds under the debugger
+    added_phases: list[list[float]]  # ... in each of PHASES
     fixed: dict[str, float]  # median ms of each of FIXED
     groups: dict[str, list[int]]
     agreed: bool  # every watched run observed the same steps fully
@@ -123,7 +138,7 @@ def measure(kind: str, runs: int, warmup: int = 2) -> Measured:
     for seed in range(warmup):
         run(models, kind, seed, True)
         run(models, kind, seed, False)
-    plain: list[list[int]] = []
+    plain: list[Run] = []
     watched: list[Run] = []
     for i in range(runs):
         pair = [(False, i), (True, i)] if i % 2 == 0 else [(True, i), (False, i)]
@@ -132,13 +147,17 @@ def measure(kind: str, runs: int, warmup: int = 2) -> Measured:
             if is_watched:
                 watched.append(got)
             else:
-                plain.append(got.steps)
-    plain_ms = [statistics.median(p[s] for p in plain) / 1e6 for s in range(STEPS)]
+                plain.append(got)
+    plain_ms = [statistics.median(p.steps[s] for p in plain) / 1e6 for s in range(STEPS)]
     pairs = list(zip(watched, plain, strict=True))
-    added = [statistics.median(w.steps[s] - p[s] for w, p in pairs) / 1e6 for s in range(STEPS)]
+    added = [statistics.median(w.steps[s] - p.steps[s] for w, p in pairs) / 1e6 for s in range(STEPS)]
+    added_phases = [
+        [statistics.median(w.phases[s][k] - p.phases[s][k] for w, p in pairs) / 1e6 for k in range(len(PHASES))]
+        for s in range(STEPS)
+    ]
     fixed = {name: statistics.median(w.fixed[name] for w in watched) / 1e6 for name in FIXED}
     first = watched[0].full
-    return Measured(plain_ms, added, fixed, groups(first), all(w.full == first for w in watched))
+    return Measured(plain_ms, added, added_phases, fixed, groups(first), all(w.full == first for w in watched))
 
 
 def table(kind: str, m: Measured) -> list[str]:
@@ -166,6 +185,16 @@ def table(kind: str, m: Measured) -> list[str]:
     return lines
 
 
+def phase_table(kind: str, m: Measured) -> list[str]:
+    """The added milliseconds of an average step of each group, phase by phase (where in the step they are paid)."""
+    lines = [f"| {kind}: added ms, an average step of | {' | '.join(PHASES)} |", "|---|" + "---|" * len(PHASES)]
+    for name, steps in m.groups.items():
+        if steps:
+            means = [statistics.mean(m.added_phases[s][k] for s in steps) for k in range(len(PHASES))]
+            lines.append(f"| {name} | {' | '.join(f'{v:.3f}' for v in means)} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15, help="runs of each model, plain and watched (default 15)")
@@ -178,7 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"smoke runs of {STEPS} steps, {args.runs} runs each, torch {torch.__version__}, 1 thread, load {load}")
         for kind in args.model or ["mlp", "cnn"]:
             print()
-            print("\n".join(table(kind, measure(kind, args.runs))))
+            measured = measure(kind, args.runs)
+            print("\n".join(table(kind, measured)))
+            print()
+            print("\n".join(phase_table(kind, measured)))
     finally:
         torch.set_num_threads(threads)
     return 0

@@ -209,16 +209,38 @@ def test_the_smoke_steps_read_the_fully_observed_steps_from_the_debuggers_record
     assert sum(watched.full.values()) == watched.debugger._analyzer.full_steps > 0
     assert all(watched.full[step] for step in range(16))  # the dense start: every step fully observed
     assert set(watched.fixed) == set(smoke_steps.FIXED) and all(ns > 0 for ns in watched.fixed.values())
+    for run in (watched, plain):  # each step timed phase by phase, the step their sum
+        assert [len(p) for p in run.phases] == [len(smoke_steps.PHASES)] * smoke_steps.STEPS
+        assert [sum(p) for p in run.phases] == run.steps
     threads = torch.get_num_threads()
     assert smoke_steps.main(["--runs", "1", "--model", "mlp"]) == 0
     assert torch.get_num_threads() == threads
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ")]
-    assert [row.split("|")[1].strip() for row in rows[1:]] == [
+    table = rows[: rows.index(next(r for r in rows if r.startswith("| mlp: added ms")))]
+    assert [row.split("|")[1].strip() for row in table[1:]] == [
         "fully observed",
         "cheap, after a fully observed one",
         "other cheap",
         *smoke_steps.FIXED,
         "the whole run",
     ]
-    assert rows[-1].split("|")[2].strip() == str(smoke_steps.STEPS)
+    assert table[-1].split("|")[2].strip() == str(smoke_steps.STEPS)
+    phases = rows[len(table) :]
+    assert phases[0].split("|")[2:-1] == [f" {name} " for name in smoke_steps.PHASES]
+    assert [row.split("|")[1].strip() for row in phases[1:]] == [
+        "fully observed",
+        "cheap, after a fully observed one",
+        "other cheap",
+    ]
+
+
+def test_the_smoke_steps_phase_table_averages_each_groups_steps_phase_by_phase():
+    n = len(smoke_steps.PHASES)
+    added_phases = [[float(step) if k == 1 else 0.0 for k in range(n)] for step in range(smoke_steps.STEPS)]
+    groups = smoke_steps.groups({0: True, 2: True})  # full: 0 and 2; after one: 1 and 3; the rest cheap
+    m = smoke_steps.Measured([0.1] * smoke_steps.STEPS, [0.0] * smoke_steps.STEPS, added_phases, {}, groups, True)
+    rows = {row.split("|")[1].strip(): row.split("|")[2:-1] for row in smoke_steps.phase_table("x", m)[2:]}
+    assert [float(v) for v in rows["fully observed"]] == [0.0, 1.0, 0.0, 0.0, 0.0, 0.0]  # steps 0 and 2
+    assert float(rows["cheap, after a fully observed one"][1]) == 2.0  # steps 1 and 3
+    assert float(rows["other cheap"][1]) == sum(range(4, smoke_steps.STEPS)) / (smoke_steps.STEPS - 4)
