@@ -12,8 +12,9 @@ step right after one (it commits the fully observed step and analyses it), and t
 costs of a test are timed apart: making the debugger, entering its ``with`` block, leaving it (the last step is
 committed and analysed there) and the first ``explain_failure()``. A second table splits each group's average
 step into its phases (``zero_grad``, forward, loss, ``observe_loss``, backward, optimizer step): a fully observed
-step's analysis, for one, is paid in the next step's forward, when that step's first call commits it. Which steps were fully observed is read from the
-records the debugger analysed, so the grouping is the debugger's own, not assumed from its schedule.
+step's analysis, for one, is paid in the next step's forward, when that step's first call commits it. Which steps
+were fully observed is read from the records the debugger analysed, so the grouping is the debugger's own, not
+assumed from its schedule.
 
 Where :mod:`benchmarks.smoke_file` gives the whole test's ratio, this says which part of it to work on.
 """
