@@ -122,15 +122,11 @@ def rules(kinds: Iterable[Kind] | None = None) -> list[CausalRule]:
     global _resolved
     chosen = list(rooms() if kinds is None else kinds)
     last = _resolved
-    if last is not None and last[1] == registry.generation and _same(last[0], chosen):
+    if last is not None and last[1] == registry.generation and registry.same_objects(last[0], chosen):
         return list(last[2])
     found = _rules(chosen)
     _resolved = (tuple(chosen), registry.generation, tuple(found))
     return found
-
-
-def _same(a: tuple[Kind, ...], b: list[Kind]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def _rules(chosen: list[Kind]) -> list[CausalRule]:

@@ -8,6 +8,7 @@ manager (:mod:`neuraldbg.plugins.manager`). A kind read from a trace whose plugi
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from ..errors import ConfigError
 from ..events import FailureKind, SemanticEvent
@@ -33,6 +34,7 @@ def register(room: Kind) -> Kind:
     """Add ``room`` to the registry and return the registered room. Registering the same kind again with a room
     of the same class keeps the first; a class of the same name defined again (a module reloaded, a notebook cell
     run twice) replaces it; another class under a name already taken is a :class:`ConfigError`."""
+    global generation
     if not isinstance(room, Kind):
         raise ConfigError(f"a failure kind must be a neuraldbg.kinds.Kind instance, got {type(room).__name__}")
     known = _rooms.get(room.kind)
@@ -52,7 +54,6 @@ def register(room: Kind) -> Kind:
         _state_kind[_key(state)] = room.kind
     for state in room.evidence:
         _evidence_owner[_key(state)] = room
-    global generation
     _rooms[room.kind] = room
     _unregistered.pop(room.kind, None)
     generation += 1
@@ -101,6 +102,11 @@ def kind_of(state: HealthState) -> FailureKind | None:
     return _state_kind.get(_key(state))
 
 
+def same_objects(a: Sequence[object], b: Sequence[object]) -> bool:
+    """Whether ``a`` and ``b`` hold the very same objects in the same order (identity, not equality)."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
 def resolve(rule: CausalRule) -> CausalRule:
     """``rule`` with the effects it names by health state (``GradientHealth.VANISHING``) named by the kinds those
     states are, each once. A state that is no registered kind's is a :class:`ConfigError`: kind-less effects are
@@ -120,7 +126,7 @@ def resolve(rule: CausalRule) -> CausalRule:
         if target not in kinds:
             kinds.append(target)
     resolved = tuple(kinds)
-    same = len(resolved) == len(rule.effect_kinds) and all(a is b for a, b in zip(resolved, rule.effect_kinds))
+    same = same_objects(resolved, rule.effect_kinds)
     return rule if same else dataclasses.replace(rule, effect_kinds=resolved)
 
 

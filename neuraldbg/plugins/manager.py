@@ -67,7 +67,7 @@ def manager(extra: Iterable[Any] = ()) -> pluggy.PluginManager:
     extra = tuple(extra)
     plugins = (*_entry_point_plugins(), *_registered)
     shared = _shared
-    if not extra and shared is not None and _same(shared[0], plugins):
+    if not extra and shared is not None and registry.same_objects(shared[0], plugins):
         return shared[1]
     pm = pluggy.PluginManager("neuraldbg")
     pm.add_hookspecs(hookspecs)
@@ -78,10 +78,6 @@ def manager(extra: Iterable[Any] = ()) -> pluggy.PluginManager:
     if not extra:
         _shared = (plugins, pm)
     return pm
-
-
-def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def kinds_of(pm: pluggy.PluginManager) -> list[Kind]:
