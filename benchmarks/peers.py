@@ -9,6 +9,9 @@ The monitors, each attached to its own copy of the model (same initial weights, 
 * ``neuraldbg``: ``NeuralDbg(model)`` with the default preset;
 * ``bound``: the hand-written lower bound of a per-layer monitor: one forward hook per leaf module that does
   nothing, and one ``torch._foreach_norm`` over every gradient per step (nothing read back);
+* ``checks_floor``: the least any monitor does that keeps the issue's two every-step duties, dating a non-finite
+  gradient at its step and recording the loss curve: the gradients' norms (one ``torch._foreach_norm``), summed
+  and read on the host, and the loss read, each step; no module hook, nothing kept but those two numbers;
 * ``detect_anomaly``: ``torch.autograd.set_detect_anomaly(True)`` around the monitor's own steps;
 * ``lightning_grad_norm``: ``lightning.pytorch.utilities.grad_norm(model, 2)`` after each backward pass (what a
   ``LightningModule.on_before_optimizer_step`` computes before logging), when Lightning is installed;
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import math
 import os
 import statistics
 import sys
@@ -51,7 +55,8 @@ Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class Monitor:
-    """A way of watching one model: ``attach`` before its steps, ``after_backward`` each step, ``detach`` after."""
+    """A way of watching one model: ``attach`` before its steps, ``after_backward`` each step (given the step's
+    loss), ``detach`` after."""
 
     name = "plain"
 
@@ -61,7 +66,7 @@ class Monitor:
     def attach(self) -> None:
         pass
 
-    def after_backward(self) -> None:
+    def after_backward(self, loss: torch.Tensor) -> None:
         pass
 
     def detach(self) -> None:
@@ -103,7 +108,7 @@ class Bound(Monitor):
     def attach(self) -> None:
         self.handles = [m.register_forward_hook(_nothing) for m in self.leaves]
 
-    def after_backward(self) -> None:
+    def after_backward(self, loss: torch.Tensor) -> None:
         grads = [p.grad for p in self.params if p.grad is not None]
         self.norms = list(torch._foreach_norm(grads))
 
@@ -115,6 +120,29 @@ class Bound(Monitor):
 
 def _nothing(module: nn.Module, args: Any, output: Any) -> None:
     return None
+
+
+class ChecksFloor(Monitor):
+    """What the two checks every step needs cost, done by hand: whether every gradient is finite (their norms
+    summed, read on the host: a NaN or inf in any gradient makes the sum non-finite), dated at its step, and the
+    loss's value for the curve. A monitor that keeps these duties costs at least this much."""
+
+    name = "checks_floor"
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.step = 0
+        self.losses: list[float] = []
+        self.nonfinite_steps: list[int] = []
+
+    def after_backward(self, loss: torch.Tensor) -> None:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        total = torch.stack(torch._foreach_norm(grads)).sum().item()
+        if not math.isfinite(total):
+            self.nonfinite_steps.append(self.step)
+        self.losses.append(loss.item())
+        self.step += 1
 
 
 class Anomaly(Monitor):
@@ -137,7 +165,7 @@ class LightningGradNorm(Monitor):
         self.grad_norm = grad_norm
         self.norms: dict[str, torch.Tensor] = {}
 
-    def after_backward(self) -> None:
+    def after_backward(self, loss: torch.Tensor) -> None:
         self.norms = self.grad_norm(self.model, norm_type=2)
 
 
@@ -155,7 +183,7 @@ class WandbWatch(Monitor):  # pragma: no cover - runs only where wandb is instal
     def attach(self) -> None:
         self.wandb.watch(self.model, log="gradients", log_freq=100)
 
-    def after_backward(self) -> None:
+    def after_backward(self, loss: torch.Tensor) -> None:
         self.wandb.log({})
 
     def detach(self) -> None:
@@ -174,7 +202,7 @@ def _wandb_dir() -> str:  # pragma: no cover - runs only where wandb is installe
 
 def monitors() -> list[type[Monitor]]:
     """The monitors this environment can run, the plain loop first."""
-    found: list[type[Monitor]] = [Monitor, Debugger, Bound, Anomaly]
+    found: list[type[Monitor]] = [Monitor, Debugger, Bound, ChecksFloor, Anomaly]
     if importlib.util.find_spec("lightning") is not None:
         found.append(LightningGradNorm)
     if importlib.util.find_spec("wandb") is not None:  # pragma: no cover
@@ -198,8 +226,9 @@ class Copy:
         for i in range(self.steps, self.steps + n):
             x, y = batches[i % len(batches)]
             self.opt.zero_grad(set_to_none=True)
-            self.loss(self.model(x), y).backward()
-            monitor.after_backward()
+            loss = self.loss(self.model(x), y)
+            loss.backward()
+            monitor.after_backward(loss)
             self.opt.step()
         self.steps += n
 

@@ -33,12 +33,50 @@ def test_the_hand_written_bound_hooks_every_leaf_once_and_takes_every_gradients_
     assert sum(len(m._forward_hooks) for m in copy.model.modules()) == 0
 
 
+def test_the_checks_floor_dates_a_non_finite_gradient_at_its_step_and_keeps_the_plain_runs_losses():
+    """The floor does the two every-step duties it stands for: on the tiny model, a batch with one NaN input at
+    step 3 makes that step's gradients non-finite (checked with plain torch on a copy without a monitor); the
+    floor dates it there, not before; and its loss curve is the plain run's, step by step."""
+    case = next(c for c in CASES if c.build.__name__ == "tiny")
+    state = case.build().state_dict()
+    g = torch.Generator().manual_seed(0)
+    batches = [case.batch(g) for _ in range(6)]
+    x, y = batches[3]
+    x = x.clone()
+    x[0, 0] = float("nan")
+    batches[3] = (x, y)
+    plain = peers.Copy(case, state, peers.Monitor)
+    finite_until = []
+    for xb, yb in batches:
+        plain.opt.zero_grad(set_to_none=True)
+        loss = plain.loss(plain.model(xb), yb)
+        loss.backward()
+        finite_until.append(all(bool(p.grad.isfinite().all()) for p in plain.model.parameters()))
+        plain.opt.step()
+    assert finite_until[:3] == [True, True, True] and finite_until[3] is False
+    floor = peers.Copy(case, state, peers.ChecksFloor)
+    monitor = floor.monitor
+    assert isinstance(monitor, peers.ChecksFloor)
+    floor.train(batches, len(batches))
+    assert monitor.nonfinite_steps and monitor.nonfinite_steps[0] == 3
+    again = peers.Copy(case, state, peers.Monitor)
+    losses = []
+    for xb, yb in batches[:3]:
+        again.opt.zero_grad(set_to_none=True)
+        loss = again.loss(again.model(xb), yb)
+        loss.backward()
+        losses.append(loss.item())
+        again.opt.step()
+    assert monitor.losses[:3] == losses
+    assert len(monitor.losses) == len(batches) and all(v != v for v in monitor.losses[3:])  # NaN from step 3 on
+
+
 def test_the_first_steps_table_has_a_ratio_for_every_monitor_and_the_debuggers_attach_and_diagnosis():
     case = next(c for c in CASES if c.build.__name__ == "tiny")
-    kinds = [peers.Monitor, peers.Debugger, peers.Bound]
+    kinds = [peers.Monitor, peers.Debugger, peers.Bound, peers.ChecksFloor]
     result = peers.first(case, kinds, repeats=2, n=5)
     assert result["plain"] == 1.0
-    assert result["neuraldbg"] > 0 and result["bound"] > 0
+    assert result["neuraldbg"] > 0 and result["bound"] > 0 and result["checks_floor"] > 0
     assert result["attach_ms"] > 0 and result["diagnosis_ms"] > 0
 
 
