@@ -175,6 +175,7 @@ class Tracker:
             else:
                 was_solid = run.solid > 0
                 run.extend(step, f)
+            run.confirmed = run.confirmed or f.confirms_run
             if run.solid and not was_solid:  # the run is past its full threshold for the first time
                 solid = self._solid_states.get(state, 0)
                 self.started += solid == 0 and not began  # (a state that begins has asked already)

@@ -43,6 +43,10 @@ class Finding:
     call: int = 0
     decisive: bool = False  # no persistence needed (e.g. a NaN)
     provisional: bool = False  # past an onset threshold only: dates the run but does not confirm it
+    # what the run it opens or extends has done, seen over its own steps, proves it real however few of them were
+    # solid: its earlier provisional observations waited for this evidence (a surge of updates over which the loss
+    # rose: see :mod:`neuraldbg.kinds.oversized_updates`)
+    confirms_run: bool = False
 
 
 @dataclass

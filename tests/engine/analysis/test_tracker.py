@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import support
@@ -39,6 +40,19 @@ def test_a_state_shorter_than_the_persistence_is_not_an_event_unless_decisive():
     feed(tracker, [None, DEAD, DEAD, None, None, NAN, None])
     events = tracker.events()
     assert [(e.to_state, e.step_start, e.from_state) for e in events] == [("non_finite", 5, "normal")]
+
+
+def test_a_short_run_whose_own_steps_prove_it_is_an_event_from_its_first_provisional_step():
+    """Provisional observations wait for evidence; a finding that ``confirms_run`` brings it, and the run counts
+    from its first step though fewer than ``persistence`` of its observations were solid. The same run without
+    that finding (two solid observations, then it ends) is no event."""
+    dating = dataclasses.replace(DEAD, provisional=True)
+    solid = dataclasses.replace(DEAD, metrics={"dead_fraction": 0.9})
+    proving = dataclasses.replace(solid, confirms_run=True)
+    for last, events in ((proving, [(1, 5)]), (solid, [])):
+        tracker = Tracker(DebugConfig(persistence=3, persistence_steps=5))
+        feed(tracker, [None, dating, dating, dating, solid, last] + [None] * 20)
+        assert [(e.step_start, e.step_end) for e in tracker.events(final=True)] == events
 
 
 def test_consecutive_steps_merge_and_a_later_transition_records_where_it_came_from():
