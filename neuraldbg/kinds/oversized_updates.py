@@ -70,6 +70,7 @@ class UpdateSurgeDetector(Detector):
             name: deque(maxlen=_CALM_READINGS) for name in ("loss", "loss_gradient")
         }
         self._first: dict[str, bool] = {}  # each layer: whether its weights were zero when first observed
+        self._peak: tuple[float, int] | None = None  # the largest median of the current run of large updates, its step
 
     def observe(self, view: StepView) -> Observation | None:
         census = view.updates
@@ -88,12 +89,15 @@ class UpdateSurgeDetector(Detector):
         median, top = self._ratios(view, layers, ratios)
         limit = view.ctx.config.exploding_update_ratio
         if median <= limit:
-            self._start, self._worse = None, False
+            self._start, self._worse, self._peak = None, False, None
             self._calm_step(view)
             return obs
         worse = self._getting_worse(view)
+        if self._peak is None or median > self._peak[0]:
+            self._peak = (median, view.data.step)
         metrics = census.ratio_metrics() if census.ratios else ({"lr": census.lr} if census.lr is not None else {})
         metrics["median_update_ratio"] = median
+        metrics["peak_update_ratio"], metrics["peak_update_step"] = self._peak[0], float(self._peak[1])
         metrics["max_update_ratio"] = max(top, metrics.get("max_update_ratio", top))
         grads = [g.norm for g in view.layer_gradients.values() if math.isfinite(g.norm)]
         if grads:
@@ -277,9 +281,17 @@ class OversizedUpdates(Kind):
         lr = root.metrics.get("lr")
         with_lr = f" with learning rate {num(lr)}" if lr is not None else ""
         m = root.metrics
+        median = m.get("median_update_ratio", math.nan)
+        peak = m.get("peak_update_ratio", math.nan)
+        # the step the event reports may come after the largest updates of the run (its first solid step)
+        largest = (
+            f", up to {_share(peak)} at step {int(m['peak_update_step'])}"
+            if peak > _PEAK_APART * median and "peak_update_step" in m
+            else ""
+        )
         what = (
             f"Oversized updates from step {root.step_start}{with_lr}: each step moves the weights by "
-            f"{_share(m.get('median_update_ratio', math.nan))} (the median ||dW||/||W|| over the layers; healthy "
+            f"{_share(median)} (the median ||dW||/||W|| over the layers{largest}; healthy "
             "training moves them by about 0.1% of their size per step)"
         )
         for signal, words in (("loss", "the loss"), ("loss_gradient", "the gradient of the loss")):
@@ -310,6 +322,10 @@ class OversizedUpdates(Kind):
 
     def effect(self, event: SemanticEvent) -> str:
         return "oversized updates"
+
+
+#: A run's largest median update is named beside the one its event reports when it is this many times larger.
+_PEAK_APART = 1.5
 
 
 def _share(ratio: float) -> str:

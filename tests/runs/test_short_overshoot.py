@@ -6,12 +6,14 @@ learning rate, so the first steps rewrite the weights (95 %, 49 %, 30 % ... of t
 updates fall below a tenth. The loss then sits at chance for tens of steps and never gets near the twin's. The
 surge detector's rise of the loss, judged over the surge's own steps, is clear only at its fifth step: the whole
 surge counts from there (``Finding.confirms_run``), not only the two solid steps left of it, fewer than the
-persistence a state needs.
+persistence a state needs; its explanation names the largest updates of the surge beside those of the step it
+reports.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import statistics
 
 import torch
@@ -93,7 +95,12 @@ def test_a_few_steps_of_updates_as_large_as_the_weights_that_threw_the_loss_up_a
     (top, *_) = dbg.hypotheses()
     assert top.kind is FailureKind.OVERSIZED_UPDATES
     assert top.root.step_start == 0
-    assert "the loss rose from" in dbg.explain_failure()[0]
+    words = dbg.explain_failure()[0]
+    assert "the loss rose from" in words
+    # the explanation names the surge's largest updates, at its first step, not only the later step it reports
+    largest = re.search(r"up to (\d+)% of their size at step (\d+)", words)
+    assert largest is not None, words
+    assert int(largest.group(2)) == 0 and abs(int(largest.group(1)) / 100 - ratios[0]) < 0.2 * ratios[0]
 
 
 def test_the_twins_at_sound_learning_rates_stay_silent() -> None:
