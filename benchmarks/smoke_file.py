@@ -12,7 +12,11 @@ parameter changed). Each round runs both files in fresh pytest processes (one to
 between rounds; the plain file with the plugin disabled, ``-p no:neuraldbg``, as in a project without it) and
 reads two figures: the CPU time of the test loop (every test's setup, call and teardown, from a ``conftest.py``
 hook) and the CPU time of the whole process (interpreter and pytest start-up, imports and the plugin's
-session-end reporting included). Printed: the median over rounds of each ratio, watched over plain.
+session-end reporting included). Printed: the median over rounds of each ratio, watched over plain; and the test
+loop split in two, what the first test pays once (the watched file's first test over the plain file's, in
+milliseconds) and the ratio of the nine tests after it, what a smoke test costs on its own; the first test of
+either file also pays what its process does once, about a second of torch's imports, which dilutes the loop's
+ratio.
 
 Bytecode: by default both files run with Python's bytecode cache (written under the temporary folder, through
 ``PYTHONPYCACHEPREFIX``, by one untimed run of each file first), as an installed package runs (pip compiles its
@@ -32,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 COMMON = '''
 import math
@@ -137,11 +142,19 @@ torch.set_num_threads(1)
 
 
 @pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    t0 = time.process_time()
+    yield
+    with open(os.environ["SMOKE_TIMES"], "a") as fh:
+        fh.write(f"test {time.process_time() - t0}\\n")
+
+
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtestloop(session):
     t0 = time.process_time()
     yield
     with open(os.environ["SMOKE_TIMES"], "a") as fh:
-        fh.write(f"{time.process_time() - t0} {session.testsfailed}\\n")
+        fh.write(f"loop {time.process_time() - t0} {session.testsfailed}\\n")
 """
 
 
@@ -152,9 +165,43 @@ def write(folder: Path) -> None:
     (folder / "conftest.py").write_text(CONFTEST)
 
 
-def run_file(folder: Path, name: str, cold: bool = False) -> tuple[float, float]:
-    """(CPU seconds of the test loop, CPU seconds of the whole pytest process) of one file; ``cold``: without the
-    bytecode cache (see the module docstring)."""
+class FileRun(NamedTuple):
+    """CPU seconds of one run of a file: its test loop, the whole pytest process, and each test in the order run
+    (setup, call and teardown)."""
+
+    loop: float
+    process: float
+    tests: list[float]
+
+
+def read_times(text: str) -> tuple[float, int, list[float]]:
+    """(the loop's CPU seconds, the number of failed tests, each test's CPU seconds) from the times file the
+    conftest writes: a ``test <seconds>`` line per test, then ``loop <seconds> <failed>``."""
+    loop, failed, tests = None, 0, []
+    for line in text.splitlines():
+        what, *values = line.split()
+        if what == "test":
+            tests.append(float(values[0]))
+        elif what == "loop":
+            loop, failed = float(values[0]), int(values[1])
+    if loop is None:
+        raise ValueError(f"no loop line in the smoke file's times: {text!r}")
+    return loop, failed, tests
+
+
+def first_and_rest(watched: list[float], plain: list[float]) -> tuple[float, float]:
+    """Split a file's test time into what its first test pays once and what every later test pays: (the watched
+    file's first test minus the plain file's, in seconds; the later tests' total, watched over plain). The first
+    test of either file also pays what the process does once (importing the rest of torch; under the plugin, the
+    engine), so the later tests show what a smoke test costs on its own."""
+    if len(watched) != len(plain) or len(watched) < 2:
+        raise ValueError(f"the two files ran {len(watched)} and {len(plain)} tests: at least 2 each, as many")
+    return watched[0] - plain[0], sum(watched[1:]) / sum(plain[1:])
+
+
+def run_file(folder: Path, name: str, cold: bool = False) -> FileRun:
+    """The CPU seconds of one file's run (see :class:`FileRun`); ``cold``: without the bytecode cache (see the
+    module docstring)."""
     times = folder / "times.txt"
     times.unlink(missing_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", SMOKE_TIMES=str(times))
@@ -172,11 +219,11 @@ def run_file(folder: Path, name: str, cold: bool = False) -> tuple[float, float]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(args, cwd=folder, env=env, capture_output=True, text=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    loop, failed = times.read_text().split()
-    if done.returncode != 0 or int(failed):
+    loop, failed, tests = read_times(times.read_text())
+    if done.returncode != 0 or failed:
         raise RuntimeError(f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     process = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return float(loop), process
+    return FileRun(loop, process, tests)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     loops: list[float] = []
     processes: list[float] = []
     plain_loop: list[float] = []
+    firsts: list[float] = []
+    rests: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         write(folder)
@@ -197,10 +246,13 @@ def main(argv: list[str] | None = None) -> int:
         for round_ in range(args.rounds):
             chosen = order if round_ % 2 == 0 else order[::-1]
             figures = {name: run_file(folder, name, args.cold) for name in chosen}
-            (pl, pp), (wl, wp) = figures["test_smoke_plain.py"], figures["test_smoke_watched.py"]
-            loops.append(wl / pl)
-            processes.append(wp / pp)
-            plain_loop.append(pl)
+            plain, watched = figures["test_smoke_plain.py"], figures["test_smoke_watched.py"]
+            loops.append(watched.loop / plain.loop)
+            processes.append(watched.process / plain.process)
+            plain_loop.append(plain.loop)
+            first, rest = first_and_rest(watched.tests, plain.tests)
+            firsts.append(first)
+            rests.append(rest)
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     cache = "no bytecode cache (--cold)" if args.cold else "bytecode cached"
     print(f"10 smoke tests (5 MLP, 5 CNN, 50 steps each), {args.rounds} rounds, {cache}, load average {load}")
@@ -214,6 +266,14 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"| the whole pytest process | - | {statistics.median(processes):.2f}x |"
         f" {min(processes):.2f}-{max(processes):.2f}x |"
+    )
+    print(f"| the 9 tests after the first | - | {statistics.median(rests):.2f}x | {min(rests):.2f}-{max(rests):.2f}x |")
+    print()
+    print(
+        f"The first watched test takes {1e3 * statistics.median(firsts):.0f} ms more CPU than the first plain one"
+        f" ({1e3 * min(firsts):.0f}-{1e3 * max(firsts):.0f} ms). The first test of either file also pays what its"
+        " process does once (the rest of torch's imports); the watched file imports the plugin's assertion helpers,"
+        " and most of the engine with them, when it is collected, before the loop."
     )
     return 0
 

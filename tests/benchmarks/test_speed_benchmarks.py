@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import neuraldbg
-from benchmarks import against, families, gpu, hook_floor, overhead, peers, smoke_steps, step_parts
+from benchmarks import against, families, gpu, hook_floor, overhead, peers, smoke_file, smoke_steps, step_parts
 from benchmarks.overhead import CASES
 from neuraldbg.config import PRESETS
 
@@ -282,3 +282,30 @@ def test_the_smoke_steps_phase_table_averages_each_groups_steps_phase_by_phase()
     assert [float(v) for v in rows["fully observed"]] == [0.0, 1.0, 0.0, 0.0, 0.0, 0.0]  # steps 0 and 2
     assert float(rows["cheap, after a fully observed one"][1]) == 2.0  # steps 1 and 3
     assert float(rows["other cheap"][1]) == sum(range(4, smoke_steps.STEPS)) / (smoke_steps.STEPS - 4)
+
+
+def test_the_smoke_files_times_are_read_per_test_and_the_first_test_is_split_from_the_rest():
+    """The conftest's times file gives each test's CPU time and the loop's; the first test's extra (what the process
+    pays once) is told apart from the later tests' ratio, on made-up figures."""
+    loop, failed, tests = smoke_file.read_times("test 1.5\ntest 0.25\ntest 0.5\nloop 2.3 0\n")
+    assert (loop, failed, tests) == (2.3, 0, [1.5, 0.25, 0.5])
+    assert smoke_file.read_times("test 0.1\nloop 0.1 2\n")[1] == 2
+    with pytest.raises(ValueError, match="no loop line"):
+        smoke_file.read_times("test 0.1\n")
+    first, rest = smoke_file.first_and_rest([1.5, 0.25, 0.5], [1.0, 0.125, 0.25])
+    assert first == 0.5 and rest == 2.0
+    with pytest.raises(ValueError, match="as many"):
+        smoke_file.first_and_rest([1.0, 2.0], [1.0])
+
+
+def test_the_smoke_files_conftest_writes_a_line_per_test_then_the_loop(
+    pytester: pytest.Pytester, tmp_path, monkeypatch: pytest.MonkeyPatch
+):
+    """The conftest the benchmark writes, run on two passing tests: a ``test`` line for each, then the loop's."""
+    times = tmp_path / "times.txt"
+    pytester.makeconftest(smoke_file.CONFTEST)
+    pytester.makepyfile("def test_a():\n    pass\n\ndef test_b():\n    pass\n")
+    monkeypatch.setenv("SMOKE_TIMES", str(times))
+    pytester.runpytest_inprocess("-p", "no:neuraldbg").assert_outcomes(passed=2)
+    loop, failed, tests = smoke_file.read_times(times.read_text())
+    assert failed == 0 and len(tests) == 2 and loop >= 0 and all(t >= 0 for t in tests)
