@@ -9,9 +9,9 @@ The monitors, each attached to its own copy of the model (same initial weights, 
 * ``neuraldbg``: ``NeuralDbg(model)`` with the default preset;
 * ``bound``: the hand-written lower bound of a per-layer monitor: one forward hook per leaf module that does
   nothing, and one ``torch._foreach_norm`` over every gradient per step (nothing read back);
-* ``checks_floor``: the least any monitor does that keeps the issue's two every-step duties, dating a non-finite
-  gradient at its step and recording the loss curve: the gradients' norms (one ``torch._foreach_norm``), summed
-  and read on the host, and the loss read, each step; no module hook, nothing kept but those two numbers;
+* ``checks_floor``: the issue's two every-step duties done by hand and nothing else, dating a non-finite gradient
+  at its step and recording the loss curve: the gradients' norms (one ``torch._foreach_norm``), summed and read on
+  the host, and the loss read, each step; no module hook, nothing kept but those two numbers;
 * ``detect_anomaly``: ``torch.autograd.set_detect_anomaly(True)`` around the monitor's own steps;
 * ``lightning_grad_norm``: ``lightning.pytorch.utilities.grad_norm(model, 2)`` after each backward pass (what a
   ``LightningModule.on_before_optimizer_step`` computes before logging), when Lightning is installed;
@@ -123,9 +123,9 @@ def _nothing(module: nn.Module, args: Any, output: Any) -> None:
 
 
 class ChecksFloor(Monitor):
-    """What the two checks every step needs cost, done by hand: whether every gradient is finite (their norms
-    summed, read on the host: a NaN or inf in any gradient makes the sum non-finite), dated at its step, and the
-    loss's value for the curve. A monitor that keeps these duties costs at least this much."""
+    """The two readings every step owes, done by hand and nothing else: whether every gradient is finite (their
+    norms summed, read on the host: a NaN or inf in any gradient makes the sum non-finite), dated at its step, and
+    the loss's value for the curve. What keeping those duties costs, done the straightforward way."""
 
     name = "checks_floor"
 
