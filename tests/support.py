@@ -6,7 +6,8 @@ Ground truth never comes from NeuralDBG: every fault a test relies on is confirm
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import statistics
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -279,6 +280,12 @@ def dead_unit_fraction(activations: torch.Tensor) -> float:
     a = activations
     a = a.permute(0, 2, 3, 1).reshape(-1, a.shape[1]) if a.dim() == 4 else a.reshape(-1, a.shape[-1])
     return float(((a > 0).sum(0) == 0).float().mean())
+
+
+def median_update_ratio(params: Iterable[torch.Tensor], before: Iterable[torch.Tensor]) -> float:
+    """The median over ``params`` of ||p - b|| / ||b||, each against its copy ``b`` in ``before`` taken before the
+    optimizer step: how much one step moved the weights, as the update detectors measure it."""
+    return statistics.median(float((p.detach() - b).norm() / b.norm()) for p, b in zip(params, before, strict=True))
 
 
 def grad_norms(model: nn.Module) -> dict[str, float]:

@@ -37,7 +37,7 @@ def run(lr: float) -> tuple[NeuralDbg, list[float], list[float], float]:
             top = max(top, max(support.layer_gradients(model).values()))
             before = [w.detach().clone() for w in weights]
             opt.step()
-            ratios.append(statistics.median(float((w.detach() - b).norm() / b.norm()) for w, b in zip(weights, before)))
+            ratios.append(support.median_update_ratio(weights, before))
             losses.append(loss.item())
     return dbg, losses, ratios, top
 
@@ -97,7 +97,7 @@ def run_raised(lr_after: float, watched: bool) -> tuple[NeuralDbg | None, list[f
             loss.backward()
             before = [w.detach().clone() for w in weights]
             opt.step()
-            ratios.append(statistics.median(float((w.detach() - b).norm() / b.norm()) for w, b in zip(weights, before)))
+            ratios.append(support.median_update_ratio(weights, before))
             losses.append(loss.item())
     return dbg, losses, ratios
 

@@ -47,9 +47,7 @@ def run(attach_at: int, decay: float = 1.0) -> tuple[NeuralDbg, list[float], lis
         opt.step()
         if step >= BEFORE:
             losses.append(loss.item())
-            ratios.append(
-                statistics.median(float((p.detach() - b).norm() / b.norm()) for p, b in zip(model.parameters(), before))
-            )
+            ratios.append(support.median_update_ratio(model.parameters(), before))
     dbg.__exit__(None, None, None)
     return dbg, losses, ratios
 

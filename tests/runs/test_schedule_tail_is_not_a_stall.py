@@ -60,9 +60,7 @@ def train(
         opt.step()
         if sched is not None:
             sched.step()
-        run.ratios.append(
-            statistics.median(float((p.detach() - b).norm() / b.norm()) for p, b in zip(model.parameters(), before))
-        )
+        run.ratios.append(support.median_update_ratio(model.parameters(), before))
         run.losses.append(loss.item())
     if dbg is not None:
         dbg.__exit__(None, None, None)
@@ -153,9 +151,7 @@ def test_the_end_of_a_one_cycle_schedule_on_a_hard_task_is_not_a_stall() -> None
             before = [p.detach().clone() for p in model.parameters()]
             opt.step()
             sched.step()
-            ratios.append(
-                statistics.median(float((p.detach() - b).norm() / b.norm()) for p, b in zip(model.parameters(), before))
-            )
+            ratios.append(support.median_update_ratio(model.parameters(), before))
             losses.append(loss.item())
         if dbg is not None:
             dbg.__exit__(None, None, None)

@@ -16,6 +16,7 @@ import contextlib
 import re
 import statistics
 
+import support
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -71,8 +72,7 @@ def run(lr: float, watch: bool) -> tuple[NeuralDbg | None, list[float], list[flo
             loss.backward()
             before = [p.detach().clone() for p in matrices]
             opt.step()
-            moved = [float((p.detach() - b).norm() / b.norm()) for p, b in zip(matrices, before)]
-            ratios.append(statistics.median(moved))
+            ratios.append(support.median_update_ratio(matrices, before))
             losses.append(loss.item())
     return dbg, losses, ratios
 

@@ -159,9 +159,7 @@ def classifier_run(lr: float, cut: bool, watched: bool) -> tuple[NeuralDbg | Non
         opt.step()
         if schedule is not None:
             schedule.step()
-        ratios.append(
-            statistics.median(float((p.detach() - b).norm() / b.norm()) for p, b in zip(model.parameters(), before))
-        )
+        ratios.append(support.median_update_ratio(model.parameters(), before))
         losses.append(loss.item())
     if dbg is not None:
         dbg.__exit__(None, None, None)
