@@ -46,6 +46,10 @@ def is_grad_scaler(obj: object) -> bool:
     return scaler_type is not None and isinstance(obj, scaler_type)
 
 
+#: The methods of a GradScaler that call the optimizer's step (see :func:`_scaler_step_codes`).
+_STEP_NAMES = ("step", "_maybe_opt_step")
+
+
 def _scaler_step_codes() -> frozenset[CodeType]:
     """The code of ``GradScaler.step`` and ``_maybe_opt_step``, in GradScaler and every subclass defined so far."""
     root = getattr(torch.amp, "GradScaler", None)
@@ -56,7 +60,7 @@ def _scaler_step_codes() -> frozenset[CodeType]:
     while todo:
         cls = todo.pop()
         todo.extend(cls.__subclasses__())
-        for name in ("step", "_maybe_opt_step"):
+        for name in _STEP_NAMES:
             fn = cls.__dict__.get(name)
             code = getattr(fn, "__code__", None)
             if isinstance(code, CodeType):
@@ -129,12 +133,13 @@ class ScalerWatch:
             frame = sys._getframe(2)
         except ValueError:
             return False
-        codes = _scaler_step_codes()
+        codes: frozenset[CodeType] | None = None  # gathered at the first frame of a method of one of their names
         for _ in range(_DISCOVERY_DEPTH):
             if frame is None:
                 break
             # the code object first: reading a frame's locals would keep them alive (the user's frames included)
-            if frame.f_code in codes:
+            code = frame.f_code
+            if code.co_name in _STEP_NAMES and code in (codes := codes or _scaler_step_codes()):
                 candidate: Any = frame.f_locals.get("self")
                 if is_grad_scaler(candidate) and candidate.is_enabled():
                     self.use(candidate)
