@@ -80,6 +80,11 @@ def one_line(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
+#: The largest integer every JSON reader holds exactly (2**53 - 1): the largest step or count a trace or a baseline
+#: file accepts.
+JSON_EXACT = 2**53 - 1
+
+
 def json_number(x: float) -> float | str:
     """A float JSON can hold: itself when finite, else the string ``"inf"``, ``"-inf"`` or ``"nan"`` (how traces
     and reports write non-finite numbers)."""

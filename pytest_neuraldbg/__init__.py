@@ -8,24 +8,61 @@
         ndbg = neuraldbg.smoke_train(model, loader, loss_fn, steps=30)
         assert_healthy(ndbg)
 
-Importing this package does not import torch; the engine is loaded when a debugger is first created.
+Importing this package does not import torch, nor any of the engine but its vocabulary: each name below is loaded
+from its module on first use, and the engine when a debugger is first created.
 """
 
 from __future__ import annotations
 
-from .assertions import (
-    assert_finite,
-    assert_healthy,
-    assert_learns,
-    assert_no_dead_neurons,
-    assert_no_exploding_gradients,
-    assert_no_saturation,
-    assert_no_vanishing_gradients,
-    assert_parameters_update,
-)
-from .baseline import NeuralDbgBaselineWarning
-from .fixture import NeuralDbgFixture
-from .verdict import Explanations, Hypotheses
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: Each public name and the module of this package that defines it: loaded on first use, so that pytest, which
+#: imports this package at startup through the plugin's entry point, loads none of the engine for a test session
+#: that never asks for it.
+_EXPORTS: dict[str, str] = {
+    "Explanations": "verdict",
+    "Hypotheses": "verdict",
+    "NeuralDbgBaselineWarning": "baseline.check",
+    "NeuralDbgFixture": "fixture",
+    "assert_finite": "assertions",
+    "assert_healthy": "assertions",
+    "assert_learns": "assertions",
+    "assert_no_dead_neurons": "assertions",
+    "assert_no_exploding_gradients": "assertions",
+    "assert_no_saturation": "assertions",
+    "assert_no_vanishing_gradients": "assertions",
+    "assert_parameters_update": "assertions",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pytest_neuraldbg' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+if TYPE_CHECKING:  # the same names, for type checkers and IDEs
+    from .assertions import (
+        assert_finite,
+        assert_healthy,
+        assert_learns,
+        assert_no_dead_neurons,
+        assert_no_exploding_gradients,
+        assert_no_saturation,
+        assert_no_vanishing_gradients,
+        assert_parameters_update,
+    )
+    from .baseline.check import NeuralDbgBaselineWarning
+    from .fixture import NeuralDbgFixture
+    from .verdict import Explanations, Hypotheses
 
 __all__ = [
     "Explanations",

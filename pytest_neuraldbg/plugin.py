@@ -4,9 +4,11 @@ Each hook hands off to a small module: :mod:`~pytest_neuraldbg.options` (flags, 
 precedence), :mod:`~pytest_neuraldbg.fixture` (what the fixture returns), :mod:`~pytest_neuraldbg.reporting`
 (JUnit properties, report sections, terminal summary, files), :mod:`~pytest_neuraldbg.outcomes` (test outcomes
 as pytest counts them, for reports that agree with it), :mod:`~pytest_neuraldbg.gate` (failing unhealthy tests)
-and :mod:`~pytest_neuraldbg.baseline` (training-health baselines). Imports no torch at import time (only the
-engine's vocabulary, :mod:`neuraldbg.events`), so ``pytest --help`` and xdist workers stay fast; the engine is
-imported when a test first uses the fixture.
+and :mod:`~pytest_neuraldbg.baseline` (training-health baselines). pytest imports this module at the start of
+every session in an environment where the package is installed, so it imports no torch and none of the engine but
+its vocabulary (:mod:`neuraldbg.events`, :mod:`neuraldbg.text`): ``pytest --help``, xdist workers and test suites
+that never use the fixture stay fast. The engine's kinds are imported when a verdict is first written, the rest of
+the engine when a test first uses the fixture.
 """
 
 from __future__ import annotations

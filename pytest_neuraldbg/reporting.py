@@ -257,13 +257,10 @@ def _baseline_without_fixture(item: pytest.Item) -> Any:
     baseline check then fails it for watching no run. None for every other test."""
     __tracebackhide__ = True
     from . import options
-    from .fixture import NeuralDbgFixture
 
     try:
         marked = "baseline" in options.marker_kwargs(item)
-        fixture, problem = (
-            (NeuralDbgFixture.for_item(item, item.config.stash[SESSION_KEY].settings), "") if marked else (None, "")
-        )
+        fixture, problem = (_fixture_for(item), "") if marked else (None, "")
     except options.OptionError as exc:
         fixture, problem = None, str(exc)
     if problem:
@@ -272,6 +269,14 @@ def _baseline_without_fixture(item: pytest.Item) -> Any:
         return None
     item.stash[FIXTURE_KEY] = fixture
     return fixture
+
+
+def _fixture_for(item: pytest.Item) -> Any:
+    """A fixture for ``item`` made by the plugin: the fixture's module (and with it the engine's kinds) is imported
+    here, for a test marked for a baseline, not for every test that passed."""
+    from .fixture import NeuralDbgFixture
+
+    return NeuralDbgFixture.for_item(item, item.config.stash[SESSION_KEY].settings)
 
 
 def annotate_baseline(report: pytest.TestReport, item: pytest.Item) -> None:

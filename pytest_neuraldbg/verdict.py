@@ -11,7 +11,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from neuraldbg.events import FailureKind
-from neuraldbg.kinds import registry  # the engine's kinds, each in its room; imports no torch
 from neuraldbg.text import one_line
 
 from .records import HypothesisRecord
@@ -22,18 +21,26 @@ MAX_HEADLINE = 300
 def kinds(also: Iterable[str] = ()) -> list[str]:
     """Every failure kind this process knows (the built-in ones and the plugins' registered so far, in the engine's
     order), then any other kind named in ``also`` (a kind a run reported whose plugin is not loaded here)."""
+    # the engine's kinds, each in its room (no torch), imported when a verdict is first written, not with this module:
+    # pytest imports it at startup, and a session that watches no run should not load every kind
+    from neuraldbg.kinds import registry
+
     known = [k.value for k in FailureKind if registry.is_known(k)]
     return [*known, *dict.fromkeys(a for a in also if a not in known)]
 
 
 def title(kind: str) -> str:
     """How a verdict names a kind ("dead neurons", "non-finite values"), as its room says."""
+    from neuraldbg.kinds import registry  # (see kinds)
+
     return registry.room(kind).title
 
 
 def run_level(kind: str) -> bool:
     """About the run as a whole (nothing trained, no gradient, eval mode, a loss that cannot teach, the debugger
     stopped observing): such a run cannot be called healthy, whatever its layers did."""
+    from neuraldbg.kinds import registry  # (see kinds)
+
     return registry.room(kind).run_level
 
 

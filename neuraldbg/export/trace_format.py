@@ -30,7 +30,7 @@ from ..kinds import registry
 from ..reasoning.hypothesis import CausalHypothesis
 from ..reasoning.topology import Topology
 from ..stats.history import History
-from ..text import json_number, printable
+from ..text import JSON_EXACT, json_number, printable
 from .files import write_atomic
 
 FORMAT = "neuraldbg-trace"
@@ -112,7 +112,7 @@ def write(path: str | os.PathLike[str], data: dict[str, Any]) -> str:
 #: nested 100,000 deep would exhaust the stack (a RecursionError, or a crash where the recursion limit is raised).
 MAX_DEPTH = 64
 #: Largest step (and count) accepted: 2**53 - 1, the largest integer every JSON reader holds exactly.
-MAX_STEP = 2**53 - 1
+MAX_STEP = JSON_EXACT
 #: Longest run of digits accepted in a number (floats as written have at most 21; Python parses integers in
 #: quadratic time, and refuses more than 4300 digits with a message about its internals).
 MAX_DIGITS = 24

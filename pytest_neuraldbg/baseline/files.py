@@ -9,8 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from neuraldbg.export.trace_format import MAX_STEP
-from neuraldbg.text import cut
+from neuraldbg.text import JSON_EXACT, cut
 
 from ..errors import PluginError
 from .summary import LAYER_METRICS, POINTS, RUN_METRICS
@@ -117,7 +116,7 @@ def load(path: Path) -> dict[str, Any] | None:
 
 
 def _step(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= JSON_EXACT
 
 
 def _label(key: str) -> str:

@@ -123,3 +123,48 @@ def test_loading_the_plugin_and_pytest_help_do_not_import_torch(pytester: pytest
     result = pytester.run(sys.executable, "-c", code)
     result.stdout.fnmatch_lines(["*--neuraldbg-gate=*fail|warn|off*", "*--neuraldbg-report=DIR*"])
     result.stdout.fnmatch_lines(["TORCH-IMPORTED False False"])  # the engine's vocabulary only (neuraldbg.events)
+
+
+def test_a_session_that_watches_no_run_loads_none_of_the_engines_kinds(pytester: pytest.Pytester) -> None:
+    """pytest imports the plugin at the start of every session in an environment where it is installed: a session
+    of tests that never use it (one that passes, one marked by another plugin, one that fails) loads the engine's
+    vocabulary and no more, and its report still works."""
+    pytester.makeconftest(
+        """
+        import sys
+
+        def pytest_unconfigure(config):
+            kinds = [m for m in sys.modules if m.startswith("neuraldbg.kinds")]
+            print("ENGINE", len(kinds), "torch" in sys.modules, "neuraldbg.detectors" in sys.modules)
+        """
+    )
+    pytester.makepyfile(
+        test_plain="""
+        def test_passes():
+            assert 1 + 1 == 2
+
+        def test_fails():
+            assert 1 + 1 == 3
+        """
+    )
+    result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", "--junitxml=junit.xml")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["ENGINE 0 False False"])
+
+
+def test_the_packages_names_are_loaded_when_first_used() -> None:
+    """``pytest_neuraldbg``'s public names come from their modules on first use: each is the defining module's own
+    object, every name of ``__all__`` resolves and is listed by ``dir()``, and an unknown name is an AttributeError
+    that names it."""
+    import pytest_neuraldbg
+    from pytest_neuraldbg import assertions, fixture, verdict
+    from pytest_neuraldbg.baseline import check
+
+    assert pytest_neuraldbg.assert_healthy is assertions.assert_healthy
+    assert pytest_neuraldbg.NeuralDbgFixture is fixture.NeuralDbgFixture
+    assert pytest_neuraldbg.Hypotheses is verdict.Hypotheses
+    assert pytest_neuraldbg.NeuralDbgBaselineWarning is check.NeuralDbgBaselineWarning
+    assert all(getattr(pytest_neuraldbg, name) is not None for name in pytest_neuraldbg.__all__)
+    assert set(pytest_neuraldbg.__all__) <= set(dir(pytest_neuraldbg))
+    with pytest.raises(AttributeError, match="assert_fast"):
+        pytest_neuraldbg.assert_fast  # noqa: B018
