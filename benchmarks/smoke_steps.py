@@ -17,22 +17,34 @@ were fully observed is read from the records the debugger analysed, so the group
 assumed from its schedule.
 
 Where :mod:`benchmarks.smoke_file` gives the whole test's ratio, this says which part of it to work on.
+
+``--count`` prints what a run does instead of how long it takes: the Python function calls (builtins included)
+and the aten operations of one plain and one watched run of each model, and the debugger's calls by where they
+begin (the hook or method the loop reached first). These are exact, not timed: the same code gives the same
+figures on any machine and at any load, so a change that trims the debugger's Python shows there even when it is
+smaller than the timing noise.
+
+    python -m benchmarks.smoke_steps --count
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import os
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from neuraldbg import NeuralDbg
 
@@ -196,14 +208,139 @@ def phase_table(kind: str, m: Measured) -> list[str]:
     return lines
 
 
+@dataclass
+class Counted:
+    calls: tuple[int, int]  # Python calls of a plain run, of a watched run
+    ops: tuple[int, int]  # aten operations of a plain run, of a watched run
+    entries: Counter[str]  # the watched run's calls made inside the debugger, by where the debugger was entered
+
+
+#: The package whose frames are the debugger's; its module wrapper (hooks.py's ``_watched_call``, the wrapped
+#: ``backward``) calls the user's own code, so a call is the debugger's from the first frame outside that file.
+_PACKAGE = os.path.join("neuraldbg", "")
+_WRAPPERS = os.path.join("neuraldbg", "capture", "hooks.py")
+WRAPPERS = "capture.hooks: nn.Module.__call__ and backward wrapped"
+
+
+#: Calls made under a frame of these subpackages are the analysis of committed steps, wherever it was entered.
+ANALYSIS = ("analysis", "detectors", "kinds")
+
+
+def entry_of(frame: FrameType | None, stop: str = "run") -> str | None:
+    """Where the debugger was entered for a call made in ``frame``: ``"analysis"`` when a frame of :data:`ANALYSIS`
+    is on the stack below the frame of the function named ``stop`` (the loop), else the outermost frame of the
+    package there, as ``module.function`` (``capture.forward.on_module_output``); None when the call is the
+    training's own (no frame of the package, or only its wrappers)."""
+    found = None
+    while frame is not None and frame.f_code.co_name != stop:
+        path = frame.f_code.co_filename
+        at = path.rfind(_PACKAGE)
+        if at >= 0 and not path.endswith(_WRAPPERS):
+            module = path[at + len(_PACKAGE) : -3].replace(os.sep, ".")
+            if module.split(".")[0] in ANALYSIS:
+                return "analysis"
+            found = f"{module}.{frame.f_code.co_name}"
+        frame = frame.f_back
+    return found
+
+
+class _Calls:
+    """A profile function (:func:`sys.setprofile`) counting Python calls, builtins included, and, when given a
+    counter, the debugger's calls by :func:`entry_of`."""
+
+    def __init__(self, entries: Counter[str] | None) -> None:
+        self.total = 0
+        self.entries = entries
+
+    def __call__(self, frame: FrameType, event: str, arg: object) -> None:
+        if event != "call" and event != "c_call":
+            return
+        self.total += 1
+        if self.entries is None:
+            return
+        # a C function is called from ``frame``; a Python one runs in ``frame``, called from the frame below it
+        where = entry_of(frame if event == "c_call" else frame.f_back) or entry_of(frame)
+        if where is None and frame.f_code.co_filename.endswith(_WRAPPERS):
+            where = WRAPPERS  # the wrappers' own work (not the training they call)
+        if where is not None:
+            self.entries[where] += 1
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the aten operations dispatched while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count(kind: str, seed: int = 0) -> Counted:
+    """:class:`Counted` for the ``kind`` model: each run twice beforehand (the first runs import and cache), then
+    counted; calls and operations each in their own run, so that neither counter sees the other's work. The garbage
+    collector is off while calls are counted: its callbacks would add calls wherever a collection happened to run."""
+    models = smoke_models()
+    calls: list[int] = []
+    ops: list[int] = []
+    entries: Counter[str] = Counter()
+    for watched in (False, True):
+        for _ in range(2):
+            run(models, kind, seed, watched)
+        counter = _Calls(entries if watched else None)
+        enabled = gc.isenabled()
+        gc.disable()  # a collection would run the process's gc callbacks (pytest's, hypothesis's) at chance points
+        sys.setprofile(counter)
+        try:
+            run(models, kind, seed, watched)
+        finally:
+            sys.setprofile(None)
+            if enabled:
+                gc.enable()
+        calls.append(counter.total)
+        mode = _Ops()
+        with mode:
+            run(models, kind, seed, watched)
+        ops.append(mode.count)
+    return Counted((calls[0], calls[1]), (ops[0], ops[1]), entries)
+
+
+def count_table(kind: str, c: Counted, top: int = 8) -> list[str]:
+    lines = [
+        f"| {kind}: a run of {STEPS} steps | plain | watched | added by the debugger |",
+        "|---|---|---|---|",
+        f"| Python calls | {c.calls[0]:,} | {c.calls[1]:,} | {c.calls[1] - c.calls[0]:,} |",
+        f"| aten operations | {c.ops[0]:,} | {c.ops[1]:,} | {c.ops[1] - c.ops[0]:,} |",
+        "",
+        f"| {kind}: the debugger's calls, by where it was entered | calls | share |",
+        "|---|---|---|",
+    ]
+    inside = sum(c.entries.values())
+    for where, n in c.entries.most_common(top):
+        lines.append(f"| {where} | {n:,} | {n / max(inside, 1):.0%} |")
+    rest = inside - sum(n for _, n in c.entries.most_common(top))
+    if rest:
+        lines.append(f"| elsewhere | {rest:,} | {rest / inside:.0%} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15, help="runs of each model, plain and watched (default 15)")
     parser.add_argument("--model", action="append", choices=["mlp", "cnn"], help="only these models (repeatable)")
+    parser.add_argument("--count", action="store_true", help="count calls and operations instead of timing")
     args = parser.parse_args(argv)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        if args.count:
+            print(f"smoke runs of {STEPS} steps, counted, torch {torch.__version__}, python {sys.version.split()[0]}")
+            for kind in args.model or ["mlp", "cnn"]:
+                print()
+                print("\n".join(count_table(kind, count(kind))))
+            return 0
         load = " ".join(f"{x:.1f}" for x in os.getloadavg())
         print(f"smoke runs of {STEPS} steps, {args.runs} runs each, torch {torch.__version__}, 1 thread, load {load}")
         for kind in args.model or ["mlp", "cnn"]:

@@ -273,6 +273,33 @@ def test_the_smoke_steps_read_the_fully_observed_steps_from_the_debuggers_record
     ]
 
 
+def test_the_smoke_steps_count_what_a_run_does_exactly_and_where_the_debugger_was_entered(
+    capsys: pytest.CaptureFixture[str],
+):
+    counted = smoke_steps.count("mlp")
+    plain_calls, watched_calls = counted.calls
+    plain_ops, watched_ops = counted.ops
+    assert 0 < plain_calls < watched_calls and 0 < plain_ops < watched_ops
+    # exact: counted again, the same figures
+    again = smoke_steps.count("mlp")
+    assert (again.calls, again.ops, again.entries) == (counted.calls, counted.ops, counted.entries)
+    entries = counted.entries
+    # the debugger's calls are attributed to where it was entered: the analysis of committed steps, the layers'
+    # hook, the optimizer's hook, the wrappers' own work; the training's own calls to none
+    assert {"analysis", "capture.forward.on_module_output", "capture.backward.on_optimizer_step"} <= set(entries)
+    assert entries[smoke_steps.WRAPPERS] > 0
+    assert not any(where.startswith(("torch", "benchmarks")) for where in entries)
+    added = watched_calls - plain_calls
+    assert 0.8 * added < sum(entries.values()) <= added + plain_calls // 10
+    lines = smoke_steps.count_table("mlp", counted, top=3)
+    assert lines[2] == f"| Python calls | {plain_calls:,} | {watched_calls:,} | {watched_calls - plain_calls:,} |"
+    assert lines[3] == f"| aten operations | {plain_ops:,} | {watched_ops:,} | {watched_ops - plain_ops:,} |"
+    shown = [line.split("|")[1].strip() for line in lines[7:]]
+    assert shown == [where for where, _ in entries.most_common(3)] + ["elsewhere"]
+    assert smoke_steps.main(["--count", "--model", "mlp"]) == 0
+    assert "| Python calls |" in capsys.readouterr().out
+
+
 def test_the_smoke_steps_phase_table_averages_each_groups_steps_phase_by_phase():
     n = len(smoke_steps.PHASES)
     added_phases = [[float(step) if k == 1 else 0.0 for k in range(n)] for step in range(smoke_steps.STEPS)]
