@@ -18,11 +18,12 @@ assumed from its schedule.
 
 Where :mod:`benchmarks.smoke_file` gives the whole test's ratio, this says which part of it to work on.
 
-``--count`` prints what a run does instead of how long it takes: the Python function calls (builtins included)
-and the aten operations of one plain and one watched run of each model, and the debugger's calls by where they
-begin (the hook or method the loop reached first). These are exact, not timed: the same code gives the same
-figures on any machine and at any load, so a change that trims the debugger's Python shows there even when it is
-smaller than the timing noise.
+``--count`` prints what a run does instead of how long it takes: the Python function calls (builtins included;
+of them, the functions written in Python, each of which runs a frame: the costly ones) and the aten operations of
+one plain and one watched run of each model, and the debugger's calls by where they begin (the analysis of
+committed steps, or the hook or method the loop reached first). These are exact, not timed: the same code gives
+the same figures at any load, so a change that trims the debugger's Python shows there even when it is smaller
+than the timing noise.
 
     python -m benchmarks.smoke_steps --count
 """
@@ -210,7 +211,8 @@ def phase_table(kind: str, m: Measured) -> list[str]:
 
 @dataclass
 class Counted:
-    calls: tuple[int, int]  # Python calls of a plain run, of a watched run
+    calls: tuple[int, int]  # Python calls of a plain run, of a watched run (builtins included)
+    functions: tuple[int, int]  # ... of them, calls of functions written in Python (each runs a frame)
     ops: tuple[int, int]  # aten operations of a plain run, of a watched run
     entries: Counter[str]  # the watched run's calls made inside the debugger, by where the debugger was entered
 
@@ -250,12 +252,14 @@ class _Calls:
 
     def __init__(self, entries: Counter[str] | None) -> None:
         self.total = 0
+        self.functions = 0
         self.entries = entries
 
     def __call__(self, frame: FrameType, event: str, arg: object) -> None:
         if event != "call" and event != "c_call":
             return
         self.total += 1
+        self.functions += event == "call"
         if self.entries is None:
             return
         # a C function is called from ``frame``; a Python one runs in ``frame``, called from the frame below it
@@ -284,6 +288,7 @@ def count(kind: str, seed: int = 0) -> Counted:
     collector is off while calls are counted: its callbacks would add calls wherever a collection happened to run."""
     models = smoke_models()
     calls: list[int] = []
+    functions: list[int] = []
     ops: list[int] = []
     entries: Counter[str] = Counter()
     for watched in (False, True):
@@ -300,11 +305,12 @@ def count(kind: str, seed: int = 0) -> Counted:
             if enabled:
                 gc.enable()
         calls.append(counter.total)
+        functions.append(counter.functions)
         mode = _Ops()
         with mode:
             run(models, kind, seed, watched)
         ops.append(mode.count)
-    return Counted((calls[0], calls[1]), (ops[0], ops[1]), entries)
+    return Counted((calls[0], calls[1]), (functions[0], functions[1]), (ops[0], ops[1]), entries)
 
 
 def count_table(kind: str, c: Counted, top: int = 8) -> list[str]:
@@ -312,6 +318,8 @@ def count_table(kind: str, c: Counted, top: int = 8) -> list[str]:
         f"| {kind}: a run of {STEPS} steps | plain | watched | added by the debugger |",
         "|---|---|---|---|",
         f"| Python calls | {c.calls[0]:,} | {c.calls[1]:,} | {c.calls[1] - c.calls[0]:,} |",
+        f"| ... of functions written in Python | {c.functions[0]:,} | {c.functions[1]:,} |"
+        f" {c.functions[1] - c.functions[0]:,} |",
         f"| aten operations | {c.ops[0]:,} | {c.ops[1]:,} | {c.ops[1] - c.ops[0]:,} |",
         "",
         f"| {kind}: the debugger's calls, by where it was entered | calls | share |",

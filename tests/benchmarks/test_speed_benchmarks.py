@@ -280,9 +280,10 @@ def test_the_smoke_steps_count_what_a_run_does_exactly_and_where_the_debugger_wa
     plain_calls, watched_calls = counted.calls
     plain_ops, watched_ops = counted.ops
     assert 0 < plain_calls < watched_calls and 0 < plain_ops < watched_ops
+    assert 0 < counted.functions[0] < plain_calls and counted.functions[0] < counted.functions[1] < watched_calls
     # exact: counted again, the same figures
     again = smoke_steps.count("mlp")
-    assert (again.calls, again.ops, again.entries) == (counted.calls, counted.ops, counted.entries)
+    assert again == counted
     entries = counted.entries
     # the debugger's calls are attributed to where it was entered: the analysis of committed steps, the layers'
     # hook, the optimizer's hook, the wrappers' own work; the training's own calls to none
@@ -293,8 +294,12 @@ def test_the_smoke_steps_count_what_a_run_does_exactly_and_where_the_debugger_wa
     assert 0.8 * added < sum(entries.values()) <= added + plain_calls // 10
     lines = smoke_steps.count_table("mlp", counted, top=3)
     assert lines[2] == f"| Python calls | {plain_calls:,} | {watched_calls:,} | {watched_calls - plain_calls:,} |"
-    assert lines[3] == f"| aten operations | {plain_ops:,} | {watched_ops:,} | {watched_ops - plain_ops:,} |"
-    shown = [line.split("|")[1].strip() for line in lines[7:]]
+    plain_py, watched_py = counted.functions
+    assert lines[3] == (
+        f"| ... of functions written in Python | {plain_py:,} | {watched_py:,} | {watched_py - plain_py:,} |"
+    )
+    assert lines[4] == f"| aten operations | {plain_ops:,} | {watched_ops:,} | {watched_ops - plain_ops:,} |"
+    shown = [line.split("|")[1].strip() for line in lines[8:]]
     assert shown == [where for where, _ in entries.most_common(3)] + ["elsewhere"]
     assert smoke_steps.main(["--count", "--model", "mlp"]) == 0
     assert "| Python calls |" in capsys.readouterr().out
