@@ -15,6 +15,7 @@ from its module on first use, and the engine when a debugger is first created.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 #: Each public name and the module of this package that defines it: loaded on first use, so that pytest, which
@@ -38,9 +39,12 @@ _EXPORTS: dict[str, str] = {
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
-    if module is None:
+    if module is not None:
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f".{name}", __name__)  # a module of the package, as when all were imported
+    else:
         raise AttributeError(f"module 'pytest_neuraldbg' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value  # later lookups skip this function
     return value
 

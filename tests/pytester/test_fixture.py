@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
@@ -154,8 +155,8 @@ def test_a_session_that_watches_no_run_loads_none_of_the_engines_kinds(pytester:
 
 def test_the_packages_names_are_loaded_when_first_used() -> None:
     """``pytest_neuraldbg``'s public names come from their modules on first use: each is the defining module's own
-    object, every name of ``__all__`` resolves and is listed by ``dir()``, and an unknown name is an AttributeError
-    that names it."""
+    object, every name of ``__all__`` resolves and is listed by ``dir()``, an unknown name is an AttributeError
+    that names it, and a module of the package is an attribute of it."""
     import pytest_neuraldbg
     from pytest_neuraldbg import assertions, fixture, verdict
     from pytest_neuraldbg.baseline import check
@@ -168,3 +169,14 @@ def test_the_packages_names_are_loaded_when_first_used() -> None:
     assert set(pytest_neuraldbg.__all__) <= set(dir(pytest_neuraldbg))
     with pytest.raises(AttributeError, match="assert_fast"):
         pytest_neuraldbg.assert_fast  # noqa: B018
+    # its modules are reached as attributes too, as when the package imported them all (a fresh process, where none
+    # of them is imported yet)
+    code = (
+        "import sys, pytest_neuraldbg\n"
+        "assert 'pytest_neuraldbg.assertions' not in sys.modules\n"
+        "print(pytest_neuraldbg.assertions.assert_healthy is pytest_neuraldbg.assert_healthy)\n"
+        "print(type(pytest_neuraldbg.baseline.NeuralDbgBaselineWarning).__name__)\n"
+        "print(hasattr(pytest_neuraldbg, 'no_such_module'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["True", "type", "False"]
