@@ -39,7 +39,7 @@ class BackwardPath:
         self._last: tuple[Optimizer | None, int, frozenset[str]] = (None, -1, frozenset())
         self._lr_seen: dict[int, list[Any]] = {}  # optimizer id -> its groups' learning rates at the last step
         self._met: set[int] = set()  # optimizers whose first observed step was looked at (see _resumed)
-        self._names: dict[int, list[str]] | None = None  # see _tensor_names
+        self._names: dict[int, list[str]] | None = None  # see tensor_names
 
     @property
     def params(self) -> list[Param]:
@@ -197,7 +197,7 @@ class BackwardPath:
         data.optimizers.add(id(optimizer))
         self.grads.once(self._fused_scaling(optimizer))
         if data.full:
-            names = self._tensor_names()
+            names = self.tensor_names()
             for group in optimizer.param_groups:
                 lr = float(group.get("lr", 0.0))
                 for t in group["params"]:
@@ -219,7 +219,7 @@ class BackwardPath:
         scale = getattr(optimizer, "grad_scale", None)
         return float(scale) if isinstance(scale, Tensor) else 1.0
 
-    def _tensor_names(self) -> dict[int, list[str]]:
+    def tensor_names(self) -> dict[int, list[str]]:
         """The names of the followed parameters by the id of the tensor that holds them (a flat FSDP1 parameter
         holds several of the user's), kept until the parameters followed change (:meth:`forget_owners`)."""
         names = self._names
@@ -240,7 +240,7 @@ class BackwardPath:
         if cached is not None and cached[1] == size and cached[0]() is optimizer:
             owned = cached[2]
         else:
-            ours = self._tensor_names()
+            ours = self.tensor_names()
             owned = frozenset(name for g in groups for t in g["params"] for name in ours.get(id(t), ()))
             self._owned[id(optimizer)] = (weakref.ref(optimizer), size, owned)
         self._last = (optimizer, size, owned)

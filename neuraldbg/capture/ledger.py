@@ -633,9 +633,7 @@ class GradLedger:
             return cached[1]
         found: frozenset[str] | None = None
         if len({d for n, d in shape if n}) == 2:
-            ours: dict[int, list[str]] = {}
-            for p in self._rec.backward.params:
-                ours.setdefault(id(p.tensor), []).append(p.name)
+            ours = self._rec.backward.tensor_names()
             found = frozenset(
                 name
                 for g in groups
