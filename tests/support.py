@@ -245,6 +245,39 @@ def fit(
     return plain_train(model, batches, loss_fn, steps=steps, optimizer=optimizer), None
 
 
+def train_measuring_updates(
+    model: nn.Module,
+    batches: Callable[[int], Batch],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    steps: int,
+    optimizer: torch.optim.Optimizer,
+    weights: list[torch.Tensor],
+    watched: bool,
+    on_step: Callable[[int, torch.optim.Optimizer], None] | None = None,
+) -> tuple[NeuralDbg | None, list[float], list[float]]:
+    """A training loop under NeuralDbg or plain (:func:`watching`) that also measures, with plain torch, each
+    optimizer step's :func:`median_update_ratio` over ``weights``: the debugger when watched, the loss per step, the
+    ratio per step. ``on_step(step, optimizer)`` runs before each step (a learning rate changed mid-run)."""
+    losses: list[float] = []
+    ratios: list[float] = []
+
+    def loop() -> None:
+        for step in range(steps):
+            if on_step is not None:
+                on_step(step, optimizer)
+            x, y = batches(step)
+            optimizer.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            before = [w.detach().clone() for w in weights]
+            optimizer.step()
+            ratios.append(median_update_ratio(weights, before))
+            losses.append(loss.item())
+
+    dbg = watching(model, loop, watched)
+    return dbg, losses, ratios
+
+
 def watching(model: nn.Module, loop: Callable[[], None], watched: bool) -> NeuralDbg | None:
     """Run a test's own training ``loop`` under ``NeuralDbg(model)`` when ``watched``, else plain: the debugger, or
     None."""

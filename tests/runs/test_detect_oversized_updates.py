@@ -5,7 +5,6 @@ and the loss against the same model trained at lr 1e-3."""
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 
 import support
@@ -83,23 +82,15 @@ def run_raised(lr_after: float, watched: bool) -> tuple[NeuralDbg | None, list[f
     batches = support.regression_batches(scale=4.0, noise=0.9)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     weights = [p for p in model.parameters() if p.dim() == 2]
-    losses: list[float] = []
-    ratios: list[float] = []
-    dbg = NeuralDbg(model) if watched else None
-    with dbg if dbg is not None else contextlib.nullcontext():
-        for step in range(RAISE_AT + 60):
-            if step == RAISE_AT:
-                for group in opt.param_groups:
-                    group["lr"] = lr_after
-            x, y = batches(step)
-            opt.zero_grad()
-            loss = F.mse_loss(model(x), y)
-            loss.backward()
-            before = [w.detach().clone() for w in weights]
-            opt.step()
-            ratios.append(support.median_update_ratio(weights, before))
-            losses.append(loss.item())
-    return dbg, losses, ratios
+
+    def raise_lr(step: int, optimizer: torch.optim.Optimizer) -> None:
+        if step == RAISE_AT:
+            for group in optimizer.param_groups:
+                group["lr"] = lr_after
+
+    return support.train_measuring_updates(
+        model, batches, F.mse_loss, RAISE_AT + 60, opt, weights, watched, on_step=raise_lr
+    )
 
 
 def test_a_learning_rate_raised_late_in_a_long_run_is_named_oversized_updates() -> None:

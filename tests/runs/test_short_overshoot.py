@@ -12,7 +12,6 @@ reports.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import statistics
 
@@ -61,20 +60,7 @@ def run(lr: float, watch: bool) -> tuple[NeuralDbg | None, list[float], list[flo
     torch.manual_seed(1)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
     matrices = [p for p in model.parameters() if p.dim() > 1]
-    losses: list[float] = []
-    ratios: list[float] = []
-    dbg = NeuralDbg(model) if watch else None
-    with dbg if dbg is not None else contextlib.nullcontext():
-        for step in range(STEPS):
-            x, y = batch(step)
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            before = [p.detach().clone() for p in matrices]
-            opt.step()
-            ratios.append(support.median_update_ratio(matrices, before))
-            losses.append(loss.item())
-    return dbg, losses, ratios
+    return support.train_measuring_updates(model, batch, F.cross_entropy, STEPS, opt, matrices, watch)
 
 
 def test_a_few_steps_of_updates_as_large_as_the_weights_that_threw_the_loss_up_are_oversized_updates() -> None:
