@@ -185,6 +185,34 @@ def sequence_batches(features: int = 8, seq: int = 12, batch: int = 32, seed: in
 # --------------------------------------------------------------------------------------------- loops
 
 
+def _steps(
+    model: nn.Module,
+    batches: Callable[[int], Batch],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    steps: int,
+    opt: torch.optim.Optimizer,
+    on_step: Callable[[int, torch.optim.Optimizer], None] | None = None,
+    weights: list[torch.Tensor] | None = None,
+) -> tuple[list[float], list[float]]:
+    """The training loop the helpers below share: the loss per step and, when ``weights`` are given, each step's
+    :func:`median_update_ratio` over them (plain torch); ``on_step(step, opt)`` runs before each step."""
+    losses: list[float] = []
+    ratios: list[float] = []
+    for step in range(steps):
+        if on_step is not None:
+            on_step(step, opt)
+        x, y = batches(step)
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        before = [w.detach().clone() for w in weights] if weights is not None else None
+        opt.step()
+        if weights is not None and before is not None:
+            ratios.append(median_update_ratio(weights, before))
+        losses.append(loss.item())
+    return losses, ratios
+
+
 def train(
     model: nn.Module,
     batches: Callable[[int], Batch],
@@ -196,17 +224,8 @@ def train(
 ) -> tuple[NeuralDbg, list[float]]:
     """Train under NeuralDbg; returns the debugger and the loss per step."""
     opt = optimizer or torch.optim.Adam(model.parameters(), lr=1e-3)
-    losses: list[float] = []
     with NeuralDbg(model, **config) as dbg:  # type: ignore[arg-type]
-        for step in range(steps):
-            if on_step is not None:
-                on_step(step, opt)
-            x, y = batches(step)
-            opt.zero_grad()
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+        losses, _ = _steps(model, batches, loss_fn, steps, opt, on_step)
     return dbg, losses
 
 
@@ -218,15 +237,7 @@ def plain_train(
     optimizer: torch.optim.Optimizer | None = None,
 ) -> list[float]:
     opt = optimizer or torch.optim.Adam(model.parameters(), lr=1e-3)
-    losses = []
-    for step in range(steps):
-        x, y = batches(step)
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return _steps(model, batches, loss_fn, steps, opt)[0]
 
 
 def fit(
@@ -258,24 +269,14 @@ def train_measuring_updates(
     """A training loop under NeuralDbg or plain (:func:`watching`) that also measures, with plain torch, each
     optimizer step's :func:`median_update_ratio` over ``weights``: the debugger when watched, the loss per step, the
     ratio per step. ``on_step(step, optimizer)`` runs before each step (a learning rate changed mid-run)."""
-    losses: list[float] = []
-    ratios: list[float] = []
+    found: tuple[list[float], list[float]] = ([], [])
 
     def loop() -> None:
-        for step in range(steps):
-            if on_step is not None:
-                on_step(step, optimizer)
-            x, y = batches(step)
-            optimizer.zero_grad()
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            before = [w.detach().clone() for w in weights]
-            optimizer.step()
-            ratios.append(median_update_ratio(weights, before))
-            losses.append(loss.item())
+        nonlocal found
+        found = _steps(model, batches, loss_fn, steps, optimizer, on_step, weights)
 
     dbg = watching(model, loop, watched)
-    return dbg, losses, ratios
+    return dbg, *found
 
 
 def watching(model: nn.Module, loop: Callable[[], None], watched: bool) -> NeuralDbg | None:
