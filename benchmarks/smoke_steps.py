@@ -326,9 +326,10 @@ def count_table(kind: str, c: Counted, top: int = 8) -> list[str]:
         "|---|---|---|",
     ]
     inside = sum(c.entries.values())
-    for where, n in c.entries.most_common(top):
+    shown = c.entries.most_common(top)
+    for where, n in shown:
         lines.append(f"| {where} | {n:,} | {n / max(inside, 1):.0%} |")
-    rest = inside - sum(n for _, n in c.entries.most_common(top))
+    rest = inside - sum(n for _, n in shown)
     if rest:
         lines.append(f"| elsewhere | {rest:,} | {rest / inside:.0%} |")
     return lines
