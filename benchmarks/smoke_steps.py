@@ -26,19 +26,30 @@ the same figures at any load, so a change that trims the debugger's Python shows
 than the timing noise.
 
     python -m benchmarks.smoke_steps --count
+
+``--inside`` splits each group's added time in two: the time spent inside the debugger's entry points (its module
+hook, the model-call callbacks, the backward-call listener and what it returns, the gradient hooks, the optimizer's
+step hooks, ``observe_loss``), timed by a clock around each outermost entry, and the rest: the wrappers of
+``nn.Module.__call__`` and ``backward`` and the training's own work, which runs slower beside the debugger's because
+the debugger's code and data evict the training's from the CPU's caches. The same work costs more in a step than
+it does alone in a loop, and this measures by how much.
+
+    python -m benchmarks.smoke_steps --inside
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import importlib
 import itertools
 import os
 import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -71,11 +82,67 @@ class Run:
     phases: list[list[int]] = field(default_factory=list)  # nanoseconds of each of PHASES, for each step
     fixed: dict[str, int] = field(default_factory=dict)  # nanoseconds of each of FIXED (watched runs only)
     full: dict[int, bool] = field(default_factory=dict)  # each analysed step: fully observed or not
+    inside: list[int] = field(default_factory=list)  # nanoseconds of each step inside the debugger (see timed_entries)
     debugger: NeuralDbg | None = None
 
 
-def run(models: dict[str, Any], kind: str, seed: int, watched: bool) -> Run:
-    """One smoke run of 50 steps of the ``kind`` model on the batches of ``seed``, plain or under a fresh debugger."""
+#: The debugger's entry points during a step, as ``(module, class, method)``: every call the training makes into it
+#: between a step's start and its end begins in one of them (the wrappers of ``nn.Module.__call__`` and ``backward``
+#: pass through to these, and are not counted in them).
+ENTRIES = (
+    ("neuraldbg.capture.forward", "ForwardPath", ("on_model_call", "on_model_end", "on_module_output")),
+    (
+        "neuraldbg.capture.backward",
+        "BackwardPath",
+        ("on_backward_start", "on_output_gradient", "_on_backward_end", "on_optimizer_step", "on_optimizer_stepped"),
+    ),
+    ("neuraldbg.capture.ledger", "GradLedger", ("before", "_after")),
+    ("neuraldbg.capture.recorder", "Recorder", ("observe_loss",)),
+)
+
+
+@contextlib.contextmanager
+def timed_entries(total: list[int]) -> Iterator[None]:
+    """While open, add to ``total[0]`` the nanoseconds spent in the outermost calls of :data:`ENTRIES` (a call made
+    inside another, the commit inside the model call's start, counts once). The methods are wrapped on their classes
+    for the debuggers made inside the block (their hooks are bound when they attach) and restored on leaving."""
+    clock = time.perf_counter_ns
+    depth = [0]
+    saved: list[tuple[type, str, Any]] = []
+
+    def timed(method: Callable[..., Any]) -> Callable[..., Any]:
+        def entry(*args: Any, **kwargs: Any) -> Any:
+            if depth[0]:  # inside another entry point: its clock runs already
+                depth[0] += 1
+                try:
+                    return method(*args, **kwargs)
+                finally:
+                    depth[0] -= 1
+            depth[0] = 1
+            start = clock()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                total[0] += clock() - start
+                depth[0] = 0
+
+        return entry
+
+    try:
+        for module, name, methods in ENTRIES:
+            cls = getattr(importlib.import_module(module), name)
+            for method in methods:
+                saved.append((cls, method, cls.__dict__[method]))
+                setattr(cls, method, timed(cls.__dict__[method]))
+        yield
+    finally:
+        for cls, method, original in saved:
+            setattr(cls, method, original)
+
+
+def run(models: dict[str, Any], kind: str, seed: int, watched: bool, inside: list[int] | None = None) -> Run:
+    """One smoke run of 50 steps of the ``kind`` model on the batches of ``seed``, plain or under a fresh debugger;
+    ``inside``: the running total of :func:`timed_entries`, read around each step (None: not timed)."""
     clock = time.perf_counter_ns
     model = models[kind]()
     data = models["batches"](kind, seed)
@@ -97,6 +164,7 @@ def run(models: dict[str, Any], kind: str, seed: int, watched: bool) -> Run:
     t2 = clock()
     for step in range(STEPS):
         x, y = data[step % len(data)]
+        before = inside[0] if inside is not None else 0
         t = [clock()]
         optimizer.zero_grad(set_to_none=True)
         t.append(clock())
@@ -113,6 +181,8 @@ def run(models: dict[str, Any], kind: str, seed: int, watched: bool) -> Run:
         t.append(clock())
         result.phases.append([b - a for a, b in itertools.pairwise(t)])
         result.steps.append(t[-1] - t[0])
+        if inside is not None:
+            result.inside.append(inside[0] - before)
     if dbg is not None:
         t3 = clock()
         dbg.__exit__(None, None, None)
@@ -145,19 +215,30 @@ class Measured:
     fixed: dict[str, float]  # median ms of each of FIXED
     groups: dict[str, list[int]]
     agreed: bool  # every watched run observed the same steps fully
+    inside: list[float] = field(default_factory=list)  # median ms of each step inside the debugger (--inside only)
 
 
-def measure(kind: str, runs: int, warmup: int = 2) -> Measured:
+def measure(kind: str, runs: int, warmup: int = 2, split: bool = False) -> Measured:
+    """Time ``runs`` plain and watched runs of the ``kind`` model, alternating; ``split``: the watched runs also time
+    the debugger's entry points (:func:`timed_entries`)."""
     models = smoke_models()
+    total = [0]
+    timers = timed_entries(total) if split else contextlib.nullcontext()
+    with timers:
+        for seed in range(warmup):
+            run(models, kind, seed, True)
     for seed in range(warmup):
-        run(models, kind, seed, True)
         run(models, kind, seed, False)
     plain: list[Run] = []
     watched: list[Run] = []
     for i in range(runs):
         pair = [(False, i), (True, i)] if i % 2 == 0 else [(True, i), (False, i)]
         for is_watched, seed in pair:
-            got = run(models, kind, seed % 5, is_watched)
+            if is_watched and split:
+                with timed_entries(total):
+                    got = run(models, kind, seed % 5, True, total)
+            else:
+                got = run(models, kind, seed % 5, is_watched)
             if is_watched:
                 watched.append(got)
             else:
@@ -170,8 +251,10 @@ def measure(kind: str, runs: int, warmup: int = 2) -> Measured:
         for s in range(STEPS)
     ]
     fixed = {name: statistics.median(w.fixed[name] for w in watched) / 1e6 for name in FIXED}
+    inside = [statistics.median(w.inside[s] for w in watched) / 1e6 for s in range(STEPS)] if split else []
     first = watched[0].full
-    return Measured(plain_ms, added, added_phases, fixed, groups(first), all(w.full == first for w in watched))
+    agreed = all(w.full == first for w in watched)
+    return Measured(plain_ms, added, added_phases, fixed, groups(first), agreed, inside)
 
 
 def table(kind: str, m: Measured) -> list[str]:
@@ -196,6 +279,23 @@ def table(kind: str, m: Measured) -> list[str]:
     lines.append(f"| the whole run | {STEPS} | {plain_total:.2f} ms a run | - | {total:.2f} ({ratio:.2f}x) |")
     if not m.agreed:
         lines.append("(the runs did not all observe the same steps fully: the groups are the first run's)")
+    return lines
+
+
+def inside_table(kind: str, m: Measured) -> list[str]:
+    """Each group's added milliseconds a step, split: inside the debugger's entry points, and the rest (the wrappers,
+    and the training's own work slowed beside the debugger's)."""
+    lines = [
+        f"| {kind}: an average step of | added ms | inside the debugger | the rest | the rest's share |",
+        "|---|---|---|---|---|",
+    ]
+    for name, steps in m.groups.items():
+        if steps:
+            added = statistics.mean(m.added[s] for s in steps)
+            inside = statistics.mean(m.inside[s] for s in steps)
+            rest = added - inside
+            share = f"{rest / added:.0%}" if added > 0 else "-"
+            lines.append(f"| {name} | {added:.3f} | {inside:.3f} | {rest:.3f} | {share} |")
     return lines
 
 
@@ -340,6 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=15, help="runs of each model, plain and watched (default 15)")
     parser.add_argument("--model", action="append", choices=["mlp", "cnn"], help="only these models (repeatable)")
     parser.add_argument("--count", action="store_true", help="count calls and operations instead of timing")
+    parser.add_argument(
+        "--inside", action="store_true", help="also split each step's added time: inside the debugger, and the rest"
+    )
     args = parser.parse_args(argv)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -354,10 +457,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"smoke runs of {STEPS} steps, {args.runs} runs each, torch {torch.__version__}, 1 thread, load {load}")
         for kind in args.model or ["mlp", "cnn"]:
             print()
-            measured = measure(kind, args.runs)
+            measured = measure(kind, args.runs, split=args.inside)
             print("\n".join(table(kind, measured)))
             print()
             print("\n".join(phase_table(kind, measured)))
+            if args.inside:
+                print()
+                print("\n".join(inside_table(kind, measured)))
     finally:
         torch.set_num_threads(threads)
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import importlib
 import types
 
 import pytest
@@ -303,6 +304,65 @@ def test_the_smoke_steps_count_what_a_run_does_exactly_and_where_the_debugger_wa
     assert shown == [where for where, _ in entries.most_common(3)] + ["elsewhere"]
     assert smoke_steps.main(["--count", "--model", "mlp"]) == 0
     assert "| Python calls |" in capsys.readouterr().out
+
+
+def test_the_smoke_steps_split_the_added_time_at_the_debuggers_entry_points_and_put_them_back(
+    capsys: pytest.CaptureFixture[str],
+):
+    """--inside times each outermost call of the debugger's entry points: every one of them exists (a rename in the
+    engine fails here rather than timing nothing), a watched step spends time in them and a plain one none, and the
+    classes get their own methods back when the block closes."""
+    originals = {}
+    for module, name, methods in smoke_steps.ENTRIES:
+        cls = getattr(importlib.import_module(module), name)
+        for method in methods:
+            originals[(cls, method)] = cls.__dict__[method]
+    models = smoke_steps.smoke_models()
+    total = [0]
+    with smoke_steps.timed_entries(total):
+        assert all(cls.__dict__[method] is not f for (cls, method), f in originals.items())
+        watched = smoke_steps.run(models, "mlp", 0, True, total)
+        plain = smoke_steps.run(models, "mlp", 0, False, total)
+    assert all(cls.__dict__[method] is f for (cls, method), f in originals.items())
+    assert len(watched.inside) == smoke_steps.STEPS and all(ns > 0 for ns in watched.inside)
+    assert plain.inside == [0] * smoke_steps.STEPS
+    # outermost calls only: inside the entries is less than the steps themselves, step by step
+    assert all(i < s for i, s in zip(watched.inside, watched.steps, strict=True))
+    # a debugger made after the block is not timed
+    after = [0]
+    smoke_steps.run(models, "mlp", 0, True, after)
+    assert after == [0]
+    groups = smoke_steps.groups({0: True})
+    m = smoke_steps.Measured(
+        [1.0] * smoke_steps.STEPS, [0.4] * smoke_steps.STEPS, [], {}, groups, True, [0.3] * smoke_steps.STEPS
+    )
+    rows = {row.split("|")[1].strip(): row.split("|")[2:-1] for row in smoke_steps.inside_table("x", m)[2:]}
+    assert [v.strip() for v in rows["fully observed"]] == ["0.400", "0.300", "0.100", "25%"]
+    assert smoke_steps.main(["--runs", "1", "--model", "mlp", "--inside"]) == 0
+    assert "| mlp: an average step of | added ms | inside the debugger |" in capsys.readouterr().out
+
+
+class _Entered:
+    """Two entry points, one calling the other (as the debugger's model-call start commits and analyses a step)."""
+
+    def outer(self) -> None:
+        self.inner()
+
+    def inner(self) -> None:
+        pass
+
+
+def test_the_smoke_steps_count_a_call_made_inside_another_entry_point_once(monkeypatch: pytest.MonkeyPatch):
+    ticks = iter(range(0, 1000, 10))  # each reading of the clock 10 ns after the last
+    monkeypatch.setattr(smoke_steps, "ENTRIES", ((__name__, "_Entered", ("outer", "inner")),))
+    monkeypatch.setattr(smoke_steps.time, "perf_counter_ns", lambda: next(ticks))
+    total = [0]
+    with smoke_steps.timed_entries(total):
+        _Entered().outer()  # outer's clock reads 0, inner's none, outer's end 10
+        _Entered().inner()  # 10 more
+    monkeypatch.undo()
+    assert total == [20]
+    assert "outer" in vars(_Entered) and vars(_Entered)["outer"].__name__ == "outer"  # put back
 
 
 def test_the_smoke_steps_phase_table_averages_each_groups_steps_phase_by_phase():
