@@ -166,6 +166,7 @@ COMMANDS = {
     "python -m benchmarks.smoke_file --cold": "benchmark",
     "python -m benchmarks.smoke_steps": "benchmark",
     "python -m benchmarks.smoke_steps --count": "benchmark",
+    "python -m benchmarks.smoke_steps --inside": "benchmark",
     "python -m benchmarks.step_parts --model deep --preset full": "benchmark",
     "python -m benchmarks.against REVISION": "benchmark",
     "python -m benchmarks.gpu": "benchmark",
