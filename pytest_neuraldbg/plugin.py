@@ -95,7 +95,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     crash = type(raised).__name__ if crashed else ""
     reporting.annotate(report, recs, crash)
     if call.when == "call":
-        if reporting.junit_output_wanted(item.config):
+        if recs and reporting.junit_output_wanted(item.config):
             found = [reporting.attachments(rec, state, item.config.rootpath) for rec in recs]
             reporting.add_output(item, report, recs, found)
         reporting.annotate_baseline(report, item)

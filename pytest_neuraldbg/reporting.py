@@ -18,7 +18,7 @@ import pytest
 from neuraldbg.export.inert import inert
 from neuraldbg.text import num, one_line
 
-from . import baseline, outcomes, records, verdict
+from . import baseline, options, outcomes, records, verdict
 from .ci import annotation, on_github
 from .names import MAX_NAME, digest, portable_name
 from .records import RunRecord
@@ -103,7 +103,10 @@ def attachments(record: RunRecord, state: SessionState, root: Path) -> list[str]
 
 
 def report_records(item: pytest.Item, state: SessionState) -> list[RunRecord]:
-    """The records for the test's call report; the item forgets them, so that a rerun records afresh."""
+    """The records for the test's call report; the item forgets them, so that a rerun records afresh. A test
+    without the fixture (most of a suite's) has none, found without computing them."""
+    if FIXTURE_KEY not in item.stash:
+        return []
     recs = record_item(item, state)
     del item.stash[RECORDS_KEY]
     return recs
@@ -256,8 +259,8 @@ def _baseline_without_fixture(item: pytest.Item) -> Any:
     """A test marked ``baseline=True`` that did not even request the fixture: it gets one (with no runs), whose
     baseline check then fails it for watching no run. None for every other test."""
     __tracebackhide__ = True
-    from . import options
-
+    if item.get_closest_marker(options.MARKER) is None:  # most tests: no marker, so no baseline
+        return None
     try:
         marked = "baseline" in options.marker_kwargs(item)
         fixture, problem = (_fixture_for(item), "") if marked else (None, "")
@@ -320,11 +323,18 @@ class Collector:
 
     def __init__(self, state: SessionState) -> None:
         self.state = state
+        # pytest's outcomes: every test's for the report files (their summaries quote the session's counts), else
+        # only those of the tests that watched a run (the terminal summary tells which of them passed)
+        self._every_test = state.settings.report is not None or state.settings.junit is not None
+        self._watched: set[str] = set()  # node ids of the tests whose call report carried records
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.state.outcomes.add(report)
+        recs = (getattr(report, ATTRIBUTE, None) or []) if report.when == "call" else []
+        if recs:
+            self._watched.add(report.nodeid)  # before its teardown's report, which may turn it into an error
+        if self._every_test or recs or report.nodeid in self._watched:
+            self.state.outcomes.add(report)
         if report.when == "call":
-            recs = getattr(report, ATTRIBUTE, None) or []
             self.state.records.extend(recs)
             if report.failed and on_github():
                 path, line = report.location[0], (report.location[1] or 0) + 1
@@ -392,12 +402,14 @@ def remove_stale(state: SessionState, root: Path) -> None:
 
 def write_files(state: SessionState) -> None:
     """Write ``--neuraldbg-report`` and ``--neuraldbg-junit`` outputs (controller only), each file atomically, the
-    report folder's files under its lock (see :mod:`neuraldbg.export.files`)."""
+    report folder's files under its lock (see :mod:`neuraldbg.export.files`). Neither asked for: nothing is imported."""
+    settings = state.settings
+    if settings.report is None and settings.junit is None:
+        return
     from neuraldbg.export.files import folder_lock
 
     from . import junit, markdown
 
-    settings = state.settings
     recs = sorted_records(state)
     results = outcomes.baseline_results(state.baseline_notes)
     if settings.report is not None:

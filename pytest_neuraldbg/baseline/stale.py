@@ -17,18 +17,19 @@ def stale_files(tests: Iterable[tuple[Path, str]], partial: Callable[[Path], boo
     a module was only partly collected (``test_x.py::test_y`` on the command line); those are skipped.
     Returns ``(file, test id it was written for)``, in file order.
     """
-    names: dict[Path, set[str]] = {}
+    ids: dict[Path, list[str]] = {}
     for module, test_id in tests:
-        names.setdefault(module, set()).add(file_name(test_id))
+        ids.setdefault(module, []).append(test_id)
     out: list[tuple[Path, str]] = []
-    for module in sorted(names):
+    for module in sorted(ids):
         directory = directory_for(module)
         if partial(module) or not directory.is_dir():
             continue
+        names = {file_name(test_id) for test_id in ids[module]}  # only where baselines are kept: most modules have none
         for path in sorted(directory.glob("*.json")):
-            if path.name not in names[module]:
+            if path.name not in names:
                 out.append((path, _written_for(path)))
-    collected = {directory_for(module) for module in names}
+    collected = {directory_for(module) for module in ids}
     for folder in sorted({directory.parent for directory in collected}):
         out += _of_deleted_modules(folder, collected)
     return out

@@ -539,6 +539,26 @@ def test_stale_files_are_those_no_collected_or_deselected_test_uses(tmp_path: Pa
     assert baseline.stale_files([(module, "test_kept")], partial=lambda m: True) == []
 
 
+def test_stale_files_name_the_tests_of_modules_that_keep_baselines_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session collects thousands of tests whose modules keep no baseline: their file names are never computed
+    (each is a few microseconds, paid after collection in every session with the plugin installed)."""
+    from pytest_neuraldbg.baseline import stale
+
+    named: list[str] = []
+    monkeypatch.setattr(stale, "file_name", lambda test_id: named.append(test_id) or file_name(test_id))
+    kept, bare = tmp_path / "test_kept.py", tmp_path / "test_bare.py"
+    kept.touch()
+    bare.touch()
+    baseline.directory_for(kept).mkdir(parents=True)
+    (baseline.directory_for(kept) / "test_old.json").write_text("{}")
+    tests = [(bare, f"test_{i}") for i in range(100)] + [(kept, "test_new")]
+    found = baseline.stale_files(tests, partial=lambda m: False)
+    assert [path.name for path, _ in found] == ["test_old.json"]
+    assert named == ["test_new"]
+
+
 # --- options -------------------------------------------------------------------------------------------------------
 
 

@@ -3,7 +3,8 @@
 ``pytester`` itself is enabled in ``tests/conftest.py`` (pytest refuses
 ``pytest_plugins`` in a nested conftest once a plain ``pytest`` run collects it).
 Everything an inner run imports is imported before the first test of this folder runs (pytester removes modules
-an in-process run imported when it ends): torch, the engine, and what torch imports lazily on a first optimizer
+an in-process run imported when it ends): torch, the engine, the plugin's modules that it imports on first use
+(its public names, its report writers), and what torch imports lazily on a first optimizer
 step (torch._dynamo, which breaks when imported twice in one process). The training step that loads those lazy
 imports runs in the ``lazy_imports_loaded`` session fixture, not when the suite is collected.
 """
@@ -19,8 +20,16 @@ import torch
 import torch.nn.functional
 
 import neuraldbg
+import pytest_neuraldbg
+import pytest_neuraldbg.junit
+import pytest_neuraldbg.markdown
 import pytest_neuraldbg.smoke
-import pytest_neuraldbg.watched  # noqa: F401
+import pytest_neuraldbg.watched
+
+# the plugin loads its public names (the fixture's class, the assertion helpers, the verdicts) on first use, not
+# when pytest starts: loaded here, an inner run finds them loaded and the package's names stay the modules' own
+for _name in pytest_neuraldbg.__all__:
+    getattr(pytest_neuraldbg, _name)
 
 # optional; imported here once: unloaded by pytester's module cleanup, its native extension reports leaks at exit
 with contextlib.suppress(ImportError):

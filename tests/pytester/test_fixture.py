@@ -129,14 +129,19 @@ def test_loading_the_plugin_and_pytest_help_do_not_import_torch(pytester: pytest
 def test_a_session_that_watches_no_run_loads_none_of_the_engines_kinds(pytester: pytest.Pytester) -> None:
     """pytest imports the plugin at the start of every session in an environment where it is installed: a session
     of tests that never use it (one that passes, one marked by another plugin, one that fails) loads the engine's
-    vocabulary and no more, and its report still works."""
+    vocabulary and no more, and its report still works; asked for no report of the plugin's own, it imports none of
+    its report writers and counts nothing for them."""
     pytester.makeconftest(
         """
         import sys
 
+        from pytest_neuraldbg.state import SESSION_KEY
+
         def pytest_unconfigure(config):
             kinds = [m for m in sys.modules if m.startswith("neuraldbg.kinds")]
             print("ENGINE", len(kinds), "torch" in sys.modules, "neuraldbg.detectors" in sys.modules)
+            writers = [m for m in ("pytest_neuraldbg.junit", "pytest_neuraldbg.markdown") if m in sys.modules]
+            print("REPORTS", writers, config.stash[SESSION_KEY].outcomes.counts)
         """
     )
     pytester.makepyfile(
@@ -151,6 +156,8 @@ def test_a_session_that_watches_no_run_loads_none_of_the_engines_kinds(pytester:
     result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", "--junitxml=junit.xml")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["ENGINE 0 False False"])
+    # no report of its own asked for: its writers are not imported, and pytest's outcomes are not counted for them
+    result.stdout.fnmatch_lines(["REPORTS [[][]] {}"])
 
 
 def test_the_packages_names_are_loaded_when_first_used() -> None:

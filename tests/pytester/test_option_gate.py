@@ -301,6 +301,34 @@ def test_expects_with_the_bare_idiom(neuraldbg):
 """
 
 
+def test_a_caught_failure_is_not_called_asserted_when_the_test_errors_in_its_teardown(project: pytest.Pytester) -> None:
+    """The summary's "asserted by the test" is for a test that passed: one whose teardown then raised is an error,
+    as pytest counts it (its teardown report comes after the call report that carried its runs)."""
+    project.makepyfile(
+        test_torn="""
+        import models
+        import pytest
+        from pytest_neuraldbg import assert_no_dead_neurons
+
+
+        @pytest.fixture
+        def breaks_on_teardown():
+            yield
+            raise RuntimeError("teardown broke")
+
+
+        def test_caught_then_torn(neuraldbg, breaks_on_teardown):
+            ndbg = neuraldbg.smoke_train(models.dead(), models.data(), models.loss, steps=30)
+            with pytest.raises(AssertionError):
+                assert_no_dead_neurons(ndbg)
+        """
+    )
+    result = project.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["UNHEALTHY test_torn.py::test_caught_then_torn: dead_neurons at '3' *"])
+    assert "(asserted by the test)" not in result.stdout.str()
+
+
 @pytest.mark.parametrize("xdist", [False, True], ids=["one-process", "two-workers"])
 def test_a_failure_the_test_asserted_on_and_expected_is_not_failed_again_by_the_gate(
     project: pytest.Pytester, xdist: bool
