@@ -85,20 +85,22 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
-    """After the test body: attach its watched runs and baseline notes to the report, show the gate's text."""
+    """After the test body: attach its watched runs and baseline notes to the report, show the gate's text. The
+    set-up and teardown reports carry none of them."""
+    if call.when != "call":
+        return (yield)
     state = item.config.stash[SESSION_KEY]
-    recs = reporting.report_records(item, state) if call.when == "call" else []
+    recs = reporting.report_records(item, state)
     report = yield
     gate.show(report, call)
     raised = call.excinfo.value if call.excinfo is not None else None
     crashed = isinstance(raised, Exception) and not isinstance(raised, AssertionError)  # not pytest.fail/skip
     crash = type(raised).__name__ if crashed else ""
     reporting.annotate(report, recs, crash)
-    if call.when == "call":
-        if recs and reporting.junit_output_wanted(item.config):
-            found = [reporting.attachments(rec, state, item.config.rootpath) for rec in recs]
-            reporting.add_output(item, report, recs, found)
-        reporting.annotate_baseline(report, item)
+    if recs and reporting.junit_output_wanted(item.config):
+        found = [reporting.attachments(rec, state, item.config.rootpath) for rec in recs]
+        reporting.add_output(item, report, recs, found)
+    reporting.annotate_baseline(report, item)
     return report
 
 
