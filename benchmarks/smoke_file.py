@@ -226,33 +226,47 @@ def run_file(folder: Path, name: str, cold: bool = False) -> FileRun:
     return FileRun(loop, process, tests)
 
 
+class Figures(NamedTuple):
+    """Each round's ratios, watched over plain: the test loop, the whole process, the nine tests after the first;
+    and each round's plain loop (CPU seconds) and first watched test's extra (seconds)."""
+
+    loops: list[float]
+    processes: list[float]
+    rests: list[float]
+    plain_loop: list[float]
+    firsts: list[float]
+
+
+def measure(rounds: int, cold: bool = False) -> Figures:
+    """Run both files ``rounds`` times in alternating order (after one untimed run of each that fills the bytecode
+    cache, unless ``cold``) and return their :class:`Figures`."""
+    figures = Figures([], [], [], [], [])
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        write(folder)
+        order = ["test_smoke_plain.py", "test_smoke_watched.py"]
+        if not cold:  # untimed: fills the bytecode cache
+            for name in order:
+                run_file(folder, name)
+        for round_ in range(rounds):
+            chosen = order if round_ % 2 == 0 else order[::-1]
+            runs = {name: run_file(folder, name, cold) for name in chosen}
+            plain, watched = runs["test_smoke_plain.py"], runs["test_smoke_watched.py"]
+            figures.loops.append(watched.loop / plain.loop)
+            figures.processes.append(watched.process / plain.process)
+            figures.plain_loop.append(plain.loop)
+            first, rest = first_and_rest(watched.tests, plain.tests)
+            figures.firsts.append(first)
+            figures.rests.append(rest)
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="rounds of both files (default 5)")
     parser.add_argument("--cold", action="store_true", help="no bytecode cache: every import compiled from source")
     args = parser.parse_args(argv)
-    loops: list[float] = []
-    processes: list[float] = []
-    plain_loop: list[float] = []
-    firsts: list[float] = []
-    rests: list[float] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        write(folder)
-        order = ["test_smoke_plain.py", "test_smoke_watched.py"]
-        if not args.cold:  # untimed: fills the bytecode cache
-            for name in order:
-                run_file(folder, name)
-        for round_ in range(args.rounds):
-            chosen = order if round_ % 2 == 0 else order[::-1]
-            figures = {name: run_file(folder, name, args.cold) for name in chosen}
-            plain, watched = figures["test_smoke_plain.py"], figures["test_smoke_watched.py"]
-            loops.append(watched.loop / plain.loop)
-            processes.append(watched.process / plain.process)
-            plain_loop.append(plain.loop)
-            first, rest = first_and_rest(watched.tests, plain.tests)
-            firsts.append(first)
-            rests.append(rest)
+    loops, processes, rests, plain_loop, firsts = measure(args.rounds, args.cold)
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     cache = "no bytecode cache (--cold)" if args.cold else "bytecode cached"
     print(f"10 smoke tests (5 MLP, 5 CNN, 50 steps each), {args.rounds} rounds, {cache}, load average {load}")

@@ -13,7 +13,18 @@ import pytest
 import torch
 
 import neuraldbg
-from benchmarks import against, families, gpu, hook_floor, overhead, peers, smoke_file, smoke_steps, step_parts
+from benchmarks import (
+    against,
+    families,
+    gpu,
+    hook_floor,
+    overhead,
+    peers,
+    smoke_file,
+    smoke_steps,
+    step_parts,
+    targets,
+)
 from benchmarks.overhead import CASES
 from neuraldbg.config import PRESETS
 
@@ -401,3 +412,75 @@ def test_the_smoke_files_conftest_writes_a_line_per_test_then_the_loop(
     pytester.runpytest_inprocess("-p", "no:neuraldbg").assert_outcomes(passed=2)
     loop, failed, tests = smoke_file.read_times(times.read_text())
     assert failed == 0 and len(tests) == 2 and loop >= 0 and all(t >= 0 for t in tests)
+
+
+def test_the_smoke_file_measures_both_files_in_alternating_rounds_after_an_untimed_run_of_each(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Each round's ratios are the watched file's over the plain file's of the same round; the order alternates;
+    one untimed run of each fills the bytecode cache first (not with ``cold``), and only the timed ones count."""
+    calls: list[tuple[str, bool]] = []
+
+    def fake(folder, name, cold=False):
+        calls.append((name, cold))
+        if name == "test_smoke_watched.py":
+            return smoke_file.FileRun(3.0, 5.0, [1.25, 1.0, 1.0])
+        return smoke_file.FileRun(2.0, 4.0, [1.0, 0.5, 0.5])
+
+    monkeypatch.setattr(smoke_file, "run_file", fake)
+    found = smoke_file.measure(2)
+    plain, watched = "test_smoke_plain.py", "test_smoke_watched.py"
+    assert calls == [
+        (plain, False),
+        (watched, False),
+        (plain, False),
+        (watched, False),
+        (watched, False),
+        (plain, False),
+    ]
+    assert found.loops == [1.5, 1.5] and found.processes == [1.25, 1.25] and found.plain_loop == [2.0, 2.0]
+    assert found.rests == [2.0, 2.0] and found.firsts == [0.25, 0.25]
+    calls.clear()
+    smoke_file.measure(1, cold=True)
+    assert calls == [(plain, True), (watched, True)]  # no untimed run without the cache to fill
+
+
+def test_the_targets_are_each_measured_once_and_judged_against_the_issues_bounds():
+    asked: list[str] = []
+
+    def steady_and_first(name):
+        asked.append(name)
+        return {"first50": 1.20 if name != "tiny" else 3.0, "default": 1.14 if name == "tiny" else 1.06}
+
+    def compiled(name):
+        asked.append("compiled " + name)
+        return {
+            "compiled": 1.05,
+            "compiled_low": 1.0,
+            "compiled_high": 1.2,
+            "original": 1.12,
+            "original_low": 1.01,
+            "original_high": 1.3,
+            "graph_breaks": 0,
+            "recompiles": 1 if name == "mlp" else 0,
+        }
+
+    figures = smoke_file.Figures([1.4, 1.2, 1.25], [1.1] * 3, [1.6] * 3, [2.0] * 3, [0.05] * 3)
+    rows = targets.targets(steady_and_first, compiled, lambda: 1.25, lambda: figures)
+    assert asked == [*targets.MODELS, "compiled mlp", "compiled transformer"]
+    got = {t.what: (t.bound, t.measured, t.met) for t in rows}
+    assert len(got) == len(rows) == 2 * len(targets.MODELS) + 3 * len(targets.COMPILED_MODELS) + 2
+    assert got["tiny: first 50 steps"] == (1.25, 3.0, False)
+    assert got["tiny: steady state"] == (1.15, 1.14, True)  # the tiny model's own bound
+    assert got["mlp: first 50 steps"] == (1.25, 1.20, True)
+    assert got["mlp: steady state"] == (1.05, 1.06, False)
+    assert got["mlp, compiled, debugger on the compiled module"] == (1.10, 1.05, True)
+    assert got["transformer, compiled, debugger on the original module"] == (1.10, 1.12, False)
+    assert got["mlp, compiled: graph breaks and new graphs"] == (0, 1, False)
+    assert got["transformer, compiled: graph breaks and new graphs"] == (0, 0, True)
+    assert got["5,000 parameter tensors: first 64 steps"] == (1.25, 1.25, True)  # at the bound: met
+    assert got["the smoke file's 10 tests"] == (1.30, 1.25, True)  # the median of the rounds
+    lines = targets.table(rows)
+    assert "| the smoke file's 10 tests | 1.30x | 1.250x | 1.20-1.40x | yes |" in lines
+    assert "| mlp, compiled: graph breaks and new graphs | 0 | 1 | - | no |" in lines
+    assert lines[-1] == f"{sum(t.met for t in rows)} of {len(rows)} targets met."

@@ -162,6 +162,7 @@ COMMANDS = {
     "python -m benchmarks.evidence": "benchmark",
     "python -m benchmarks.holdout_evidence": "benchmark",
     "python -m benchmarks.overhead --peers": "benchmark",
+    "python -m benchmarks.targets": "benchmark",
     "python -m benchmarks.smoke_file": "benchmark",
     "python -m benchmarks.smoke_file --cold": "benchmark",
     "python -m benchmarks.smoke_steps": "benchmark",
