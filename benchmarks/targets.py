@@ -4,12 +4,13 @@
     python -m benchmarks.targets --quick    # fewer rounds: a first look, about 4 minutes
 
 Each figure comes from the benchmark that the docs quote for it, run the same way: :func:`benchmarks.overhead.measure`
-for the models' first 50 steps (every step of a fresh debugger, attaching not timed) and their steady state (the
-default preset, alternating blocks against a plain copy), :func:`benchmarks.overhead.compiled` for the
-``torch.compile``'d MLP and transformer (the debugger on the compiled module and on the original, with the graph
-breaks and new graphs counted while they ran), :func:`benchmarks.overhead.first_steps` for the 5,000 parameter
-tensors (their first 64 steps) and :func:`benchmarks.smoke_file.measure` for the whole smoke test (10 tests under the
-plugin against the same tests as plain loops, each file in its own pytest process). One torch thread unless
+for the models' steady state (the default preset, alternating blocks against a plain copy),
+:func:`benchmarks.overhead.first_steps` for their first 50 steps (every step of a fresh debugger, attaching not
+timed; the 5,000 parameter tensors' first 64), the median of 5 runs (3 with ``--quick``),
+:func:`benchmarks.overhead.compiled` for the ``torch.compile``'d MLP and transformer (the debugger on the compiled
+module and on the original, with the graph breaks and new graphs counted while they ran) and
+:func:`benchmarks.smoke_file.measure` for the whole smoke test (10 tests under the plugin against the same tests as
+plain loops, each file in its own pytest process). One torch thread unless
 ``--threads`` says otherwise. Attaching and the diagnosis at exit, which the issue asks to be measured apart, are
 printed by ``python -m benchmarks.peers``; the GPU figures by ``python -m benchmarks.gpu`` on a CUDA device.
 
@@ -50,31 +51,39 @@ class Target(NamedTuple):
         return self.measured <= self.bound
 
 
+def spread(values: list[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}x"
+
+
 def targets(
-    steady_and_first: Callable[[str], dict[str, float]],
+    steady: Callable[[str], dict[str, float]],
+    first: Callable[[str], list[float]],
     compiled: Callable[[str], dict[str, float]],
-    many_first: Callable[[], float],
     smoke: Callable[[], smoke_file.Figures],
 ) -> list[Target]:
     """Every target of the issue, from the four measurements (each called once per model it names): a model's
-    ``{"first50", "default"}`` ratios; a compiled model's ``{"compiled", "original"}`` ratios with their ``_low``
-    and ``_high`` and its ``graph_breaks`` and ``recompiles``; the 5,000 tensors' first-64 ratio; the smoke file's
-    figures."""
+    steady ratio (``{"default"}``); the first steps' ratio of a model (``"many"``: the 5,000 tensors), each run of a
+    fresh pair of copies; a compiled model's ``{"compiled", "original"}`` ratios with their ``_low`` and ``_high``
+    and its ``graph_breaks`` and ``recompiles``; the smoke file's figures."""
     rows: list[Target] = []
     for name, steady_bound in MODELS.items():
-        r = steady_and_first(name)
-        rows.append(Target(f"{name}: first 50 steps", FIRST_STEPS, r["first50"]))
-        rows.append(Target(f"{name}: steady state", steady_bound, r["default"]))
+        runs = first(name)
+        rows.append(Target(f"{name}: first 50 steps", FIRST_STEPS, statistics.median(runs), spread(runs)))
+        rows.append(Target(f"{name}: steady state", steady_bound, steady(name)["default"]))
     for name in COMPILED_MODELS:
         r = compiled(name)
         for wiring in ("compiled", "original"):
-            spread = f"{r[wiring + '_low']:.2f}-{r[wiring + '_high']:.2f}x"
-            rows.append(Target(f"{name}, compiled, debugger on the {wiring} module", COMPILED, r[wiring], spread))
+            ratios = [r[wiring + "_low"], r[wiring + "_high"]]
+            rows.append(
+                Target(f"{name}, compiled, debugger on the {wiring} module", COMPILED, r[wiring], spread(ratios))
+            )
         rows.append(Target(f"{name}, compiled: graph breaks and new graphs", 0, r["graph_breaks"] + r["recompiles"]))
-    rows.append(Target("5,000 parameter tensors: first 64 steps", FIRST_STEPS, many_first()))
+    runs = first("many")
+    rows.append(Target("5,000 parameter tensors: first 64 steps", FIRST_STEPS, statistics.median(runs), spread(runs)))
     figures = smoke()
-    spread = f"{min(figures.loops):.2f}-{max(figures.loops):.2f}x"
-    rows.append(Target("the smoke file's 10 tests", SMOKE_FILE, statistics.median(figures.loops), spread))
+    rows.append(
+        Target("the smoke file's 10 tests", SMOKE_FILE, statistics.median(figures.loops), spread(figures.loops))
+    )
     return rows
 
 
@@ -98,18 +107,21 @@ def main(argv: list[str] | None = None) -> int:
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     rounds, warmup = (6, 40) if args.quick else (40, 300)
+    repeats = 3 if args.quick else 5
     cases = {case.build.__name__: case for case in overhead.CASES}
 
-    def many_first() -> float:
-        case = cases["many"]
+    def first(name: str) -> list[float]:
+        """:func:`benchmarks.overhead.first_steps` ``repeats`` times: one run of a fresh pair of copies is one
+        sample (``benchmarks.overhead`` prints one), and runs of 50 steps differ by a tenth."""
+        case = cases[name]
         state, batches = overhead._fixture(case)
-        return overhead.first_steps(case, state, batches, case.first)
+        return [overhead.first_steps(case, state, batches, case.first) for _ in range(repeats)]
 
     try:
         rows = targets(
             lambda name: overhead.measure(cases[name], warmup, rounds),
+            first,
             lambda name: overhead.compiled(cases[name], 20 if args.quick else 60, rounds),
-            many_first,
             lambda: smoke_file.measure(3 if args.quick else 5),
         )
     finally:
