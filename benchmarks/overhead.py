@@ -26,7 +26,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
@@ -219,9 +219,13 @@ def _fixture(case: Case) -> tuple[dict[str, torch.Tensor], list[tuple[torch.Tens
     return state, [case.batch(g) for _ in range(16)]
 
 
-def measure(case: Case, warmup: int, rounds: int) -> dict[str, float]:
+def measure(
+    case: Case, warmup: int, rounds: int, presets: Sequence[str] = PRESETS, first: bool = True
+) -> dict[str, float]:
+    """Each of ``presets`` against a plain copy in alternating blocks (see the module), and, with ``first``, the
+    first steps of a fresh debugger (:func:`first_steps`, as ``"first50"``)."""
     state, batches = _fixture(case)
-    runners = {"plain": Runner(case, state, None), **{p: Runner(case, state, p) for p in PRESETS}}
+    runners = {"plain": Runner(case, state, None), **{p: Runner(case, state, p) for p in presets}}
     for r in runners.values():
         r.run(batches, 0, warmup)
     times: dict[str, list[float]] = {name: [] for name in runners}
@@ -243,7 +247,8 @@ def measure(case: Case, warmup: int, rounds: int) -> dict[str, float]:
         if name != "plain"
     }
     result["plain_ms"] = statistics.median(plain) * 1e3
-    result["first50"] = first_steps(case, state, batches, case.first)
+    if first:
+        result["first50"] = first_steps(case, state, batches, case.first)
     return result
 
 

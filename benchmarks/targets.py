@@ -4,7 +4,8 @@
     python -m benchmarks.targets --quick    # fewer rounds and runs: a first look
 
 Each figure comes from the benchmark that the docs quote for it, run the same way: :func:`benchmarks.overhead.measure`
-for the models' steady state (the default preset, alternating blocks against a plain copy),
+for the models' steady state (the default preset alone, alternating blocks against a plain copy; the overhead table
+alternates the economy and full presets beside it),
 :func:`benchmarks.overhead.first_steps` for their first 50 steps (every step of a fresh debugger, attaching not
 timed; the 5,000 parameter tensors' first 64), the median of 5 runs (3 with ``--quick``),
 :func:`benchmarks.overhead.compiled` for the ``torch.compile``'d MLP and transformer (the debugger on the compiled
@@ -119,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         rows = targets(
-            lambda name: overhead.measure(cases[name], warmup, rounds),
+            # the default preset only: its first steps are measured apart, by ``first``
+            lambda name: overhead.measure(cases[name], warmup, rounds, presets=("default",), first=False),
             first,
             lambda name: overhead.compiled(cases[name], 20 if args.quick else 60, rounds),
             lambda: smoke_file.measure(3 if args.quick else 5),

@@ -130,6 +130,29 @@ def test_the_steady_blocks_leave_the_attachment_out_of_their_timing(monkeypatch:
     assert copy.block(batches, 2) == pytest.approx(0.5)
 
 
+def test_the_steady_figures_time_the_presets_asked_for_and_the_first_steps_only_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """``benchmarks.targets`` asks for the default preset alone and measures the first steps itself: no economy or
+    full copy is trained, and no fresh pair for the first steps; the overhead table keeps every preset and them."""
+    made: list[str | None] = []
+    real_init = overhead.Runner.__init__
+
+    def init(self: overhead.Runner, case: overhead.Case, state: dict, preset: str | None, compiled=None) -> None:
+        made.append(preset)
+        real_init(self, case, state, preset, compiled)
+
+    monkeypatch.setattr(overhead.Runner, "__init__", init)
+    monkeypatch.setattr(overhead.Runner, "run", lambda self, batches, start, n, attach=True: 2.0 if self.dbg else 1.0)
+    case = _tiny_batches()[0]
+    result = overhead.measure(case, warmup=1, rounds=2, presets=("default",), first=False)
+    assert made == [None, "default"] and result == {"default": 2.0, "plain_ms": 1000.0}
+    made.clear()
+    result = overhead.measure(case, warmup=1, rounds=2)
+    assert made == [None, *overhead.PRESETS, "default", None]  # the first steps' fresh pair, after the others
+    assert set(result) == {*overhead.PRESETS, "plain_ms", "first50"}
+
+
 def test_the_first_steps_figure_times_fresh_copies_from_step_0(monkeypatch: pytest.MonkeyPatch):
     """Step 0 (the debugger's first fully observed step, and both copies' optimizer state) is in the figure, and
     the plain copy it is compared with is as fresh as the watched one."""
