@@ -223,22 +223,22 @@ def measure(kind: str, runs: int, warmup: int = 2, split: bool = False) -> Measu
     the debugger's entry points (:func:`timed_entries`)."""
     models = smoke_models()
     total = [0]
-    timers = timed_entries(total) if split else contextlib.nullcontext()
-    with timers:
-        for seed in range(warmup):
-            run(models, kind, seed, True)
+
+    def watched_run(seed: int) -> Run:
+        if not split:
+            return run(models, kind, seed, True)
+        with timed_entries(total):
+            return run(models, kind, seed, True, total)
+
     for seed in range(warmup):
+        watched_run(seed)
         run(models, kind, seed, False)
     plain: list[Run] = []
     watched: list[Run] = []
     for i in range(runs):
         pair = [(False, i), (True, i)] if i % 2 == 0 else [(True, i), (False, i)]
         for is_watched, seed in pair:
-            if is_watched and split:
-                with timed_entries(total):
-                    got = run(models, kind, seed % 5, True, total)
-            else:
-                got = run(models, kind, seed % 5, is_watched)
+            got = watched_run(seed % 5) if is_watched else run(models, kind, seed % 5, False)
             if is_watched:
                 watched.append(got)
             else:
