@@ -1,6 +1,6 @@
 """Issue 19's speed targets, each measured now and judged against its bound, in one run.
 
-    python -m benchmarks.targets            # about 12 minutes on 2 cores
+    python -m benchmarks.targets            # about 8 minutes on 2 cores
     python -m benchmarks.targets --quick    # fewer rounds and runs: a first look
 
 Each figure comes from the benchmark that the docs quote for it, run the same way: :func:`benchmarks.overhead.measure`
