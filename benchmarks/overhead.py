@@ -253,19 +253,26 @@ def measure(
 
 
 def first_steps(case: Case, state: dict[str, torch.Tensor], batches: list, n: int = 50) -> float:
-    """Cost over the first ``n`` steps of a fresh debugger (a smoke test's whole run): a fresh watched copy and a
-    fresh plain copy, in blocks of 10 steps alternating, from step 0 (both allocate their optimizer's state there;
-    the debugger's first, fully observed step carries its one-time work). Attaching is not timed (see
-    :meth:`Runner.run`; ``benchmarks.peers`` prints it)."""
-    fresh = Runner(case, state, "default")
-    plain = Runner(case, state, None)
-    watched, reference = [], []
-    for start in range(0, n, 10):
-        size = min(10, n - start)
-        reference.append(plain.run(batches, start, size))
-        watched.append(fresh.run(batches, start, size))
-    fresh.close()
-    return sum(watched) / sum(reference)
+    """Cost over the first ``n`` steps of a fresh debugger (a smoke test's whole run), run as a smoke test runs
+    them: a fresh watched copy trains its ``n`` steps in one go, attached once before them and closed once after
+    (the close, which commits and flushes the last step, is timed; attaching is not: ``benchmarks.peers`` prints
+    it, and the diagnosis at exit), against the mean of two fresh plain copies that train the same ``n`` steps,
+    one just before it and one just after (both allocate their optimizer's state at step 0, as the watched copy
+    does; the debugger's first, fully observed step carries its one-time work). The debugger's hooks are global:
+    it is attached only while its own copy trains."""
+    plain: list[float] = []
+    watched = 0.0
+    for role in ("plain", "watched", "plain"):
+        runner = Runner(case, state, "default" if role == "watched" else None)
+        if runner.dbg is not None:
+            runner.dbg.attach()  # not timed: a run attaches once
+            seconds = runner.run(batches, 0, n, attach=False) * n
+            start = time.perf_counter()
+            runner.dbg.close()
+            watched = seconds + time.perf_counter() - start
+        else:
+            plain.append(runner.run(batches, 0, n) * n)
+    return watched / (sum(plain) / len(plain))
 
 
 def compiled(case: Case, warmup: int, rounds: int) -> dict[str, float]:

@@ -64,8 +64,8 @@ def targets(
 ) -> list[Target]:
     """Every target of the issue, from the four measurements (each called once per model it names): a model's
     steady ratio (``{"default"}``); the first steps' ratio of a model (``"many"``: the 5,000 tensors), each run of a
-    fresh pair of copies; a compiled model's ``{"compiled", "original"}`` ratios with their ``_low`` and ``_high``
-    and its ``graph_breaks`` and ``recompiles``; the smoke file's figures."""
+    fresh watched copy against fresh plain ones; a compiled model's ``{"compiled", "original"}`` ratios with their
+    ``_low`` and ``_high`` and its ``graph_breaks`` and ``recompiles``; the smoke file's figures."""
     rows: list[Target] = []
     for name, steady_bound in MODELS.items():
         runs = first(name)
@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = {case.build.__name__: case for case in overhead.CASES}
 
     def first(name: str) -> list[float]:
-        """:func:`benchmarks.overhead.first_steps` ``repeats`` times: one run of a fresh pair of copies is one
-        sample (``benchmarks.overhead`` prints one), and runs of 50 steps differ by a tenth."""
+        """:func:`benchmarks.overhead.first_steps` ``repeats`` times: one run of fresh copies is one sample
+        (``benchmarks.overhead`` prints one), and runs of 50 steps differ by a tenth."""
         case = cases[name]
         state, batches = overhead._fixture(case)
         return [overhead.first_steps(case, state, batches, case.first) for _ in range(repeats)]

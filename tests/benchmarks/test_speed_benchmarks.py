@@ -134,7 +134,7 @@ def test_the_steady_figures_time_the_presets_asked_for_and_the_first_steps_only_
     monkeypatch: pytest.MonkeyPatch,
 ):
     """``benchmarks.targets`` asks for the default preset alone and measures the first steps itself: no economy or
-    full copy is trained, and no fresh pair for the first steps; the overhead table keeps every preset and them."""
+    full copy is trained, and no fresh copies for the first steps; the overhead table keeps every preset and them."""
     made: list[str | None] = []
     real_init = overhead.Runner.__init__
 
@@ -149,30 +149,53 @@ def test_the_steady_figures_time_the_presets_asked_for_and_the_first_steps_only_
     assert made == [None, "default"] and result == {"default": 2.0, "plain_ms": 1000.0}
     made.clear()
     result = overhead.measure(case, warmup=1, rounds=2)
-    assert made == [None, *overhead.PRESETS, "default", None]  # the first steps' fresh pair, after the others
+    assert made == [None, *overhead.PRESETS, None, "default", None]  # the first steps' fresh copies, after the others
     assert set(result) == {*overhead.PRESETS, "plain_ms", "first50"}
 
 
-def test_the_first_steps_figure_times_fresh_copies_from_step_0(monkeypatch: pytest.MonkeyPatch):
-    """Step 0 (the debugger's first fully observed step, and both copies' optimizer state) is in the figure, and
-    the plain copy it is compared with is as fresh as the watched one."""
-    blocks: list[tuple[str | None, int, int, int]] = []
+def test_the_first_steps_figure_times_one_continuous_run_of_a_fresh_debugger_against_fresh_plain_runs(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """A smoke test's run: the watched copy trains its steps in one go from step 0, attached once (not timed) and
+    closed once (timed), and is compared with the mean of two fresh plain copies trained just before and just after
+    it. A stand-in clock: each plain run of the steps takes 1 s and 3 s, the watched one 4 s, its close 2 s,
+    its attachment 100 s."""
+    clock = [0.0]
+    runs: list[tuple[str | None, overhead.Runner, int, int, bool]] = []
+    attaches: list[int] = []
+    closes: list[int] = []
+    plain_seconds = iter([1.0, 3.0])
 
     def run(self: overhead.Runner, batches: list, start: int, n: int, attach: bool = True) -> float:
-        preset = None if self.dbg is None else "default"
-        blocks.append((preset, id(self), start, n))
-        return 2.0 if self.dbg is not None else 1.0
+        watched = self.dbg is not None
+        runs.append(("default" if watched else None, self, start, n, attach))
+        seconds = 4.0 if watched else next(plain_seconds)
+        clock[0] += seconds
+        return seconds / n
+
+    def attach(self: neuraldbg.NeuralDbg) -> neuraldbg.NeuralDbg:
+        clock[0] += 100.0
+        attaches.append(id(self))
+        return self
+
+    def close(self: neuraldbg.NeuralDbg) -> None:
+        clock[0] += 2.0
+        closes.append(id(self))
 
     monkeypatch.setattr(overhead.Runner, "run", run)
+    monkeypatch.setattr(neuraldbg.NeuralDbg, "attach", attach)
+    monkeypatch.setattr(neuraldbg.NeuralDbg, "close", close)
+    monkeypatch.setattr(overhead.time, "perf_counter", lambda: clock[0])
     case, state, batches = _tiny_batches()
-    assert overhead.first_steps(case, state, batches, n=20) == 2.0
-    assert [(p, start, n) for p, _, start, n in blocks] == [
-        (None, 0, 10),
-        ("default", 0, 10),
-        (None, 10, 10),
-        ("default", 10, 10),
+    assert overhead.first_steps(case, state, batches, n=20) == (4.0 + 2.0) / 2.0
+    # one run of all the steps each, from step 0; the watched one attached and closed by first_steps, once
+    assert [(preset, start, n, attach) for preset, _, start, n, attach in runs] == [
+        (None, 0, 20, True),
+        ("default", 0, 20, False),
+        (None, 0, 20, True),
     ]
-    assert len({copy for p, copy, _, _ in blocks if p is None}) == 1  # one plain copy, made here
+    assert len({id(copy) for _, copy, _, _, _ in runs}) == 3  # three fresh copies (all still held here)
+    assert len(attaches) == len(closes) == 1
 
 
 def test_the_hook_floor_times_each_way_and_leaves_no_hook_behind():
