@@ -55,7 +55,8 @@ class GradientReader:
         self._head: Param | None = None
         self._head_bias: Param | None = None
         self._whole: list[Tensor] | None = None  # the parameters, when each is held whole (see check_finite)
-        self._flat = False  # ... their gradients are checked as one flat copy (stats.flat_check_pays)
+        self._flat = False  # ... their gradients are checked as one flat copy (stats.flat_check_pays) ...
+        self._plan: stats.FlatSum | None = None  # ... summed shape by shape where shapes repeat
         # gradients left from before the debugger attached, as they were then: not this run's until a backward
         # pass writes them (see attach)
         self._stale: dict[str, tuple[weakref.ref[Tensor], int]] = {}
@@ -159,6 +160,8 @@ class GradientReader:
         if self._whole is None:
             self._whole = [p.tensor for p in self.params] if all(p.piece is None for p in self.params) else []
             self._flat = stats.flat_check_pays(self._whole)
+            plan = stats.FlatSum([t.shape for t in self._whole]) if self._flat else None
+            self._plan = plan if plan is not None and plan.groups else None
         if not self._whole:
             return None
         grads = list(map(_grad, self._whole))
@@ -168,7 +171,9 @@ class GradientReader:
         if dtypes is None:
             return None
         # a gradient's dtype may differ from its parameter's: the flat sum takes float32 only
-        return stats.surely_finite(grads, flat=self._flat and dtypes == {torch.float32})
+        # the plan fits the whole list only: with a gradient missing, one flat copy
+        plan = self._plan if len(grads) == len(self._whole) else None
+        return stats.surely_finite(grads, flat=self._flat and dtypes == {torch.float32}, plan=plan)
 
     def adopt_unfrozen(self) -> None:
         """Follow the parameters switched to ``requires_grad=True`` since the debugger was made, as if they had

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from operator import attrgetter, methodcaller
+from operator import attrgetter, itemgetter, methodcaller
 
 import torch
 from torch import Tensor
@@ -21,7 +21,7 @@ _contiguous = methodcaller("is_contiguous")
 # grad mode switched by a direct call: ``torch.no_grad()`` costs a few Python calls, paid on every hook call
 _set_grad_enabled = torch._C._set_grad_enabled
 #: every tensor's values, flattened and copied one after another into one new 1-d tensor, in one C++ call
-_flatten: Callable[[list[Tensor]], Tensor] = getattr(
+_flatten: Callable[[Sequence[Tensor]], Tensor] = getattr(
     torch._C._nn, "flatten_dense_tensors", lambda ts: torch.cat([t.reshape(-1) for t in ts])
 )
 
@@ -459,7 +459,7 @@ def flat_check_pays(tensors: Sequence[Tensor]) -> bool:
     return total <= _FLAT_TOTAL and total <= _FLAT_MEAN * len(tensors)
 
 
-def surely_finite(tensors: Sequence[Tensor], flat: bool = False) -> bool:
+def surely_finite(tensors: Sequence[Tensor], flat: bool = False, plan: FlatSum | None = None) -> bool:
     """True when every CPU tensor surely holds only finite values: the sum of their L2 norms (:func:`norms`: the
     cheapest reduction a CPU has, one per tensor), read at once, is finite. False says only "look closer": a norm
     of finite float32 values overflows above 1.8e19 (use :func:`device_finite_probes` then, which cannot). Every
@@ -467,7 +467,8 @@ def surely_finite(tensors: Sequence[Tensor], flat: bool = False) -> bool:
 
     ``flat`` (see :func:`flat_check_pays`; every tensor float32): the sum of all their values, copied into one
     buffer in one call, instead: an inf or a NaN makes it non-finite (inf - inf is NaN), and finite values make it
-    inf only when they overflow float32 (a closer look then clears them, as for a norm)."""
+    inf only when they overflow float32 (a closer look then clears them, as for a norm). ``plan``, with ``flat``: the
+    :class:`FlatSum` of these tensors' shapes, which takes that sum in fewer copies."""
     if not tensors:
         return True
     if not flat:
@@ -477,7 +478,12 @@ def surely_finite(tensors: Sequence[Tensor], flat: bool = False) -> bool:
     grad = torch.is_grad_enabled()
     _set_grad_enabled(False)
     try:
-        total = _flatten(list(tensors)).sum() if flat else torch.stack(found).sum()
+        if not flat:
+            total = torch.stack(found).sum()
+        elif plan is not None and plan.size == len(tensors):
+            total = plan.total(tensors)
+        else:
+            total = _flatten(list(tensors)).sum()
         return math.isfinite(float(total))
     finally:
         _set_grad_enabled(grad)
@@ -720,6 +726,41 @@ class NormPlan:
         if on is None:
             on = self._on[out.device] = inverse.to(out.device)
         return out[on]
+
+
+class FlatSum:
+    """How to sum every value of a fixed list of small float32 tensors (a parameter list's gradients, see
+    :func:`flat_check_pays`) with few copies. A CPU copies a list of tensors into one buffer at about a
+    microsecond per tensor however small (the 5,000 gradients of 2,500 Linear(8, 8) layers: 2.2 ms), and stacks
+    tensors of one shape at a fraction of that (0.7 ms for the same). So tensors of one shape, in groups of at
+    least :data:`MIN_GROUP`, are stacked and summed shape by shape, the others copied into one buffer and summed,
+    and the partial sums added. Like the one flat copy's sum, the total is non-finite when any value is, and
+    finite values make it inf only when they overflow. Planned once from the tensors' shapes (a gradient has its
+    parameter's); a list whose shapes no longer fit the plan (a parameter given new data of another shape) is
+    summed as one flat copy."""
+
+    def __init__(self, shapes: Sequence[torch.Size]) -> None:
+        groups: dict[torch.Size, list[int]] = {}
+        for i, shape in enumerate(shapes):
+            groups.setdefault(shape, []).append(i)
+        stacked = [idx for idx in groups.values() if len(idx) >= MIN_GROUP]
+        taken = {i for idx in stacked for i in idx}
+        rest = [i for i in range(len(shapes)) if i not in taken]
+        self.size = len(shapes)
+        self.groups = [len(idx) for idx in stacked]  # how many tensors each stack holds
+        self.rest = len(rest)  # how many go into the flat copy
+        self._stacked = [itemgetter(*idx) for idx in stacked]  # each returns a tuple (a group has 8 or more)
+        self._rest = itemgetter(*rest) if len(rest) > 1 else (lambda ts, i=rest[0]: (ts[i],)) if rest else None
+
+    def total(self, tensors: Sequence[Tensor]) -> Tensor:
+        """The sum of every value of ``tensors`` (as many as planned) as a 0-d tensor."""
+        try:
+            parts = [torch.stack(pick(tensors)).sum() for pick in self._stacked]
+        except RuntimeError:  # shapes that no longer fit the plan
+            return _flatten(list(tensors)).sum()
+        if self._rest is not None:
+            parts.append(_flatten(self._rest(tensors)).sum())
+        return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
 
 
 #: The integer type of each element size, to read a tensor's bits as integers.

@@ -84,6 +84,50 @@ def test_a_non_finite_gradient_on_a_cheap_step_is_dated_at_that_step(
     assert top.kind is FailureKind.NON_FINITE and top.root.step_start == bad_step
 
 
+class Narrow(nn.Module):
+    """Twelve Linear(8, 8) layers between an input and an output layer: gradients of two shapes that repeat, which
+    the cheap check sums shape by shape. ``spare``: one more layer that the forward pass never calls (its gradient
+    stays None, and the check takes the whole list as one flat copy)."""
+
+    def __init__(self, spare: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(16, 8)
+        self.hidden = nn.ModuleList(nn.Linear(8, 8) for _ in range(12))
+        self.out = nn.Linear(8, 1)
+        self.spare = nn.Linear(8, 8) if spare else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.inp(x))
+        for layer in self.hidden:
+            x = x + torch.relu(layer(x))
+        return self.out(x)
+
+
+@pytest.mark.parametrize("spare", [False, True], ids=["stacked", "one_flat_copy"])
+@pytest.mark.parametrize(("where", "bad_step"), [("input", 25), ("backward", 37)])
+def test_a_non_finite_gradient_of_many_small_layers_is_dated_at_its_cheap_step(
+    where: str, bad_step: int, spare: bool
+) -> None:
+    dbg, bad = train(Narrow(spare), bad_step, where, watch=True)
+    assert bad == [bad_step]  # plain torch
+    assert dbg is not None
+    plan = dbg._recorder.backward.grads._plan
+    # stacks of the 8-element biases (all but the output's) and of the 8x8 weights, the spare layer's among them
+    assert plan is not None and plan.groups == ([14, 13] if spare else [13, 12])
+    assert gradient_onsets(dbg) == {bad_step}
+    # (the harness zeroes the weights the bad step made NaN: the narrow layers' units then die, a finding of its own)
+    found = [h for h in dbg.hypotheses() if h.kind is FailureKind.NON_FINITE]
+    assert found and found[0].root.step_start == bad_step
+
+
+def test_a_healthy_run_of_many_small_layers_has_no_non_finite_finding() -> None:
+    dbg, bad = train(Narrow(spare=False), -1, "input", watch=True)
+    assert bad == []
+    assert dbg is not None and not gradient_onsets(dbg)
+    assert dbg._recorder.backward.grads._plan is not None
+
+
 def test_the_cheap_finite_check_leaves_training_bit_identical() -> None:
     net = model()
     twin = copy.deepcopy(net)

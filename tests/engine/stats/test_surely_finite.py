@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from neuraldbg.stats.tensors import (
+    MIN_GROUP,
+    FlatSum,
     all_dense_on_cpu,
     dense,
     dense_cpu_dtypes,
@@ -95,3 +97,47 @@ def test_the_flat_sum_is_taken_for_many_small_float32_tensors_only() -> None:
     assert not flat_check_pays([torch.ones(4096, 2048)] * 600)  # small enough on average, too large in all
     assert not flat_check_pays([t.half() for t in deep])  # a float16 sum overflows at 65504
     assert not flat_check_pays([])
+
+
+def _narrow(layers: int) -> list[torch.Tensor]:
+    """The gradients of a narrow MLP's layers (a weight and a bias each, shapes repeating), and two odd ones."""
+    torch.manual_seed(0)
+    odd = [torch.randn(3, 5), torch.randn(7)]
+    return [t for _ in range(layers) for t in (torch.randn(8, 8), torch.randn(8))] + odd
+
+
+def test_the_plan_stacks_the_shapes_that_repeat_and_copies_the_others_flat() -> None:
+    plan = FlatSum([t.shape for t in _narrow(12)])
+    assert plan.size == 26 and plan.groups == [12, 12] and plan.rest == 2
+    few = FlatSum([t.shape for t in _narrow(MIN_GROUP - 1)])  # too few of a shape to stack
+    assert few.groups == [] and few.rest == 2 * (MIN_GROUP - 1) + 2
+
+
+@pytest.mark.parametrize("layers", [12, MIN_GROUP - 1, 30])
+def test_the_planned_sum_is_the_sum_of_every_value(layers: int) -> None:
+    tensors = _narrow(layers)
+    plan = FlatSum([t.shape for t in tensors])
+    expected = sum(float(t.double().sum()) for t in tensors)  # plain torch, one by one, in float64
+    assert float(plan.total(tensors)) == pytest.approx(expected, rel=1e-5, abs=1e-4)
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+@pytest.mark.parametrize("where", [0, 13, 25])  # a stacked weight, a stacked bias, one of the odd tensors
+def test_one_non_finite_element_in_a_planned_sum_is_never_called_surely_finite(bad: float, where: int) -> None:
+    tensors = _narrow(12)
+    plan = FlatSum([t.shape for t in tensors])
+    assert surely_finite(tensors, flat=True, plan=plan)
+    tensors[where].view(-1)[2] = bad
+    assert not all(bool(torch.isfinite(t).all()) for t in tensors)  # plain torch
+    assert not surely_finite(tensors, flat=True, plan=plan)
+
+
+def test_a_list_whose_shapes_no_longer_fit_the_plan_is_summed_as_one_flat_copy() -> None:
+    """A parameter given new data of another shape: its gradient no longer stacks with the others."""
+    tensors = _narrow(12)
+    plan = FlatSum([t.shape for t in tensors])
+    tensors[4] = torch.ones(8, 9)  # was 8x8, stacked with the other weights
+    expected = sum(float(t.double().sum()) for t in tensors)
+    assert float(plan.total(tensors)) == pytest.approx(expected, rel=1e-5, abs=1e-4)
+    tensors[4][1, 1] = math.nan
+    assert not surely_finite(tensors, flat=True, plan=plan)
