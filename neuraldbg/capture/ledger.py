@@ -413,7 +413,8 @@ class GradLedger:
     ) -> None:
         rec = self._rec
         pending = rec.pending
-        on = set(reached) & set(carried)
+        # the carried gradients a backward pass added to (carried ones are few, or none: no set of every reached one)
+        on = set(carried).intersection(reached) if carried else set()
         if fresh and self._open and rec.clock.mode is StepMode.OPTIMIZER and not rec.clock.in_closure:
             rec.coverage.discarded_backwards += 1  # the gradient of an earlier backward pass was never applied
         if on:  # beside fresh gradients too: an optimizer whose zero_grad was left out, beside one that has it
