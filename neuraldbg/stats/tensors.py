@@ -749,8 +749,8 @@ class FlatSum:
         self.size = len(shapes)
         self.groups = [len(idx) for idx in stacked]  # how many tensors each stack holds
         self.rest = len(rest)  # how many go into the flat copy
-        self._stacked = [itemgetter(*idx) for idx in stacked]  # each returns a tuple (a group has 8 or more)
-        self._rest = itemgetter(*rest) if len(rest) > 1 else (lambda ts, i=rest[0]: (ts[i],)) if rest else None
+        self._stacked = [_picker(idx) for idx in stacked]
+        self._rest = _picker(rest) if rest else None
 
     def total(self, tensors: Sequence[Tensor]) -> Tensor:
         """The sum of every value of ``tensors`` (as many as planned) as a 0-d tensor."""
@@ -761,6 +761,14 @@ class FlatSum:
         if self._rest is not None:
             parts.append(_flatten(self._rest(tensors)).sum())
         return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
+
+
+def _picker(idx: list[int]) -> Callable[[Sequence[Tensor]], tuple[Tensor, ...]]:
+    """A function that picks the tensors at ``idx`` from a list, as a tuple, in one C call (``itemgetter``)."""
+    if len(idx) == 1:
+        i = idx[0]
+        return lambda tensors: (tensors[i],)
+    return itemgetter(*idx)
 
 
 #: The integer type of each element size, to read a tensor's bits as integers.

@@ -99,11 +99,11 @@ def test_the_flat_sum_is_taken_for_many_small_float32_tensors_only() -> None:
     assert not flat_check_pays([])
 
 
-def _narrow(layers: int) -> list[torch.Tensor]:
-    """The gradients of a narrow MLP's layers (a weight and a bias each, shapes repeating), and two odd ones."""
+def _narrow(layers: int, odd: int = 2) -> list[torch.Tensor]:
+    """The gradients of a narrow MLP's layers (a weight and a bias each, shapes repeating), and ``odd`` odd ones."""
     torch.manual_seed(0)
-    odd = [torch.randn(3, 5), torch.randn(7)]
-    return [t for _ in range(layers) for t in (torch.randn(8, 8), torch.randn(8))] + odd
+    odd_ones = [torch.randn(3, 5), torch.randn(7)][:odd]
+    return [t for _ in range(layers) for t in (torch.randn(8, 8), torch.randn(8))] + odd_ones
 
 
 def test_the_plan_stacks_the_shapes_that_repeat_and_copies_the_others_flat() -> None:
@@ -113,9 +113,9 @@ def test_the_plan_stacks_the_shapes_that_repeat_and_copies_the_others_flat() -> 
     assert few.groups == [] and few.rest == 2 * (MIN_GROUP - 1) + 2
 
 
-@pytest.mark.parametrize("layers", [12, MIN_GROUP - 1, 30])
-def test_the_planned_sum_is_the_sum_of_every_value(layers: int) -> None:
-    tensors = _narrow(layers)
+@pytest.mark.parametrize(("layers", "odd"), [(12, 2), (12, 1), (12, 0), (MIN_GROUP - 1, 2), (30, 2)])
+def test_the_planned_sum_is_the_sum_of_every_value(layers: int, odd: int) -> None:
+    tensors = _narrow(layers, odd)
     plan = FlatSum([t.shape for t in tensors])
     expected = sum(float(t.double().sum()) for t in tensors)  # plain torch, one by one, in float64
     assert float(plan.total(tensors)) == pytest.approx(expected, rel=1e-5, abs=1e-4)
