@@ -406,7 +406,7 @@ class ForwardPath:
                 if len(keys) >= stats.MIN_GROUP
                 and dtype is torch.float32
                 and isinstance(shape, torch.Size)
-                and 0 < shape.numel() <= stats.STACK_LIMIT
+                and 0 < shape.numel() <= measure.UNIT_STACK_LIMIT
                 for key in keys
             }
             self._batched = batched - changed
