@@ -324,6 +324,11 @@ class Settings:
     def source(self, name: str) -> str:
         return self.sources.get(name, "default")
 
+    @property
+    def writes_files(self) -> bool:
+        """Whether the session writes a report file (``--neuraldbg-report`` or ``--neuraldbg-junit``)."""
+        return self.report is not None or self.junit is not None
+
 
 def add_options(parser: pytest.Parser) -> None:
     """Register the ``--neuraldbg-*`` flags and their ini keys."""

@@ -325,7 +325,7 @@ class Collector:
         self.state = state
         # pytest's outcomes: every test's for the report files (their summaries quote the session's counts), else
         # only those of the tests that watched a run (the terminal summary tells which of them passed)
-        self._every_test = state.settings.report is not None or state.settings.junit is not None
+        self._every_test = state.settings.writes_files
         self._watched: set[str] = set()  # node ids of the tests whose call report carried records
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -404,7 +404,7 @@ def write_files(state: SessionState) -> None:
     """Write ``--neuraldbg-report`` and ``--neuraldbg-junit`` outputs (controller only), each file atomically, the
     report folder's files under its lock (see :mod:`neuraldbg.export.files`). Neither asked for: nothing is imported."""
     settings = state.settings
-    if settings.report is None and settings.junit is None:
+    if not settings.writes_files:
         return
     from neuraldbg.export.files import folder_lock
 
