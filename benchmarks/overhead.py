@@ -260,19 +260,19 @@ def first_steps(case: Case, state: dict[str, torch.Tensor], batches: list, n: in
     one just before it and one just after (both allocate their optimizer's state at step 0, as the watched copy
     does; the debugger's first, fully observed step carries its one-time work). The debugger's hooks are global:
     it is attached only while its own copy trains."""
-    plain: list[float] = []
-    watched = 0.0
-    for role in ("plain", "watched", "plain"):
-        runner = Runner(case, state, "default" if role == "watched" else None)
-        if runner.dbg is not None:
-            runner.dbg.attach()  # not timed: a run attaches once
-            seconds = runner.run(batches, 0, n, attach=False) * n
-            start = time.perf_counter()
-            runner.dbg.close()
-            watched = seconds + time.perf_counter() - start
-        else:
-            plain.append(runner.run(batches, 0, n) * n)
-    return watched / (sum(plain) / len(plain))
+
+    def plain() -> float:
+        return Runner(case, state, None).run(batches, 0, n) * n
+
+    before = plain()
+    fresh = Runner(case, state, "default")
+    assert fresh.dbg is not None
+    fresh.dbg.attach()  # not timed: a run attaches once
+    seconds = fresh.run(batches, 0, n, attach=False) * n
+    start = time.perf_counter()
+    fresh.dbg.close()
+    watched = seconds + time.perf_counter() - start
+    return watched / ((before + plain()) / 2)
 
 
 def compiled(case: Case, warmup: int, rounds: int) -> dict[str, float]:
