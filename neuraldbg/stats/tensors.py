@@ -679,6 +679,24 @@ STACK_LIMIT = 1 << 13
 _PLANS: dict[tuple[tuple[torch.Size, ...], tuple[bool, ...]], NormPlan] = {}
 
 
+def _by_shape(
+    shapes: Sequence[torch.Size], eligible: Sequence[bool] | None = None, limit: int | None = None
+) -> tuple[list[list[int]], list[int]]:
+    """The indices of tensors of these shapes that are stacked together, by shape: groups of at least
+    :data:`MIN_GROUP` (among the ``eligible`` ones, each of at most ``limit`` elements); and the others, in order."""
+    groups: dict[torch.Size, list[int]] = {}
+    for i, shape in enumerate(shapes):
+        if eligible is None or eligible[i]:
+            groups.setdefault(shape, []).append(i)
+    stacked = [
+        idx
+        for shape, idx in groups.items()
+        if len(idx) >= MIN_GROUP and (limit is None or 0 < math.prod(shape) <= limit)
+    ]
+    taken = {i for idx in stacked for i in idx}
+    return stacked, [i for i in range(len(shapes)) if i not in taken]
+
+
 class NormPlan:
     """How to take a norm of each tensor of a list of fixed shapes in few kernel launches: contiguous float32
     tensors of one shape (at least :data:`MIN_GROUP` of them, each at most :data:`STACK_LIMIT` elements) are
@@ -686,15 +704,7 @@ class NormPlan:
     list's shapes and contiguity."""
 
     def __init__(self, shapes: Sequence[torch.Size], contiguous: Sequence[bool]) -> None:
-        groups: dict[torch.Size, list[int]] = {}
-        for i, (shape, plain) in enumerate(zip(shapes, contiguous)):
-            if plain:
-                groups.setdefault(shape, []).append(i)
-        self.stacked = [
-            idx for shape, idx in groups.items() if len(idx) >= MIN_GROUP and 0 < math.prod(shape) <= STACK_LIMIT
-        ]
-        taken = {i for idx in self.stacked for i in idx}
-        self.singles = [i for i in range(len(shapes)) if i not in taken]
+        self.stacked, self.singles = _by_shape(shapes, contiguous, STACK_LIMIT)
         order = [i for idx in self.stacked for i in idx] + self.singles
         inverse = [0] * len(order)
         for position, i in enumerate(order):
@@ -742,12 +752,7 @@ class FlatSum:
     summed as one flat copy."""
 
     def __init__(self, shapes: Sequence[torch.Size]) -> None:
-        groups: dict[torch.Size, list[int]] = {}
-        for i, shape in enumerate(shapes):
-            groups.setdefault(shape, []).append(i)
-        stacked = [idx for idx in groups.values() if len(idx) >= MIN_GROUP]
-        taken = {i for idx in stacked for i in idx}
-        rest = [i for i in range(len(shapes)) if i not in taken]
+        stacked, rest = _by_shape(shapes)
         self.size = len(shapes)
         self.groups = [len(idx) for idx in stacked]  # how many tensors each stack holds
         self.rest = len(rest)  # how many go into the flat copy
