@@ -7,8 +7,10 @@ plugin, say) is switched off with a warning, never allowed to break the training
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,14 +51,18 @@ class Analyzer:
         self.full_steps = 0
         self.last_step = -1
         self.coverage = Coverage()
-        self._facts: Callable[[], RunFacts] = lambda: RunFacts(0, 0, 0)
+        self._facts: Callable[[], RunFacts] = _no_facts
         self._events_key: tuple[Any, ...] | None = None
         self._events: list[SemanticEvent] = []
 
     def watch_coverage(self, coverage: Coverage, facts: Callable[[], RunFacts]) -> None:
-        """Count each analysed step into ``coverage``; ``facts()`` gives the recorder's counts for its findings."""
+        """Count each analysed step into ``coverage``; ``facts()`` gives the recorder's counts for its findings. A
+        recorder's method is held weakly: the recorder hands this analyzer each step it commits, and a reference back
+        would make the two a cycle only the garbage collector frees (see :data:`~neuraldbg.capture.recorder._attached`);
+        without its recorder, the counts are zero."""
         self.coverage = coverage
-        self._facts = facts
+        method = weakref.WeakMethod(facts) if inspect.ismethod(facts) else None
+        self._facts = facts if method is None else lambda: (method() or _no_facts)()
 
     def _quiet(self, detector: Detector, record: StepData) -> bool:
         """A cheap step that holds nothing ``detector`` would report, while no state it found is open."""
@@ -172,3 +178,7 @@ class Analyzer:
                 seen.append(layer)
         rest = [n for n, info in self.ctx.infos.items() if n not in names and (n or info.numel)]
         return seen + rest
+
+
+def _no_facts() -> RunFacts:
+    return RunFacts(0, 0, 0)

@@ -32,7 +32,7 @@ class BackwardPath:
     """The model output's gradient hook, the end-of-backward callback and the optimizer step hooks."""
 
     def __init__(self, rec: Recorder, model: nn.Module, forward: ForwardPath) -> None:
-        self._rec = rec
+        self._rec = weakref.proxy(rec)  # the recorder owns this part (see Recorder.__init__)
         self._fwd = forward
         self.grads = GradientReader(rec, model, forward)
         self._owned: dict[int, tuple[weakref.ref[Optimizer], int, frozenset[str]]] = {}
@@ -61,7 +61,7 @@ class BackwardPath:
     def on_backward_start(self, grad: Tensor) -> None:
         """The gradient of the loss w.r.t. the model's output arrived: the backward pass began."""
         rec = self._rec
-        if not rec.active:
+        if not _live(rec):
             return
         try:
             fwd = self._fwd
@@ -91,7 +91,7 @@ class BackwardPath:
             rec.fail("the backward hook of the model output", exc)
 
     def on_output_gradient(self, key: SlotKey, grad: Tensor) -> None:
-        if self._rec.active:
+        if _live(self._rec):
             try:
                 norm = stats.norms([grad])[0]
                 scale = self._rec.scaler.tensor()
@@ -253,3 +253,12 @@ def _trained_before(optimizer: Optimizer) -> bool:
     observed step is not the start of its history."""
     state = optimizer.state
     return any(state.get(p) for group in optimizer.param_groups for p in group["params"])
+
+
+def _live(rec: Recorder) -> bool:
+    """Whether the recorder observes now. A tensor's gradient hook outlives the debugger that put it there (a
+    debugger closed and dropped between a forward pass and its backward pass): then it does nothing."""
+    try:
+        return rec.active
+    except ReferenceError:
+        return False

@@ -18,6 +18,7 @@ is left out: such runs are counted by optimizer steps.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,7 +39,7 @@ class CompiledSlots:
     """The slots compiled forwards write, and their reading at the optimizer step."""
 
     def __init__(self, rec: Recorder, specs: dict[str, measure.LayerSpec], order: LayerOrder) -> None:
-        self._rec = rec
+        self._rec = weakref.proxy(rec)  # the recorder owns this part (see Recorder.__init__)
         self._config = rec.config
         self._specs = specs
         self._order = order

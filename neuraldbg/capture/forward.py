@@ -59,7 +59,7 @@ class ForwardPath:
     """Layer outputs and the model's output, from the global module forward hook."""
 
     def __init__(self, rec: Recorder, model: nn.Module, infos: dict[str, LayerInfo], order: list[SlotKey]) -> None:
-        self._rec = rec
+        self._rec = weakref.proxy(rec)  # the recorder owns this part (see Recorder.__init__)
         self._config = rec.config
         self._model = weakref.ref(model)
         self._infos = infos

@@ -30,7 +30,7 @@ class GradientReader:
     the raw norms left by the backward pass (to see clipping), and the snapshot that measures the update."""
 
     def __init__(self, rec: Recorder, model: nn.Module, forward: ForwardPath) -> None:
-        self._rec = rec
+        self._rec = weakref.proxy(rec)  # the recorder owns this part (see Recorder.__init__)
         self._fwd = forward
         self._order: LayerOrder = forward.order
         self._infos = rec.infos

@@ -126,7 +126,7 @@ class GradLedger:
     """See the module docstring. One per recorder; :meth:`before` is its backward-call listener."""
 
     def __init__(self, rec: Recorder) -> None:
-        self._rec = rec
+        self._rec = weakref.proxy(rec)  # the recorder owns this part (see Recorder.__init__)
         self._tensors: list[Tensor] = []
         self._names: list[str] = []
         self._marks: list[_Mark | None] = []

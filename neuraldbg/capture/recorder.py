@@ -50,6 +50,13 @@ from .symmetry import SymmetryWatch
 #: Committed steps held before a flush even when no fully observed step comes.
 _BUFFER_LIMIT = 64
 
+#: The recorders attached now. Their parts (forward and backward paths, ledger, gradient reader) refer back to them
+#: weakly, so that a debugger dropped after ``close()`` is freed, with what it holds of the model, as soon as the
+#: last reference to it goes, not at the garbage collector's next full pass (a smoke test's model, its gradients
+#: and its GPU memory with it). Torch's hook tables hold those parts, not the recorder: this set holds an attached
+#: one for them, so that one attached and dropped without ``close()`` keeps observing, as it always did.
+_attached: set[Recorder] = set()
+
 
 class Recorder:
     """Collects statistics of one model's training steps. See the module docstring."""
@@ -127,6 +134,7 @@ class Recorder:
             model_calls=self.forward.model_calls(),
         )
         self._hook_key = self._handle.key
+        _attached.add(self)
 
     def _parameter_sums(self, names: set[str]) -> dict[str, int]:
         """A checksum of the values of each trainable parameter named (the part this process holds: see
@@ -192,6 +200,7 @@ class Recorder:
             self.forward.detach()
             self.backward.detach()
             self.ledger.detach()
+            _attached.discard(self)
 
     @property
     def mode(self) -> StepMode:

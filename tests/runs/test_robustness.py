@@ -405,6 +405,68 @@ def test_the_model_is_held_weakly():
     assert dbg.steps == 3  # the diagnosis outlives the model
 
 
+@pytest.mark.parametrize("watched", [False, True], ids=["plain", "watched"])
+def test_a_closed_debugger_dropped_frees_the_model_by_reference_counting(watched):
+    """A smoke test drops its debugger and its model at its end: their memory (a GPU's too) goes then, not at the
+    garbage collector's next full pass. The plain twin shows that torch alone frees a trained model so."""
+    torch.manual_seed(0)
+    model = support.mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    weight = weakref.ref(model[0].weight)
+    batches = support.regression_batches()
+    _, dbg = support.fit(model, batches, F.mse_loss, steps=70, optimizer=opt, watched=watched)
+    if dbg is not None:
+        assert dbg.steps == 70 and dbg.explain_failure() == []  # the whole diagnosis ran (and found nothing)
+    gc.disable()
+    try:
+        del model, opt, dbg
+        assert weight() is None
+    finally:
+        gc.enable()
+
+
+def test_a_debugger_dropped_between_forward_and_backward_leaves_the_backward_pass_alone():
+    """Gradient hooks on the layers' outputs stay on the graph when the debugger that put them there is closed and
+    dropped before the backward pass: that backward pass runs as without it."""
+    torch.manual_seed(0)
+    model = support.mlp()
+    twin = copy.deepcopy(model)
+    x, y = support.regression_batches()(0)
+    dbg = NeuralDbg(model, output_gradients=True)
+    dbg.attach()
+    loss = F.mse_loss(model(x), y)
+    recorder = weakref.ref(dbg._recorder)
+    dbg.close()
+    del dbg
+    assert recorder() is None  # freed, while its hooks remain on the graph
+    loss.backward()
+    F.mse_loss(twin(x), y).backward()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert p.grad is not None and torch.equal(p.grad, q.grad)
+
+
+def test_a_debugger_attached_and_dropped_without_close_keeps_observing():
+    torch.manual_seed(0)
+    model = support.mlp()
+    twin = copy.deepcopy(model)
+    batches = support.regression_batches()
+    dbg = NeuralDbg(model)
+    dbg.attach()
+    recorder = weakref.ref(dbg._recorder)
+    del dbg
+    gc.collect()
+    kept = recorder()
+    assert kept is not None and kept.attached  # held while attached: torch's hook tables hold only its parts
+    try:
+        watched = support.plain_train(model, batches, steps=20, optimizer=torch.optim.SGD(model.parameters(), lr=0.01))
+        plain = support.plain_train(twin, batches, steps=20, optimizer=torch.optim.SGD(twin.parameters(), lr=0.01))
+        assert watched == plain
+        assert kept.clock.step == 19  # it saw every step: the 20th, counted from 0, is in progress
+    finally:
+        kept.detach()
+    assert hook_count(model) == 0
+
+
 ENGINE_TYPOS = {
     "a misspelt field": ({"persistance": 3}, "NeuralDbg(): unknown option 'persistance' (did you mean 'persistence'?)"),
     "a shortened field": (
