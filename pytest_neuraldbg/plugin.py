@@ -64,7 +64,12 @@ def neuraldbg(request: pytest.FixtureRequest) -> Iterator[NeuralDbgFixture]:
         pytest.fail(f"neuraldbg: {problem}", pytrace=False)
     request.node.stash[FIXTURE_KEY] = fixture
     yield fixture
-    fixture.close()
+    try:
+        fixture.close()
+    finally:
+        # the call's report is made: the item, which pytest keeps to the session's end, lets go of the runs (their
+        # models, gradients and device memory go as the test drops them)
+        del request.node.stash[FIXTURE_KEY]
 
 
 @pytest.hookimpl(wrapper=True)

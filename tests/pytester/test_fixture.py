@@ -27,6 +27,38 @@ def test_a_healthy_smoke_test_passes_and_its_run_is_reported_healthy(project: py
     result.stdout.fnmatch_lines(["*= neuraldbg =*", "1 watched run: 0 unhealthy (gate: off)"])
 
 
+def test_a_smoke_test_s_model_is_freed_when_the_test_ends(project: pytest.Pytester) -> None:
+    """pytest keeps every test's item to the session's end: the runs it watched (their models, gradients and device
+    memory) must not stay with it. With the garbage collector off from the first test's body on, the second test
+    sees the first one's model freed by reference counting alone, the report made (a JUnit file asks for it)."""
+    project.makepyfile(
+        test_free="""
+        import gc
+        import weakref
+
+        import models
+
+        WEIGHTS = []
+
+        def test_train(neuraldbg):
+            model = models.healthy()
+            WEIGHTS.append(weakref.ref(next(model.parameters())))
+            ndbg = neuraldbg.smoke_train(model, models.data(), models.loss, steps=30)
+            assert ndbg.explain_failure() == []
+            gc.disable()
+
+        def test_freed():
+            try:
+                assert WEIGHTS[0]() is None
+            finally:
+                gc.enable()
+        """
+    )
+    result = project.runpytest("-p", "no:randomly", "--junitxml=out.xml")
+    result.assert_outcomes(passed=2)
+    assert "neuraldbg.verdict" in (project.path / "out.xml").read_text()
+
+
 def test_a_hand_written_loop_is_watched_and_its_dead_relu_reported(project: pytest.Pytester) -> None:
     project.makepyfile(
         test_loop="""
