@@ -170,10 +170,9 @@ class GradientReader:
         dtypes = stats.dense_cpu_dtypes(grads) if grads else None
         if dtypes is None:
             return None
-        # a gradient's dtype may differ from its parameter's: the flat sum takes float32 only
-        # the plan fits the whole list only: with a gradient missing, one flat copy
-        plan = self._plan if len(grads) == len(self._whole) else None
-        return stats.surely_finite(grads, flat=self._flat and dtypes == {torch.float32}, plan=plan)
+        # a gradient's dtype may differ from its parameter's: the flat sum takes float32 only; the plan serves the
+        # whole list only (surely_finite copies a list with a gradient missing flat)
+        return stats.surely_finite(grads, flat=self._flat and dtypes == {torch.float32}, plan=self._plan)
 
     def adopt_unfrozen(self) -> None:
         """Follow the parameters switched to ``requires_grad=True`` since the debugger was made, as if they had

@@ -50,11 +50,11 @@ from .symmetry import SymmetryWatch
 #: Committed steps held before a flush even when no fully observed step comes.
 _BUFFER_LIMIT = 64
 
-#: The recorders attached now. Their parts (forward and backward paths, ledger, gradient reader) refer back to them
-#: weakly, so that a debugger dropped after ``close()`` is freed, with what it holds of the model, as soon as the
-#: last reference to it goes, not at the garbage collector's next full pass (a smoke test's model, its gradients
-#: and its GPU memory with it). Torch's hook tables hold those parts, not the recorder: this set holds an attached
-#: one for them, so that one attached and dropped without ``close()`` keeps observing, as it always did.
+#: The recorders attached now. Their parts (forward and backward paths, ledger, gradient reader, compiled slots) refer
+#: back to them weakly, so that a debugger dropped after ``close()`` is freed, with what it holds of the model, as
+#: soon as the last reference to it goes, not at the garbage collector's next full pass (a smoke test's model, its
+#: gradients and its GPU memory with it). Torch's hook tables hold those parts, not the recorder: this set holds an
+#: attached one for them, so that one attached and dropped without ``close()`` keeps observing, as it always did.
 _attached: set[Recorder] = set()
 
 
