@@ -72,10 +72,12 @@ def test_a_policy_made_deterministic_in_mid_run_is_a_degenerate_loss():
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     policy = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 3))
-    opt = torch.optim.SGD(policy.parameters(), lr=50.0)  # far too high for a policy gradient
-    zero, rewards = [], []
+    opt = torch.optim.SGD(policy.parameters(), lr=0.5)
+    zero, certain, rewards = [], [], []
     with NeuralDbg(policy) as dbg:
-        for _ in range(300):
+        for step in range(300):
+            if step == 30:  # a schedule's mistake: a rate far too high for a policy gradient from here on
+                opt.param_groups[0]["lr"] = 1e5
             state = torch.randn(32, 4, generator=g)
             dist = torch.distributions.Categorical(logits=policy(state))
             action = dist.sample()
@@ -84,10 +86,13 @@ def test_a_policy_made_deterministic_in_mid_run_is_a_degenerate_loss():
             (-(dist.log_prob(action) * reward).mean()).backward()
             opt.step()
             zero.append(all(float(p.grad.abs().max()) == 0.0 for p in policy.parameters()))
+            certain.append(bool((dist.probs.max(dim=1).values == 1.0).all()))
             rewards.append(float(reward.mean()))
-    # plain torch: every gradient exactly zero from mid-run on (the chosen arm's probability exactly 1), never one
-    # again over the last two thirds, and the policy pays half the time: it always pulls one arm
+    # plain torch: the policy learns at first (it pays on most of a batch), then the step at the high rate makes it
+    # certain of its action on every state (probability exactly 1), so every gradient is exactly zero from then to
+    # the end: nothing can move it again. (The rate change alone makes the step; which arms it settles on varies
+    # with the hardware's rounding, so only certainty and the zeros are asserted.)
     first = zero.index(True)
-    assert 10 < first < 100 and not any(not z for z in zero[100:])
-    assert abs(sum(rewards[-50:]) / 50 - 0.5) < 0.1 and max(rewards[:50]) > 0.6
+    assert 30 <= first < 40 and all(zero[first:]) and all(certain[first + 1 :])
+    assert not any(zero[:30]) and max(rewards[:30]) > 0.75
     assert FailureKind.DEGENERATE_LOSS in {h.kind for h in dbg.hypotheses()}, dbg.report()
