@@ -45,8 +45,9 @@ gradients, and are recognised from the structure, the layer's output and its ear
   mode='batch', LayerDrop) or an expert that got no tokens has an exactly-zero gradient on the steps that skip it
   and a healthy one on the others; sampled steps can happen to land on skipped ones only (a residual MLP dropping
   its blocks with p = 0.1-0.4: every 16th step from 128 to 240 was a dropped one for the last block, which trains
-  on 143 of 250 steps). A layer whose gradient was exactly zero at an observed step and non-zero at a later one is
-  trained intermittently: its exact zeros are not reported from then on. A layer that trains and then gets exactly
+  on 143 of 250 steps). A layer whose gradient was exactly zero at an observed step and clearly healthy at a later
+  one (by both tests, see :func:`_clearly_healthy`) is trained intermittently: its exact zeros are not reported
+  from then on. A layer that trains and then gets exactly
   zero for good is still reported, and so is one zero from the start; zeros confirmed before the layer's first
   non-zero reading after them (a branch skipped on the first five steps in a row) are too.
 * *Small from the start, and grown out of.* A layer whose gradient was small from its first reading and reads
@@ -133,7 +134,7 @@ class VanishingDetector(Detector):
                 self._healthy_since.add(layer)
             if g.exact_zero:
                 self._zero_seen.add(layer)
-            elif layer in self._zero_seen and not (g.non_finite or small):
+            elif layer in self._zero_seen and not g.non_finite and _clearly_healthy(g.norm, top, cfg):
                 self._intermittent.add(layer)
             if g.non_finite or converged:
                 continue  # non-finite: another state of this gradient; converged: small gradients are the fit
@@ -181,6 +182,15 @@ def _small(norm: float, top: float, cfg: DebugConfig) -> bool:
     """Whether a layer's gradient norm is vanishingly small: below ``vanishing_floor``, or below both
     ``vanishing_norm`` and ``vanishing_ratio`` of the largest layer's (``top``) at the same step."""
     return norm < cfg.vanishing_floor or (norm < cfg.vanishing_norm and norm < cfg.vanishing_ratio * top)
+
+
+def _clearly_healthy(norm: float, top: float, cfg: DebugConfig) -> bool:
+    """Whether a layer's gradient norm is healthy by both of :func:`_small`'s tests: at least ``vanishing_norm``
+    and at least ``vanishing_ratio`` of the largest layer's. What ends a stretch of small or zero gradients (a
+    branch trained at times, a start grown out of) must be this: a layer behind a saturated softmax, whose
+    gradient is zero or ~1e-7 on most steps, reads 0.6 at a step where the largest layer's surges to 1e3 with it
+    (5e-4 of it: not small by the absolute test, still small by the relative one), and is still vanishing."""
+    return math.isfinite(norm) and norm >= cfg.vanishing_norm and norm >= cfg.vanishing_ratio * top
 
 
 def _cancelled(view: StepView, layer: str) -> bool:
@@ -253,7 +263,7 @@ def _gated(view: StepView, layer: str, vanishing: Collection[str]) -> bool:
 
 
 def _grew_out(event: SemanticEvent, facts: RunFacts) -> bool:
-    """Whether the layer of ``event`` read a gradient that is not small (see :class:`VanishingDetector`) at a fully
+    """Whether the layer of ``event`` read a clearly healthy gradient (:func:`_clearly_healthy`) at a fully
     observed step after the event ended, and at none within it (an event the store merged from two small stretches
     with a healthy gap between them is not one start that training grew out of). Read from the history of the
     layer's gradient norms and of the largest layer's (``RunFacts.largest_gradient``) at the same steps: a step one
@@ -267,7 +277,7 @@ def _grew_out(event: SemanticEvent, facts: RunFacts) -> bool:
     tops = dict(largest.points())
 
     def healthy(step: int, norm: float) -> bool:
-        return math.isfinite(norm) and step in tops and not _small(norm, tops[step], cfg)
+        return step in tops and _clearly_healthy(norm, tops[step], cfg)
 
     grew = False
     for step, norm in own.points():
