@@ -441,6 +441,9 @@ def device_finite_probes(tensors: Sequence[Tensor]) -> list[Tensor]:
 
 #: Up to this many norms are summed on the host (a CPU read each costs less than a stack and a sum).
 _HOST_SUM = 8
+#: :func:`_finite_readings`: float32 tensors of at least this many elements are summed alone rather than normed in
+#: one call with the rest (per tensor, a sum costs ~0.4 us more than a norm and saves ~0.06 us per 1,000 elements).
+_SUM_ALONE = 8192
 #: :func:`flat_check_pays`: float32 tensors of at most this many elements on average, and at most
 #: ``_FLAT_TOTAL`` in all, are summed as one flat copy rather than reduced one by one.
 _FLAT_MEAN = 16_384
@@ -472,7 +475,7 @@ def surely_finite(tensors: Sequence[Tensor], flat: bool = False, plan: FlatSum |
     if not tensors:
         return True
     if not flat:
-        found = norms(tensors)
+        found = _finite_readings(tensors)
         if len(found) <= _HOST_SUM:
             return math.isfinite(sum(float(n) for n in found))
     grad = torch.is_grad_enabled()
@@ -485,6 +488,26 @@ def surely_finite(tensors: Sequence[Tensor], flat: bool = False, plan: FlatSum |
         else:
             total = _flatten(list(tensors)).sum()
         return math.isfinite(float(total))
+    finally:
+        _set_grad_enabled(grad)
+
+
+def _finite_readings(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """For :func:`surely_finite`'s long way, 0-d tensors whose sum is non-finite when a value of ``tensors`` is:
+    the norms of all of them (:func:`norms`), except that a float32 list's tensors of at least ``_SUM_ALONE``
+    elements are summed one by one instead. A CPU sums float32 about twice as fast as it takes a norm (an 8x512
+    MLP's 16 gradients: 135 us against 255 us), and the sum of finite values overflows only above 3.4e38, where
+    their norm does above 1.8e19; a norm call costs less per tensor, so small tensors keep it."""
+    if not all_float32(tensors):
+        return norms(tensors)
+    large = [t for t in tensors if t.numel() >= _SUM_ALONE]
+    if not large:
+        return norms(tensors)
+    small = [t for t in tensors if t.numel() < _SUM_ALONE]
+    grad = torch.is_grad_enabled()
+    _set_grad_enabled(False)
+    try:
+        return [t.sum() for t in large] + (norms(small) if small else [])
     finally:
         _set_grad_enabled(grad)
 

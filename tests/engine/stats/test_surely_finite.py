@@ -28,13 +28,15 @@ WAYS = [(dtype, False) for dtype in DTYPES] + [(torch.float32, True)]
 
 @pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
 @pytest.mark.parametrize(("dtype", "flat"), WAYS)
+@pytest.mark.parametrize("side", [64, 128], ids=["normed", "summed-alone"])  # 128x128 float32: _SUM_ALONE's way
+@pytest.mark.parametrize("where", [0, 1, 2])
 def test_one_non_finite_element_anywhere_is_never_called_surely_finite(
-    bad: float, dtype: torch.dtype, flat: bool
+    bad: float, dtype: torch.dtype, flat: bool, side: int, where: int
 ) -> None:
-    tensors = [torch.ones(5, dtype=dtype), torch.randn(64, 64).to(dtype), torch.zeros(3, dtype=dtype)]
+    tensors = [torch.ones(5, dtype=dtype), torch.randn(side, side).to(dtype), torch.zeros(3, dtype=dtype)]
     assert surely_finite(tensors, flat=flat)
-    tensors[1][7, 9] = bad
-    assert not torch.isfinite(tensors[1]).all()  # plain torch
+    tensors[where].view(-1)[2] = bad
+    assert not torch.isfinite(tensors[where]).all()  # plain torch
     assert not surely_finite(tensors, flat=flat)
 
 
@@ -45,8 +47,9 @@ def test_an_inf_and_a_minus_inf_in_one_flat_sum_are_still_found() -> None:
 
 
 @pytest.mark.parametrize("flat", [False, True])
-def test_huge_finite_values_ask_for_a_closer_look_which_clears_them(flat: bool) -> None:
-    huge = torch.full((1024,), 1e36)
+@pytest.mark.parametrize("size", [1024, 16384], ids=["normed", "summed-alone"])
+def test_huge_finite_values_ask_for_a_closer_look_which_clears_them(flat: bool, size: int) -> None:
+    huge = torch.full((size,), 1e36)
     assert torch.isfinite(huge).all()  # plain torch: finite, but its float32 norm and its sum overflow
     assert math.isinf(float(torch.linalg.vector_norm(huge))) and math.isinf(float(huge.sum()))
     assert not surely_finite([torch.ones(3), huge], flat=flat)
