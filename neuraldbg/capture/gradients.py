@@ -126,7 +126,8 @@ class GradientReader:
         NaN exactly when the gradient holds one (:func:`~neuraldbg.stats.tensors.device_finite_probes`), and their
         sum, non-finite exactly when one of them is, filed with the probes as its key: read at the next flush with
         the step's other readings (no sync now), the probes only when it is not finite. On a CPU (host reads cost
-        no sync) the cheapest norms, summed and read at once, say first whether every gradient is surely finite
+        no sync) one cheap reduction per gradient (a norm, or a sum for a large float32 one), summed and read at
+        once, says first whether every gradient is surely finite
         (:func:`~neuraldbg.stats.tensors.surely_finite`); only when not are the probes taken. So a step costs one
         reduction per tensor and one reading, whatever the number of parameters. An inf or NaN files that
         gradient as non-finite at this very step (see :func:`~neuraldbg.capture.pending.assign`), so it is dated

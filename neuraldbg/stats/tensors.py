@@ -463,10 +463,10 @@ def flat_check_pays(tensors: Sequence[Tensor]) -> bool:
 
 
 def surely_finite(tensors: Sequence[Tensor], flat: bool = False, plan: FlatSum | None = None) -> bool:
-    """True when every CPU tensor surely holds only finite values: the sum of their L2 norms (:func:`norms`: the
-    cheapest reduction a CPU has, one per tensor), read at once, is finite. False says only "look closer": a norm
-    of finite float32 values overflows above 1.8e19 (use :func:`device_finite_probes` then, which cannot). Every
-    tensor must be plain, strided and on the CPU.
+    """True when every CPU tensor surely holds only finite values: the sum of one reduction per tensor (see
+    :func:`_finite_readings`: L2 norms in one call, plain sums for large float32 tensors), read at once, is finite.
+    False says only "look closer": a norm of finite float32 values overflows above 1.8e19, a sum above 3.4e38 (use
+    :func:`device_finite_probes` then, which cannot). Every tensor must be plain, strided and on the CPU.
 
     ``flat`` (see :func:`flat_check_pays`; every tensor float32): the sum of all their values, copied into one
     buffer in one call, instead: an inf or a NaN makes it non-finite (inf - inf is NaN), and finite values make it
@@ -498,9 +498,7 @@ def _finite_readings(tensors: Sequence[Tensor]) -> list[Tensor]:
     elements are summed one by one instead. A CPU sums float32 about twice as fast as it takes a norm (an 8x512
     MLP's 16 gradients: 135 us against 255 us), and the sum of finite values overflows only above 3.4e38, where
     their norm does above 1.8e19; a norm call costs less per tensor, so small tensors keep it."""
-    if not all_float32(tensors):
-        return norms(tensors)
-    large = [t for t in tensors if t.numel() >= _SUM_ALONE]
+    large = [t for t in tensors if t.numel() >= _SUM_ALONE] if all_float32(tensors) else []
     if not large:
         return norms(tensors)
     small = [t for t in tensors if t.numel() < _SUM_ALONE]
