@@ -11,7 +11,7 @@ from torch.optim import Optimizer
 from ..model.shards import Param
 from ..stats import tensors as stats
 from ..stats.step import SlotKey
-from . import hooks, measure
+from . import collector, hooks, measure
 from .clock import StepMode
 from .gradients import GradientReader
 from .pending import merge_max
@@ -127,6 +127,7 @@ class BackwardPath:
 
     # --- the optimizer step -------------------------------------------------------------------------------
 
+    @collector.paused
     def on_optimizer_step(self, optimizer: Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Before an optimizer's step (global pre-hook)."""
         rec = self._rec
@@ -162,6 +163,7 @@ class BackwardPath:
         except Exception as exc:
             rec.fail("the optimizer step hook", exc)
 
+    @collector.paused
     def on_optimizer_stepped(self, optimizer: Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """After an optimizer's step (global post-hook): a closure step is complete, its gradients final."""
         rec = self._rec

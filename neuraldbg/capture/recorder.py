@@ -36,7 +36,7 @@ from ..model.info import LayerInfo
 from ..model.layers import heavy_dropout_layers, mode_dependent_layers
 from ..stats import tensors as stats
 from ..stats.step import SlotKey, StepData
-from . import hooks, measure
+from . import collector, hooks, measure
 from .backward import BackwardPath
 from .clock import StepClock, StepMode
 from .coverage import Coverage, RunFacts
@@ -246,6 +246,7 @@ class Recorder:
         if self.active:
             self.loss = loss.detach()
 
+    @collector.paused
     def manual_step(self) -> None:
         """``dbg.step()``: close the current step now; from here on only ``step()`` closes steps."""
         if not self.active:
@@ -258,6 +259,7 @@ class Recorder:
         except Exception as exc:
             self.fail("dbg.step()", exc)
 
+    @collector.paused
     def commit(self) -> None:
         """The step in progress is complete: file its updates and loss, queue it, start the next one."""
         if self.clock.fold_first:  # a skipped step whose micro-batches were provisional steps
@@ -344,6 +346,7 @@ class Recorder:
         self.pending = merged
         self.clock.folded(merged.data.step)
 
+    @collector.paused
     def flush(self) -> None:
         """Move every committed step to the host in one transfer and hand them to the sink."""
         if not self.buffer:
@@ -379,6 +382,7 @@ class Recorder:
         if self._sink(records) or suspicious:  # the sink says a new abnormal state began
             self.schedule.trigger(self.clock.step)
 
+    @collector.paused
     def finish(self) -> None:
         """Close the step in progress (if it is a step) and flush everything."""
         if self.active:

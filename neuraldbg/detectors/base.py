@@ -25,8 +25,10 @@ from ..model.info import LayerInfo, Role
 from ..stats.step import SlotKey, StepData
 
 #: What the tracker follows over time: (track, event type, layer, param, call). Detectors of one track classify one
-#: signal (a layer's gradient is healthy, vanishing, exploding or non-finite): one state at a time per key.
-TrackKey = tuple[str, EventType, str, "str | None", int]
+#: signal (a layer's gradient is healthy, vanishing, exploding or non-finite): one state at a time per key. The event
+#: type is an ``EventType`` (from a finding) or its plain string (from an observed key, see :data:`PLAIN_TYPES`):
+#: the two are equal and hash alike, so both name the same key.
+TrackKey = tuple[str, str, str, "str | None", int]
 
 
 @dataclass(frozen=True)
@@ -49,20 +51,32 @@ class Finding:
     confirms_run: bool = False
 
 
+#: Each event type as its plain string, the form an observed key holds it in (:meth:`Observation.saw`). A detector
+#: of a deep model records thousands of keys per step, alive until the tracker has read them: a tuple of strings and
+#: ints is one the garbage collector stops following at its first collection, where one holding an enum member is
+#: followed, and promoted to the oldest generation, whose growth sets off full collections of the whole process.
+#: ``EventType`` is a ``str`` enum: a member and its string are equal and hash alike, so either finds the same key.
+PLAIN_TYPES: dict[str, str] = {t: t.value for t in EventType}
+
+#: What :meth:`Observation.saw` records: (event type, as its plain string; layer; parameter; call).
+ObservedKey = tuple[str, str, "str | None", int]
+
+
 @dataclass
 class Observation:
     """What a detector saw at one step: the keys it looked at, and the abnormal ones among them."""
 
-    observed: list[tuple[EventType, str, str | None, int]] = field(default_factory=list)
+    observed: list[ObservedKey] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
 
-    def saw(self, event_type: EventType, layer: str, param: str | None = None, call: int = 0) -> None:
+    def saw(self, event_type: EventType | str, layer: str, param: str | None = None, call: int = 0) -> None:
         """Record that ``layer`` (or ``param``) was looked at, abnormal or not."""
-        self.observed.append((event_type, layer, param, call))
+        self.observed.append((PLAIN_TYPES.get(event_type, event_type), layer, param, call))
 
-    def saw_each(self, event_type: EventType, layers: Iterable[str]) -> None:
+    def saw_each(self, event_type: EventType | str, layers: Iterable[str]) -> None:
         """Record that each of ``layers`` was looked at (their first calls), in order: :meth:`saw` for many."""
-        self.observed.extend([(event_type, layer, None, 0) for layer in layers])
+        plain = PLAIN_TYPES.get(event_type, event_type)
+        self.observed.extend([(plain, layer, None, 0) for layer in layers])
 
 
 @dataclass
