@@ -58,6 +58,7 @@ class BackwardPath:
 
     # --- the backward pass --------------------------------------------------------------------------------
 
+    @collector.paused
     def on_backward_start(self, grad: Tensor) -> None:
         """The gradient of the loss w.r.t. the model's output arrived: the backward pass began."""
         rec = self._rec
@@ -105,6 +106,7 @@ class BackwardPath:
         step = self._rec.clock.step
         return self.grads.clip_seen or step < 16 or step % 16 == 0
 
+    @collector.paused
     def _on_backward_end(self) -> None:
         """The gradients as the backward pass left them: compared with what reaches the optimizer (clipping in
         between hides an explosion), and, until an optimizer is known to step, the step's gradients."""

@@ -7,12 +7,18 @@ older generation, and counts them towards the next *full* collection, which walk
 alone is ~300k; a process that imported transformers holds over a million). The debugger's calls then set off full
 collections the training loop never would have.
 
-:func:`paused` switches automatic collection off for the length of one of the debugger's calls (a step's commit and
-flush, an optimizer step's hooks) and back on as it returns or raises; the count of allocations goes on, so the first
-allocation after it collects, once the call's temporaries are gone. Nothing is collected that would not have been,
-and the training's values do not change: only when cycles of garbage are freed moves, by the length of the call.
-Measured on the 5,000 parameter tensors' first 64 steps (docs/cost.md): 5 full collections to 3, 1,512 young ones to
-about 750. Collection that was off when the call began (a script that disabled it) stays off.
+:func:`paused` switches automatic collection off for the length of one of the debugger's calls from torch (a step's
+commit and flush, the optimizer step's pre- and post-hooks, the backward-call listener before and after the pass, the
+hook on the loss gradient and the callback at the end of the backward pass, the end of a block) and back on as it
+returns or raises. The count of allocations goes on, so the first allocation after the call collects, once the call's
+temporaries are gone. Nothing is collected that would not have been, and the training's values do not change: only
+when cycles of garbage are freed moves, by the length of the call. The training's own code (the model's forward,
+the loss, the optimizer's update) runs with collection as the script left it. Collection that was off when the call
+began (a script that disabled it) stays off.
+
+Measured on the 5,000 parameter tensors' first 64 steps (docs/cost.md, "fifteenth session"): full collections 5 to
+2, young ones 1,512 to 564, the collector's time 0.9 s to 0.4 s of the run's ~14 s (a plain run: 1 full collection,
+~0.2 s).
 """
 
 from __future__ import annotations

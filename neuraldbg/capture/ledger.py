@@ -61,7 +61,7 @@ from ..stats.tensors import (
     target_moments,
     target_profile,
 )
-from . import hooks, loss_graph
+from . import collector, hooks, loss_graph
 from .clock import StepMode
 from .label_mix import LabelMix
 
@@ -193,6 +193,7 @@ class GradLedger:
 
     # --- a backward call ----------------------------------------------------------------------------------
 
+    @collector.paused
     def before(self, loss: Tensor | None) -> Callable[[bool], None] | None:
         """A backward pass is about to run (the listener of :func:`~neuraldbg.capture.hooks.on_backward_calls`)."""
         rec = self._rec
@@ -349,6 +350,7 @@ class GradLedger:
         head = self._rec.backward.grads.head()
         return head.tensor if head is not None and head.piece is None else None
 
+    @collector.paused
     def _after(
         self,
         loss: Tensor | None,

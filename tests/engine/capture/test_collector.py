@@ -15,7 +15,8 @@ from torch import nn
 from neuraldbg import EventType, NeuralDbg
 from neuraldbg.analysis.analyzer import Analyzer
 from neuraldbg.analysis.tracker import Tracker
-from neuraldbg.capture import collector
+from neuraldbg.capture import collector, measure
+from neuraldbg.capture.compiled import CompiledSlots
 from neuraldbg.capture.gradients import GradientReader
 from neuraldbg.capture.ledger import GradLedger
 from neuraldbg.detectors.base import Observation
@@ -98,12 +99,18 @@ class Probe(nn.Module):
 
 #: What the debugger calls inside each of its paused entry points: a flush (the analysis), a step's commit (its
 #: updates filed), an optimizer step's pre-hook and the end of the block (a step's gradients read), an optimizer
-#: step's post-hook (what it stepped).
+#: step's post-hook (what it stepped), a backward call's listener before the pass (a compiled forward's step filed,
+#: also at the optimizer step) and after it (what the pass reached, accounted), a fully observed step's hook on the
+#: loss gradient (every layer's norms) and its callback at the end of the backward pass (the raw gradient norms).
 INSIDE = {
     "flush": (Analyzer, "consume"),
     "commit": (GradientReader, "file_updates"),
     "gradients": (GradientReader, "once"),
     "post-hook": (GradLedger, "after_step"),
+    "before backward": (CompiledSlots, "pull"),
+    "after backward": (GradLedger, "_account"),
+    "loss gradient": (measure, "all_norms"),
+    "backward's end": (GradientReader, "raw_norms"),
 }
 
 
@@ -146,6 +153,8 @@ def test_the_debugger_pauses_collection_in_its_own_work_only(collecting, monkeyp
     assert counts["flush"] >= 17  # each fully observed step's (the first 16, and step 16), and the block's last
     assert counts["commit"] == 20 and counts["post-hook"] == 20
     assert counts["gradients"] == 21  # at each optimizer step, and at the end of the block for the step it closes
+    assert counts["after backward"] == 20
+    assert counts["before backward"] >= 20 and counts["loss gradient"] >= 16 and counts["backward's end"] >= 16
     assert {where: [i for i, on in enumerate(seen) if on] for where, seen in inside.items()} == {
         where: [] for where in INSIDE
     }  # each of them ran paused, every time
