@@ -170,6 +170,32 @@ def test_steps_closed_by_hand_are_committed_paused_too(collecting, monkeypatch):
     assert probe.collecting == after == [True] * 6
 
 
+def test_a_question_asked_mid_run_flushes_paused(collecting, monkeypatch):
+    """``hypotheses()`` while attached flushes the cheap steps waiting in the buffer, outside any step's commit."""
+    noted: list[bool] = []
+    consume = Analyzer.consume
+
+    def noting(self, records):  # type: ignore[no-untyped-def]
+        noted.append(gc.isenabled())
+        return consume(self, records)
+
+    monkeypatch.setattr(Analyzer, "consume", noting)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with NeuralDbg(model) as dbg:
+        for _ in range(40):  # a target it learns: steps 33-38 are cheap, committed into the buffer, not flushed
+            x = torch.randn(16, 6)
+            opt.zero_grad()
+            F.mse_loss(model(x), x.sum(dim=1, keepdim=True)).backward()
+            opt.step()
+        before = len(noted)
+        dbg.hypotheses()
+        asked = noted[before:]
+        assert gc.isenabled()
+    assert asked == [False]
+
+
 def test_under_a_script_that_switched_collection_off_it_stays_off(collecting, monkeypatch):
     gc.disable()
     probe, _, after = _train(5, monkeypatch)
