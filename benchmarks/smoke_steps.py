@@ -322,6 +322,8 @@ class Counted:
 _PACKAGE = os.path.join("neuraldbg", "")
 _WRAPPERS = os.path.join("neuraldbg", "capture", "hooks.py")
 WRAPPERS = "capture.hooks: nn.Module.__call__ and backward wrapped"
+#: The collector's pause around an entry point (``collector.paused``): the entry point it wraps names the call.
+_PAUSE = os.path.join("neuraldbg", "capture", "collector.py")
 
 
 #: Calls made under a frame of these subpackages are the analysis of committed steps, wherever it was entered.
@@ -331,13 +333,14 @@ ANALYSIS = ("analysis", "detectors", "kinds")
 def entry_of(frame: FrameType | None, stop: str = "run") -> str | None:
     """Where the debugger was entered for a call made in ``frame``: ``"analysis"`` when a frame of :data:`ANALYSIS`
     is on the stack below the frame of the function named ``stop`` (the loop), else the outermost frame of the
-    package there, as ``module.function`` (``capture.forward.on_module_output``); None when the call is the
-    training's own (no frame of the package, or only its wrappers)."""
+    package there, as ``module.function`` (``capture.forward.on_module_output``; the collector's pause around an
+    entry point is passed over, the entry point names the call); None when the call is the training's own (no
+    frame of the package, or only its wrappers)."""
     found = None
     while frame is not None and frame.f_code.co_name != stop:
         path = frame.f_code.co_filename
         at = path.rfind(_PACKAGE)
-        if at >= 0 and not path.endswith(_WRAPPERS):
+        if at >= 0 and not path.endswith(_WRAPPERS) and not (found is not None and path.endswith(_PAUSE)):
             module = path[at + len(_PACKAGE) : -3].replace(os.sep, ".")
             if module.split(".")[0] in ANALYSIS:
                 return "analysis"
