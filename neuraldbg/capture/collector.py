@@ -3,9 +3,9 @@
 A fully observed step makes thousands of short-lived objects per layer and parameter (readings, findings, the keys
 the tracker follows), most of which die within the same call. Python's collector runs whenever allocations outnumber
 deallocations by a threshold; one that runs in the middle of such a call finds those objects alive, moves them to an
-older generation, and counts them towards the next *full* collection, which walks every object of the process (torch
-alone is ~300k; a process that imported transformers holds over a million). The debugger's calls then set off full
-collections the training loop never would have.
+older generation, and counts them towards the next *full* collection, which walks every tracked object of the
+process (about 290,000 once torch is imported, 350,000 once transformers is too, before any model is built). The
+debugger's calls then set off full collections the training loop never would have.
 
 :func:`paused` switches automatic collection off for the length of one of the debugger's calls from torch (a step's
 commit and flush, the optimizer step's pre- and post-hooks, the backward-call listener before and after the pass, the
@@ -14,10 +14,12 @@ returns or raises. The count of allocations goes on, so the first allocation aft
 temporaries are gone. Nothing is collected that would not have been, and the training's values do not change: only
 when cycles of garbage are freed moves, by the length of the call. The training's own code (the model's forward,
 the loss, the optimizer's update) runs with collection as the script left it. Collection that was off when the call
-began (a script that disabled it) stays off.
+began (a script that disabled it) stays off. The switch is the process's: another thread that disables collection
+while such a call runs finds it on again when the call returns (a script that turns collection off from a second
+thread during training; none of torch's threads does).
 
 Measured on the 5,000 parameter tensors' first 64 steps (docs/cost.md, "fifteenth session"): full collections 5 to
-2, young ones 1,512 to 564, the collector's time 0.9 s to 0.4 s of the run's ~14 s (a plain run: 1 full collection,
+2, young ones 1,511 to 564, the collector's time 0.9 s to 0.4 s of the run's ~14 s (a plain run: 1 full collection,
 ~0.2 s).
 """
 
