@@ -36,8 +36,9 @@ from torch import Tensor
 
 #: Owned optimizer steps during which the stack is searched for a GradScaler when none was given.
 DISCOVERY_STEPS = 16
-#: Frames searched above the optimizer step hook (hook <- step wrapper <- _maybe_opt_step <- GradScaler.step).
-_DISCOVERY_DEPTH = 6
+#: Frames searched above the optimizer step hook (hook <- the collector's pause around it, see
+#: :mod:`neuraldbg.capture.collector` <- step wrapper <- _maybe_opt_step <- GradScaler.step), with a margin.
+_DISCOVERY_DEPTH = 7
 
 
 def is_grad_scaler(obj: object) -> bool:

@@ -50,7 +50,7 @@ class FrozenDetector(Detector):
         if census is None:
             return None
         obs = Observation()
-        plain = PLAIN_TYPES[self.event_type]
+        plain = PLAIN_TYPES.get(self.event_type, self.event_type)
         obs.observed.extend([(plain, layer, param, 0) for layer, param in census.seen])
         held_still = census.held
         if census.at_lr_zero:  # one global stall: the parameters the optimizers hold at lr 0 are not frozen

@@ -72,6 +72,27 @@ def test_a_nested_paused_call_leaves_the_outer_one_paused(collecting):
     assert gc.isenabled()
 
 
+def test_an_interrupt_raised_as_collection_is_switched_off_still_switches_it_back_on(collecting, monkeypatch):
+    """A signal's exception (Ctrl-C, a test's timeout) is raised when a C call returns: here, the very switch."""
+    switch = gc.disable
+
+    def interrupted() -> None:
+        switch()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(collector, "_disable", interrupted)
+    ran: list[bool] = []
+
+    @collector.paused
+    def work() -> None:
+        ran.append(True)
+
+    with pytest.raises(KeyboardInterrupt):
+        work()
+    assert ran == []
+    assert gc.isenabled()
+
+
 def test_collection_a_script_switched_off_stays_off(collecting):
     seen: list[bool] = []
 
