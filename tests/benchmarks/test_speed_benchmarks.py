@@ -15,6 +15,7 @@ import torch
 import neuraldbg
 from benchmarks import (
     against,
+    collector,
     families,
     gpu,
     hook_floor,
@@ -196,6 +197,34 @@ def test_the_first_steps_figure_times_one_continuous_run_of_a_fresh_debugger_aga
     ]
     assert len({id(copy) for _, copy, _, _, _ in runs}) == 3  # three fresh copies (all still held here)
     assert len(attaches) == len(closes) == 1
+
+
+def test_the_collector_benchmark_counts_each_generation_and_leaves_collection_as_it_found_it(
+    capsys: pytest.CaptureFixture[str],
+):
+    counter = collector._Counter()
+    gc.callbacks.append(counter)
+    try:
+        gc.collect(1)
+        gc.collect(2)
+        gc.collect(2)
+    finally:
+        gc.callbacks.remove(counter)
+    assert counter.collected.counts == [0, 1, 2] and counter.collected.seconds > 0
+    case = next(c for c in CASES if c.build.__name__ == "deep")
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            found = collector.count(case, 6, "default")
+            assert gc.isenabled() is enabled
+            assert found.run_seconds > 0 and all(isinstance(n, int) and n >= 0 for n in found.counts)
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert collector.main(["--model", "tiny", "--steps", "4"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2:4] == collector.HEADER
+    assert out[4].startswith("| tiny, first 4 steps, default | ") and out[4].count("|") == 6
 
 
 def test_the_hook_floor_times_each_way_and_leaves_no_hook_behind():
