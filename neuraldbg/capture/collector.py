@@ -21,9 +21,9 @@ script that disabled it) stays off. The switch is the process's: another thread 
 a call runs finds it on again when the call returns (a script that turns collection off from a second thread during
 training; none of torch's threads does).
 
-Measured on the 5,000 parameter tensors' first 64 steps (docs/cost.md, "fifteenth session"): full collections 5 to
-2, young ones 1,511 to 564, the collector's time 0.9 s to 0.4 s of the run's ~14 s (a plain run: 1 full collection,
-~0.2 s).
+Measured on the 5,000 parameter tensors' first 64 steps (``python -m benchmarks.collector``; docs/cost.md, "fifteenth
+session"): full collections 6 to 2, young ones 1,532 to 587, the collector's time 1.33 s to 0.55 s (a plain run: 1
+full collection, 600 young ones, ~0.23 s).
 """
 
 from __future__ import annotations
