@@ -28,8 +28,7 @@ def collecting() -> Iterator[None]:
     was = gc.isenabled()
     gc.enable()
     yield
-    if not was:
-        gc.disable()
+    (gc.enable if was else gc.disable)()  # a test that switched it off must not leave it off for the next
 
 
 def test_a_paused_call_runs_with_collection_off_and_turns_it_back_on(collecting):
@@ -135,21 +134,26 @@ INSIDE = {
 }
 
 
+def _note(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[bool]:
+    """``owner.name`` (a method or a module's function) replaced, for the test, by one that notes whether automatic
+    collection is on at each call, then calls it; the notes."""
+    noted: list[bool] = []
+    original = getattr(owner, name)
+
+    def noting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        noted.append(gc.isenabled())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, noting)
+    return noted
+
+
 def _train(
     steps: int, monkeypatch: pytest.MonkeyPatch, manual: bool = False
 ) -> tuple[Probe, dict[str, list[bool]], list[bool]]:
     """A small training run under the debugger; whether collection was on inside each of the debugger's paused
     entry points (:data:`INSIDE`), in the model's forward, and in the loop after each step."""
-    inside: dict[str, list[bool]] = {}
-    for where, (cls, name) in INSIDE.items():
-        inside[where] = noted = []
-        original = getattr(cls, name)
-
-        def noting(self, *args, _original=original, _noted=noted, **kwargs):  # type: ignore[no-untyped-def]
-            _noted.append(gc.isenabled())
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(cls, name, noting)
+    inside = {where: _note(monkeypatch, owner, name) for where, (owner, name) in INSIDE.items()}
     torch.manual_seed(0)
     probe = Probe()
     model = nn.Sequential(nn.Linear(6, 8), probe, nn.ReLU(), nn.Linear(8, 1))
@@ -193,14 +197,7 @@ def test_steps_closed_by_hand_are_committed_paused_too(collecting, monkeypatch):
 
 def test_a_question_asked_mid_run_flushes_paused(collecting, monkeypatch):
     """``hypotheses()`` while attached flushes the cheap steps waiting in the buffer, outside any step's commit."""
-    noted: list[bool] = []
-    consume = Analyzer.consume
-
-    def noting(self, records):  # type: ignore[no-untyped-def]
-        noted.append(gc.isenabled())
-        return consume(self, records)
-
-    monkeypatch.setattr(Analyzer, "consume", noting)
+    noted = _note(monkeypatch, Analyzer, "consume")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
