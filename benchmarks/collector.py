@@ -22,11 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from neuraldbg import NeuralDbg
-
-from .overhead import CASES, Case, Runner, _fixture
-
-_MODELS = {case.build.__name__: case for case in CASES}
+from .overhead import BY_NAME, Case, Runner, _fixture
 
 
 @dataclass
@@ -71,8 +67,7 @@ def count(case: Case, steps: int, preset: str | None) -> Collected:
         gc.callbacks.remove(counter)
         if not was:
             gc.disable()
-    if isinstance(runner.dbg, NeuralDbg) and runner.dbg.steps != steps:  # pragma: no cover
-        raise RuntimeError(f"the debugger observed {runner.dbg.steps} of {steps} steps: figures are void")
+    runner.close()  # raises when the debugger did not observe every step: the figures would be void
     return counter.collected
 
 
@@ -93,7 +88,7 @@ HEADER = [
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=list(_MODELS), action="append", help="repeatable (default: many, deep)")
+    parser.add_argument("--model", choices=list(BY_NAME), action="append", help="repeatable (default: many, deep)")
     parser.add_argument("--steps", type=int, help="steps per run (default: the model's first steps, 50 or 64)")
     parser.add_argument("--preset", choices=["default", "economy", "full"], default="default")
     parser.add_argument("--threads", type=int, default=1)
@@ -102,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, {args.threads} torch thread(s), preset {args.preset}\n")
     print("\n".join(HEADER))
     for name in args.model or ["many", "deep"]:
-        case = _MODELS[name]
+        case = BY_NAME[name]
         steps = args.steps or case.first
         plain = count(case, steps, None)
         watched = count(case, steps, args.preset)

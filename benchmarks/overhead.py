@@ -169,6 +169,10 @@ CASES = [
     ),
 ]
 
+#: The models by the name of the function that builds them (``tiny``, ``mlp``, ``cnn``, ``transformer``, ``deep``,
+#: ``many``).
+BY_NAME = {case.build.__name__: case for case in CASES}
+
 
 class Runner:
     """One copy of the model with its optimizer and (optionally) its debugger."""

@@ -36,7 +36,7 @@ from neuraldbg.capture.ledger import GradLedger
 from neuraldbg.capture.recorder import Recorder
 from neuraldbg.stats import tensors
 
-from .overhead import CASES, Case, _fixture
+from .overhead import BY_NAME, Case, _fixture
 
 #: (label, class or module, function): what is timed, in the order printed. Nested parts are indented under their
 #: caller; a function of a module is timed wherever it is called from (its callers look it up on the module).
@@ -59,8 +59,6 @@ PARTS: list[tuple[str, Any, str]] = [
     ("backward listener, before the pass", GradLedger, "before"),
     ("backward listener, after the pass", GradLedger, "_after"),
 ]
-
-_MODELS = {case.build.__name__: case for case in CASES}
 
 
 @contextmanager
@@ -209,7 +207,7 @@ def _medians(values: dict[str, list[float]]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=list(_MODELS), default="tiny")
+    parser.add_argument("--model", choices=list(BY_NAME), default="tiny")
     parser.add_argument("--steps", type=int, default=1000, help="steps per timed block (default 1000)")
     parser.add_argument("--warmup", type=int, default=1000, help="untimed steps first: the steady state")
     parser.add_argument("--rounds", type=int, default=5)
@@ -218,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", choices=["default", "economy", "full"], default="default")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    case = _MODELS[args.model]
+    case = BY_NAME[args.model]
     m = measure(case, args.steps, args.warmup, args.rounds, collector=not args.no_gc, preset=args.preset)
     setting = f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} rounds of {args.steps} steps"
     setting += f", preset {args.preset}"

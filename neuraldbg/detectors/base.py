@@ -75,8 +75,12 @@ class Observation:
 
     def saw_each(self, event_type: EventType | str, layers: Iterable[str]) -> None:
         """Record that each of ``layers`` was looked at (their first calls), in order: :meth:`saw` for many."""
+        self.saw_params(event_type, [(layer, None) for layer in layers])
+
+    def saw_params(self, event_type: EventType | str, keys: Iterable[tuple[str, str | None]]) -> None:
+        """Record that each ``(layer, param)`` was looked at (first calls), in order: :meth:`saw` for many."""
         plain = PLAIN_TYPES.get(event_type, event_type)
-        self.observed.extend([(plain, layer, None, 0) for layer in layers])
+        self.observed.extend([(plain, layer, param, 0) for layer, param in keys])
 
 
 @dataclass

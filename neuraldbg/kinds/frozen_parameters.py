@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ..capture.coverage import Coverage, RunFacts
 from ..config import DebugConfig
-from ..detectors.base import PLAIN_TYPES, Detector, Finding, Observation, StepView
+from ..detectors.base import Detector, Finding, Observation, StepView
 from ..events import EventType, FailureKind, SemanticEvent
 from ..health import GradientHealth, UpdateHealth
 from ..reasoning.rules import CausalRule
@@ -50,8 +50,7 @@ class FrozenDetector(Detector):
         if census is None:
             return None
         obs = Observation()
-        plain = PLAIN_TYPES.get(self.event_type, self.event_type)
-        obs.observed.extend([(plain, layer, param, 0) for layer, param in census.seen])
+        obs.saw_params(self.event_type, census.seen)
         held_still = census.held
         if census.at_lr_zero:  # one global stall: the parameters the optimizers hold at lr 0 are not frozen
             held_still = [(layer, param, m) for layer, param, m in held_still if not m["in_optimizer"]]
