@@ -6,8 +6,9 @@
 
 For each model, identical copies (same initial weights, same batches) are trained in alternating blocks of
 steps: one plain, one per preset under NeuralDbg. A debugger is attached for its own blocks only (its hooks
-are global, so the other copies would otherwise pay for them) and its run continues from block to block; the
-attachment is not timed, the ``close()`` ending each block is (a run attaches once; see :meth:`Runner.run`). The
+are global, so the other copies would otherwise pay for them) and its run continues from block to block; what a
+run does once, attaching and removing the hooks, is not timed, the commit and flush of each block's last step is
+(see :meth:`Runner.run`). The
 first ``--warmup`` steps are not timed, so the figures are the steady-state cost per step; the dense observation
 of the first steps, which a short smoke test pays, is reported separately as "first 50 steps" (a fresh watched
 copy against a fresh plain one, from step 0: :func:`first_steps`). The ratio is the median, over rounds, of a
@@ -194,8 +195,10 @@ class Runner:
     def run(self, batches: list[tuple[torch.Tensor, torch.Tensor]], start: int, n: int, attach: bool = True) -> float:
         """Train ``n`` steps; seconds per step. The debugger is attached for its own blocks only: its hooks are
         global, and the other copies must not pay for them (``attach()`` after ``close()`` continues the same run).
-        Attaching is not timed (a run attaches once; a block of a few steps would carry a whole attachment, 4 ms
-        for the deep model's 400 parameters); ``close()``, which commits and flushes the block's last step, is.
+        What a run does once is not timed: attaching (a block of a few steps would carry a whole attachment, 4 ms
+        for the deep model's 400 parameters) and removing the hooks when it closes (0.3-1 ms, most of it putting
+        ``nn.Module.__call__`` back); what every step does is: the block's last step is committed, flushed and
+        analysed inside the timing, as the next step would have done it (``close()`` begins with that).
         ``attach=False``: the caller attaches and closes the debugger around several blocks."""
         if self.dbg is not None and attach:
             self.dbg.attach()  # not timed: a run attaches once (benchmarks.peers prints what it costs)
@@ -206,9 +209,12 @@ class Runner:
             self.loss(self.forward(x), y).backward()
             self.opt.step()
         if self.dbg is not None and attach:
-            self.dbg.close()  # inside the timing: the block's last step is committed and flushed here
+            self.dbg._recorder.finish()  # timed: the block's last step committed, flushed and analysed
+        seconds = (time.perf_counter() - t0) / n
+        if self.dbg is not None and attach:
+            self.dbg.close()  # not timed: the hooks removed (its own finish finds nothing left to do)
         self.steps += n
-        return (time.perf_counter() - t0) / n
+        return seconds
 
     def close(self) -> None:
         if self.dbg is not None and self.dbg.steps != self.steps:  # pragma: no cover

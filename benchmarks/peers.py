@@ -56,7 +56,7 @@ Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
 class Monitor:
     """A way of watching one model: ``attach`` before its steps, ``after_backward`` each step (given the step's
-    loss), ``detach`` after."""
+    loss), ``finish`` after them (what is left of their work), ``detach`` last (what a run does once)."""
 
     name = "plain"
 
@@ -67,6 +67,9 @@ class Monitor:
         pass
 
     def after_backward(self, loss: torch.Tensor) -> None:
+        pass
+
+    def finish(self) -> None:
         pass
 
     def detach(self) -> None:
@@ -85,6 +88,9 @@ class Debugger(Monitor):
 
     def attach(self) -> None:
         self.dbg.attach()
+
+    def finish(self) -> None:
+        self.dbg._recorder.finish()  # the last step committed, flushed and analysed, as close() begins
 
     def detach(self) -> None:
         self.dbg.close()
@@ -233,13 +239,15 @@ class Copy:
         self.steps += n
 
     def block(self, batches: Batches, n: int) -> float:
-        """CPU seconds per step of ``n`` steps, detaching the monitor inside the timing; attaching it is not timed
-        (a run attaches once: see benchmarks.overhead's ``Runner.run``)."""
+        """CPU seconds per step of ``n`` steps with what is left of their work (``finish``); attaching the monitor
+        and detaching it are not timed (a run does each once: see benchmarks.overhead's ``Runner.run``)."""
         self.monitor.attach()
         t0 = time.thread_time()
         self.train(batches, n)
+        self.monitor.finish()
+        seconds = (time.thread_time() - t0) / n
         self.monitor.detach()
-        return (time.thread_time() - t0) / n
+        return seconds
 
 
 def steady(case: Case, kinds: list[type[Monitor]], warmup: int, rounds: int) -> dict[str, float]:

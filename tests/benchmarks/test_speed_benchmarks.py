@@ -99,36 +99,49 @@ def _tiny_batches() -> tuple[overhead.Case, dict[str, torch.Tensor], list[tuple[
     return case, state, batches
 
 
-def test_the_steady_blocks_leave_the_attachment_out_of_their_timing(monkeypatch: pytest.MonkeyPatch):
-    """A run attaches once: a block of a few steps must not carry a whole attachment (a clock that only an
-    attachment moves, by 100 s, stays out of the per-step figure; the block's close() is inside it)."""
+def test_the_steady_blocks_time_what_each_step_does_and_leave_out_what_a_run_does_once(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """A run attaches once and detaches once: a block of a few steps must carry neither (a clock that only an
+    attachment moves, by 100 s, and only the removal of the hooks, by 10 s, stays out of the per-step figure); the
+    commit and flush of the block's last step (1 s here) are inside it, as the next step would have paid them."""
     clock = [0.0]
     case, state, batches = _tiny_batches()
+
+    def slowed(dbg: neuraldbg.NeuralDbg) -> None:
+        attach, close, finish = dbg.attach, dbg.close, dbg._recorder.finish
+        finished = []
+
+        def slow_attach() -> neuraldbg.NeuralDbg:
+            clock[0] += 100.0
+            return attach()
+
+        def slow_finish() -> None:
+            clock[0] += 1.0 if not finished else 0.0  # close() finishes again: nothing is left to do then
+            finished.append(True)
+            finish()
+
+        def slow_close() -> None:
+            close()
+            clock[0] += 10.0
+
+        monkeypatch.setattr(dbg, "attach", slow_attach)
+        monkeypatch.setattr(dbg, "close", slow_close)
+        monkeypatch.setattr(dbg._recorder, "finish", slow_finish)
+
     runner = overhead.Runner(case, state, "default")
-    dbg = runner.dbg
-    assert dbg is not None
-    attach, close = dbg.attach, dbg.close
-
-    def slow_attach() -> neuraldbg.NeuralDbg:
-        clock[0] += 100.0
-        return attach()
-
-    def slow_close() -> None:
-        clock[0] += 1.0
-        close()
-
-    monkeypatch.setattr(dbg, "attach", slow_attach)
-    monkeypatch.setattr(dbg, "close", slow_close)
+    assert runner.dbg is not None
+    slowed(runner.dbg)
     monkeypatch.setattr(overhead.time, "perf_counter", lambda: clock[0])
-    assert runner.run(batches, 0, 2) == pytest.approx(0.5)  # the close, over 2 steps; not the attachment
+    assert runner.run(batches, 0, 2) == pytest.approx(0.5)  # the finish, over 2 steps; not attach or close
+    assert not runner.dbg.attached and runner.dbg.steps == 2
     copy = peers.Copy(case, state, peers.Debugger)
     monitor = copy.monitor
     assert isinstance(monitor, peers.Debugger)
-    attach, close = monitor.dbg.attach, monitor.dbg.close
-    monkeypatch.setattr(monitor.dbg, "attach", slow_attach)
-    monkeypatch.setattr(monitor.dbg, "close", slow_close)
+    slowed(monitor.dbg)
     monkeypatch.setattr(peers.time, "thread_time", lambda: clock[0])
     assert copy.block(batches, 2) == pytest.approx(0.5)
+    assert not monitor.dbg.attached and monitor.dbg.steps == 2
 
 
 def test_the_steady_figures_time_the_presets_asked_for_and_the_first_steps_only_when_asked(
