@@ -162,8 +162,12 @@ class Analyzer:
             kept = [e for e in base if not any(k.undone(e, self.coverage, facts) for k in self._undoing)]
             base = kept if len(kept) < len(base) else base  # a new list only when the run undid one
         run = self.run_findings()
-        key = (base, *((e.kind, e.step_start, e.step_end, e.detail, *e.metrics.values()) for e in run))
-        if self._events_key is None or key[0] is not self._events_key[0] or key[1:] != self._events_key[1:]:
+        # the tracker's events by identity (a run that undid one gives a new list of the same events at every call;
+        # the cached list holds them, so an identity here is still theirs), the run-level findings by value (made
+        # anew at every call): unchanged, the same list and the same event objects as last time, which a question
+        # asked of them (a hypothesis, the trace's index of events) relies on
+        key = (tuple(map(id, base)), *((e.kind, e.step_start, e.step_end, e.detail, *e.metrics.values()) for e in run))
+        if key != self._events_key:
             self._events_key = key
             self._events = sorted([*base, *run], key=lambda e: (e.step_start, e.step_end)) if run else base
         return self._events

@@ -369,3 +369,44 @@ def test_number_literals_must_be_finite_json(nan_run, tmp_path: Path):
     doc["model"]["layers"][0]["extra"] = 12345.5
     text = json.dumps(doc).replace("12345.5", "1e400")
     assert "model.layers[0].extra: a number too large for a float" in one_line_error(write(tmp_path, text))
+
+
+def test_a_finished_run_whose_events_were_undone_exports_its_hypotheses(tmp_path: Path):
+    """A run that undid some of its tracker's events (vanishing gradients on layers whose units then died and came
+    back) and holds a run-level finding (an unstable loss) answers with the same events list at every question once
+    closed, so the trace's index finds every event a hypothesis names. Until 2026-12-06 each question after the
+    block rebuilt the list with new run-level finding objects: ``to_dict()`` and ``save()`` raised ``KeyError``."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 16, generator=g), torch.randn(32, 1, generator=g)
+    with neuraldbg.NeuralDbg(model) as dbg:
+        for step in range(1, 121):
+            with torch.no_grad():  # the second layer's units die for 20 steps, live for 20, and so on
+                model[2].bias.fill_(-100.0 if (step // 20) % 2 else 0.1)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            if step in (30, 70):  # the ReLU's outputs as plain torch reads them: all zero while the bias is -100
+                with torch.no_grad():
+                    assert not (model[:4](x) > 0).any()
+            if step == 45:
+                with torch.no_grad():
+                    assert (model[:4](x) > 0).any()
+    hypotheses = dbg.hypotheses()
+    assert hypotheses
+    tracked = dbg._analyzer.tracker.events(final=True)
+    run = [e for e in dbg.events if e.event_type is neuraldbg.EventType.RUN]
+    assert run, "the case needs a run-level finding"
+    assert len(dbg.events) < len(tracked) + len(run), "the case needs an event the run undid"
+    assert dbg.events is dbg.events
+    ids = {id(e) for e in dbg.events}
+    assert all(id(h.root) in ids for h in dbg.hypotheses())
+    trace = dbg.to_dict()
+    path = dbg.save(tmp_path / "trace.json")
+    loaded = neuraldbg.load(path)
+    assert trace["events"] == json.loads(Path(path).read_text())["events"]
+    assert [h.root.kind for h in loaded.hypotheses()] == [h.root.kind for h in hypotheses]
