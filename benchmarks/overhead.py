@@ -198,7 +198,9 @@ class Runner:
         What a run does once is not timed: attaching (a block of a few steps would carry a whole attachment, 4 ms
         for the deep model's 400 parameters) and removing the hooks when it closes (0.3-1 ms, most of it putting
         ``nn.Module.__call__`` back); what every step does is: the block's last step is committed, flushed and
-        analysed inside the timing, as the next step would have done it (``close()`` begins with that).
+        analysed inside the timing (``close()`` begins with that). A longer run pays the same work later, the commit
+        at its next forward and the flush at its next fully observed step or every 64 steps: flushing each block's
+        few steps at once, if anything, errs high.
         ``attach=False``: the caller attaches and closes the debugger around several blocks."""
         if self.dbg is not None and attach:
             self.dbg.attach()  # not timed: a run attaches once (benchmarks.peers prints what it costs)

@@ -104,7 +104,7 @@ def test_the_steady_blocks_time_what_each_step_does_and_leave_out_what_a_run_doe
 ):
     """A run attaches once and detaches once: a block of a few steps must carry neither (a clock that only an
     attachment moves, by 100 s, and only the removal of the hooks, by 10 s, stays out of the per-step figure); the
-    commit and flush of the block's last step (1 s here) are inside it, as the next step would have paid them."""
+    commit and flush of the block's last step (1 s here) are inside it: a longer run pays them at a later step."""
     clock = [0.0]
     case, state, batches = _tiny_batches()
 
