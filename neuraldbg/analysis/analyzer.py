@@ -166,7 +166,10 @@ class Analyzer:
         # the cached list holds them, so an identity here is still theirs), the run-level findings by value (made
         # anew at every call): unchanged, the same list and the same event objects as last time, which a question
         # asked of them (a hypothesis, the trace's index of events) relies on
-        key = (tuple(map(id, base)), *((e.kind, e.step_start, e.step_end, e.detail, *e.metrics.values()) for e in run))
+        key = (
+            tuple(map(id, base)),
+            *((e.kind, e.step_start, e.step_end, e.detail, *map(_comparable, e.metrics.values())) for e in run),
+        )
         if key != self._events_key:
             self._events_key = key
             self._events = sorted([*base, *run], key=lambda e: (e.step_start, e.step_end)) if run else base
@@ -186,3 +189,10 @@ class Analyzer:
 
 def _no_facts() -> RunFacts:
     return RunFacts(0, 0, 0)
+
+
+def _comparable(value: float) -> float | str:
+    """A metric as the events' cache compares it: NaN, which equals nothing (not even itself, unless the very same
+    object), as a word; else a run-level finding with a NaN metric would be made anew, with new objects, at every
+    question."""
+    return "nan" if value != value else value
