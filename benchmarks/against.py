@@ -34,7 +34,7 @@ import torch
 
 import neuraldbg
 
-from .overhead import CASES, Case, _fixture
+from .overhead import CASES, Case, _fixture, finish_steps
 
 REPEATS = {"tiny": 30, "mlp": 6, "cnn": 4, "transformer": 6, "deep": 8}
 
@@ -109,7 +109,7 @@ def steady(case: Case, base: ModuleType, rounds: int = 20) -> dict[str, float]:
             case.loss(model(x), y).backward()
             opt.step()
         if dbg:
-            dbg._recorder.finish()  # timed: the block's last step committed, flushed and analysed
+            finish_steps(dbg)  # timed
         seconds = (time.thread_time() - t0) / n
         if dbg:
             dbg.close()  # not timed: the hooks removed, once per run like attaching

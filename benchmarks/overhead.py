@@ -175,6 +175,13 @@ CASES = [
 BY_NAME = {case.build.__name__: case for case in CASES}
 
 
+def finish_steps(dbg: NeuralDbg) -> None:
+    """The per-step part of ``dbg.close()``, which it begins with: the last step committed, flushed and analysed. The
+    steady blocks time it and leave out the removal of the hooks that follows, which a run does once (``dbg`` may be
+    another revision's debugger, see ``benchmarks.against``)."""
+    dbg._recorder.finish()
+
+
 class Runner:
     """One copy of the model with its optimizer and (optionally) its debugger."""
 
@@ -211,7 +218,7 @@ class Runner:
             self.loss(self.forward(x), y).backward()
             self.opt.step()
         if self.dbg is not None and attach:
-            self.dbg._recorder.finish()  # timed: the block's last step committed, flushed and analysed
+            finish_steps(self.dbg)  # timed
         seconds = (time.perf_counter() - t0) / n
         if self.dbg is not None and attach:
             self.dbg.close()  # not timed: the hooks removed (its own finish finds nothing left to do)

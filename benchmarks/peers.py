@@ -49,7 +49,7 @@ from torch import nn  # noqa: E402
 
 from neuraldbg import NeuralDbg  # noqa: E402
 
-from .overhead import CASES, Case, _fixture  # noqa: E402
+from .overhead import CASES, Case, _fixture, finish_steps  # noqa: E402
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -90,7 +90,7 @@ class Debugger(Monitor):
         self.dbg.attach()
 
     def finish(self) -> None:
-        self.dbg._recorder.finish()  # the last step committed, flushed and analysed, as close() begins
+        finish_steps(self.dbg)
 
     def detach(self) -> None:
         self.dbg.close()
