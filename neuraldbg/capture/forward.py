@@ -180,11 +180,14 @@ class ForwardPath:
     def _refused(self, root: bool) -> bool:
         """Whether a watched module's call now is no training forward of this debugger's: another thread's, one
         without gradients, one inside a ``torch.func`` transform (per-sample values inside vmap or grad, not a
-        training step's tensors), or one while detached. ``root``: the model's own call, counted in the coverage
-        by why."""
+        training step's tensors), one that ``torch.jit.trace`` records (an export: the debugger's own operations
+        would land in the traced program, and the trace's check, which runs the model again, would find it changed),
+        or one while detached. ``root``: the model's own call, counted in the coverage by why."""
         coverage = self._rec.coverage
         if threading.get_ident() != self._thread:
             coverage.other_thread_forwards += root
+            return True
+        if _jit_tracing():
             return True
         if not torch.is_grad_enabled():
             coverage.no_grad_forwards += root
@@ -197,7 +200,8 @@ class ForwardPath:
     def on_module_output(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         """The global forward hook, called after every module call in the process."""
         if torch.compiler.is_compiling():
-            self.compiled.record(module, args, output)
+            if not torch.compiler.is_exporting():  # torch.export's program must hold the model's operations alone
+                self.compiled.record(module, args, output)
             return
         name = self._names.get(module)
         if name is None:
@@ -644,6 +648,11 @@ def _where(t: Tensor) -> int | None:
 
 #: What says whether a ``torch.func`` transform is running (looked up once: the forward hook runs per module call).
 _PEEK = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+
+
+#: Whether ``torch.jit.trace`` is recording (``torch.jit.is_tracing`` without its TorchScript branch: a hook runs
+#: in Python, never in a scripted function).
+_jit_tracing = torch._C._is_tracing
 
 
 def _transformed() -> bool:

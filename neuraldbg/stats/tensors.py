@@ -838,13 +838,20 @@ def norm_readings(tensors: Sequence[Tensor], ord: float = 2.0) -> Tensor | list[
         if ord == 2.0:
             values = norms(tensors)
         else:
-            values = [torch.linalg.vector_norm(t if t.is_floating_point() else t.float(), ord).float() for t in tensors]
+            # a complex tensor is reduced as it is (its norm is of the magnitudes): cast to float it would lose its
+            # imaginary part, an inf or NaN there with it, and torch would warn in the user's run
+            values = [torch.linalg.vector_norm(_reducible(t), ord).float() for t in tensors]
         try:
             return torch.stack(values) if values else torch.zeros(0)
         except RuntimeError:  # several devices
             return values
     finally:
         _set_grad_enabled(grad)
+
+
+def _reducible(t: Tensor) -> Tensor:
+    """``t`` as ``vector_norm`` takes it: floating and complex tensors as they are, integer and bool ones as float."""
+    return t if t.is_floating_point() or t.is_complex() else t.float()
 
 
 def dead_units_stacked(s: Tensor, channel_first: bool, sample_fraction: float) -> Tensor:

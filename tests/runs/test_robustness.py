@@ -770,6 +770,42 @@ def test_complex_parameters_are_observed():
     assert grad > 0
 
 
+def test_a_complex_branch_used_on_alternate_steps_leaves_the_users_run_without_warnings(recwarn):
+    """Its gradient is exactly zero on the steps that skip it (zeroed in place): the zero is confirmed by each
+    gradient's largest magnitude, which reads a complex gradient whole (cast to real, it warned and lost its
+    imaginary part)."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.spec = nn.Linear(8, 4, dtype=torch.cfloat)
+            self.body = nn.Linear(8, 16)
+            self.head = nn.Linear(16 + 8, 2)
+
+        def forward(self, x: torch.Tensor, spectral: bool) -> torch.Tensor:
+            h = torch.relu(self.body(x))
+            if spectral:
+                z = self.spec(x.to(torch.cfloat))
+                f = torch.cat([z.real, z.imag], 1)
+            else:
+                f = torch.zeros(x.shape[0], 8)
+            return self.head(torch.cat([h, f], 1))
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = torch.randn(32, 8), torch.randint(0, 2, (32,))
+    with NeuralDbg(model) as dbg:
+        for i in range(12):
+            opt.zero_grad(set_to_none=False)
+            F.cross_entropy(model(x, spectral=i % 2 == 0), y).backward()
+            if i % 2:  # ground truth: the branch got an exactly zero gradient on this step
+                assert not model.spec.weight.grad.any()
+            opt.step()
+    assert dbg.steps == 12
+    assert [str(w.message) for w in recwarn.list] == []
+
+
 def test_lazy_modules_materialised_in_the_first_forward_are_observed():
     torch.manual_seed(0)
     model = nn.Sequential(nn.LazyLinear(32), nn.ReLU(), nn.Linear(32, 1))

@@ -157,6 +157,19 @@ def test_largest_magnitudes_distinguish_underflow_and_overflow_from_zero_and_non
     assert math.isnan(top[3]) and top[4] == 3.0
 
 
+def test_largest_magnitudes_of_complex_tensors_read_their_moduli_imaginary_parts_included(recwarn):
+    real = torch.tensor([3.0, 0.0])
+    tensors = [
+        torch.complex(real, torch.tensor([4.0, 0.0])),  # |3+4i| = 5
+        torch.complex(real, torch.tensor([0.0, math.inf])),  # inf in the imaginary part alone
+        torch.complex(real, torch.tensor([0.0, math.nan])),
+        torch.zeros(3, dtype=torch.cfloat),
+    ]
+    top = stats.largest_magnitudes(tensors)
+    assert top[0] == pytest.approx(5.0) and top[1] == math.inf and math.isnan(top[2]) and top[3] == 0.0
+    assert not recwarn.list  # torch warns when a complex tensor is cast to real: nothing was
+
+
 def test_to_host_moves_values_in_order():
     values = [torch.tensor(1.5), torch.tensor(2, dtype=torch.int64), torch.tensor(-3.0, dtype=torch.float64)]
     assert stats.to_host(values) == [1.5, 2.0, -3.0]
