@@ -7,7 +7,10 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+import pytest
+
 from neuraldbg.errors import NeuralDbgWarning
+from neuraldbg.export.inert import inert
 
 from ..options import Settings
 from .compare import RunComparison, Tolerances, compare_run
@@ -22,6 +25,7 @@ from .texts import (
     no_run_text,
     regression_lines,
     regression_text,
+    unwritable_text,
 )
 
 
@@ -29,14 +33,21 @@ class NeuralDbgBaselineWarning(NeuralDbgWarning):
     """The baseline was recorded in another environment (torch version, device, ...); compared anyway."""
 
 
+def _test_failure(text: str) -> NoReturn:
+    """Fail the running test with ``text`` alone: no traceback (the text says what is wrong and how to fix it)."""
+    __tracebackhide__ = True
+    pytest.fail(text, pytrace=False)
+
+
 class BaselineCheck:
     """The baseline of one test: compares runs with its file, or collects them to write it.
 
     ``notes`` are plain dictionaries for the reports (they travel to the xdist controller on the test's report):
     ``{"nodeid", "path", "status", "lines", "text"}`` with status ``matched``, ``improved``, ``regressed``,
-    ``missing``, ``invalid``, ``no run`` (the test watched no run, or one that took no step), ``created``,
-    ``updated``, ``unchanged`` or ``not written``; ``lines`` are what was found (regressions worst first),
-    ``text`` the failure text of a status that failed the test.
+    ``missing``, ``invalid`` (a file that cannot be read, or cannot be written when updating), ``no run`` (the
+    test watched no run, or one that took no step), ``created``, ``updated``, ``unchanged`` or ``not written``;
+    ``lines`` are what was found (regressions worst first), ``text`` the failure text of a status that failed the
+    test. Every text and line is inert (see :mod:`.texts`).
     """
 
     def __init__(
@@ -64,7 +75,8 @@ class BaselineCheck:
         return bool(self.settings.update_baselines)
 
     def _note(self, status: str, lines: Iterable[str] = (), text: str = "") -> None:
-        note = {"nodeid": self.nodeid, "path": self.shown_path, "status": status, "lines": list(lines), "text": text}
+        shown = [inert(line) for line in lines]  # names from the model or the file, as visible escapes
+        note = {"nodeid": self.nodeid, "path": self.shown_path, "status": status, "lines": shown, "text": text}
         self.notes.append(note)
 
     def no_run(self, fail: Callable[[str], NoReturn], *, marker: bool) -> NoReturn:
@@ -143,15 +155,26 @@ class BaselineCheck:
             fail(text)
         self._note("improved" if improvements else "matched", improvements)
 
-    def finish(self, passed: bool, due: bool = False) -> None:
+    def finish(self, passed: bool, due: bool = False, *, fail: Callable[[str], NoReturn] = _test_failure) -> None:
         """At the end of the test body: write the collected runs when updating (only if the test passed).
 
         ``due``: runs were to be written although none was collected (``baseline=True`` and a failed body).
+        A file that cannot be written (a folder or a link in its place, a folder that cannot be created) fails
+        the test through ``fail``, with the file, what is wrong and how to fix it; its status is ``invalid``.
         """
+        __tracebackhide__ = True
         if not self.updating or not (self.pending or due):
             return
+        runs, self.pending = self.pending, {}
         if not passed:
             self._note("not written", ["the test did not pass"])
-        else:
-            self._note(write(self.path, document(self.test_id, self.pending)))
-        self.pending = {}
+            return
+        try:
+            status, problem = write(self.path, document(self.test_id, runs)), ""
+        except BaselineError as exc:
+            status, problem = "invalid", str(exc)
+        if problem:  # failed outside the except block: the writer's error is no part of the test's failure
+            text = unwritable_text(self.shown_path, self.nodeid, problem)
+            self._note(status, [problem], text)
+            fail(text)
+        self._note(status)

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from neuraldbg.text import JSON_EXACT, cut
+from neuraldbg.text import JSON_EXACT, cut, printable
 
 from ..errors import PluginError
 from .summary import LAYER_METRICS, POINTS, RUN_METRICS
@@ -51,8 +51,9 @@ def _dump(value: Any, depth: int) -> str:
 
 def write(path: Path, doc: Mapping[str, Any]) -> str:
     """Write ``doc`` atomically (see :mod:`neuraldbg.export.files`); returns ``"created"``, ``"updated"`` or
-    ``"unchanged"`` (not rewritten). Only a regular file is replaced: another thing at ``path`` is a
-    :class:`BaselineError`."""
+    ``"unchanged"`` (not rewritten). Only a regular file is replaced: another thing at ``path`` (a folder, a
+    symbolic link, a device), or a folder that cannot be created, is a :class:`BaselineError` saying what is
+    wrong (the caller names the file)."""
     from neuraldbg.export.files import OutputError, write_atomic
 
     text = dumps(doc)
@@ -65,7 +66,9 @@ def write(path: Path, doc: Mapping[str, Any]) -> str:
     try:
         write_atomic(path, text)
     except OutputError as exc:
-        raise BaselineError(str(exc)) from None
+        problem = str(exc)
+        named = printable(os.fspath(Path(path))) + ": "  # the writer names the file; the caller names it its way
+        raise BaselineError(problem[len(named) :] if problem.startswith(named) else problem) from None
     return "created" if old is None else "updated"
 
 
@@ -88,13 +91,16 @@ def _read(path: Path) -> str | None:
 
 
 def read_document(path: Path) -> Any:
-    """The JSON at ``path``, read through the guards (not yet checked as a baseline); None when there is no file.
-    Raises :class:`BaselineError`."""
+    """The JSON at ``path``, read through the guards (not yet checked as a baseline); None when there is no file
+    (or when the file holds JSON ``null``: :func:`load` tells the two apart). Raises :class:`BaselineError`."""
+    text = _read(path)
+    return None if text is None else _parse(text)
+
+
+def _parse(text: str) -> Any:
+    """The JSON value of a baseline file's text, through the trace reader's guards; raises :class:`BaselineError`."""
     from neuraldbg.export.trace_format import UnsafeJson, guarded_loads
 
-    text = _read(path)
-    if text is None:
-        return None
     try:
         return guarded_loads(text, "baseline", finite=True)
     except UnsafeJson as exc:
@@ -108,9 +114,10 @@ def load(path: Path) -> dict[str, Any] | None:
     """The baseline at ``path``, checked; None when there is no file. Raises :class:`BaselineError` (one line: what
     is wrong, where, and what was expected) for a file that is not a regular file, too large, too deeply nested,
     not JSON, or holding a number that is not finite or out of bounds."""
-    doc = read_document(path)
-    if doc is None:
+    text = _read(path)
+    if text is None:  # no file; a file holding JSON null is no baseline either, and validate() says so
         return None
+    doc = _parse(text)
     validate(doc)
     return dict(doc)
 
@@ -127,6 +134,19 @@ def _label(key: str) -> str:
 def _short(value: Any) -> str:
     """A value in an error message: a repr of at most 60 characters (a file may hold anything)."""
     return cut(ascii(value), 60)
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words: ``null``, ``true``, ``an array``, ``a number 3``, ``a string 'x'``."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return f"a string {_short(value)}"
+    if isinstance(value, (int, float)):
+        return f"a number {_short(value)}"
+    return type(value).__name__  # not from a JSON file: validate() was handed another object
 
 
 def _bounded(value: Any) -> bool:
@@ -146,9 +166,13 @@ def _numbers(value: Any) -> bool:
 
 def validate(doc: Any) -> None:
     """Raise :class:`BaselineError` saying what is wrong where (a JSON path) and what was expected."""
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-        raise BaselineError(f'is not a NeuralDBG baseline: expected "format": {_short(FORMAT)}, got {_short(got)}')
+    if not isinstance(doc, dict):
+        raise BaselineError(
+            f'is not a NeuralDBG baseline: expected an object with "format": {_short(FORMAT)}, got {_json_kind(doc)}'
+        )
+    if doc.get("format") != FORMAT:
+        got = _short(doc.get("format"))
+        raise BaselineError(f'is not a NeuralDBG baseline: expected "format": {_short(FORMAT)}, got {got}')
     version = doc.get("version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise BaselineError(f'has no valid "version": expected {VERSION}, got {_short(version)}')

@@ -1,10 +1,17 @@
-"""What a baseline says to people: failure texts, the difference table, one-line phrases, the update command."""
+"""What a baseline says to people: failure texts, the difference table, one-line phrases, the update command.
+
+Every text and phrase here is inert (see :mod:`neuraldbg.export.inert`): a layer or run name, a test id or a
+path, from the model or from a file, reaches the terminal, the JUnit files and the warnings with its control and
+bidirectional characters as visible escapes (``\\x1b``, ``\\u202e``); a table's columns are measured on the
+escaped cells.
+"""
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
 
+from neuraldbg.export.inert import inert, inert_data
 from neuraldbg.text import one_line
 
 from ..records import HypothesisRecord
@@ -21,25 +28,41 @@ def update_command(nodeid: str) -> str:
 
 
 def missing_text(path: str, nodeid: str) -> str:
-    return (
-        f"NeuralDBG baseline missing: {path} does not exist\n\n"
-        f"Create it by running the test with {UPDATE_FLAG}, then review and commit the file:\n"
-        f"  {update_command(nodeid)}"
+    return _failure(
+        f"NeuralDBG baseline missing: {inert(path)} does not exist",
+        f"Create it by running the test with {UPDATE_FLAG}, then review and commit the file:",
+        f"  {inert(update_command(nodeid))}",
     )
 
 
 def invalid_text(path: str, nodeid: str, problem: str) -> str:
-    return (
-        f"NeuralDBG baseline {path} {problem}\n\n"
-        f"Fix the file, or write it again from this run with {UPDATE_FLAG} and review the diff:\n"
-        f"  {update_command(nodeid)}"
+    return _failure(
+        f"NeuralDBG baseline {inert(path)} {inert(problem)}",
+        f"Fix the file, or write it again from this run with {UPDATE_FLAG} and review the diff:",
+        f"  {inert(update_command(nodeid))}",
     )
+
+
+def unwritable_text(path: str, nodeid: str, problem: str) -> str:
+    """The failure of a test whose baseline could not be written when updating (``problem``: what is in the way)."""
+    return _failure(
+        f"NeuralDBG baseline {inert(path)} {inert(problem)}",
+        "Nothing was written. NeuralDBG writes a regular file there, creating its folders: remove or rename what "
+        "is in the way (or make the folder writable), then write it again and review the diff:",
+        f"  {inert(update_command(nodeid))}",
+    )
+
+
+def _failure(first: str, fix: str, command: str) -> str:
+    """A failure text: what is wrong, a blank line, how to fix it, and the command (each line inert already)."""
+    return f"{first}\n\n{fix}\n{command}"
 
 
 def no_run_text(nodeid: str, marker: bool, empty: Sequence[str] = ()) -> str:
     """The failure of a baseline test that watched no training run (or only runs that took no step)."""
+    nodeid = inert(nodeid)
     if empty:
-        runs = ", ".join(repr(name) for name in empty)
+        runs = ", ".join(inert(repr(name)) for name in empty)
         first = (
             f"NeuralDBG baseline: run {runs} of {nodeid} took no training step (0 steps observed), so there is "
             "nothing to compare with a baseline or to store in one"
@@ -66,7 +89,10 @@ def table(rows: Sequence[Row], *, change: bool = True) -> list[str]:
     head = ["metric", "layer", "point", "baseline", "now", "tolerance", "change"]
     cells = [
         head,
-        *([r.metric, r.layer or "-", r.point or "-", r.baseline, r.now, r.tolerance, r.change] for r in rows),
+        *(
+            [inert(c) for c in (r.metric, r.layer or "-", r.point or "-", r.baseline, r.now, r.tolerance, r.change)]
+            for r in rows
+        ),
     ]
     if not change:
         cells = [c[:-1] for c in cells]
@@ -86,16 +112,17 @@ def regression_text(
     """The failure text: one verdict line (the worst regression first), the file, then per run the regressions
     (the worst point of each metric and layer, worst first, the rest in one line) and, apart, what improved;
     then the engine's diagnosis and how to refresh."""
+    problems = [inert(p) for p in problems]
     phrases = [*problems, *regression_lines(comparisons, several)]
     first = f"NeuralDBG baseline regression: {phrases[0]}"
     if len(phrases) > 1:
         first += f"; +{len(phrases) - 1} more"
-    lines = [one_line(first, MAX_HEADLINE), "", f"Baseline: {path}"]
+    lines = [one_line(first, MAX_HEADLINE), "", f"Baseline: {inert(path)}"]
     lines += [f"  {p}" for p in problems]
     for c in comparisons:
         if not c.rows:
             continue
-        lines += ["", f"run {c.run}:"] if several else []
+        lines += ["", f"run {inert(c.run)}:"] if several else []
         worst = c.worst_regressions
         if worst:
             shown = worst_per_group(worst)
@@ -113,20 +140,21 @@ def regression_text(
         if changed:
             lines += ["", "Changed together with a fixed failure (these pass):", *(f"  {line}" for line in changed)]
     for c in comparisons:
-        found = hypotheses.get(c.run) or []
+        found: list[HypothesisRecord] = [inert_data(h) for h in hypotheses.get(c.run) or []]
         if c.regressions and found:
-            label = f" of run {c.run}" if several else ""
+            label = f" of run {inert(c.run)}" if several else ""
             lines += ["", headline(found, f"NeuralDBG's diagnosis{label}: training is unhealthy")]
             lines += [describe(h, i if len(found) > 1 else None) for i, h in enumerate(found, 1)]
-    lines += ["", "If the change is intended, refresh the baseline and commit it:", f"  {update_command(nodeid)}"]
-    return "\n".join(lines)
+    refresh = f"  {inert(update_command(nodeid))}"
+    lines += ["", "If the change is intended, refresh the baseline and commit it:", refresh]
+    return inert("\n".join(lines), lines=True)
 
 
 def regression_lines(comparisons: Sequence[RunComparison], several: bool, *, per_group: bool = False) -> list[str]:
     """Every regression as a phrase, worst first within each run; with ``per_group`` only the worst point of
     each metric and layer (for the reports, which list what regressed rather than every point)."""
     return [
-        f"{in_run(c.run, several)}{r.what}"
+        inert(f"{in_run(c.run, several)}{r.what}")
         for c in comparisons
         for r in (worst_per_group(c.worst_regressions) if per_group else c.worst_regressions)
     ]
@@ -140,16 +168,16 @@ def grouped(rows: Sequence[Row]) -> list[str]:
     rank = {"verdict": 0, IMPROVED: 1, REGRESSED: 1, CHANGED: 2}
     ordered = sorted(groups.values(), key=lambda g: rank["verdict"] if g[0].metric == "verdict" else rank[g[0].change])
     more = {1: "", 2: " (+1 more point)"}
-    return [g[0].what + more.get(len(g), f" (+{len(g) - 1} more points)") for g in ordered]
+    return [inert(g[0].what) + more.get(len(g), f" (+{len(g) - 1} more points)") for g in ordered]
 
 
 def in_run(run: str, several: bool) -> str:
     """``"run <name>: "`` before a phrase when the test has several runs, else nothing."""
-    return f"run {run}: " if several else ""
+    return f"run {inert(run)}: " if several else ""
 
 
 def environment_text(path: str, differences: Sequence[str]) -> str:
-    return (
+    return inert(
         f"NeuralDBG baseline {path} was recorded in another environment ({'; '.join(differences)}); "
         f"training statistics may differ. Compared anyway; if this environment is the reference now, "
         f"refresh it with {UPDATE_FLAG}."

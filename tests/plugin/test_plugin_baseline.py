@@ -265,11 +265,16 @@ def test_the_file_is_pretty_sorted_json_with_short_lists_on_one_line(tmp_path: P
     assert [p.name for p in path.parent.iterdir()] == ["test_it.json"]  # no temporary file left behind
 
 
+NOT_AN_OBJECT = "is not a NeuralDBG baseline: expected an object with \"format\": 'pytest-neuraldbg baseline', "
+
+
 @pytest.mark.parametrize(
     ("content", "problem"),
     [
         ("{oops", "is not valid JSON at line 1, column 2: Expecting property name enclosed in double quotes"),
-        ("[]", "is not a NeuralDBG baseline: expected \"format\": 'pytest-neuraldbg baseline', got 'list'"),
+        ("[]", NOT_AN_OBJECT + "got an array"),
+        ("null", NOT_AN_OBJECT + "got null"),  # not "missing": the file is there
+        ('"x"', NOT_AN_OBJECT + "got a string 'x'"),
         ('{"format": "pytest-neuraldbg baseline", "version": 9, "runs": {}}', "was written by a newer"),
         ('{"format": "pytest-neuraldbg baseline", "version": 0, "runs": {}}', "has format version 0"),
         ('{"format": "pytest-neuraldbg baseline", "version": 1, "runs": []}', "runs: expected an object"),
@@ -502,6 +507,48 @@ def test_another_environment_warns_and_still_compares(tmp_path: Path) -> None:
         check.check({"1": baseline.Observed(moved)}, complete=True, fail=fail)
     assert check.notes[-1]["status"] == "improved"  # compared anyway: the loss fell
     assert check.notes[-1]["lines"] == ["loss 2 -> 1 at first (step 0) (+1 more point)"]
+
+
+def test_a_file_holding_json_null_is_invalid_not_missing(tmp_path: Path) -> None:
+    check = _check(tmp_path)
+    check.path.parent.mkdir(parents=True)
+    check.path.write_text("null\n", encoding="utf-8")
+    with pytest.raises(Failed) as info:
+        check.check({"1": baseline.Observed(_run())}, complete=True, fail=fail)
+    assert str(info.value).splitlines()[0] == (
+        "NeuralDBG baseline __neuraldbg__/test_m/test_it.json is not a NeuralDBG baseline: "
+        "expected an object with \"format\": 'pytest-neuraldbg baseline', got null"
+    )
+    assert check.notes[-1]["status"] == "invalid"
+
+
+@pytest.mark.parametrize("in_the_way", ["folder", "link", "file as its folder"])
+def test_a_baseline_that_cannot_be_written_fails_the_test_with_the_file_and_what_is_in_the_way(
+    tmp_path: Path, in_the_way: str
+) -> None:
+    update = _check(tmp_path, update_baselines=True)
+    if in_the_way == "folder":
+        update.path.mkdir(parents=True)
+        problem = "is a directory; expected the path of a regular file to write"
+    elif in_the_way == "link":
+        update.path.parent.mkdir(parents=True)
+        update.path.symlink_to(tmp_path / "elsewhere.json")
+        problem = "is a symbolic link; NeuralDBG writes only regular files"
+    else:
+        update.path.parent.parent.mkdir(parents=True)
+        update.path.parent.write_text("", encoding="utf-8")  # __neuraldbg__/test_m is a file
+        problem = "cannot be written: Not a directory"
+    update.check({"1": baseline.Observed(_run())}, complete=True, fail=fail)
+    with pytest.raises(Failed) as info:
+        update.finish(passed=True, fail=fail)
+    first, blank, fix, command = str(info.value).splitlines()
+    assert first.startswith(f"NeuralDBG baseline __neuraldbg__/test_m/test_it.json {problem}")
+    assert str(tmp_path) not in first  # the file is named once, as the test's baseline, not by the writer
+    assert (blank, command) == ("", "  pytest --neuraldbg-update-baselines test_m.py::test_it")
+    assert fix.startswith("Nothing was written.")
+    assert update.notes[-1]["status"] == "invalid" and update.notes[-1]["text"] == str(info.value)
+    assert update.notes[-1]["lines"][0].startswith(problem)
+    assert not (tmp_path / "elsewhere.json").exists()  # a link's target is not written either
 
 
 def test_a_bad_file_fails_with_the_file_the_problem_and_the_fix(tmp_path: Path) -> None:

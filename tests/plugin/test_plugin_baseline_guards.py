@@ -7,13 +7,14 @@ import signal
 import stat
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
 from pytest_neuraldbg import baseline
 from pytest_neuraldbg.baseline import POINTS, BaselineError, Tolerances, compare_run, file_name, stale_files
 from pytest_neuraldbg.baseline.files import MAX_BASELINE_BYTES
+from pytest_neuraldbg.options import Settings
 
 
 def _run(**changes: Any) -> dict[str, Any]:
@@ -110,6 +111,44 @@ def test_an_invalid_file_names_the_layer_escaped_and_the_value_cut(tmp_path: Pat
     path.write_text(baseline.dumps(doc), "utf-8")
     text = _error(path)
     assert "\x1b" not in text and "\\x1b" in text and len(text) < 300
+
+
+HOSTILE = "fc\x1b[2K\x1b[32mPASSED\x1b[0m\u202e"
+SHOWN = "fc\\x1b[2K\\x1b[32mPASSED\\x1b[0m\\u202e"
+
+
+def _is_inert(text: str) -> bool:
+    return not any(c in text for c in "\x1b\u202e\udc80")
+
+
+def test_hostile_layer_and_run_names_reach_every_baseline_text_as_visible_escapes(tmp_path: Path) -> None:
+    runs = {"a\u202e": _run(), "b": _run(layers={HOSTILE: {"grad_norm": [1.0] * 5}})}
+    path = tmp_path / "test_it.json"
+    baseline.write(path, baseline.document("test_it", runs))
+    check = baseline.BaselineCheck(
+        path=path, shown_path="d/test_it.json", nodeid="t.py::test_it\x1b[2K", test_id="test_it", settings=Settings()
+    )
+    hypothesis = {"kind": "dead_neurons", "summary": f"dead_neurons at '{HOSTILE}'", "explanation": HOSTILE}
+    hypothesis["chain"] = [{"text": f"dead at '{HOSTILE}'", "cause": None}]
+    grown = _run(layers={HOSTILE: {"grad_norm": [1000.0] * 5}}, verdicts=[{"kind": "dead_neurons", "layer": HOSTILE}])
+    with pytest.raises(AssertionError) as info:
+        check.check({"b": baseline.Observed(grown, [hypothesis])}, complete=False, fail=_raise)
+    text = str(info.value)
+    assert _is_inert(text) and SHOWN in text and "t.py::test_it\\x1b[2K" in text
+    assert text.splitlines()[0].startswith(
+        f"NeuralDBG baseline regression: run b: new failure dead_neurons at '{SHOWN}'"
+    )
+    table = text.split("(the worst point of each metric and layer):\n")[1].split("\n\n")[0].splitlines()
+    assert table[2].split()[:2] == ["grad_norm", SHOWN]
+    assert table[0].index("point") == table[2].index("first")  # columns measured on the escaped name
+    assert all(_is_inert(line) for line in check.notes[-1]["lines"]) and check.notes[-1]["text"] == text
+    with pytest.raises(AssertionError) as info:  # a stored run's name in a problem
+        check.check({"c": baseline.Observed(_run())}, complete=False, fail=_raise)
+    assert _is_inert(str(info.value)) and "a\\u202e" in str(info.value)
+
+
+def _raise(text: str) -> NoReturn:
+    raise AssertionError(text)
 
 
 def test_a_layer_name_with_a_superscript_digit_compares_like_any_other() -> None:
