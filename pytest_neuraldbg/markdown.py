@@ -6,9 +6,9 @@ came out, then pytest's own counts for the session. The table has one row per wa
 outcome (passed, failed, xfailed, error, ...) beside the training verdict and the baseline result. GitHub
 renders the ```` ```mermaid ```` blocks: each unhealthy run gets its causal graph and a line chart of the
 gradient norm (log10) of its first, root and last layers, both collapsed in ``<details>``; each failed baseline
-lists its worst differences. The file stays
-under 65,536 characters (the limit of a GitHub comment, far below the 1 MiB of a step summary): past it, rows
-and sections are left out with a note saying how many. Pure functions of the run records; no I/O.
+lists its worst differences. The file stays under 65,536 characters (the limit of a GitHub comment, far below the
+1 MiB of a step summary): past it, rows, sections and healthy-run lines are left out with a note saying how many.
+Pure functions of the run records; no I/O.
 """
 
 from __future__ import annotations
@@ -48,13 +48,15 @@ def cell(text: str) -> str:
 
 
 def code(text: str, *, table: bool = False, limit: int = 0) -> str:
-    """An inline code span of inert text on one line (backticks inside are replaced: a span cannot escape them).
+    """An inline code span of inert text on one line (backticks inside are replaced: a span cannot escape them). A
+    name's newline, tab or carriage return is shown as its visible escape (``new\\x0aline``, as everywhere else),
+    not folded into a space that would make two names look alike; runs of spaces are folded.
 
     ``table``: the span stands in a table cell, where GitHub splits cells on ``|`` even inside a code span (before
     parsing the span), so ``|`` is written ``\\|``, which the table turns back into ``|`` inside the span. ``limit``:
     at most this many characters, cut with an ellipsis (0: no limit).
     """
-    text = inert(" ".join(text.replace("`", "'").split()))
+    text = " ".join(inert(text.replace("`", "'")).split())
     text = cut(text, limit) if limit else text
     return "`" + (text.replace("|", "\\|") if table else text) + "`"
 
@@ -461,17 +463,34 @@ def summary(
             skipped += 1
     healthy = [(r, labels_of[id(r)]) for _, r in rows if r is not None and r["verdict"] == records.HEALTHY]
     if healthy:
-        lines = [healthy_line(r, label) for r, label in healthy]
         part = "\n\n### ✅ Healthy runs\n\n"
-        kept = [line for line in lines if len(text) + len(part) + sum(len(x) + 1 for x in lines) <= budget]
+        kept = _fitting([healthy_line(r, label) for r, label in healthy], budget - len(text) - len(part))
         if kept:
             text += part + "\n".join(kept)
-        skipped += len(kept) < len(lines)
+            if len(kept) < len(healthy):
+                text += (
+                    f"\n\n_{len(healthy) - len(kept)} more healthy runs not listed: "
+                    f"GitHub limits a comment to {limit:,} characters._"
+                )
+        else:
+            skipped += 1
     if skipped:
         text += f"\n\n_{skipped} more sections left out to stay within {limit:,} characters; see the .json files._"
     if note:
         text += f"\n\n_{escape(note)}_"
     return text + "\n"
+
+
+def _fitting(lines: Sequence[str], room: int) -> list[str]:
+    """The first ``lines`` that fit in ``room`` characters, one per line: each healthy run is worth a line, so as
+    many are listed as fit, in order, rather than none when not all of them do."""
+    kept: list[str] = []
+    for line in lines:
+        room -= len(line) + 1
+        if room < 0:
+            break
+        kept.append(line)
+    return kept
 
 
 def _first_of(rows: Sequence[tuple[str, RunRecord | None]], nodeid: str) -> int:

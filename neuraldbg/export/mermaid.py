@@ -106,9 +106,13 @@ def causal_graph(hypotheses: Sequence[CausalHypothesis], topo: Topology) -> str:
 
 def wrapped(*lines: str) -> str:
     """A node label of :func:`label`'s kind whose texts are wrapped at :data:`WRAP` characters, each at most
-    :data:`WRAP_LINES` lines (the last cut with an ellipsis)."""
+    :data:`WRAP_LINES` lines (the last cut with an ellipsis).
+
+    Each text is made :func:`inert` before it is wrapped: ``textwrap`` turns a newline, tab or carriage return
+    into a space, so ``'a\\nb'`` would be drawn as ``'a b'``, another layer's name; escaped first, it reads
+    ``'a\\x0ab'`` here as everywhere else."""
     out: list[str] = []
-    for line in lines:
+    for line in map(inert, lines):
         if not line:
             continue
         parts = textwrap.wrap(line, WRAP, break_long_words=True, break_on_hyphens=False) or [line]

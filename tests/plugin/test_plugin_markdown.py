@@ -80,7 +80,7 @@ def test_an_empty_chart_renders_nothing() -> None:
 
 def test_markdown_text_is_escaped_so_layer_names_are_not_formatting() -> None:
     assert markdown.escape("'__main__' <b> *x* | y") == "'\\_\\_main\\_\\_' \\<b\\> \\*x\\* \\| y"
-    assert markdown.code("test_x.py::test[`a`\nb]") == "`test_x.py::test['a' b]`"
+    assert markdown.code("test_x.py::test[`a`\nb]") == "`test_x.py::test['a'\\x0ab]`"
     assert markdown.code("t.py::test[a|b]", table=True) == "`t.py::test[a\\|b]`"  # GitHub splits cells first
 
 
@@ -201,6 +201,21 @@ def test_the_summary_fits_a_github_comment_and_says_what_it_left_out() -> None:
     assert text.count("| ❌ unhealthy |") == 30  # unhealthy rows come first and are kept
 
 
+def test_healthy_runs_that_do_not_all_fit_are_listed_as_far_as_they_fit_and_the_rest_counted() -> None:
+    numbers = {"final_loss": 0.0123, "grad_step": 2, "grad_min": ["0", 3e-4], "grad_max": ["2", 1.25]}
+    ids = [f"test_many.py::test_trains[case-{i:04d}-{'p' * 300}]" for i in range(200)]
+    recs = [record(nodeid, "healthy", numbers=numbers) for nodeid in ids]
+    every = [markdown.healthy_line(r, nodeid) for r, nodeid in zip(recs, ids)]
+    text = markdown.summary(recs)
+    listed = [line for line in text.splitlines() if line.startswith("- ✅ ")]
+    assert 0 < len(listed) < len(every)  # not all of them fit, and not none either
+    assert listed == every[: len(listed)]  # the first ones, in order
+    left_out = len(every) - len(listed)
+    assert f"_{left_out} more healthy runs not listed: GitHub limits a comment to 65,536 characters._" in text
+    assert "sections left out" not in text
+    assert markdown.COMMENT_LIMIT - 1_000 < len(text) <= markdown.COMMENT_LIMIT  # the room there was is used
+
+
 def test_an_analysis_error_is_listed_with_its_message() -> None:
     text = markdown.summary([record("t.py::test_x", "error", error="NeuralDBG could not summarise this run: boom")])
     assert "could not be analysed" in text and "### ⚠️ `t.py::test_x`" in text and "boom" in text
@@ -212,3 +227,11 @@ def test_the_chart_renders_with_real_mermaid() -> None:
         [{"label": "a", "points": [[0, 0.0], [1, 1e-8]]}, {"label": "b", "points": [[0, math.inf], [1, 3.0]]}]
     )
     assert "<svg" in mermaidx.render(source).svg()
+
+
+def test_a_newline_or_tab_in_a_name_shown_as_code_is_a_visible_escape_not_a_space() -> None:
+    """Test ids and layer names go into code spans (the table's cells, headings, healthy lines): two names that
+    differ by a newline must not read alike."""
+    assert markdown.code("new\nline\tand\rcr") == "`new\\x0aline\\x09and\\x0dcr`"
+    assert markdown.code("new\nline") != markdown.code("new line")
+    assert markdown.code("a  b", table=True) == "`a b`"  # spaces are still folded

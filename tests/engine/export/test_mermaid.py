@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from neuraldbg import EventType, FailureKind, SemanticEvent
-from neuraldbg.export.mermaid import MAX_CHARS, MAX_EDGES, causal_graph, escape
+from neuraldbg.export.mermaid import MAX_CHARS, MAX_EDGES, causal_graph, escape, wrapped
 from neuraldbg.reasoning import CausalHypothesis, Coupling, Topology, builtin_rules, diagnose
 
 
@@ -114,6 +114,26 @@ def test_any_layer_name_yields_only_safe_ids_and_quoted_labels():
         inside = re.findall(r'"(.*)"', line)
         assert all('"' not in s and "<" not in s.replace("<br>", "") for s in inside)
     assert "%%" not in graph
+
+
+def root_label(name: str) -> str:
+    """The label of the node drawn for a dead layer called ``name`` (the root of its graph)."""
+    events, topo = dead_chain(["0", name, "2", "3"], dead_at=1)
+    graph = causal_graph(diagnose(events, topo, builtin_rules()), topo)
+    return next(line.strip() for line in graph.splitlines() if line.strip().startswith("n0["))
+
+
+def test_a_newline_tab_or_carriage_return_in_a_layer_name_is_drawn_as_a_visible_escape():
+    drawn = root_label("new\nline\tand\rcr")
+    assert drawn == """n0["'new\\x0aline\\x09and\\x0dcr' (ReLU)<br>dead: 100% of 64 units<br>steps 0-49"]"""
+    assert drawn != root_label("new line and cr")  # two layers, two names
+    assert (
+        wrapped("a long layer name\tthat wraps over two lines")
+        == '["a long layer name\\x09that wraps over<br>two lines"]'
+    )
+    breakout = root_label('x\n"] --> n9["y\r%%{init: {}}%%\t<b>`z`</b>')  # still text, whatever follows a newline
+    inside = breakout.removeprefix('n0["').removesuffix('"]')
+    assert '"' not in inside and "<" not in inside.replace("<br>", "") and "%%" not in inside and "`" not in inside
 
 
 def test_a_huge_chain_is_summarised_under_mermaids_limits():
