@@ -74,16 +74,22 @@ def parse_gate(value: Any) -> str:
     aliases = {"true": "fail", "1": "fail", "yes": "fail", "on": "fail", "false": "off", "0": "off", "no": "off"}
     text = aliases.get(text, text)
     if text not in GATES:
-        raise OptionError("expected one of fail, warn, off (a bare --neuraldbg-gate means fail)", _hint(text, GATES))
+        raise OptionError(
+            "expected one of fail, warn, off (a bare --neuraldbg-gate means fail)", _hint(value, text, GATES)
+        )
     return text
 
 
-def _hint(value: Any, choices: Iterable[str]) -> str:
-    """`` (did you mean 'full'?)`` for the closest valid name, or ``""`` (the engine's helper, which imports no
-    torch: only on this error path)."""
+def _hint(given: Any, text: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'full'?)`` for the name closest to ``text``, ``given``'s text, or ``""`` (the engine's
+    helper, which imports no torch: only on this error path). Only a name given as a string is a misspelling: a
+    marker's ``preset=["full"]`` is no spelling of ``full`` (its text would be, and the hint would repeat the
+    value it refuses)."""
+    if not isinstance(given, str):
+        return ""
     from neuraldbg.errors import did_you_mean
 
-    return did_you_mean(value, choices)
+    return did_you_mean(text, choices)
 
 
 def parse_preset(value: Any) -> str:
@@ -94,7 +100,7 @@ def parse_preset(value: Any) -> str:
     from neuraldbg import PRESETS  # only for an unusual name: importing the engine imports torch
 
     if text not in PRESETS:
-        raise OptionError(f"expected a preset name, one of {', '.join(PRESETS)}", _hint(text, PRESETS))
+        raise OptionError(f"expected a preset name, one of {', '.join(PRESETS)}", _hint(value, text, PRESETS))
     return text
 
 
@@ -160,7 +166,7 @@ def parse_pictures(value: Any) -> str:
     """``unhealthy`` (pictures of unhealthy runs), ``all`` (of every run) or ``off``."""
     text = str(value).strip().lower()
     if text not in PICTURES:
-        raise OptionError(f"expected one of {', '.join(PICTURES)}", _hint(text, PICTURES))
+        raise OptionError(f"expected one of {', '.join(PICTURES)}", _hint(value, text, PICTURES))
     return text
 
 
@@ -414,7 +420,7 @@ def resolve(config: pytest.Config, env: Mapping[str, str] | None = None) -> Sett
     sources: dict[str, str] = {}
     for option in OPTIONS:
         ini_source = _ini_source(config, option)
-        found = lookup(option, config.getoption(option.dest), env, config.getini(option.ini), ini_source)
+        found = lookup(option, config.getoption(option.dest), env, _ini_value(config, option), ini_source)
         if found is None:
             continue
         raw, source = found
@@ -429,7 +435,55 @@ def resolve(config: pytest.Config, env: Mapping[str, str] | None = None) -> Sett
             check_output(option, value, source)
         values[option.name] = value
         sources[option.name] = source
+    check_outputs_apart(config, values, sources)
     return Settings(**values, sources=sources)
+
+
+def _ini_value(config: pytest.Config, option: Option) -> Any:
+    """The ini value of ``option`` as text. pytest's native TOML table (``[tool.pytest]``, pytest 9) keeps a
+    number or a boolean as one, which a key registered as a string refuses (``neuraldbg_steps = 5``): its text is
+    parsed instead, like the same value written in quotes. Any other refusal (a list) stays pytest's message."""
+    try:
+        return config.getini(option.ini)
+    except pytest.UsageError:
+        entry = (getattr(config, "_inicfg", None) or {}).get(option.ini)
+        raw = getattr(entry, "value", None)
+        if isinstance(raw, bool):
+            return "true" if raw else "false"
+        if isinstance(raw, (int, float)):
+            return repr(raw)
+        raise
+
+
+#: The files a report folder is given, by name (the runs' own files are named after their tests).
+REPORT_FILES = ("summary.md", "report.html")
+
+
+def check_outputs_apart(config: pytest.Config, values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+    """Two outputs given one path would overwrite each other at the session's end: the JUnit file of
+    ``--neuraldbg-junit`` must be neither pytest's own ``--junitxml`` file, nor the report folder, nor one of the
+    report folder's files. A usage error now, naming both settings."""
+    junit = values.get("junit")
+    if junit is None:
+        return
+    shown = printable(str(junit))
+    xml = getattr(config.option, "xmlpath", None)
+    if xml and _same_path(junit, config.invocation_params.dir / Path(xml).expanduser()):
+        raise pytest.UsageError(
+            f"neuraldbg: {sources['junit']}: {shown} is also pytest's --junitxml file: one would overwrite the "
+            "other; give the plugin's JUnit file its own path"
+        )
+    report = values.get("report")
+    if report is not None and any(_same_path(junit, there) for there in (report, *(report / f for f in REPORT_FILES))):
+        raise pytest.UsageError(
+            f"neuraldbg: {sources['junit']}: {shown} is the report folder of {sources['report']} or one of its "
+            f"files ({', '.join(REPORT_FILES)}); give the JUnit file a path of its own"
+        )
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    """Whether two paths name one file, existing or not (symbolic links and ``..`` resolved)."""
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def check_output(option: Option, path: Path, source: str) -> None:
@@ -488,7 +542,7 @@ def check_ini_keys(config: pytest.Config) -> None:
     for key in [*keys, *overrides]:
         if key.lower().startswith("neuraldbg_") and key not in known:
             origin = f"ini {key} (-o override)" if key in overrides else f"ini {key} in {where}"
-            raise OptionError(f"{origin}: unknown key{_hint(key, known)}; expected one of {', '.join(known)}")
+            raise OptionError(f"{origin}: unknown key{_hint(key, key, known)}; expected one of {', '.join(known)}")
 
 
 def check_environment(env: Mapping[str, str]) -> None:
@@ -497,7 +551,9 @@ def check_environment(env: Mapping[str, str]) -> None:
     known = [option.env for option in OPTIONS]
     for name in sorted(env):
         if name.startswith("NEURALDBG_") and name not in known:
-            raise OptionError(f"env {name}: unknown variable{_hint(name, known)}; expected one of {', '.join(known)}")
+            raise OptionError(
+                f"env {name}: unknown variable{_hint(name, name, known)}; expected one of {', '.join(known)}"
+            )
 
 
 PLUGIN_MARKER_KEYS = (

@@ -126,12 +126,16 @@ def pytest_assertrepr_compare(config: pytest.Config, op: str, left: object, righ
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Remove stale baselines when asked, write the report files: once, on the controller (not an xdist worker)."""
+    """Remove stale baselines when asked, write the report files: once, on the controller (not an xdist worker). A
+    file that cannot be written is named in the terminal summary and turns a passing session's exit status into
+    pytest's usage error (4): a report asked for and missing would otherwise go unseen in CI."""
     if not hasattr(session.config, "workerinput"):
         state = session.config.stash[SESSION_KEY]
         state.stopped = reporting.stopped_early(session)
         reporting.remove_stale(state, session.config.rootpath)
         reporting.write_files(state)
+        if state.unwritten and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.USAGE_ERROR  # a report asked for and not written fails the run
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

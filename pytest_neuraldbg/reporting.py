@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from neuraldbg.export.inert import inert
-from neuraldbg.text import num, one_line
+from neuraldbg.text import num, one_line, printable
 
 from . import baseline, options, outcomes, records, verdict
 from .ci import annotation, on_github
@@ -257,13 +257,15 @@ def finish_baseline(item: pytest.Item, passed: bool) -> None:
 
 def _baseline_without_fixture(item: pytest.Item) -> Any:
     """A test marked ``baseline=True`` that did not even request the fixture: it gets one (with no runs), whose
-    baseline check then fails it for watching no run. None for every other test."""
+    baseline check then fails it for watching no run. A marked test's marker is checked as the fixture would
+    (a bad value fails it, named). None for every other test."""
     __tracebackhide__ = True
     if item.get_closest_marker(options.MARKER) is None:  # most tests: no marker, so no baseline
         return None
     try:
-        marked = "baseline" in options.marker_kwargs(item)
-        fixture, problem = (_fixture_for(item), "") if marked else (None, "")
+        # the whole marker is checked, not only its baseline key: a misspelt key (``baselin=True``) on a test that
+        # never requests the fixture would otherwise switch its baseline off unseen
+        fixture, problem = _fixture_for(item), ""
     except options.OptionError as exc:
         fixture, problem = None, str(exc)
     if problem:
@@ -382,12 +384,20 @@ def sorted_records(state: SessionState) -> list[RunRecord]:
 
 
 def stopped_early(session: pytest.Session) -> str:
-    """Why the session stopped before running every collected test (``-x``, ``--maxfail``, a plugin), or ``""``.
+    """Why the session stopped before running every collected test (``-x``, ``--maxfail``, a plugin, an interrupt
+    or an internal error of pytest's), or ``""``.
 
     Under pytest-xdist too: the controller's session counts the failures the workers report and sets its own
     ``shouldfail``."""
     why = session.shouldfail or session.shouldstop
-    return str(why) if why else ""
+    if why:
+        return str(why)
+    status = getattr(session, "exitstatus", pytest.ExitCode.OK)
+    if status == pytest.ExitCode.INTERRUPTED:  # Ctrl-C, or a test that raised KeyboardInterrupt
+        return "interrupted"
+    if status == pytest.ExitCode.INTERNAL_ERROR:
+        return "an internal error"
+    return ""
 
 
 def remove_stale(state: SessionState, root: Path) -> None:
@@ -414,29 +424,56 @@ def write_files(state: SessionState) -> None:
     results = outcomes.baseline_results(state.baseline_notes)
     if settings.report is not None:
         directory = settings.report
-        with folder_lock(directory):
-            for rec, stem in zip(recs, file_names(recs)):
-                if rec.get("trace") is not None:
-                    _write(directory / f"{stem}.json", json.dumps(rec["trace"], indent=1, allow_nan=False) + "\n")
-                if rec.get("mermaid"):
-                    _write(directory / f"{stem}.mmd", rec["mermaid"] + "\n")
-            drawn = {id(rec): rec.get("pictures", []) for rec in recs if rec.get("pictures")}
-            summary = markdown.summary(
-                recs,
-                gate=settings.gate,
-                outcomes=state.outcomes,
-                baselines=results,
-                stopped=state.stopped,
-                pictures=drawn,
-                note=pictures_note(state, recs),
-            )
-            state.written.append(_write(directory / "summary.md", summary))
-            state.written.append(_write(directory / "report.html", html_report(state, recs)))
+        try:
+            with folder_lock(directory):
+                for rec, stem in zip(recs, file_names(recs)):
+                    if rec.get("trace") is not None:
+                        trace = json.dumps(rec["trace"], indent=1, allow_nan=False) + "\n"
+                        _keep(state, directory / f"{stem}.json", trace, listed=False)
+                    if rec.get("mermaid"):
+                        _keep(state, directory / f"{stem}.mmd", rec["mermaid"] + "\n", listed=False)
+                drawn = {id(rec): rec.get("pictures", []) for rec in recs if rec.get("pictures")}
+                summary = markdown.summary(
+                    recs,
+                    gate=settings.gate,
+                    outcomes=state.outcomes,
+                    baselines=results,
+                    stopped=state.stopped,
+                    pictures=drawn,
+                    note=pictures_note(state, recs),
+                )
+                _keep(state, directory / "summary.md", summary)
+                _keep(state, directory / "report.html", html_report(state, recs))
+        except OSError as exc:  # the folder itself: it could not be made, or locked
+            state.unwritten.append(_why(directory, exc))
     if settings.junit is not None:
         root = settings.junit.parent
         found = {id(rec): attachments(rec, state, root) for rec in recs}
         text = junit.report(recs, outcomes=state.outcomes, baselines=results, attachments=found)
-        state.written.append(_write(settings.junit, text))
+        _keep(state, settings.junit, text)
+
+
+def _keep(state: SessionState, path: Path, text: str, listed: bool = True) -> None:
+    """Write one output file (listed in the terminal summary when ``listed``). One that cannot be written (a
+    folder made where the file goes since the session began, a link, a full disk) is named in the terminal summary
+    with why, fails the session, and leaves the other files to be written."""
+    try:
+        written = _write(path, text)
+    except OSError as exc:
+        state.unwritten.append(_why(path, exc))
+        return
+    if listed:
+        state.written.append(written)
+
+
+def _why(path: Path, exc: OSError) -> str:
+    """What a failed write says: the message of an :class:`~neuraldbg.export.files.OutputError` (it names the path
+    and what is there), else the path and the system's reason."""
+    from neuraldbg.export.files import OutputError
+
+    if isinstance(exc, OutputError):
+        return str(exc)
+    return f"{printable(str(path))}: cannot be written: {exc.strerror or exc}"
 
 
 def pictures_note(state: SessionState, recs: Sequence[RunRecord]) -> str:
@@ -494,7 +531,7 @@ def terminal_summary(reporter: Any, state: SessionState) -> None:
     for line in state.annotations:
         reporter.write_line(line)
     recs = sorted_records(state)
-    if not recs and not state.written and not state.baseline_notes and not state.stale:
+    if not recs and not state.written and not state.unwritten and not state.baseline_notes and not state.stale:
         return
     reporter.write_sep("=", "neuraldbg")
     if state.stopped:
@@ -504,6 +541,8 @@ def terminal_summary(reporter: Any, state: SessionState) -> None:
     baseline_summary(reporter, state)
     for path in state.written:
         _line(reporter, f"neuraldbg: wrote {path}")
+    for problem in state.unwritten:
+        _line(reporter, f"neuraldbg: could not write {problem}", red=True, bold=True)
 
 
 def baseline_summary(reporter: Any, state: SessionState) -> None:

@@ -23,6 +23,7 @@ class SessionState:
     settings: Settings
     records: list[RunRecord] = field(default_factory=list)
     written: list[Path] = field(default_factory=list)
+    unwritten: list[str] = field(default_factory=list)  # output files that could not be written, each with why
     baseline_notes: list[dict[str, Any]] = field(default_factory=list)  # from every test that has a baseline
     deselected: list[tuple[Path, str]] = field(default_factory=list)  # (module, test id) of deselected tests
     stale: dict[str, str] = field(default_factory=dict)  # stale baseline file -> "test_x in test_mod.py"

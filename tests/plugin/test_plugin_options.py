@@ -148,6 +148,16 @@ def test_a_misspelt_preset_or_gate_names_the_closest_value_wherever_it_was_set()
         options.apply_marker(Settings(), {"preset": "turbo"}, "test_x")  # nothing close: the list alone
 
 
+@pytest.mark.parametrize(("key", "value"), [("preset", ["full"]), ("gate", ("warn",)), ("pictures", ["all"])])
+def test_a_marker_value_of_the_wrong_type_gets_no_hint_that_repeats_it(key: str, value: object) -> None:
+    """``preset=["full"]`` is no misspelling of ``full``: the message says what was expected, with no "did you
+    mean 'full'" beside the value it refuses."""
+    with pytest.raises(OptionError) as info:
+        options.checked(BY_NAME[key], value, "marker")
+    assert f"invalid value {value!r} for {key}: expected" in str(info.value)
+    assert "did you mean" not in str(info.value)
+
+
 def test_a_misspelt_neuraldbg_environment_variable_is_a_usage_error_naming_the_closest_variable() -> None:
     with pytest.raises(pytest.UsageError) as info:
         options.resolve(FakeConfig(), env={"NEURALDBG_PERSISTANCE": "5", "PATH": "/bin"})

@@ -105,3 +105,52 @@ def test_a_misspelt_environment_variable_or_preset_names_the_closest_valid_name(
     assert (
         "ERROR: neuraldbg: env NEURALDBG_PERSISTANCE: unknown variable (did you mean 'NEURALDBG_PERSISTENCE'?)" in err
     )
+
+
+def test_a_misspelt_marker_key_on_a_test_without_the_fixture_fails_that_test(project: pytest.Pytester) -> None:
+    """``baselin=True`` would switch the baseline check off unseen: the marker is checked whole on every marked
+    test, whether or not it requests the fixture; a right one on such a test changes nothing."""
+    project.makepyfile(
+        test_markers="""
+        import pytest
+
+        @pytest.mark.neuraldbg(baselin=True)
+        def test_misspelt():
+            pass
+
+        @pytest.mark.neuraldbg(persistence=5)
+        def test_right():
+            pass
+        """
+    )
+    result = project.runpytest()
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        ["*marker @pytest.mark.neuraldbg on test_misspelt: unknown option 'baselin' (did you mean 'baseline'?)*"]
+    )
+
+
+def test_numbers_and_booleans_in_the_native_toml_table_are_read_as_their_text(project: pytest.Pytester) -> None:
+    """pytest 9's ``[tool.pytest]`` keeps TOML's types: ``neuraldbg_steps = 5`` is 5, and a bad one is named as
+    from that file."""
+    if int(pytest.__version__.split(".")[0]) < 9:
+        pytest.skip("the native TOML table is pytest 9's")
+    project.makepyfile(
+        test_steps="""
+        import models
+
+        def test_steps(neuraldbg):
+            neuraldbg.smoke_train(models.healthy(), models.data(), models.loss)
+            assert neuraldbg.runs[-1].steps == 7
+        """
+    )
+    project.makefile(
+        ".toml",
+        pyproject="[tool.pytest]\nneuraldbg_steps = 7\nneuraldbg_loss_tolerance = 0.5\n"
+        "neuraldbg_update_baselines = false\n",
+    )
+    project.runpytest().assert_outcomes(passed=1)
+    project.makefile(".toml", pyproject="[tool.pytest]\nneuraldbg_steps = -5\n")
+    result = project.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "ini neuraldbg_steps in pyproject.toml: invalid value '-5' for steps" in result.stderr.str()

@@ -69,3 +69,44 @@ def test_writable_paths_still_run(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=1)
     assert (pytester.path / "new" / "deep" / "report" / "summary.md").is_file()
     assert (pytester.path / "new" / "health.xml").is_file()
+
+
+def test_the_plugins_junit_file_given_pytests_own_junitxml_path_is_refused_at_start(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(TEST)
+    err = usage_error(pytester.runpytest("--junitxml=health.xml", "--neuraldbg-junit=health.xml"))
+    assert "--neuraldbg-junit:" in err and "health.xml is also pytest's --junitxml file" in err
+    assert not (pytester.path / "health.xml").exists()
+
+
+@pytest.mark.parametrize("inside", ["", "summary.md", "report.html"])
+def test_the_junit_file_given_the_report_folder_or_one_of_its_files_is_refused_at_start(
+    pytester: pytest.Pytester, inside: str
+) -> None:
+    pytester.makepyfile(TEST)
+    junit = f"out/{inside}" if inside else "out"
+    err = usage_error(pytester.runpytest("--neuraldbg-report=out", f"--neuraldbg-junit={junit}"))
+    assert "is the report folder of --neuraldbg-report or one of its files" in err
+
+
+def test_a_file_that_cannot_be_written_at_the_end_is_named_and_fails_the_run_and_the_others_are_written(
+    project: pytest.Pytester,
+) -> None:
+    """A folder made where the summary goes after the session began (the start's check passed): the summary is
+    named with why, the other files are still written and the passing session exits 4, with no traceback."""
+    project.makepyfile(
+        test_one="""
+        import models
+
+        def test_trains(neuraldbg):
+            neuraldbg.smoke_train(models.healthy(), models.data(), models.loss, steps=5)
+        """
+    )
+    (project.path / "rep" / "summary.md").mkdir(parents=True)
+    result = project.runpytest("--neuraldbg-report=rep", "--neuraldbg-junit=health.xml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.assert_outcomes(passed=1)
+    out = result.stdout.str()
+    assert "Traceback" not in out + result.stderr.str()
+    result.stdout.fnmatch_lines(["neuraldbg: could not write *rep/summary.md: is a directory*"])
+    assert (project.path / "rep" / "report.html").is_file() and (project.path / "health.xml").is_file()
+    assert list((project.path / "rep").glob("*.json"))  # the run's trace too
