@@ -79,9 +79,9 @@ class LossAtChance(loss_evidence.LossKind):
                 f"The loss stayed at chance: over steps {int(m.get('end_from', root.step_end))}-{root.step_end} it "
                 f"averaged {num(m.get('end', 0.0))}, within {num(100 * m.get('band', 0.05))}% of {guess} (it started "
                 f"at {num(m.get('start', 0.0))}; {count(m.get('losses', 0.0))} steps). The predictions are no better "
-                "than a guess, although gradients flow and the optimizer moves the weights."
+                f"than a guess, although {loss_evidence.moving(m)}."
             )
-        causes, fix = loss_evidence.ranked(m, "chance")
+        causes, fix = loss_evidence.ranked(m, "chance", detail=root.detail)
         return what + causes, fix
 
     def _explain_targets(self, root: SemanticEvent, m: dict[str, float]) -> tuple[str, str]:
@@ -92,7 +92,7 @@ class LossAtChance(loss_evidence.LossKind):
         level, pooled = m.get("target_level", 0.0), m.get("target_pooled", 0.0)
         tail = (
             f"(it started at {num(m.get('start', 0.0))}; {count(m.get('losses', 0.0))} steps). "
-            "The gradients flow and the optimizer moves the weights."
+            f"{_sentence(loss_evidence.moving(m))}."
         )
         band = num(100 * m.get("band", 0.05))
         if "far_above" in m:  # the ratio is to the higher of the two levels
@@ -120,7 +120,7 @@ class LossAtChance(loss_evidence.LossKind):
                 f"(equal odds would give log 2 = {num(math.log(2))}) {tail} The predictions are no better than a "
                 "guess."
             )
-        causes, fix = loss_evidence.ranked(m, "chance")
+        causes, fix = loss_evidence.ranked(m, "chance", detail=root.detail)
         return what + causes, fix
 
     def describe(self, event: SemanticEvent) -> str:
@@ -147,3 +147,8 @@ class LossAtChance(loss_evidence.LossKind):
 
     def effect(self, event: SemanticEvent) -> str:
         return "a loss far above its targets' variance" if "far_above" in event.metrics else "a loss at chance"
+
+
+def _sentence(words: str) -> str:
+    """``words`` opening a sentence: the first letter upper-case, the rest as written (names keep their case)."""
+    return words[:1].upper() + words[1:]

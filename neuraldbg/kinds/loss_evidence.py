@@ -716,7 +716,51 @@ def evidence(coverage: Coverage, config: DebugConfig, curve: Curve) -> dict[str,
         values.update(curve.memorised)
     if curve.far_above_targets:
         values.update(far_above=curve.end.mean / curve.target_high)
+    found = ungraded(coverage)
+    if found:
+        values.update(ungraded=float(len(found)), stepped_params=float(len(coverage.optimized)))
     return {k: float(v) for k, v in values.items() if math.isfinite(v)}
+
+
+#: Fully observed steps that carried a gradient before parameters that never held one are said not to train ...
+UNGRADED_STEPS = 3
+#: ... and the parameters named in the words, at most (the rest counted).
+UNGRADED_NAMED = 3
+#: The share of the stepped parameters that never held a gradient from which that is the first likely cause of a
+#: loss that does not fall (fewer may be a head computed and not used: ``BertModel``'s pooler).
+UNGRADED_SHARE = 0.5
+
+
+def ungraded(coverage: Coverage) -> list[str]:
+    """The parameters an optimizer stepped at a learning rate above 0 (requiring a gradient) that never held one on
+    a fully observed step while others did, on at least :data:`UNGRADED_STEPS` of them, in name order: layers the
+    loss does not reach (run under ``torch.no_grad()``, in a reentrant checkpoint whose input needs no gradient,
+    an output detached from the loss). Not a finding of its own (freezing a backbone under ``no_grad`` while the
+    optimizer still holds it is common and deliberate), but a fact a loss that does not fall is explained by."""
+    if coverage.graded_steps < UNGRADED_STEPS or not coverage.graded:
+        return []
+    return sorted(coverage.optimized - coverage.graded)
+
+
+def ungraded_detail(names: list[str]) -> str:
+    """The first :data:`UNGRADED_NAMED` of ``names`` quoted, and how many more: an event's ``detail``."""
+    shown = ", ".join(repr(n) for n in names[:UNGRADED_NAMED])
+    more = len(names) - UNGRADED_NAMED
+    return shown + (f" and {count(more)} more" if more > 0 else "")
+
+
+def moving(m: dict[str, float], counted: bool = True) -> str:
+    """What the optimizer did, as the loss findings' words say it: that gradients flow, or, when some of the
+    parameters it steps never held a gradient (see :func:`ungraded`), how many (``counted``; else only that it
+    moves the weights: a likely cause after the one that counts them)."""
+    if not m.get("ungraded"):
+        return "the gradients flow and the optimizer moves the weights"
+    if not counted:
+        return "the optimizer moves the weights"
+    return (
+        f"the optimizer moves the weights, but {count(m['ungraded'])} of the {count(m.get('stepped_params', 0.0))} "
+        "parameters it steps never held a gradient"
+    )
 
 
 @dataclass(frozen=True)
@@ -736,10 +780,27 @@ _LR_HIGH = "lower the learning rate (10x at a time), or add a warm-up"
 UNLEARNED = 2.0
 
 
-def causes(m: dict[str, float], finding: str) -> list[Cause]:
+def causes(m: dict[str, float], finding: str, detail: str = "") -> list[Cause]:
     """The likely causes of ``finding`` (``"chance"``, ``"flat"`` or ``"unstable"``), most likely first, from an
-    event's metrics (:func:`evidence`): the update/weight ratio, the weights' norm, clipping, the input's scale."""
+    event's metrics (:func:`evidence`): the update/weight ratio, the weights' norm, clipping, the input's scale,
+    parameters no gradient reaches (named in ``detail``, the event's)."""
     found: list[Cause] = []
+    cut, stepped = m.get("ungraded", 0.0), m.get("stepped_params", 0.0)
+    if cut and finding != "unstable":
+        named = f" ({detail})" if detail else ""
+        found.append(
+            Cause(
+                3.5 if stepped and cut >= UNGRADED_SHARE * stepped else 1.2,
+                "layers the loss does not reach",
+                f"{count(cut)} of the {count(stepped)} parameters the optimizer steps never held a gradient on a fully "
+                f"observed step{named}: their layers do not train (run under torch.no_grad(), inside "
+                "torch.utils.checkpoint with use_reentrant=True on an input that needs no gradient, or cut from "
+                "the loss by a .detach())",
+                "let the gradient reach them: no torch.no_grad() around layers that should train, "
+                "checkpoint(..., use_reentrant=False) (or an input that requires a gradient), no .detach() before "
+                "the loss; or freeze them on purpose (requires_grad_(False)) and leave them out of the optimizer",
+            )
+        )
     early, late = m.get("update_early"), m.get("update_late")
     if early is not None and early >= m.get("large_update", 0.1):
         after = f" ({num(late)} over the last)" if late is not None else ""
@@ -822,7 +883,7 @@ def causes(m: dict[str, float], finding: str) -> list[Cause]:
             Cause(
                 0.9,
                 "targets that do not match the inputs",
-                "the gradients flow and the optimizer moves the weights, yet the loss does not fall: when nothing in "
+                f"{moving(m, counted=False)}, yet the loss does not fall: when nothing in "
                 "the inputs predicts the targets, the fit cannot improve on where it began",
                 "check that inputs and targets are shuffled together (one permutation, or a Dataset of pairs) and "
                 "aligned the same way; look at a few (input, target) pairs",
@@ -848,7 +909,7 @@ def causes(m: dict[str, float], finding: str) -> list[Cause]:
             Cause(
                 2.0,
                 "targets that do not match the inputs",
-                "the gradients flow and the optimizer moves the weights, yet the predictions explain none of the "
+                f"{moving(m, counted=False)}, yet the predictions explain none of the "
                 "targets' variance: nothing in the inputs predicts the targets",
                 "check that inputs and targets are shuffled together (one permutation, or a Dataset of pairs) and "
                 "aligned the same way (rows, time steps); look at a few (input, target) pairs",
@@ -868,7 +929,7 @@ def causes(m: dict[str, float], finding: str) -> list[Cause]:
             Cause(
                 2.0,
                 "labels that do not match the inputs",
-                "the gradients flow and the optimizer moves the weights, yet the predictions stay the labels' base "
+                f"{moving(m, counted=False)}, yet the predictions stay the labels' base "
                 "rates: nothing in the inputs predicts the labels",
                 "check that inputs and labels are shuffled together (one permutation, or a Dataset of pairs) and "
                 "decoded the same way (label columns in the same order); look at a few (input, label) pairs",
@@ -902,7 +963,7 @@ def causes(m: dict[str, float], finding: str) -> list[Cause]:
             Cause(
                 2.0,
                 "labels that do not match the inputs",
-                "the gradients flow and the optimizer moves the weights, yet the predictions stay a guess: nothing "
+                f"{moving(m, counted=False)}, yet the predictions stay a guess: nothing "
                 "in the inputs predicts the labels",
                 "check that inputs and labels are shuffled together (one permutation, or a Dataset of pairs) and "
                 "decoded the same way; look at a few (input, label) pairs",
@@ -946,9 +1007,9 @@ def causes(m: dict[str, float], finding: str) -> list[Cause]:
     return sorted(best.values(), key=lambda c: -c.weight)
 
 
-def ranked(m: dict[str, float], finding: str, limit: int = 3) -> tuple[str, str]:
-    """The likely causes in words, most likely first, and the fix of the first."""
-    found = causes(m, finding)
+def ranked(m: dict[str, float], finding: str, limit: int = 3, detail: str = "") -> tuple[str, str]:
+    """The likely causes in words, most likely first, and the fix of the first (``detail``: the event's)."""
+    found = causes(m, finding, detail)
     if not found:
         return "", ""
     parts = [f"({i}) {c.name}: {c.evidence}" for i, c in enumerate(found[:limit], 1)]
@@ -969,11 +1030,12 @@ class LossKind(Kind):
         if found is None or found[0] != self.name:
             return None
         curve = found[1]
-        return self.event(curve, evidence(coverage, facts.config, curve))
+        return self.event(curve, evidence(coverage, facts.config, curve), ungraded_detail(ungraded(coverage)))
 
-    def event(self, curve: Curve, metrics: dict[str, float]) -> SemanticEvent:
-        """The room's event for ``curve`` (a room adds its own metrics or detail here)."""
-        return run_event(self.kind, curve.start.first, curve.end.last, "", **metrics)
+    def event(self, curve: Curve, metrics: dict[str, float], detail: str = "") -> SemanticEvent:
+        """The room's event for ``curve`` (a room adds its own metrics or detail here; ``detail``: the parameters
+        no gradient reached, see :func:`ungraded_detail`)."""
+        return run_event(self.kind, curve.start.first, curve.end.last, detail, **metrics)
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
         return RootLane(LAST_RANK, order=self.loss_order)

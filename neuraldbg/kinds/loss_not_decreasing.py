@@ -34,7 +34,7 @@ class LossNotDecreasing(loss_evidence.LossKind):
             f"of {num(end - start)}, smaller than its batch-to-batch spread ({num(noise)}): the model is not "
             "learning."
         )
-        causes, fix = loss_evidence.ranked(m, "flat")
+        causes, fix = loss_evidence.ranked(m, "flat", detail=root.detail)
         return what + causes, fix
 
     def describe(self, event: SemanticEvent) -> str:

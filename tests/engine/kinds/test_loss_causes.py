@@ -31,3 +31,29 @@ def test_a_flat_loss_lists_targets_that_do_not_match_the_inputs_first_when_nothi
     assert names[:2] == ["targets that do not match the inputs", "a loss that does not fit the output"]
     unstable = [c.name for c in loss_evidence.causes({}, "unstable")]
     assert "targets that do not match the inputs" not in unstable  # a climb is not what shuffled targets do
+
+
+def test_parameters_no_gradient_reached_are_the_first_cause_when_they_are_most_of_the_model():
+    """Six of eight stepped parameters never held a gradient (a reentrant checkpoint on an input without one): that
+    comes first, named, and the other causes no longer say the gradients flow."""
+    m = {"ungraded": 6.0, "stepped_params": 8.0, "trained": 5.0, "enough_training": 1.0}
+    found = loss_evidence.causes(m, "chance", detail="'a.weight', 'a.bias', 'b.weight' and 3 more")
+    assert found[0].name == "layers the loss does not reach"
+    assert "6 of the 8 parameters the optimizer steps never held a gradient" in found[0].evidence
+    assert "'a.weight', 'a.bias', 'b.weight' and 3 more" in found[0].evidence
+    assert "use_reentrant=False" in found[0].fix
+    assert not any("gradients flow" in c.evidence for c in found)
+    assert (
+        loss_evidence.moving(m)
+        == "the optimizer moves the weights, but 6 of the 8 parameters it steps never held a gradient"
+    )
+
+
+def test_a_few_parameters_no_gradient_reached_rank_after_the_usual_causes_and_never_for_a_climbing_loss():
+    """Two of two hundred (a pooler computed and not used beside a head on the first token): mentioned, not first;
+    a loss that climbs is not explained by layers that do not train."""
+    m = {"ungraded": 2.0, "stepped_params": 200.0, "trained": 5.0, "enough_training": 1.0}
+    names = [c.name for c in loss_evidence.causes(m, "chance")]
+    assert "layers the loss does not reach" in names and names[0] != "layers the loss does not reach"
+    assert "layers the loss does not reach" not in [c.name for c in loss_evidence.causes(m, "unstable")]
+    assert loss_evidence.moving({}) == "the gradients flow and the optimizer moves the weights"
