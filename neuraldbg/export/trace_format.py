@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 from ..config import DebugConfig
 from ..errors import ConfigError, TraceError
 from ..events import EventType, FailureKind, SemanticEvent
-from ..health import state_of
+from ..health import HealthState, state_of
 from ..kinds import registry
 from ..reasoning.hypothesis import CausalHypothesis
 from ..reasoning.topology import Topology
@@ -358,8 +358,8 @@ class _Reader:
             param=self.text_or_null(self.field(ev, "param", where), f"{where}.param"),
             step_start=start,
             step_end=end,
-            from_state=None if from_state is None else state_of(event_type, from_state),
-            to_state=kind if kind is not None and to_state == kind.value else state_of(event_type, to_state),
+            from_state=None if from_state is None else _state(event_type, kind, from_state),
+            to_state=_state(event_type, kind, to_state),
             metrics=metrics,
             confidence=self.fraction(self.field(ev, "confidence", where), f"{where}.confidence"),
             detail=self.text_or_null(ev.get("detail"), f"{where}.detail") or "",
@@ -491,3 +491,20 @@ def parse(text: str, source: str) -> dict[str, Any]:
         "events": events,
         "history": reader.history(doc.get("history") if doc.get("history") is not None else {}),
     }
+
+
+def _state(event_type: EventType, kind: FailureKind | None, name: str) -> HealthState | FailureKind | str:
+    """An event's state read back as the live run held it: the built-in health state of that name for its signal
+    (``non_finite`` on an activation is ``ActivationHealth.NON_FINITE``, though a kind has the same name), else a
+    state of its kind's room (a plugin's, when installed), else its kind itself (a run-level finding's state is its
+    kind), else the name."""
+    found = state_of(event_type, name)
+    if isinstance(found, HealthState):
+        return found
+    if kind is not None:
+        for state in registry.room(kind).states:
+            if state.value == name:
+                return state
+        if name == kind.value:
+            return kind
+    return found

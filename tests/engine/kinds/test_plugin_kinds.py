@@ -103,6 +103,25 @@ def test_a_plugin_kind_survives_a_trace_and_is_named_when_its_plugin_is_absent(p
         registry._rooms[room.kind] = room
 
 
+def test_a_traces_states_come_back_as_the_live_run_held_them_built_in_plugin_and_run_level(
+    plugin: object, tmp_path: Path
+) -> None:
+    """A state read back from a trace is the same object as in the live run: a built-in health state even when a
+    kind has its name (``non_finite``), a plugin's own state when its plugin is installed, a run-level finding's
+    kind. Before, a ``non_finite`` event's state came back as the kind and a plugin's as a plain string."""
+    from neuraldbg.demo import bad_batch
+
+    runs = [bad_batch(), train(dropout_one(), plugins=[plugin])]
+    for i, dbg in enumerate(runs):
+        loaded = neuraldbg.load(dbg.save(tmp_path / f"run{i}.json"))
+        assert len(loaded.events) == len(dbg.events)
+        for live, back in zip(dbg.events, loaded.events):
+            assert back.to_state == live.to_state and type(back.to_state) is type(live.to_state)
+            assert back.from_state == live.from_state and type(back.from_state) is type(live.from_state)
+    kinds = {type(e.to_state).__name__ for dbg in runs for e in dbg.events}
+    assert {"ActivationHealth", "Output"} <= kinds  # the demo's non_finite states and the plugin's own
+
+
 def test_without_the_plugin_the_same_run_is_rooted_at_the_vanishing_gradients(plugin: object) -> None:
     dbg = train(dropout_one())
     assert [h.kind for h in dbg.hypotheses()] == [FailureKind.VANISHING_GRADIENTS]
