@@ -2,20 +2,21 @@
 report folder of separate runs' traces) and ``neuraldbg report TRACE... -o report.html``.
 
 Exit codes: 0 healthy (or, for ``demo``, the demo was diagnosed as expected; for a job, every rank reported and
-none shows a failure), 1 failures found (or a demo was misdiagnosed, or a rank of the job is missing), 2 usage or
-input errors (one line on stderr naming the file and the problem), 3 an internal error: a bug in NeuralDBG, never
-a verdict on the training run.
+none shows a failure), 1 failures found (or a demo was misdiagnosed, or a rank of the job is missing), 2 usage,
+input or output errors (one line on stderr naming the file and the problem; none when the reader of the output
+went away), 3 an internal error: a bug in NeuralDBG, never a verdict on the training run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import traceback
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 EXIT_HEALTHY, EXIT_FAILURES, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
@@ -89,16 +90,18 @@ def _positive_int(text: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy, harmless
     args = _parser().parse_args(argv)
-    if args.command == "demo":
-        return _demo(args)
-    if args.command == "report":
-        return _guarded("report", _report, args)
-    return _explain(args)
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "demo": _demo,
+        "report": _report,
+        "explain": _explain_traces,
+    }
+    return _guarded(args.command, commands[args.command], args)
 
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import DEFAULT, DEMOS
     from .errors import did_you_mean
+    from .export.files import check_target
 
     if args.list:
         for name, demo in DEMOS.items():
@@ -116,6 +119,10 @@ def _demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
+    # every file the demos will write is checked before the first one trains: a bad path costs no training
+    saves = {name: _demo_save_path(args.save, name, several=len(names) > 1) for name in names} if args.save else {}
+    for path in saves.values():
+        check_target(path)
     status = EXIT_HEALTHY
     for name in names:
         demo = DEMOS[name]
@@ -126,9 +133,8 @@ def _demo(args: argparse.Namespace) -> int:
         if hypotheses and not args.no_graph:
             print("\nCausal graph (Mermaid; paste into https://mermaid.live or a GitHub comment):\n")
             print(dbg.export_mermaid_causal_graph())
-        if args.save:
-            path = args.save if len(names) == 1 else args.save.replace(".json", f"-{name}.json")
-            print(f"\ntrace written to {dbg.save(path)}")
+        if name in saves:
+            print(f"\ntrace written to {dbg.save(saves[name])}")
         if args.pictures:
             status = max(status, _pictures(dbg, args.pictures, name))
         top = hypotheses[0] if hypotheses else None
@@ -140,6 +146,25 @@ def _demo(args: argparse.Namespace) -> int:
         if not ok:
             status = EXIT_FAILURES
     return status
+
+
+def _demo_save_path(given: str, name: str, *, several: bool) -> str:
+    """Where ``demo --save`` writes demo ``name``'s trace: ``given`` itself for one demo; for several, the demo's
+    name added to the file name's stem, before its suffix (``runs/t.json`` -> ``runs/t-dead.json``, ``runs/t`` ->
+    ``runs/t-dead``), so each demo has its own file and no folder of the path is renamed."""
+    from .export.files import OutputError
+    from .text import printable
+
+    folder, file_name = os.path.split(given)
+    if not file_name:
+        raise OutputError(
+            f"{printable(given)}: ends with a path separator, so it names a folder; expected the path of a file "
+            "to write the trace to (such as DIR/trace.json)"
+        )
+    if not several:
+        return given
+    stem, suffix = os.path.splitext(file_name)  # "t.json" -> ("t", ".json"); "t" and ".hidden" have no suffix
+    return os.path.join(folder, f"{stem}-{name}{suffix}")
 
 
 def _say(text: str, stream: TextIO | None = None) -> None:
@@ -176,7 +201,9 @@ def _report(args: argparse.Namespace) -> int:
     from .export.files import write_atomic
     from .trace import MAX_TRACE_BYTES, load
 
-    traces = [load(path, max_bytes=args.max_bytes or MAX_TRACE_BYTES) for path in _trace_paths(args.traces)[0]]
+    paths = _trace_paths(args.traces)[0]
+    _refuse_an_input_as_output(args.output, paths)
+    traces = [load(path, max_bytes=args.max_bytes or MAX_TRACE_BYTES) for path in paths]
     runs = [html.run_page(trace, trace.source, pictures=not args.no_pictures) for trace in traces]
     note = "" if args.no_pictures or pictures.available() else f"Pictures need matplotlib: {pictures.INSTALL_HINT}"
     write_atomic(args.output, html.page(runs, note=note))
@@ -184,18 +211,86 @@ def _report(args: argparse.Namespace) -> int:
     return EXIT_FAILURES if any(r.verdict != "healthy" for r in runs) else EXIT_HEALTHY
 
 
-def _explain(args: argparse.Namespace) -> int:
-    return _guarded("explain", _explain_traces, args)
-
-
-def _guarded(command: str, run: Any, args: argparse.Namespace) -> int:
-    """Run a command over trace files: a bad file or output path is a usage error (2), a bug an internal one (3)."""
-    from .errors import TraceError
+def _refuse_an_input_as_output(output: str, inputs: Sequence[str]) -> None:
+    """Refuse, before anything is written, an output path that is one of the input traces (the same file, however
+    named: through a link, a relative path, a hard link, or as one of an input folder's files): writing the report
+    there would replace the trace it reads."""
     from .export.files import OutputError
+    from .text import printable
 
+    def same(a: str, b: str) -> bool:
+        try:
+            return os.path.realpath(a) == os.path.realpath(b) or os.path.samefile(a, b)
+        except (OSError, ValueError):  # one of them does not exist (or is no valid path): not the same file
+            return False
+
+    for path in inputs:
+        if same(output, path):
+            raise OutputError(
+                f"{printable(output)}: is the input trace {printable(path)}; writing the report there would "
+                "replace the trace: give another output file"
+            )
+
+
+class _OutputLost(Exception):
+    """Standard output could not be written (a full disk, a closed pipe): the environment's failure, not a bug."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Stdout:
+    """``sys.stdout`` while a command runs: a write or flush that fails raises :class:`_OutputLost`, so that the
+    command's failure is told apart from an ``OSError`` of NeuralDBG's own making."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise _OutputLost(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise _OutputLost(exc) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _drop_unwritten_output(stream: TextIO) -> None:
+    """Point the process's standard output at the null device: what is left in its buffer would otherwise fail
+    again when Python flushes it on exit, with a second message ("Exception ignored ...")."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # a stream with no file (a test's capture)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, stream.fileno())
+        finally:
+            os.close(devnull)
+
+
+def _guarded(command: str, run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run a command: a bad input, output path or plugin is a usage error (2), and so is output that cannot be
+    written (quietly when its reader went away, a closed pipe); anything else is a bug, an internal error (3)."""
+    from .errors import NeuralDbgError
+
+    stdout = sys.stdout
     try:
-        return int(run(args))
-    except (TraceError, OutputError) as exc:
+        with contextlib.redirect_stdout(_Stdout(stdout)):
+            status = int(run(args))
+            sys.stdout.flush()  # a buffered write fails here, where it can be reported, not at exit
+        return status
+    except _OutputLost as exc:
+        _drop_unwritten_output(stdout)
+        if not isinstance(exc.error, BrokenPipeError):  # the reader went away: nobody to tell
+            _say(f"neuraldbg {command}: cannot write the output: {exc.error.strerror or exc.error}", sys.stderr)
+        return EXIT_USAGE
+    except NeuralDbgError as exc:  # TraceError, OutputError, ConfigError, a plugin that cannot be loaded
         _say(f"neuraldbg {command}: {exc}", sys.stderr)
         return EXIT_USAGE
     except Exception as exc:  # a bug: never exit 1, which says the training run failed
@@ -233,15 +328,16 @@ def _trace_paths(given: Sequence[str]) -> tuple[list[str], bool]:
 
 
 def _explain_traces(args: argparse.Namespace) -> int:
-    from .distributed.merge import merge_traces, rank_from_name
+    from .distributed.merge import merge_traces, stated_rank
     from .trace import MAX_TRACE_BYTES, load
 
     paths, job = _trace_paths(args.traces)
     traces = [load(path, max_bytes=args.max_bytes or MAX_TRACE_BYTES) for path in paths]
-    ranked = [t for t in traces if t.meta.get("rank") is not None or rank_from_name(t.source) is not None]
+    ranked = [t for t in traces if stated_rank(t) is not None]
     if job and not ranked:
-        # no trace names a rank (in its meta or its file name): a report folder, separate runs rather than the
-        # ranks of one job; where some do, the job's rules apply (a trace without a rank is then an error)
+        # no trace states a rank as a distributed run writes it (meta.rank, or a name like run.rank0.json): a
+        # report folder, separate runs rather than the ranks of one job, even where a test's name holds "rank_2";
+        # where some do, the job's rules apply (a trace without a rank is then an error)
         return _explain_each(args, traces)
     if job:
         merged = merge_traces(traces)

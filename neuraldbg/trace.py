@@ -9,13 +9,14 @@ field is checked before a :class:`Trace` is built (see :func:`neuraldbg.export.t
 
 from __future__ import annotations
 
+import operator
 import os
 import stat
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .config import DebugConfig
-from .errors import TraceError
+from .errors import ConfigError, TraceError
 from .events import SemanticEvent
 from .export import trace_format
 from .kinds import registry
@@ -109,6 +110,7 @@ def read_text(
     FIFO, a device or a link to one is refused before opening. ``what`` names the kind of file in messages; ``fail``
     turns a problem into the exception raised (default: a :class:`TraceError` naming the file).
     """
+    max_bytes = byte_limit(max_bytes, "max_bytes")
     shown = printable(source)
     if fail is None:
 
@@ -125,13 +127,50 @@ def read_text(
     fd = _os_call(fail, what, via_link, os.open, source, flags)
     with os.fdopen(fd, "rb") as fh:
         _refuse_unless_regular(fail, what, os.fstat(fh.fileno()).st_mode, via_link)
-        data: bytes = _os_call(fail, what, via_link, fh.read, max_bytes + 1)  # a file of unknown size (/proc) stops
+        data = _read_at_most(fh, max_bytes + 1, lambda size: _os_call(fail, what, via_link, fh.read, size))
     if len(data) > max_bytes:
         raise fail(f"holds more than the {max_bytes} bytes a {what} may have")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise fail(f"not a text file ({exc.reason} at byte {exc.start}); expected JSON") from None
+
+
+#: Bytes asked of the file per read. ``read(n)`` sets aside ``n`` bytes before reading, so one read of the limit
+#: (which may be raised to terabytes) would fail on memory for a file of a few kilobytes; reading in steps costs
+#: only what the file holds.
+_READ_STEP = 4 * 1024 * 1024
+
+
+def _read_at_most(fh: Any, limit: int, read: Callable[[int], bytes]) -> bytes:
+    """Up to ``limit`` bytes of an open file, in steps of at most :data:`_READ_STEP`: a file of unknown size
+    (``/proc``) or one that grows while read stops at the limit, and memory follows what is actually there."""
+    chunks: list[bytes] = []
+    got = 0
+    while got < limit:
+        chunk = read(min(limit - got, _READ_STEP))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def byte_limit(value: Any, where: str) -> int:
+    """``value`` as a limit in bytes: a whole number of at least 1, else :class:`~neuraldbg.ConfigError` naming it.
+
+    A limit is the caller's argument, not part of any file, so a bad one is a ``ConfigError`` (a ``ValueError``):
+    ``None``, ``"100"``, ``1.5``, ``True``, ``0`` and ``-1`` are refused rather than read as something else.
+    """
+    if not isinstance(value, bool):
+        try:
+            number = operator.index(value)  # int, or an integer type such as numpy.int64; never a float
+        except TypeError:
+            pass
+        else:
+            if number >= 1:
+                return number
+    raise ConfigError(f"{where}: expected a whole number of bytes, at least 1, got {value!r:.60}")
 
 
 def _os_call(fail: Failure, what: str, via_link: bool, call: Any, *args: Any) -> Any:
@@ -152,6 +191,9 @@ def load(path: str | os.PathLike[str], plugins: Iterable[Any] = (), *, max_bytes
 
     Raises :class:`~neuraldbg.TraceError`, and nothing else, for anything wrong with the file: its message is one
     line naming the file, where in it the problem is and what was expected. A trace that loads answers every query.
+    ``max_bytes`` (a whole number, at least 1; else :class:`~neuraldbg.ConfigError`) bounds what is read, never
+    what is set aside: a huge limit costs nothing on a small file.
     """
     source = os.fspath(path)
+    max_bytes = byte_limit(max_bytes, "neuraldbg.load(): max_bytes")
     return Trace(trace_format.parse(read_text(source, max_bytes), source), source, plugins)

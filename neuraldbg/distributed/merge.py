@@ -9,7 +9,7 @@ shard problem"). A rank without a summary (it failed, or the gather timed out) i
 missing rank is never verified healthy.
 
 Offline, :func:`merge_traces` does the same for traces saved on each rank (``neuraldbg explain DIR``); the rank
-of a trace comes from ``meta.rank``, else from ``rank<N>`` in its file name.
+of a trace comes from ``meta.rank``, else from a file name as the distributed examples write it (``run.rank1.json``).
 """
 
 from __future__ import annotations
@@ -466,19 +466,46 @@ def merge(
 _RANK_IN_NAME = re.compile(r"(?<![a-z])rank[_-]?(\d{1,9})(?!\d)", re.IGNORECASE)
 
 
+#: How a rank's trace is named where NeuralDBG and its documentation save one (``dbg.save(f"run.rank{rank}.json")``):
+#: ``rank<N>`` as the last dotted part before ``.json``. A name that merely holds "rank_2" somewhere (a test
+#: ``test_low_rank_2`` in a report folder) is not a rank's trace.
+_RANK_TRACE_NAME = re.compile(r"(?:\A|\.)rank(\d{1,9})\.json\Z")
+
+
 def rank_from_name(path: str) -> int | None:
-    """The rank a file name states (``run.rank1.json``, ``rank_3.json``); None when it states none or several."""
+    """The rank a file name states (``run.rank1.json``, ``rank_3.json``); None when it states none or several.
+
+    A loose reading, for a name a person typed; whether a saved trace is a rank's is told by :func:`stated_rank`,
+    which trusts only what the trace records and the name a distributed run gives its trace.
+    """
     found = {int(m) for m in _RANK_IN_NAME.findall(os.path.basename(path))}
     return found.pop() if len(found) == 1 else None
+
+
+def stated_rank(trace: Any) -> int | None:
+    """The rank of the job that wrote ``trace`` (an object with ``.meta`` and ``.source``), or None for a trace
+    of a run on its own.
+
+    A run under ``torch.distributed`` records its rank in ``meta.rank``, which is trusted first; a trace without
+    it (saved by a run that was not initialised as a rank) counts as a rank's only when named as the distributed
+    examples name one, ``NAME.rank<N>.json``, so that a folder of separate runs whose names hold "rank_2" is not
+    taken for a job.
+    """
+    rank = _int_or_none(trace.meta.get("rank"))
+    if rank is not None:
+        return rank
+    found = _RANK_TRACE_NAME.search(os.path.basename(str(trace.source)))
+    return int(found.group(1)) if found else None
 
 
 def merge_traces(traces: Sequence[Any]) -> JobDiagnosis:
     """Merge traces saved on each rank of a job (objects with ``.source`` and ``.meta``: :class:`~neuraldbg.Trace`).
 
-    A trace's rank is ``meta.rank``, else the ``rank<N>`` in its file name; the job's size is ``meta.world_size``
-    (which every trace that states it must agree on), else one more than the highest rank. Ranks below it with no
-    trace are missing. Raises :class:`~neuraldbg.TraceError` (one line, naming the files) when a trace's rank
-    cannot be told, two traces claim the same rank, or the traces disagree on the job's size.
+    A trace's rank is what :func:`stated_rank` says (``meta.rank``, else a name like ``run.rank1.json``); the
+    job's size is ``meta.world_size`` (which every trace that states it must agree on), else one more than the
+    highest rank. Ranks below it with no trace are missing. Raises :class:`~neuraldbg.TraceError` (one line,
+    naming the files) when a trace's rank cannot be told, two traces claim the same rank, or the traces disagree
+    on the job's size.
     """
     if not traces:
         raise TraceError("no trace to merge")
@@ -486,13 +513,11 @@ def merge_traces(traces: Sequence[Any]) -> JobDiagnosis:
     sizes: dict[int, str] = {}
     for trace in traces:
         meta = trace.meta
-        rank = _int_or_none(meta.get("rank"))
-        if rank is None:
-            rank = rank_from_name(trace.source)
+        rank = stated_rank(trace)
         if rank is None:
             raise TraceError(
                 f"{printable(trace.source)}: cannot tell which rank wrote this trace: it has no meta.rank and "
-                "its file name states no single rank (name it like run.rank0.json)"
+                "its file name is not a rank's (name it like run.rank0.json)"
             )
         if rank in by_rank:
             raise TraceError(
@@ -531,5 +556,6 @@ __all__ = [
     "merge",
     "merge_traces",
     "rank_from_name",
+    "stated_rank",
     "summarize",
 ]
