@@ -326,5 +326,7 @@ def _check_distributed_options(
 def _plugin_manager(extra: Iterable[Any]) -> Any:
     try:
         return manager.manager(extra)
+    except ConfigError:  # a plugin given or built wrongly: its own message names it and what was expected
+        raise
     except Exception as exc:  # a broken third-party plugin is reported before training starts
         raise NeuralDbgError(f"NeuralDbg: loading plugins failed: {exc!r}") from exc

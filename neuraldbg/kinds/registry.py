@@ -8,13 +8,20 @@ manager (:mod:`neuraldbg.plugins.manager`). A kind read from a trace whose plugi
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NeuralDbgWarning
 from ..events import FailureKind, SemanticEvent
 from ..health import HealthState, state_of
 from ..reasoning.rules import CausalRule
-from .base import Kind, RootLane, Unregistered, steps_of
+from .base import Kind, RootLane, RootPool, Series, Unregistered, steps_of
+
+if TYPE_CHECKING:
+    from ..reasoning.topology import Topology
+
+_T = TypeVar("_T")
 
 _rooms: dict[FailureKind, Kind] = {}
 _unregistered: dict[FailureKind, Kind] = {}
@@ -22,6 +29,10 @@ _unregistered: dict[FailureKind, Kind] = {}
 #: share names: GradientHealth.EXPLODING and UpdateHealth.EXPLODING are different states).
 _state_kind: dict[tuple[type, str], FailureKind] = {}
 _evidence_owner: dict[tuple[type, str], Kind] = {}
+#: A stand-in with the generic words for each kind whose own method failed (see :func:`_ask`), and the
+#: (kind, method) pairs already warned about.
+_generic: dict[FailureKind, Kind] = {}
+_warned: set[tuple[str, str]] = set()
 #: How many times a room was added or replaced: what was resolved against the registry before is stale once it moved.
 generation = 0
 
@@ -102,6 +113,11 @@ def kind_of(state: HealthState) -> FailureKind | None:
     return _state_kind.get(_key(state))
 
 
+def states() -> list[HealthState]:
+    """Every health state a registered kind is or owns as evidence (plugins' included), in registration order."""
+    return list(dict.fromkeys(s for found in _rooms.values() for s in (*found.states, *found.evidence)))
+
+
 def same_objects(a: Sequence[object], b: Sequence[object]) -> bool:
     """Whether ``a`` and ``b`` hold the very same objects in the same order (identity, not equality)."""
     return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
@@ -130,30 +146,100 @@ def resolve(rule: CausalRule) -> CausalRule:
     return rule if same else dataclasses.replace(rule, effect_kinds=resolved)
 
 
+def _ask(found: Kind, method: str, ok: Callable[[object], TypeGuard[_T]], expected: str, *args: Any) -> _T:
+    """``found.<method>(*args)``; where it raises or returns something else than ``expected`` (a plugin's kind
+    gone wrong), the default :class:`Kind` method's answer, as for a kind whose plugin is not installed, and one
+    :class:`NeuralDbgWarning` per kind and method: the diagnosis of the run and of its other kinds goes on."""
+    try:
+        result = getattr(found, method)(*args)
+    except Exception as exc:
+        problem = f"raised {exc!r}"
+    else:
+        if ok(result):
+            return result
+        problem = f"returned {result!r}, expected {expected}"
+    if (found.name, method) not in _warned:
+        _warned.add((found.name, method))
+        cls = type(found)
+        warnings.warn(
+            f"NeuralDBG: {method}() of the failure kind {found.name!r} ({cls.__module__}.{cls.__qualname__}) "
+            f"{problem}; its events get the generic Kind.{method}() instead. Fix the plugin that adds "
+            f"{found.name!r}.",
+            NeuralDbgWarning,
+            stacklevel=3,
+        )
+    generic = _generic.get(found.kind)
+    if generic is None:
+        generic = _generic[found.kind] = Unregistered(found.name)
+    answer: _T = getattr(generic, method)(*args)
+    return answer
+
+
+def _is_text(value: object) -> TypeGuard[str]:
+    return isinstance(value, str)
+
+
+def _is_lane(value: object) -> TypeGuard[RootLane | None]:
+    return value is None or isinstance(value, RootLane)
+
+
+def _is_pair(value: object) -> TypeGuard[tuple[str, str]]:
+    return isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, str) for v in value)
+
+
+def _is_event(value: object) -> TypeGuard[SemanticEvent]:
+    return isinstance(value, SemanticEvent)
+
+
+def _is_bool(value: object) -> TypeGuard[bool]:
+    return isinstance(value, bool)
+
+
 def lane(event: SemanticEvent) -> RootLane | None:
     found = room_of(event)
-    return found.lane(event) if found is not None else None
+    return _ask(found, "lane", _is_lane, "a RootLane or None", event) if found is not None else None
+
+
+def choose_root(found: Kind, head: SemanticEvent, pool: RootPool) -> SemanticEvent:
+    """The root of the hypothesis whose lane ``head`` leads (see :meth:`Kind.choose_root`)."""
+    return _ask(found, "choose_root", _is_event, "a SemanticEvent", head, pool)
+
+
+def set_off_by_surge(found: Kind, root: SemanticEvent) -> bool:
+    """Whether updates as large as the weights may have set ``root`` off (see :meth:`Kind.set_off_by_surge`)."""
+    return _ask(found, "set_off_by_surge", _is_bool, "a bool", root)
+
+
+def explain(
+    found: Kind, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
+) -> tuple[str, str]:
+    """``(what happened, the fix)`` in ``found``'s words (see :meth:`Kind.explain`)."""
+    return _ask(found, "explain", _is_pair, "a (what, fix) tuple of two strings", root, rest, topo, series)
 
 
 def describe(event: SemanticEvent) -> str:
     """What held, with the number that shows it (see :meth:`Kind.describe`)."""
     found = room_of(event)
-    return found.describe(event) if found is not None else Kind.describe(_PLAIN, event)
+    if found is None:
+        return Kind.describe(_PLAIN, event)
+    return _ask(found, "describe", _is_text, "a string", event)
 
 
 def label(event: SemanticEvent) -> str:
     found = room_of(event)
-    return found.label(event) if found is not None else describe(event)
+    return _ask(found, "label", _is_text, "a string", event) if found is not None else describe(event)
 
 
 def effect(event: SemanticEvent) -> str:
     found = room_of(event)
-    return found.effect(event) if found is not None else Kind.effect(_PLAIN, event)
+    if found is None:
+        return Kind.effect(_PLAIN, event)
+    return _ask(found, "effect", _is_text, "a string", event)
 
 
 def place(event: SemanticEvent) -> str:
     found = room_of(event)
-    return found.place(event) if found is not None else event.where
+    return _ask(found, "place", _is_text, "a string", event) if found is not None else event.where
 
 
 def event_text(event: SemanticEvent) -> str:

@@ -124,7 +124,7 @@ def _learning_rate_evidence(
     if is_update_surge(root):
         return root.metrics.get("lr")
     room = registry.room(kind)
-    if not room.set_off_by_surge(root):
+    if not registry.set_off_by_surge(room, root):
         return None
     mid_run = root.step_start > topo.first_step
     # the first surge that can have set the root off (rules.sets_off): a failure present from the first step
@@ -271,7 +271,7 @@ class _Pool:
             head = min(heads, key=lambda h: (h[0].step_start, h[1]))[0]
             room = registry.room_of(head)
             assert room is not None  # only events a room placed are in a lane
-            return room.choose_root(head, self), room.kind
+            return registry.choose_root(room, head, self), room.kind
         return None
 
     def first_evidence(self, state: HealthState, layer: str | None = None) -> SemanticEvent | None:

@@ -62,7 +62,7 @@ def explain(
     recurring = [e for e in chain[1:] if is_update_surge(e) and e is not trigger and id(e) not in caused]
     evidence = {id(e) for e in recurring} | ({id(trigger)} if trigger is not None else set())
     rest = [e for e in chain[1:] if id(e) not in evidence]
-    what, fix = room.explain(root, rest, topo, series or _no_series)
+    what, fix = registry.explain(room, root, rest, topo, series or _no_series)
     lr_named = False
     if trigger is not None:
         lr_named = True
