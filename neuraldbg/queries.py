@@ -14,6 +14,7 @@ from typing import Any
 from .config import DebugConfig
 from .errors import ConfigError, did_you_mean
 from .events import EventType, FailureKind, SemanticEvent
+from .export.inert import inert
 from .health import ActivationHealth, GradientHealth, HealthState, UpdateHealth
 from .reasoning import CausalHypothesis, CausalRule, Coupling, Topology, diagnose
 from .stats.history import History
@@ -91,8 +92,11 @@ class Queries:
         return not self.hypotheses()
 
     def explain_failure(self) -> list[str]:
-        """One explanation per hypothesis, in the same order; ``[]`` when training looks healthy."""
-        return [h.explanation for h in self.hypotheses()]
+        """One explanation per hypothesis, in the same order; ``[]`` when training looks healthy. Text meant to be
+        printed: a layer name's control, bidirectional and lone surrogate characters are visible escapes (see
+        :mod:`neuraldbg.export.inert`), so ``print(text)`` never sends a name's escape sequence to the terminal
+        (``hypotheses()`` keeps each explanation as written)."""
+        return [inert(h.explanation, lines=True) for h in self.hypotheses()]
 
     def get_root_causes(self) -> list[SemanticEvent]:
         """The root event of each hypothesis, ranked."""
@@ -115,7 +119,7 @@ class Queries:
                     out.append(c)
         return out
 
-    def trace_causal_chain(self, selector: FailureKind | EventType | str) -> list[SemanticEvent]:
+    def trace_causal_chain(self, selector: FailureKind | EventType | HealthState | str) -> list[SemanticEvent]:
         """The chain of events leading to a failure, root first.
 
         ``selector`` is a :class:`FailureKind`, an :class:`EventType`, a health state, or the name or value
@@ -193,7 +197,7 @@ def _longest_above(points: list[tuple[int, float]], limit: float) -> HeldAbove |
     return best
 
 
-def _selector(selector: FailureKind | EventType | str) -> Any:
+def _selector(selector: FailureKind | EventType | HealthState | str) -> Any:
     if isinstance(selector, FailureKind):
         return lambda e: e.kind is selector
     if isinstance(selector, EventType):
@@ -202,8 +206,11 @@ def _selector(selector: FailureKind | EventType | str) -> Any:
         return lambda e: e.to_state == selector.value
     if not isinstance(selector, str):
         raise ConfigError(
-            f"trace_causal_chain(): expected a FailureKind, an EventType or a string, got {type(selector).__name__}"
+            "trace_causal_chain(): expected a FailureKind, an EventType, a health state (a HealthState member) or "
+            f"the name of one of them as a string, got {type(selector).__name__}"
         )
+    from .kinds import registry
+
     text = selector.strip().lower()
     for kind in FailureKind:
         if text in (kind.value, kind.name.lower()):
@@ -211,9 +218,12 @@ def _selector(selector: FailureKind | EventType | str) -> Any:
     for etype in EventType:
         if text in (etype.value, etype.name.lower()):
             return lambda e, t=etype: e.event_type is t
-    states = {s.value for enum in (GradientHealth, ActivationHealth, UpdateHealth) for s in enum}
-    if text in states:
-        return lambda e: e.to_state == text
+    # the built-in signals' states (normal ones included) and every registered kind's, a plugin's too
+    known = [s for enum in (GradientHealth, ActivationHealth, UpdateHealth) for s in enum] + registry.states()
+    for state in known:
+        if text in (str(state.value).lower(), state.name.lower()):
+            return lambda e, v=state.value: e.to_state == v
+    states = {str(s.value) for s in known}
     names = sorted({k.value for k in FailureKind} | {t.value for t in EventType} | states)
     raise ConfigError(
         f"trace_causal_chain(): unknown selector {selector!r}{did_you_mean(text, names)}; "

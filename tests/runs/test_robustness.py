@@ -849,3 +849,29 @@ def test_the_gradient_norm_history_is_what_the_optimizer_received_at_every_step(
     assert set(history) == set(range(20))
     for step, value in history.items():
         assert value == pytest.approx(received[step], rel=1e-4), step  # after clipping, step 0 included
+
+
+def test_explanations_meant_for_print_show_a_layer_names_escapes_visibly():
+    """``for text in dbg.explain_failure(): print(text)`` (the README's loop) never sends a name's terminal escape
+    or bidirectional override to the terminal; ``hypotheses()`` keeps the explanation as written."""
+    torch.manual_seed(0)
+    hostile = "\x1b[2K\rFAKE: healthy \u202e"
+    model = nn.Sequential()
+    model.add_module("a", nn.Linear(16, 32))
+    model.add_module(hostile, nn.Linear(32, 32))
+    model.add_module("act", nn.ReLU())
+    model.add_module("out", nn.Linear(32, 1))
+    with torch.no_grad():
+        model[1].bias.fill_(-20.0)  # ground truth below: the ReLU after it never fires
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with NeuralDbg(model) as dbg:
+        for _ in range(40):
+            x = torch.randn(64, 16)
+            opt.zero_grad()
+            F.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+            opt.step()
+    assert model[2](model[1](model[0](torch.randn(64, 16)))).max() == 0.0
+    texts = dbg.explain_failure()
+    assert texts and not any(c in t for t in texts for c in ("\x1b", "\r", "\u202e"))
+    assert "'\\x1b[2K\\x0dFAKE: healthy \\u202e'" in texts[0]
+    assert hostile in dbg.hypotheses()[0].explanation
