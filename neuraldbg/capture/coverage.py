@@ -164,6 +164,9 @@ class Coverage:
     _not_affine: bool = False
     # ... or, in a model that is not, two weight layers composed with nothing nonlinear between them: (lower, upper)
     linear_pairs: set[tuple[str, str]] = field(default_factory=set)
+    # an activation layer (ReLU family, tanh, sigmoid) ran on a fully observed step, its units read: nonlinear work
+    # that a graph found affine does not hold (it ran on data without a gradient: a frozen backbone's activations)
+    activation_ran: bool = False
     # layers whose output units started identical and had not parted while their weights moved (capture/symmetry.py),
     # as of the last step that checked: layer -> (units, first step seen, last step seen, steps seen, last spread)
     symmetric: dict[str, tuple[int, int, int, int, float]] = field(default_factory=dict)
@@ -395,6 +398,7 @@ class Coverage:
             self.last_full_step = record.step
             self.training.observe(record)
             self.outputs.observe(record)
+            self.activation_ran = self.activation_ran or bool(record.dead or record.saturated)
             if record.padded is not None:
                 self.token_steps += 1
                 self.padded_steps += record.padded

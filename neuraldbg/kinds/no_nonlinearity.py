@@ -14,7 +14,11 @@ bottleneck) or is grouped (a depthwise convolution) is a design, not this fault 
 feed-forward activation 0.77 against 0.85, a U-Net without its activations Dice 0.85 against 0.90). Judged, as
 dropout too strong is, only on a run whose loss was judged (``loss_min_steps`` losses) and did not converge (it fell
 a hundredfold: the task was linear enough and the missing activation held nothing back). A single layer (logistic
-regression, a linear probe) is a linear model by design and never this finding.
+regression, a linear probe) is a linear model by design and never this finding, and so are trained layers on the
+features of a frozen backbone (a head with a LoRA update, a linear bottleneck adapter): the graph holds only the
+operations on tensors that need a gradient, so a frozen backbone's activations are not in it, and the trained
+layers alone read as one affine map. The hooks see those activations run (their units are read); a graph found
+affine while an activation ran is not the whole model, and is no finding.
 """
 
 from __future__ import annotations
@@ -39,7 +43,10 @@ class NoNonlinearity(Kind):
 
     def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
         layers = coverage.affine_layers
-        whole = layers is not None and layers >= MIN_LAYERS
+        # the graph holds only the operations on tensors that need a gradient: an activation the hooks saw run that
+        # a graph found affine does not hold ran before the trained layers, on data no gradient reaches (a frozen
+        # backbone), and those layers are a probe or an adapter on its features, not the whole model
+        whole = layers is not None and layers >= MIN_LAYERS and not coverage.activation_ran
         pairs = sorted(coverage.linear_pairs)
         if not whole and not pairs:
             return None
