@@ -353,6 +353,11 @@ class UpdateCensus:
 
 #: A first loss between these multiples of log(classes) is a classifier's cross-entropy at chance (see FitProgress).
 CHANCE_START = (0.8, 1.25)
+#: A classifier's first observed loss this many times below the lower edge of that band, in a run met mid-training
+#: (an optimizer already held state: a run resumed from a checkpoint, a model trained before the debugger was
+#: attached), had learned before it was observed: its fit is measured from chance, where an untrained classifier's
+#: starts, not from where the debugger first saw it.
+CHANCE_BELOW = 4.0
 
 
 class FitProgress:
@@ -373,7 +378,9 @@ class FitProgress:
     (``CHANCE_START`` times log(classes), the classes read from the model's logits) has converged also when
     ``1 - exp(-loss)`` is at most ``fit_gradient_drop`` of its first value: the same test as the gradient's, for a
     model whose output is its loss (a Hugging Face model given its labels), where the gradient w.r.t. the output
-    says nothing (it is 1).
+    says nothing (it is 1). A classifier first seen far below chance (:data:`CHANCE_BELOW`) in a run met
+    mid-training had learned before: its first value is its chance level, so a run resumed after its fit converged
+    is judged converged as the same steps would be within the whole run.
     """
 
     def __init__(self) -> None:
@@ -396,6 +403,10 @@ class FitProgress:
                 classes = view.data.classes
                 chance = math.log(classes) if classes >= 2 else math.nan
                 self._cross_entropy = CHANCE_START[0] * chance <= loss <= CHANCE_START[1] * chance
+                # first seen far below chance in a run met mid-training (an optimizer held state): learned already.
+                # A fresh run whose first loss is that low has a loss scaled down (divided by the data set's size)
+                if view.data.warm_start and loss < CHANCE_START[0] * chance / CHANCE_BELOW:
+                    self._first_loss, self._cross_entropy = chance, True
             first = self._first_loss
             done = done or (first is not None and loss <= cfg.fit_loss_drop * first)
             if first is not None and self._cross_entropy:  # the gradient it implies fell tenfold

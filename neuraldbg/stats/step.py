@@ -38,6 +38,7 @@ class StepData:
     head_finite: bool | None = None  # its gradient's first element is finite: on cheap steps, the loss was
     grad_clip_factor: float | None = None  # total gradient norm after backward / at the optimizer step, when > 1
     loss: float | None = None
+    warm_start: bool = False  # an optimizer held state at this, the first observed step: the run was met mid-training
     dead: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # (dead units, units)
     func_dead: dict[SlotKey, tuple[float, int]] = field(default_factory=dict)  # never positive, zero grad
     output_dead_pulled: tuple[float, int] | None = None  # model output units never positive that the loss pulls on
