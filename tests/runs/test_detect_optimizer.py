@@ -281,9 +281,11 @@ def test_adam_with_a_small_but_workable_learning_rate_is_not_stalled():
     assert dbg.hypotheses() == []
 
 
-def fit_readings(readings: list[tuple[float | None, float | None]], classes: int = 0) -> list[bool]:
+def fit_readings(
+    readings: list[tuple[float | None, float | None]], classes: int = 0, warm_start: bool = False
+) -> list[bool]:
     """FitProgress over (loss gradient, loss) readings, one per step, with the default thresholds; ``classes``: the
-    last dimension of the model's logits (0: none)."""
+    last dimension of the model's logits (0: none); ``warm_start``: an optimizer held state at the first step."""
     from types import SimpleNamespace
 
     from neuraldbg import DebugConfig
@@ -291,8 +293,10 @@ def fit_readings(readings: list[tuple[float | None, float | None]], classes: int
 
     fit, ctx = FitProgress(), SimpleNamespace(config=DebugConfig())
     views = [
-        SimpleNamespace(ctx=ctx, data=SimpleNamespace(target_grad=tg, loss=loss, classes=classes))
-        for tg, loss in readings
+        SimpleNamespace(
+            ctx=ctx, data=SimpleNamespace(target_grad=tg, loss=loss, classes=classes, warm_start=warm_start and i == 0)
+        )
+        for i, (tg, loss) in enumerate(readings)
     ]
     return [fit.converged(view) for view in views]
 
@@ -314,6 +318,11 @@ def test_a_fit_has_converged_when_its_loss_gradient_falls_tenfold_or_its_loss_a_
     assert fit_readings(binary, classes=2) == [False, False, True, False]
     assert fit_readings(binary, classes=0) == [False, False, False, False]  # no logits: the hundredfold rule
     assert fit_readings([(1.0, 2.0), (1.0, 0.05)], classes=2) == [False, False]  # 2.9 log 2 at first: not at chance
+    # a classifier met mid-training (its optimizer held state) far below chance had learned: measured from chance
+    resumed = [(1.0, 0.02), (1.0, 0.015), (1.0, 0.3)]
+    assert fit_readings(resumed, classes=2, warm_start=True) == [True, True, False]
+    assert fit_readings(resumed, classes=2) == [False, False, False]  # a fresh run that low: a loss scaled down
+    assert fit_readings([(1.0, 0.2), (1.0, 0.05)], classes=2, warm_start=True) == [False, False]  # not far below
 
 
 class SkipTower(nn.Module):
