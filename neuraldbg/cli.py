@@ -215,17 +215,11 @@ def _refuse_an_input_as_output(output: str, inputs: Sequence[str]) -> None:
     """Refuse, before anything is written, an output path that is one of the input traces (the same file, however
     named: through a link, a relative path, a hard link, or as one of an input folder's files): writing the report
     there would replace the trace it reads."""
-    from .export.files import OutputError
+    from .export.files import OutputError, same_file
     from .text import printable
 
-    def same(a: str, b: str) -> bool:
-        try:
-            return os.path.realpath(a) == os.path.realpath(b) or os.path.samefile(a, b)
-        except (OSError, ValueError):  # one of them does not exist (or is no valid path): not the same file
-            return False
-
     for path in inputs:
-        if same(output, path):
+        if same_file(output, path):
             raise OutputError(
                 f"{printable(output)}: is the input trace {printable(path)}; writing the report there would "
                 "replace the trace: give another output file"

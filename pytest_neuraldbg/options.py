@@ -466,24 +466,21 @@ def check_outputs_apart(config: pytest.Config, values: Mapping[str, Any], source
     junit = values.get("junit")
     if junit is None:
         return
+    from neuraldbg.export.files import same_file  # only with a JUnit file: the engine's files stay unread otherwise
+
     shown = printable(str(junit))
     xml = getattr(config.option, "xmlpath", None)
-    if xml and _same_path(junit, config.invocation_params.dir / Path(xml).expanduser()):
+    if xml and same_file(junit, config.invocation_params.dir / Path(xml).expanduser()):
         raise pytest.UsageError(
             f"neuraldbg: {sources['junit']}: {shown} is also pytest's --junitxml file: one would overwrite the "
             "other; give the plugin's JUnit file its own path"
         )
     report = values.get("report")
-    if report is not None and any(_same_path(junit, there) for there in (report, *(report / f for f in REPORT_FILES))):
+    if report is not None and any(same_file(junit, there) for there in (report, *(report / f for f in REPORT_FILES))):
         raise pytest.UsageError(
             f"neuraldbg: {sources['junit']}: {shown} is the report folder of {sources['report']} or one of its "
             f"files ({', '.join(REPORT_FILES)}); give the JUnit file a path of its own"
         )
-
-
-def _same_path(a: Path, b: Path) -> bool:
-    """Whether two paths name one file, existing or not (symbolic links and ``..`` resolved)."""
-    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def check_output(option: Option, path: Path, source: str) -> None:

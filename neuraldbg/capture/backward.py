@@ -143,8 +143,7 @@ class BackwardPath:
             if rec.scaler.scaler is None and rec.scaler.discover():
                 rec.adopt_scaler()
             if id(optimizer) not in self._lr_seen and rec.clock.optimizer_steps == 0 and optimizer.state:
-                rec.coverage.warm_start = True  # it stepped before the debugger was attached
-                rec.pending.data.warm_start = True  # (the fit's progress is measured from this step's readings)
+                rec.pending.data.warm_start = True  # it stepped before the debugger was attached
             self._fwd.close()
             self._fwd.compiled.pull()
             closure = _closure(args, kwargs)

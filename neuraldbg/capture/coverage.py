@@ -191,7 +191,7 @@ class Coverage:
     # (RL episodes of different lengths)
     _input_numel: int = 0
     _forwards: int = 0
-    warm_start: bool = False  # the optimizer had state before the first observed step (attached mid-training)
+    warm_start: bool = False  # the optimizer had state before the first observed step (its record says so)
     # an activation between the logits and a loss that normalises them itself (capture/loss_graph.py):
     # (activation, loss, layer, step), layer "" when no watched layer's output is it or its input
     activated_loss: tuple[str, str, str, int] | None = None
@@ -326,6 +326,7 @@ class Coverage:
         """Count one analysed step."""
         self.steps += 1
         self.last_step = max(self.last_step, record.step)
+        self.warm_start = self.warm_start or record.warm_start
         if record.loss is not None:
             self.last_loss = record.loss
             if not self.losses.count and math.isfinite(record.loss):

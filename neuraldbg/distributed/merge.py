@@ -463,23 +463,10 @@ def merge(
 
 # --- saved traces -----------------------------------------------------------------------------------------
 
-_RANK_IN_NAME = re.compile(r"(?<![a-z])rank[_-]?(\d{1,9})(?!\d)", re.IGNORECASE)
-
-
 #: How a rank's trace is named where NeuralDBG and its documentation save one (``dbg.save(f"run.rank{rank}.json")``):
 #: ``rank<N>`` as the last dotted part before ``.json``. A name that merely holds "rank_2" somewhere (a test
 #: ``test_low_rank_2`` in a report folder) is not a rank's trace.
 _RANK_TRACE_NAME = re.compile(r"(?:\A|\.)rank(\d{1,9})\.json\Z")
-
-
-def rank_from_name(path: str) -> int | None:
-    """The rank a file name states (``run.rank1.json``, ``rank_3.json``); None when it states none or several.
-
-    A loose reading, for a name a person typed; whether a saved trace is a rank's is told by :func:`stated_rank`,
-    which trusts only what the trace records and the name a distributed run gives its trace.
-    """
-    found = {int(m) for m in _RANK_IN_NAME.findall(os.path.basename(path))}
-    return found.pop() if len(found) == 1 else None
 
 
 def stated_rank(trace: Any) -> int | None:
@@ -555,7 +542,6 @@ __all__ = [
     "RankInfo",
     "merge",
     "merge_traces",
-    "rank_from_name",
     "stated_rank",
     "summarize",
 ]

@@ -52,6 +52,15 @@ class OutputError(NeuralDbgError, OSError):
     expected."""
 
 
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two paths name one file, existing or not: the same path once links and ``..`` are resolved, or, for
+    files that exist, the same file (a hard link). A path that cannot be looked at names no file of the other."""
+    try:
+        return os.path.realpath(a) == os.path.realpath(b) or os.path.samefile(a, b)
+    except (OSError, ValueError):  # one of them does not exist (or is no valid path)
+        return False
+
+
 def check_target(path: str | os.PathLike[str]) -> Path:
     """``path`` as a :class:`Path` when a regular file may be written there (nothing there yet, or a regular file);
     else :class:`OutputError` naming what is there."""

@@ -413,10 +413,7 @@ def _norms_of_group(dtype: torch.dtype, group: list[Tensor]) -> Sequence[Tensor]
     if dtype == torch.float32:
         return torch._foreach_norm(group)
     # float64, complex, integer: one by one (a complex norm is real)
-    return [
-        torch.linalg.vector_norm(t.float() if not t.is_floating_point() and not t.is_complex() else t).float()
-        for t in group
-    ]
+    return [torch.linalg.vector_norm(_reducible(t)).float() for t in group]
 
 
 def _grouped_norms(tensors: Sequence[Tensor]) -> list[Tensor]:

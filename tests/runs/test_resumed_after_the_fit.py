@@ -97,3 +97,23 @@ def test_gradients_that_vanish_in_a_run_watched_from_a_checkpoint_at_chance_are_
         after = steps(30, 110)
     assert after[0] > CHANCE_START[0] * torch.log(torch.tensor(4.0)).item()  # still at chance when watched
     assert FailureKind.VANISHING_GRADIENTS in [h.kind for h in dbg.hypotheses()]
+
+
+def test_a_run_is_met_mid_training_exactly_when_its_optimizer_held_state_at_the_first_observed_step():
+    """The first step's record says whether an optimizer had already stepped; the run's coverage reads it there."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(32, 8), torch.randint(0, 2, (32,))
+
+    def step() -> None:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    with NeuralDbg(model) as fresh:
+        step()
+    assert opt.state  # ground truth: Adam holds its moments from now on
+    with NeuralDbg(model) as resumed:
+        step()
+    assert not fresh._analyzer.coverage.warm_start and resumed._analyzer.coverage.warm_start

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
@@ -19,8 +20,8 @@ from neuraldbg.distributed.merge import (
     NO_SUMMARY,
     merge,
     merge_traces,
-    rank_from_name,
     rank_list,
+    stated_rank,
     summarize,
 )
 from neuraldbg.events import EventType, SemanticEvent
@@ -186,16 +187,17 @@ def test_ranks_are_listed_with_runs_as_ranges():
     ("name", "rank"),
     [
         ("run.rank0.json", 0),
-        ("trace_rank_12.json", 12),
-        ("RANK-3.json", 3),
+        ("rank3.json", 3),
         ("/data/rank9/run.rank1.json", 1),  # only the file name counts
+        ("trace_rank_12.json", None),  # a name that holds a rank is not a rank's trace: the writer's form only
+        ("RANK-3.json", None),
         ("frank2.json", None),
         ("rank1-rank2.json", None),
         ("run.json", None),
     ],
 )
-def test_a_file_name_states_a_rank_only_when_it_names_exactly_one(name: str, rank: int | None):
-    assert rank_from_name(name) == rank
+def test_a_file_name_states_a_rank_only_in_the_form_a_ranks_trace_is_saved(name: str, rank: int | None):
+    assert stated_rank(SimpleNamespace(meta={}, source=name)) == rank
 
 
 def test_meta_rank_wins_over_the_file_name(job_dir: Path, tmp_path: Path):
