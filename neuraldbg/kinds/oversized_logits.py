@@ -15,10 +15,11 @@ Judged on the first recorded loss, the one before any update (the loss is record
 does not hand it over; a learning rate far too high throws the next ones up, which says nothing of the initialisation),
 only for a loss that normalises logits itself and averages over its samples (read from the loss's autograd graph,
 :mod:`neuraldbg.capture.loss_graph`: a summed cross-entropy starts at samples x log(classes) whatever the logits; a
-label-smoothed mean starts at log(classes) too), a model whose output has two or more classes, and a run the debugger
-met at its start (a model met mid-training may be anywhere) whose first step a GradScaler did not skip, and whose first
-recorded loss is one backward pass's (LBFGS evaluating its closure four times without ``zero_grad`` adds the four losses
-up: 8.8 = 2.35 + 2.34 + 2.15 + 1.96 for 10 classes, an untrained classifier's each).
+label-smoothed mean starts at log(classes) too), a loss that chooses among two or more classes (its rows' own options,
+not the width of a feature tensor the model returns before its logits: see :func:`.loss_evidence.chance_level`), and a
+run the debugger met at its start (a model met mid-training may be anywhere) whose first step a GradScaler did not skip,
+and whose first recorded loss is one backward pass's (LBFGS evaluating its closure four times without ``zero_grad`` adds
+the four losses up: 8.8 = 2.35 + 2.34 + 2.15 + 1.96 for 10 classes, an untrained classifier's each).
 Logits that are cosine similarities times a scale (ArcFace and CosFace heads with s = 30 to 64 and an angular
 margin against the labels' class, CLIP's 1/0.07, read from the loss's graph) are not judged: they are bounded by a
 scale the user chose, whatever the initialisation, and a margin raises the first loss by design (ArcFace on
@@ -35,6 +36,7 @@ from ..events import FailureKind, SemanticEvent
 from ..reasoning.topology import Topology
 from ..text import count, num
 from .base import LAST_RANK, Kind, RootLane, Series, run_event
+from .loss_evidence import chance_level
 
 KIND = FailureKind.OVERSIZED_LOGITS
 
@@ -52,9 +54,12 @@ class OversizedLogits(Kind):
     run_level = True
 
     def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
-        classes = coverage.training.classes
+        # the classes the loss chose among: the output's last dimension, unless the loss's own rows hold another
+        # number of options (a model returning its 2-d features before its logits, a prototypical net's distances to
+        # its prototypes) or its labels index another dimension (see loss_evidence.chance_level)
+        classes, chance = chance_level(coverage)
         losses = coverage.losses
-        if not (coverage.classifier_loss and coverage.classifier_mean and classes > 1 and losses.first):
+        if not (coverage.classifier_loss and coverage.classifier_mean and classes > 1 and chance and losses.first):
             return None
         if coverage.classifier_cosine:
             return None  # cosine similarities times a scale: their size is the scale the user chose (ArcFace's 30)
@@ -66,7 +71,6 @@ class OversizedLogits(Kind):
         if coverage.first_loss_terms > 1:
             return None  # the losses of several backward passes added up (a closure evaluated again without
             # zero_grad, micro-batches): no one forward pass's level
-        chance = math.log(classes)
         if not start >= START_FACTOR * chance:
             return None
         return run_event(

@@ -415,3 +415,72 @@ def test_a_label_smoothed_loss_keeps_log_classes_as_its_chance_level_not_the_lab
     assert loss_evidence.label_prior(coverage, 0.05) == 0.8  # below the band of log 4 = 1.39: imbalanced
     coverage.classifier_smoothed = True
     assert loss_evidence.label_prior(coverage, 0.05) is None
+
+
+# --------------------------------------------------------------------------------------------- features before logits
+
+
+class FeaturesThenLogits(nn.Module):
+    """A classifier whose forward returns its 2-d feature layer first, then its logits (the features plotted, or
+    fed to a centre loss): the output's first 2-d tensor is no row of classes."""
+
+    def __init__(self, normal_init: bool) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 2))
+        self.fc = nn.Linear(2, CLASSES)
+        if normal_init:
+            for layer in (*self.body, self.fc):
+                if isinstance(layer, nn.Linear):
+                    nn.init.normal_(layer.weight, std=1.0)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.body(x)
+        return features, self.fc(features)
+
+
+def test_the_classes_are_the_losss_not_those_of_a_feature_tensor_returned_before_the_logits() -> None:
+    def logits_loss(output: tuple[torch.Tensor, torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(output[1], y)
+
+    def run(normal_init: bool, watched: bool) -> tuple[list[float], float, NeuralDbg | None]:
+        torch.manual_seed(0)
+        model = FeaturesThenLogits(normal_init)
+        make = support.classification_batches((32,), CLASSES, batch=64)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        losses: list[float] = []
+
+        def loop() -> None:
+            for step in range(STEPS):
+                x, y = make(step)
+                opt.zero_grad()
+                loss = logits_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                losses.append(float(loss.detach()))
+
+        dbg = None
+        if watched:
+            with NeuralDbg(model) as dbg:
+                loop()
+        else:
+            loop()
+        with torch.no_grad():
+            held = [make(10_000 + i) for i in range(4)]
+            accuracy = sum(float((model(x)[1].argmax(1) == y).float().mean()) for x, y in held) / len(held)
+        return losses, accuracy, dbg
+
+    # plain torch: the default-init model starts at log(10) (over 3 x log(2), the level of the features' width) and
+    # learns; the N(0, 1) one starts far above log(10)
+    losses, accuracy, _ = run(normal_init=False, watched=False)
+    assert 0.9 < start(losses, CLASSES) < 1.2 and start(losses, 2) > 3
+    assert accuracy > 0.3  # chance: 0.1
+    big, _, _ = run(normal_init=True, watched=False)
+    assert start(big, CLASSES) > 5
+
+    _, _, healthy = run(normal_init=False, watched=True)
+    assert healthy is not None and not found(healthy), healthy.explain_failure()
+    _, _, dbg = run(normal_init=True, watched=True)
+    assert dbg is not None
+    hits = found(dbg)
+    assert hits, dbg.explain_failure()
+    assert hits[0].root.metrics["classes"] == CLASSES, hits[0].root.metrics
