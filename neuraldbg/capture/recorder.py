@@ -102,6 +102,10 @@ class Recorder:
         # _note_moved_unseen)
         self._still: set[str] = set()
         self._sums: dict[str, int] = {}
+        # ... and of those frozen at the last measured update, read at its flush, with the attachment it was read in
+        # (see _moved_between_updates); attachments so far
+        self._update_sums: tuple[int, dict[str, int]] = (0, {})
+        self._attachments = 0
         # forward passes of the model in training mode with gradients on (ForwardPath._begin; for a model trained in
         # eval mode, its eval-mode ones that a backward pass followed), and their count at attach(): an attachment
         # that ran one trained, one that did not (a validation pass, a step alone) did not
@@ -119,6 +123,7 @@ class Recorder:
             # graphs compiled while this debugger's hook was absent would never call it: compile them again
             hooks.forget_compiled_code()
         self._forwards_at_attach = self.training_forwards
+        self._attachments += 1
         self.forward.attach()
         self.ledger.attach()
         self.backward.grads.attach()
@@ -175,8 +180,28 @@ class Recorder:
             return
         before = self._sums
         self._sums = self._parameter_sums(self._still) if self._still else {}
+        self._record_moved(before, self._sums)
+
+    def _moved_between_updates(self) -> None:
+        """At the flush of a measured update: a parameter frozen at this measured update and at the one before it
+        (unchanged with a gradient, no optimizer seen stepping it with a learning rate) whose values changed in
+        between was updated out of sight, inside the attachment: by an optimizer of its own that steps on other
+        steps than the measured ones (every 50th iteration, on the gradient accumulated since its last step). Kept
+        as :meth:`_note_moved_unseen` keeps it. A parameter stepped at a measured update in between left the frozen
+        ones there: the comparison starts again from the next one that finds it frozen, so a layer added to the
+        optimizer mid-run is not taken for one that was always updated. Two readings of one attachment only: across
+        attachments :meth:`_note_moved_unseen` compares, at each ``detach()``. Only such parameters are read."""
+        attachment, before = self._update_sums
+        now = self._parameter_sums(self._still) if self._still else {}
+        self._update_sums = (self._attachments, now)
+        if attachment == self._attachments:
+            self._record_moved(before, now)
+
+    def _record_moved(self, before: dict[str, int], now: dict[str, int]) -> None:
+        """Note each parameter whose checksum differs between ``before`` and ``now`` as changed out of sight at
+        this step, with the longest wait between two of its changes."""
         step, moved = self.clock.step, self.coverage.moved_unseen
-        for name, value in self._sums.items():
+        for name, value in now.items():
             if name in before and before[name] != value:
                 last, gap = moved.get(name, (step, 0))
                 moved[name] = (step, max(gap, step - last))
@@ -356,10 +381,12 @@ class Recorder:
         vectors = [v for p in buffer for v in p.vectors]
         values = stats.to_host_parts(scalars, vectors)
         i, j = 0, len(scalars)
+        measured = False
         for part in buffer:
             n = sum(len(entries) for entries in part.vtargets)
             part.file(values[i : i + len(part.tensors)], values[j : j + n])
             grads, stepped = part.data.grad, part.data.stepped
+            measured = measured or bool(part.data.update)
             for name, (delta, _) in part.data.update.items():
                 # unchanged with a gradient and no optimizer seen stepping it with a learning rate: frozen, or out of
                 # sight (one that stepped it too little to move it is a stall)
@@ -369,6 +396,8 @@ class Recorder:
                     self._still.discard(name)
             i += len(part.tensors)
             j += n
+        if measured and (self._still or self._update_sums[1]):
+            self._moved_between_updates()
         records = [p.data for p in buffer]
         suspicious = False
         for record in records:

@@ -114,12 +114,14 @@ class FrozenParameters(Kind):
         frozen state ended at a fully observed step before the last one, while the run still stepped with a learning
         rate above 0. A group at 0 to the end, and parameters left out of every optimizer, stay frozen.
 
-        Nor are parameters seen changed out of sight (see ``Recorder._note_moved_unseen``) until the last change
-        seen of any parameter, in their own rhythm (no longer after their last change than between two of them):
-        their optimizer steps after the ``with dbg:`` block, or in a block of its own, so every update measured reads
-        zero (``close()`` commits the step before its update), and micro-batches closed after the run's last step
-        read zero too. A parameter truly left out of the optimizer does not change, and stays; one that stopped
-        changing while others went on (a group set to learning rate 0 mid-run) stays too."""
+        Nor are parameters seen changed out of sight (see ``Recorder._note_moved_unseen`` and
+        ``Recorder._moved_between_updates``) until the last change seen of any parameter, in their own rhythm (no
+        longer after their last change than between two of them): their optimizer steps after the ``with dbg:``
+        block, or in a block of its own, so every update measured reads zero (``close()`` commits the step before its
+        update), and micro-batches closed after the run's last step read zero too; or an optimizer of their own steps
+        them on other steps than the measured ones (every 50th iteration), so two measured updates in a row find them
+        unchanged and they changed in between. A parameter truly left out of the optimizer does not change, and
+        stays; one that stopped changing while others went on (a group set to learning rate 0 mid-run) stays too."""
         m = event.metrics
         seen = coverage.moved_unseen.get(event.param) if event.kind is KIND and event.param is not None else None
         if seen is not None and coverage.last_unseen_move - seen[0] <= seen[1]:

@@ -534,3 +534,38 @@ def test_a_model_trained_in_eval_mode_after_the_block_is_told_so_and_not_frozen(
         opt.step()
     assert all(not torch.equal(a, p.detach()) for a, p in zip(start, model.parameters()))  # plain torch: all move
     assert {e.kind for e in dbg.events} == {FailureKind.EVAL_MODE_TRAINING}, dbg.report()
+
+
+@pytest.mark.parametrize("every", [10, 50, None])
+def test_a_layer_with_an_optimizer_of_its_own_stepped_every_k_iterations_is_not_frozen(every: int | None) -> None:
+    """One block; the head on SGD every iteration, the first layer on an optimizer of its own stepped every 10th or
+    50th iteration on the gradient accumulated since (a slow optimizer on a disjoint set: learned loss weights). At
+    every 50th its steps never land on a measured update, at every 10th its first lands after 9 measured zeros: it
+    is seen changed between two measured updates that both found it unchanged, and is not frozen. Never stepped
+    (``None``: the second optimizer left out of the loop), it is reported as before."""
+    model = _model()
+    fast = torch.optim.SGD(model[2].parameters(), lr=0.05)
+    slow = torch.optim.SGD(model[0].parameters(), lr=0.05 / (every or 1))  # the accumulated gradient's mean
+    start = model[0].weight.detach().clone()
+    changes = 0
+    with NeuralDbg(model) as dbg:
+        for step in range(200):
+            fast.zero_grad()
+            _loss(model).backward()
+            fast.step()
+            if every is not None and step % every == every - 1:
+                before = model[0].weight.detach().clone()
+                slow.step()
+                slow.zero_grad()
+                changes += not torch.equal(before, model[0].weight.detach())
+    # plain torch: the first layer changes at each of its optimizer's steps, and only then; the model fits
+    assert float(_loss(model).detach()) < 0.2 * float(_Y.var())
+    assert changes == (200 // every if every else 0)
+    assert torch.equal(start, model[0].weight.detach()) is (every is None)
+    if every is None:
+        assert _frozen_layers(dbg) == {"0"}, dbg.report()
+        assert not dbg._recorder.coverage.moved_unseen
+    else:
+        assert not _frozen_layers(dbg), dbg.report()
+        assert not dbg.explain_failure(), dbg.report()
+        assert set(dbg._recorder.coverage.moved_unseen) == {"0.weight", "0.bias"}
