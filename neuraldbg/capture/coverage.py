@@ -195,6 +195,10 @@ class Coverage:
     # an activation between the logits and a loss that normalises them itself (capture/loss_graph.py):
     # (activation, loss, layer, step), layer "" when no watched layer's output is it or its input
     activated_loss: tuple[str, str, str, int] | None = None
+    # a binary cross-entropy on a softmax's output (the layer whose output the softmax took, the step it was first
+    # seen at), and the most positive labels its targets held per row, on average, on one backward pass
+    softmax_bce: tuple[str, int] | None = None
+    softmax_positives: float = 0.0
     # a loss that compared each sample's prediction with other samples' targets (capture/loss_graph.py: crossed):
     # (what compared them, the prediction's shape, the shape compared, the layer whose output it is, step)
     crossed_loss: tuple[str, tuple[int, ...], tuple[int, ...], str, int] | None = None
@@ -356,6 +360,8 @@ class Coverage:
             self.target_baseline, self.baseline_kind = tuple(found), record.baseline_kind
         if record.loss_options is not None:
             self.loss_options = max(self.loss_options, record.loss_options)
+        if record.softmax_positives is not None:
+            self.softmax_positives = max(self.softmax_positives, record.softmax_positives)
         if record.log_prob_gap is not None:
             if self.log_prob_gap is None:
                 self.log_prob_step = record.step

@@ -56,6 +56,7 @@ from ..stats.tensors import (
     merge_moments,
     out_of_range,
     outside_unit,
+    positive_labels,
     sample_outcomes,
     target_baseline,
     target_moments,
@@ -96,8 +97,10 @@ _State = tuple[Tensor, int] | None
 #: it cannot reach (with what bounds it), how often each class is an nll_loss's label (with the number of classes),
 #: the per-column moments of a binary cross-entropy's or a mean squared error's targets (with the loss's kind and the
 #: count of values outside [0, 1]), the classes a row chose among, each sample's own loss and hit (see
-#: stats.samples), how much of a clamped binary cross-entropy input lay outside [0, 1], and how often each class is
-#: an nll_loss's label on a fully observed step (with the number of classes; see capture/label_mix.py).
+#: stats.samples), how much of a clamped binary cross-entropy input lay outside [0, 1], how often each class is
+#: an nll_loss's label on a fully observed step (with the number of classes; see capture/label_mix.py), and how many
+#: positive labels a binary cross-entropy on a softmax's output asks of each of its rows (with the softmax's node and
+#: the node whose output it took).
 _LossReadings = tuple[
     Tensor | None,
     tuple[Tensor, int, str, int, int] | None,
@@ -108,9 +111,10 @@ _LossReadings = tuple[
     tuple[Tensor, Tensor] | None,
     tuple[Tensor, loss_graph.ClampedScores] | None,
     tuple[Tensor, int] | None,
+    tuple[Tensor, int, int] | None,
 ]
 #: The readings of a backward pass whose graph was not looked at.
-_NO_READINGS: _LossReadings = (None, None, None, None, None, None, None, None, None)
+_NO_READINGS: _LossReadings = (None, None, None, None, None, None, None, None, None, None)
 
 
 @dataclass(slots=True)
@@ -244,6 +248,9 @@ class GradLedger:
             # ... and the input of a clamp that made a binary cross-entropy's input: were they probabilities?
             clamped = loss_graph.clamped_scores(checked) if checked else None
             clamp = (outside_unit(clamped.values), clamped) if clamped is not None else None
+            # ... and the targets of a binary cross-entropy on a softmax's output: how many labels each row holds
+            soft = loss_graph.softmax_under_bce(checked) if checked else None
+            positives = (positive_labels(soft.target, soft.dim), soft.node, soft.below) if soft is not None else None
             # ... and the targets of a loss by value on a bounded activation's output: can it reach them?
             bounded = loss_graph.bounded_prediction(checked) if checked else None
             reach = (out_of_range(bounded.target, bounded.low, bounded.high), bounded) if bounded is not None else None
@@ -285,7 +292,7 @@ class GradLedger:
             moments = None
             if targeted is not None:
                 moments = (targeted.kind, *target_moments(targeted.target, targeted.kind == "bce"))
-            readings = (profile, gap, reach, counts, moments, options, per_sample, clamp, mix)
+            readings = (profile, gap, reach, counts, moments, options, per_sample, clamp, mix, positives)
             return partial(self._after, loss, states, carried, check, manual, roots, readings)
         except Exception as exc:
             rec.fail("the backward-call listener", exc)
@@ -438,7 +445,7 @@ class GradLedger:
         out of its reach (``reach``) and the entropy of the labels of an ``nll_loss`` counted so far (``counts``:
         this pass's counts, added to the earlier ones') and the chance level of a binary cross-entropy or a mean
         squared error from its targets' moments so far (``moments``) are filed for the flush."""
-        profile, gap, reach, counts, moments, options, _, clamp, _ = readings
+        profile, gap, reach, counts, moments, options, _, clamp, _, positives = readings
         rec = self._rec
         self._loss_checks -= 1
         graph = loss_graph.read(roots)  # no roots (a backward pass from a given gradient, not a loss): nothing
@@ -482,6 +489,13 @@ class GradLedger:
             self._file_targets(moments)
         if options is not None:  # the classes the loss chose among (a contrastive loss: the batch, less its mask)
             rec.pending.put("loss_options", None, options)
+        if positives is not None:  # read at the flush; the layer whose output the softmax is, named now
+            if rec.coverage.softmax_bce is None:
+                rec.coverage.softmax_bce = (
+                    nodes.get(positives[1]) or nodes.get(positives[2], ""),
+                    rec.pending.data.step,
+                )
+            rec.pending.put("softmax_positives", None, positives[0])
         found = graph.activated
         if found is not None:
             layer = nodes.get(found.node) or nodes.get(found.below, "")

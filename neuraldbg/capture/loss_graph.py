@@ -791,6 +791,43 @@ class LossTargets:
     target: Tensor
 
 
+@dataclass(frozen=True, slots=True)
+class SoftmaxTargets:
+    """A binary cross-entropy on probabilities (``nn.BCELoss``) whose input is a softmax's output: the softmax's
+    node and the node whose output it took (to name the layer), the loss's targets and the dimension the softmax
+    normalised (to be read on the device, then dropped)."""
+
+    node: int
+    below: int
+    target: Tensor
+    dim: int
+
+
+def softmax_under_bce(losses: list[Tensor]) -> SoftmaxTargets | None:
+    """The first ``binary_cross_entropy`` below the roots of one backward call (``losses``, before it runs: the pass
+    frees what the graph saved) when its input is a softmax's output of the targets' shape (looking through
+    reshapes), else None. A softmax makes the values along its dimension sum to 1; ``nn.BCELoss`` asks each of them
+    for its own label: targets that hold more than one positive label along that dimension (multi-label tags)
+    cannot be reached (see :mod:`neuraldbg.kinds.activation_before_loss`). Graph attributes only: nothing read."""
+    for node, _ in _walk(losses):
+        if type(node).__name__ != _BCE:
+            continue
+        found = _producer(node)
+        if type(found).__name__ != "SoftmaxBackward0":
+            return None
+        target, result = getattr(node, "_saved_target", None), getattr(found, "_saved_result", None)
+        dim = getattr(found, "_saved_dim", None)
+        if not (isinstance(target, Tensor) and isinstance(result, Tensor) and isinstance(dim, int)):
+            return None
+        if type(target) is not Tensor or not target.is_floating_point() or target.shape != result.shape:
+            return None  # a subclass (a shard: its reading would be a collective), or reshaped in between
+        if not target.dim():
+            return None
+        dim = (dim - _WRAP if dim >= _WRAP // 2 else dim) % target.dim()
+        return SoftmaxTargets(id(found), id(_first_input(found)), target, dim)
+    return None
+
+
 _UNIT_SCALES = frozenset({"DivBackward0", "MulBackward0"})
 
 

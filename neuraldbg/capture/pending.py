@@ -187,6 +187,8 @@ class Pending:
             dst.clamped_outside = merge_max(dst.clamped_outside, src.clamped_outside)
         if src.loss_options is not None:
             dst.loss_options = merge_max(dst.loss_options, src.loss_options)
+        if src.softmax_positives is not None:
+            dst.softmax_positives = merge_max(dst.softmax_positives, src.softmax_positives)
         dst.carried = src.carried or dst.carried
         dst.decayed = src.decayed or dst.decayed
         dst.carried_by = src.carried_by or dst.carried_by
@@ -399,6 +401,7 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "log_prob_gap": _largest("log_prob_gap"),
     "clamped_outside": _largest("clamped_outside"),
     "loss_options": _largest("loss_options"),
+    "softmax_positives": _largest("softmax_positives"),
     "target_range": _profile("target_range"),
     "label_prior": _profile("label_prior"),
     "label_step": _label_step,

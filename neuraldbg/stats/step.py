@@ -101,6 +101,9 @@ class StepData:
     # ... and how many classes each of its rows chooses among: its finite entries (a contrastive loss masks each
     # sample's own column), averaged over the rows; None: not read
     loss_options: float | None = None
+    # ... and, for a binary cross-entropy on a softmax's output, how many positive labels its targets hold along the
+    # softmax's dimension, averaged over its rows; None: not read
+    softmax_positives: float | None = None
     # a binary cross-entropy or a mean squared error that is the loss (its mean): its chance level from the targets
     # of the first backward passes (capture/ledger.py), [per column, pooled, samples per column, values outside
     # [0, 1] or not finite], and the loss's kind ("bce", "mse")

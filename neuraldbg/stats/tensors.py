@@ -307,6 +307,12 @@ def outside_unit(t: Tensor) -> Tensor:
     return outside.sum().float() / finite.sum().clamp(min=1).float()
 
 
+def positive_labels(target: Tensor, dim: int) -> Tensor:
+    """How many positive labels ``target`` holds along ``dim`` per row (its values summed there: a soft label counts
+    its weight), averaged over the rows, as a 0-d float tensor on its device (read later)."""
+    return target.detach().float().sum(dim).mean()
+
+
 def labels_ahead(input_ids: Tensor, labels: Tensor, ignore: int = -100) -> Tensor:
     """The fraction of the scored label positions t (all but the last; ``ignore`` is not scored) whose label is
     the next input token ``input_ids[:, t + 1]``, as a 0-d float tensor on the labels' device (read later)."""

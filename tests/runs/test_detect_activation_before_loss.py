@@ -186,3 +186,72 @@ def test_reading_the_loss_graph_changes_nothing_in_the_training():
     assert plain == watched
     for a, b in zip(plain_model.parameters(), watched_model.parameters()):
         assert torch.equal(a, b)
+
+
+# --------------------------------------------------------------------------------------------- softmax before BCELoss
+
+TAGS = 6
+_TAG_WEIGHTS = torch.randn(16, TAGS, generator=torch.Generator().manual_seed(3))
+
+
+def tagged(n: int, seed: int, one_hot: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and their tags: several per row (a threshold on a linear map of the input), or the one largest."""
+    x = torch.randn(n, 16, generator=torch.Generator().manual_seed(seed))
+    scores = x @ _TAG_WEIGHTS
+    if one_hot:
+        return x, F.one_hot(scores.argmax(1), TAGS).float()
+    return x, (scores > 0.5).float()
+
+
+def train_tagger(activation: str, one_hot: bool, watched: bool) -> tuple[float, float, NeuralDbg | None]:
+    """A multi-label MLP trained with binary_cross_entropy on its outputs after ``activation``; returns the targets'
+    positive labels per row, the held-out F1 (each output over 0.5 is a tag) and the debugger."""
+    torch.manual_seed(0)
+    x, y = tagged(2048, 1, one_hot)
+    held_x, held_y = tagged(512, 2, one_hot)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, TAGS))
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    squash = (lambda o: F.softmax(o, dim=1)) if activation == "softmax" else torch.sigmoid
+
+    def loop() -> None:
+        for epoch in range(2):
+            order = torch.randperm(2048, generator=torch.Generator().manual_seed(epoch))
+            for i in range(0, 2048, 32):
+                idx = order[i : i + 32]
+                opt.zero_grad()
+                F.binary_cross_entropy(squash(model(x[idx])), y[idx]).backward()
+                opt.step()
+
+    dbg = None
+    if watched:
+        with NeuralDbg(model) as dbg:
+            loop()
+    else:
+        loop()
+    with torch.no_grad():
+        predicted = (squash(model(held_x)) > 0.5).float()
+    f1 = float(2 * (predicted * held_y).sum() / (predicted.sum() + held_y.sum()))
+    return float(y.sum(1).mean()), f1, dbg
+
+
+def test_a_softmax_before_bce_on_multi_label_targets_is_found_and_its_sigmoid_and_one_hot_twins_are_not():
+    # plain torch: the tags are several per row; with a softmax the tagger cannot reach them, with a sigmoid it can;
+    # one-hot targets a softmax can reach
+    positives, f1, _ = train_tagger("softmax", one_hot=False, watched=False)
+    _, twin_f1, _ = train_tagger("sigmoid", one_hot=False, watched=False)
+    one_hot_positives, one_hot_f1, _ = train_tagger("softmax", one_hot=True, watched=False)
+    assert positives > 1.5 and one_hot_positives == 1.0
+    assert f1 < twin_f1 - 0.3 and twin_f1 > 0.8 and one_hot_f1 > 0.6, (f1, twin_f1, one_hot_f1)
+
+    _, _, dbg = train_tagger("softmax", one_hot=False, watched=True)
+    assert dbg is not None
+    hits = [h for h in dbg.hypotheses() if h.kind.value == KIND]
+    assert hits, dbg.explain_failure()
+    assert hits[0].root.layer == "2" and hits[0].root.detail == "softmax"
+    assert math.isclose(hits[0].root.metrics["positives"], positives, rel_tol=0.25)
+    assert "sigmoid" in hits[0].explanation and "BCEWithLogitsLoss" in hits[0].explanation
+
+    for activation, one_hot in (("sigmoid", False), ("softmax", True)):
+        _, _, twin = train_tagger(activation, one_hot=one_hot, watched=True)
+        assert twin is not None
+        assert not [h for h in twin.hypotheses() if h.kind.value == KIND], (activation, twin.explain_failure())
