@@ -63,6 +63,9 @@ class OversizedLogits(Kind):
             return None
         if coverage.classifier_cosine:
             return None  # cosine similarities times a scale: their size is the scale the user chose (ArcFace's 30)
+        if coverage.nll_dim >= 0:
+            return None  # a log_softmax over another dimension (the batch's): the first loss is about log of its
+            # size whatever the logits (missing_log_softmax names that fault)
         step, start = losses.first[0]
         if coverage.warm_start or 0 <= losses.first_nonfinite < step:
             return None  # met mid-training, or the first loss was not finite: no loss before any update is known

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from neuraldbg import NeuralDbg
+from neuraldbg.kinds.oversized_logits import START_FACTOR
 
 KIND = "oversized_logits"
 CLASSES = 10
@@ -484,3 +485,29 @@ def test_the_classes_are_the_losss_not_those_of_a_feature_tensor_returned_before
     hits = found(dbg)
     assert hits, dbg.explain_failure()
     assert hits[0].root.metrics["classes"] == CLASSES, hits[0].root.metrics
+
+
+def test_a_log_softmax_over_the_batch_starts_at_log_batch_and_is_no_oversized_logit() -> None:
+    """``nll_loss(log_softmax(out, dim=0), y)``: each sample's log-probability is taken among the batch's rows, so
+    the first loss is about log(batch), whatever the logits' scale: the missing_log_softmax finding names that
+    fault; the logits are at unit scale and no oversized_logits is read from it."""
+    classes, batch = 4, 256
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, classes))
+    make = support.classification_batches((32,), classes, batch=batch)
+    x, y = make(0)
+    with torch.no_grad():  # plain torch: small logits, a first loss near log(batch), three times log(classes)
+        logits = model(x)
+        first = float(F.nll_loss(F.log_softmax(logits, dim=0), y))
+    assert float(logits.abs().max()) < 2
+    assert abs(first - math.log(batch)) < 0.2 and first > START_FACTOR * math.log(classes)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with NeuralDbg(model) as dbg:
+        for step in range(STEPS):
+            x, y = make(step)
+            opt.zero_grad()
+            F.nll_loss(F.log_softmax(model(x), dim=0), y).backward()
+            opt.step()
+    kinds = [h.kind.value for h in dbg.hypotheses()]
+    assert "missing_log_softmax" in kinds, dbg.explain_failure()
+    assert KIND not in kinds, dbg.explain_failure()
