@@ -704,6 +704,10 @@ def evidence(coverage: Coverage, config: DebugConfig, curve: Curve) -> dict[str,
         values.update(chance=curve.chance, classes=float(curve.classes))
     if coverage.classifier_loss or curve.chance is not None:
         values.update(classifier=1.0)  # the loss is a classifier's: its mistakes are likely causes
+    if coverage.classifier_loss and coverage.activated_loss is None:
+        # ... except those its graph rules out: a loss that normalises logits itself, given raw logits (no softmax,
+        # ReLU or sigmoid between them: activation_before_loss would say so)
+        values.update(logits_read=1.0)
     if curve.prior is not None:
         values.update(prior=curve.prior)
     if curve.baseline and not curve.at_chance_of_classes:  # a classifier's chance explains it in its own words
@@ -785,6 +789,8 @@ def causes(m: dict[str, float], finding: str, detail: str = "") -> list[Cause]:
     event's metrics (:func:`evidence`): the update/weight ratio, the weights' norm, clipping, the input's scale,
     parameters no gradient reaches (named in ``detail``, the event's)."""
     found: list[Cause] = []
+    # the loss graph showed a loss that normalises logits given raw logits: a classifier's loss mistakes are ruled out
+    fits = m.get("logits_read") == 1.0
     cut, stepped = m.get("ungraded", 0.0), m.get("stepped_params", 0.0)
     if cut and finding != "unstable":
         named = f" ({detail})" if detail else ""
@@ -935,16 +941,17 @@ def causes(m: dict[str, float], finding: str, detail: str = "") -> list[Cause]:
                 "decoded the same way (label columns in the same order); look at a few (input, label) pairs",
             )
         )
-        found.append(
-            Cause(
-                1.0,
-                "a loss that does not fit the output",
-                "a sigmoid before binary_cross_entropy_with_logits (which applies it itself) or targets of the wrong "
-                "kind also keep a loss near chance",
-                "give BCEWithLogitsLoss the raw logits and 0/1 float targets; use binary_cross_entropy only after "
-                "a sigmoid",
+        if not fits:
+            found.append(
+                Cause(
+                    1.0,
+                    "a loss that does not fit the output",
+                    "a sigmoid before binary_cross_entropy_with_logits (which applies it itself) or targets of the "
+                    "wrong kind also keep a loss near chance",
+                    "give BCEWithLogitsLoss the raw logits and 0/1 float targets; use binary_cross_entropy only after "
+                    "a sigmoid",
+                )
             )
-        )
     elif finding == "chance":
         if "new_loss" in m:
             found.append(
@@ -969,26 +976,28 @@ def causes(m: dict[str, float], finding: str, detail: str = "") -> list[Cause]:
                 "decoded the same way; look at a few (input, label) pairs",
             )
         )
-        found.append(
-            Cause(
-                1.0,
-                "a loss that does not fit the output",
-                "softmax before CrossEntropyLoss (which applies log_softmax itself) or a target of the wrong kind "
-                "also keep a loss near chance",
-                "give CrossEntropyLoss the raw logits and class indices; use nll_loss only after log_softmax",
+        if not fits:
+            found.append(
+                Cause(
+                    1.0,
+                    "a loss that does not fit the output",
+                    "softmax before CrossEntropyLoss (which applies log_softmax itself) or a target of the wrong kind "
+                    "also keep a loss near chance",
+                    "give CrossEntropyLoss the raw logits and class indices; use nll_loss only after log_softmax",
+                )
             )
-        )
     elif "classifier" in m:
-        found.append(
-            Cause(
-                0.8,
-                "a loss that does not fit the output",
-                "a loss whose gradient does not lead to the target: softmax before CrossEntropyLoss, nll_loss on raw "
-                "logits, MSE on class indices",
-                "give CrossEntropyLoss the raw logits and class indices, nll_loss only log-probabilities, MSE only "
-                "continuous targets",
+        if not fits:
+            found.append(
+                Cause(
+                    0.8,
+                    "a loss that does not fit the output",
+                    "a loss whose gradient does not lead to the target: softmax before CrossEntropyLoss, nll_loss on "
+                    "raw logits, MSE on class indices",
+                    "give CrossEntropyLoss the raw logits and class indices, nll_loss only log-probabilities, MSE only "
+                    "continuous targets",
+                )
             )
-        )
     else:  # a regression's, a reconstruction's or another objective's: the classifier's mistakes do not apply
         found.append(
             Cause(

@@ -216,6 +216,9 @@ def test_labels_that_do_not_match_the_inputs_leave_the_loss_at_chance_while_the_
     faulty = results["random"][0].hypotheses()
     assert faulty and faulty[0].kind is FailureKind.LOSS_AT_CHANCE, results["random"][0].report()
     assert "label" in faulty[0].explanation.lower()
+    # the loss graph showed cross_entropy given the raw logits: no softmax before it is offered as a cause
+    assert faulty[0].root.metrics.get("logits_read") == 1.0
+    assert "softmax before CrossEntropyLoss" not in faulty[0].explanation
     assert not support.kinds(results["true"][0]) & LOSS_KINDS, results["true"][0].report()
 
 

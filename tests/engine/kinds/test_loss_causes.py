@@ -57,3 +57,21 @@ def test_a_few_parameters_no_gradient_reached_rank_after_the_usual_causes_and_ne
     assert "layers the loss does not reach" in names and names[0] != "layers the loss does not reach"
     assert "layers the loss does not reach" not in [c.name for c in loss_evidence.causes(m, "unstable")]
     assert loss_evidence.moving({}) == "the gradients flow and the optimizer moves the weights"
+
+
+def test_a_classifier_whose_loss_graph_shows_raw_logits_is_not_told_about_a_softmax_before_its_loss():
+    """The loss graph read a loss that normalises logits itself, given raw logits (``logits_read``): a softmax, a
+    ReLU or a sigmoid before it would have been found there (sweep D: a ReLU RNN's unstable cross-entropy listed
+    "softmax before CrossEntropyLoss" first). No classifier's loss mistake is listed then, nor a regression's."""
+    for finding in ("chance", "flat", "unstable"):
+        for metrics in ({"classifier": 1.0, "chance": 2.3, "start": 2.3, "band": 0.05}, {"classifier": 1.0}):
+            told = loss_evidence.causes(metrics, finding)
+            assert any(c.name == "a loss that does not fit the output" for c in told), (finding, metrics)
+            read = loss_evidence.causes({**metrics, "logits_read": 1.0}, finding)
+            assert not any(c.name == "a loss that does not fit the output" for c in read), (finding, metrics)
+    bce = {"classifier": 1.0, "baseline": loss_evidence.BASELINES["bce"], "band": 0.05}
+    assert any(c.name == "a loss that does not fit the output" for c in loss_evidence.causes(bce, "chance"))
+    assert not any(
+        c.name == "a loss that does not fit the output"
+        for c in loss_evidence.causes({**bce, "logits_read": 1.0}, "chance")
+    )
