@@ -8,7 +8,10 @@ Read from the graph's node types and structure alone (no tensor value), on the f
 passes, by :func:`affine_layers`: a walk of at most :data:`BUDGET` nodes that stops at the first node that is not
 known to be linear in the data (an activation, a normalisation by a sample's own statistics, a product of two
 data-dependent tensors as in attention or gating, a max-pool, any node it does not know). Unknown is never affine:
-a compiled graph, a custom autograd function or a parametrised weight end the walk with no finding.
+a compiled graph, a custom autograd function or a parametrised weight end the walk with no finding. What it counts
+is the layers in series, the most met along one data path from the output down (the depth of the composition), not
+the layers in the graph: layers that sit side by side, each reading the data, their outputs summed (DLinear's trend
+and seasonal heads), compose nothing and are one linear model, as a single layer is.
 """
 
 from __future__ import annotations
@@ -89,21 +92,23 @@ def _holds_data(branch: object) -> bool:
 
 
 def affine_layers(root: object) -> int | None:
-    """How many layers (matrix products and convolutions with their own weight) compose the model's output whose
-    graph node is ``root``, when every node between it and the parameters and inputs is linear in the data (see the
-    module docstring); None when some node is not, or is unknown, or the graph is larger than :data:`BUDGET`."""
+    """How many layers (matrix products and convolutions with their own weight) compose, one after the other, into
+    the model's output whose graph node is ``root``: the most met along one data path, not how many the graph holds
+    (layers side by side, each reading the data and summed, as DLinear's trend and seasonal heads, are one linear
+    model: depth one). None when some node between the output and the parameters and inputs is not linear in the
+    data (see the module docstring), or is unknown, or the graph is larger than :data:`BUDGET`."""
     if root is None:
         return None
     queue = [root]
     seen = {id(root): root}  # by id, each node held while the walk runs (see loss_graph.hold)
-    layers = 0
-    looked = 0
+    below: dict[int, list[int]] = {}  # node -> the nodes it reads
+    own: dict[int, int] = {}  # node -> 1 where it is a layer applying its weight
     while queue:
         node = queue.pop()
-        looked += 1
-        if looked > BUDGET:
+        if len(below) >= BUDGET:
             return None
         name = type(node).__name__
+        own[id(node)], below[id(node)] = 0, []
         if name == _PARAMETER:
             continue
         inputs = [n for n, _ in getattr(node, "next_functions", ())]
@@ -111,15 +116,32 @@ def affine_layers(root: object) -> int | None:
             holding = [n for n in inputs if _holds_data(n)]
             if len(holding) > 1:
                 return None  # a product of two data-dependent tensors (attention, gating): not linear
-            if name in _LAYERS and any(n is not None and n not in holding for n in inputs):
-                layers += 1  # a weight applied to the data (or to the model's input, which holds no gradient)
+            # a weight applied to the data (or to the model's input, which holds no gradient)
+            own[id(node)] = int(name in _LAYERS and any(n is not None and n not in holding for n in inputs))
         elif name not in _LINEAR and name not in _RESHAPING:
             return None
+        below[id(node)] = [id(n) for n in inputs if n is not None]
         for n in inputs:
             if n is not None and id(n) not in seen:
                 seen[id(n)] = n
                 queue.append(n)
-    return layers
+    return _depth(id(root), below, own)
+
+
+def _depth(root: int, below: dict[int, list[int]], own: dict[int, int]) -> int:
+    """The most layers (``own``) met along one path down the graph (``below``) from ``root``: a longest path, each
+    node settled once the nodes it reads are (the graph is acyclic)."""
+    depth: dict[int, int] = {}
+    stack = [root]
+    while stack:
+        node = stack[-1]
+        pending = [n for n in below[node] if n not in depth]
+        if pending:
+            stack.extend(pending)
+            continue
+        stack.pop()
+        depth[node] = own[node] + max((depth[n] for n in below[node]), default=0)
+    return depth[root]
 
 
 #: Nodes looked through from a layer's input down to the layer that produced it, at most.

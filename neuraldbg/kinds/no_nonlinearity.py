@@ -1,24 +1,26 @@
-"""No nonlinearity: the whole model is one affine map. Two or more layers (Linear, convolutions) compose with nothing
-nonlinear between them, no activation, no max-pool, no attention, so the stack computes what a single layer could
-and the fit stops where a linear model's does. The usual cause is an activation forgotten: ``nn.Identity()`` where
-``nn.ReLU()`` was meant, an activation built in ``__init__`` and never called in ``forward``. Plain torch, the same
-programs without their activations: a tabular classifier's accuracy 0.79 against 0.88, a temporal conv net's R^2
-0.80 against 0.98, a coordinate MLP on Fourier features R^2 0.17 against 0.95.
+"""No nonlinearity: the whole model is one affine map. Two or more layers (Linear, convolutions) compose, one reading
+what another wrote, with nothing nonlinear between them, no activation, no max-pool, no attention, so the stack computes
+what a single layer could and the fit stops where a linear model's does. The usual cause is an activation forgotten:
+``nn.Identity()`` where ``nn.ReLU()`` was meant, an activation built in ``__init__`` and never called in ``forward``.
+Plain torch, the same programs without their activations: a tabular classifier's accuracy 0.79 against 0.88, a temporal
+conv net's R^2 0.80 against 0.98, a coordinate MLP on Fourier features R^2 0.17 against 0.95.
 
-Read from the forward pass's autograd graph on the first fully observed steps (see
-:mod:`neuraldbg.capture.affine`: node types only, no value). In a model that is not one affine map (its attention or
-a max-pool is nonlinear), two trainable Linear or convolution layers whose output and input meet through nodes
-linear in the data along one path (an activation left out of a transformer's feed-forward block or a U-Net's
-double convolution) are found the same way; a lower layer that narrows its input (a LoRA adapter, a linear
-bottleneck) or is grouped (a depthwise convolution) is a design, not this fault (plain torch: a ViT without its
-feed-forward activation 0.77 against 0.85, a U-Net without its activations Dice 0.85 against 0.90). Judged, as
-dropout too strong is, only on a run whose loss was judged (``loss_min_steps`` losses) and did not converge (it fell
-a hundredfold: the task was linear enough and the missing activation held nothing back). A single layer (logistic
-regression, a linear probe) is a linear model by design and never this finding, and so are trained layers on the
-features of a frozen backbone (a head with a LoRA update, a linear bottleneck adapter): the graph holds only the
-operations on tensors that need a gradient, so a frozen backbone's activations are not in it, and the trained
-layers alone read as one affine map. The hooks see those activations run (their units are read); a graph found
-affine while an activation ran is not the whole model, and is no finding.
+Read from the forward pass's autograd graph on the first fully observed steps (see :mod:`neuraldbg.capture.affine`: node
+types only, no value). In a model that is not one affine map (its attention or a max-pool is nonlinear), two trainable
+Linear or convolution layers whose output and input meet through nodes linear in the data along one path (an activation
+left out of a transformer's feed-forward block or a U-Net's double convolution) are found the same way; a lower layer
+that narrows its input (a LoRA adapter, a linear bottleneck) or is grouped (a depthwise convolution) is a design, not
+this fault (plain torch: a ViT without its feed-forward activation 0.77 against 0.85, a U-Net without its activations
+Dice 0.85 against 0.90). Judged, as dropout too strong is, only on a run whose loss was judged (``loss_min_steps``
+losses) and did not converge (it fell a hundredfold: the task was linear enough and the missing activation held nothing
+back). A single layer (logistic regression, a linear probe) is a linear model by design and never this finding, and so
+are layers side by side that each read the data and are summed, composing nothing (DLinear's trend and seasonal heads:
+plain torch, its held-out error 0.0117 against 0.0112 for the least-squares linear optimum and a noise floor of 0.0100):
+the count is of the layers in series along one data path, the depth of the composition, not of the layers in the graph.
+So are trained layers on the features of a frozen backbone (a head with a LoRA update, a linear bottleneck adapter): the
+graph holds only the operations on tensors that need a gradient, so a frozen backbone's activations are not in it, and
+the trained layers alone read as one affine map. The hooks see those activations run (their units are read); a graph
+found affine while an activation ran is not the whole model, and is no finding.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from .base import Kind, RootLane, Series, run_event
 
 KIND = FailureKind.NO_NONLINEARITY
 
-#: Layers composed into the one affine map, at least (one layer alone is a linear model by design).
+#: Layers in series composed into the one affine map, at least (one layer alone, or layers side by side, is a linear
+#: model by design).
 MIN_LAYERS = 2
 
 
@@ -82,9 +85,9 @@ class NoNonlinearity(Kind):
             return what, self._fix
         layers = count(root.metrics.get("layers", 0.0))
         what = (
-            f"The model is one affine map: its {layers} layers (linear maps and convolutions) compose with nothing "
-            "nonlinear between them (no activation, no max-pool, no attention in its forward pass), so together they "
-            "compute what a single layer could, and the fit stops where a linear model's does."
+            f"The model is one affine map: its {layers} layers in series (linear maps and convolutions) compose with "
+            "nothing nonlinear between them (no activation, no max-pool, no attention in its forward pass), so "
+            "together they compute what a single layer could, and the fit stops where a linear model's does."
         )
         return what, self._fix
 
@@ -96,7 +99,7 @@ class NoNonlinearity(Kind):
     def describe(self, event: SemanticEvent) -> str:
         if "pairs" in event.metrics:
             return f"{count(event.metrics['pairs'])} pair(s) of layers with nothing nonlinear between them"
-        return f"one affine map of {count(event.metrics.get('layers', 0.0))} layers"
+        return f"one affine map of {count(event.metrics.get('layers', 0.0))} layers in series"
 
     def place(self, event: SemanticEvent) -> str:
         return "the model"
