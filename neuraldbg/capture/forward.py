@@ -113,8 +113,11 @@ class ForwardPath:
         # the modules given a bounded activation's output: (activation, low, high, the layer whose output it was, ""
         # when no watched layer's, whether that layer is another debugger's model's)
         self._sources: dict[str, tuple[str, float, float, str, bool]] = {}
-        self._entered = 0  # layer calls with parameters given a floating input in this pass
+        self._entered = 0  # calls of layers with weights given a floating input in this pass
         self._entries = 0  # their inputs read in this pass
+        # the attention calls of this pass without any mask: (layer, the keys' batch and sequence lengths), counted
+        # when the model's call ends if their keys are its token positions (see _count_unmasked)
+        self._unmasked: list[tuple[str, tuple[int, ...]]] = []
         self._own_hooks = False  # a watched layer has forward hooks or pre-hooks of its own (see on_module_output)
         self._hooks_in_pass = False  # ... found so in the hooked pass under way
 
@@ -217,7 +220,7 @@ class ForwardPath:
             if self.nodes is not None and name:
                 self._note_node(name, output)
             if name and self._full and isinstance(module, nn.MultiheadAttention):
-                self._note_attention(name, args, kwargs)
+                self._note_attention(name, module, args, kwargs)
             if not name:
                 self._own_hooks, self._hooks_in_pass = self._hooks_in_pass, False  # as this hooked pass found them
                 if self._full and self._range_checks:  # the model's own data argument (a tensor it concatenates)
@@ -229,7 +232,7 @@ class ForwardPath:
                 if self._cut_checks:
                     self._note_cut(name, args, output)
                 if self._entry_checks and self._entries < _ENTRIES:
-                    self._note_entry(name, args, kwargs)
+                    self._note_entry(name, module, args, kwargs)
                 if self._range_checks:
                     self._note_source(name, args, kwargs, output)
                 self._layer(name, output)
@@ -252,6 +255,7 @@ class ForwardPath:
         self._prev_channel_first = False
         self._full = rec.pending.data.full
         self._entered = self._entries = 0
+        self._unmasked = []
         self.autocast = False
         if self._full and self._range_checks:
             self._range_checks -= 1
@@ -303,15 +307,17 @@ class ForwardPath:
             if where is not None:
                 self._produced.setdefault(where, (name, t))
 
-    def _note_entry(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _note_entry(self, name: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A fully observed forward pass: the scale at which the data enters the layers that learn from it, the
-        root-mean-square of the input of a layer with parameters given a floating input (an embedding given ids is
-        not one), when it is one of the pass's first such calls or its input carries no gradient (data no parameter
-        has touched). Filed as ``entry_scale`` (the largest of the pass, read at the flush); a normalisation layer's
-        input is not read (its output is normalised whatever it is given). Its input is the one the model's forward
-        made of its own input: ``x / 255`` or a Normalize with registered buffers at the top of forward is applied."""
+        root-mean-square of the input of a layer with weights (see :func:`_weighted`) given a floating input (an
+        embedding given ids is not one), when it is one of the pass's first such calls or its input carries no
+        gradient (data no parameter has touched). Filed as ``entry_scale`` (the largest of the pass, read at the
+        flush). Its input is the one the model's forward made of its own input: ``x / 255``, a Normalize with
+        registered buffers, or a module of per-feature scales that standardises each series (RevIN) before it is
+        applied; the input of such a module, or of a normalisation layer, is not read (its weights only rescale
+        features: the scale it is given is not the scale a weight matrix multiplies)."""
         info = self._infos.get(name)
-        if info is None or not info.numel or info.normalizes:
+        if info is None or not info.numel or not _weighted(module):
             return
         x = stats.data_argument(args, kwargs)
         if x is None:
@@ -345,17 +351,39 @@ class ForwardPath:
             if where not in given:
                 self._cut("", name)
 
-    def _note_attention(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Count an attention call of a fully observed step that had no mask at all: no key-padding mask, no
-        attention mask, not ``is_causal`` (positional or keyword; arguments only, nothing is read)."""
+    def _note_attention(
+        self, name: str, module: nn.MultiheadAttention, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        """Keep an attention call of a fully observed step that had no mask at all: no key-padding mask, no
+        attention mask, not ``is_causal`` (positional or keyword), with its keys' batch and sequence lengths
+        (arguments and shapes only, nothing is read); counted when the model's call ends (see _count_unmasked)."""
         masks = (
             kwargs.get("key_padding_mask", args[3] if len(args) > 3 else None),
             kwargs.get("attn_mask", args[5] if len(args) > 5 else None),
         )
         causal = kwargs.get("is_causal", args[7] if len(args) > 7 else False)
-        if all(m is None for m in masks) and not causal:
-            counts = self._rec.coverage.unmasked_attention
-            counts[name] = counts.get(name, 0) + 1
+        key = kwargs.get("key", args[1] if len(args) > 1 else None)
+        if any(m is not None for m in masks) or causal or not isinstance(key, Tensor) or key.dim() not in (2, 3):
+            return
+        if key.dim() == 2:  # unbatched: (sequence, features)
+            lengths: tuple[int, ...] = (key.shape[0],)
+        else:  # (batch, sequence, features) or (sequence, batch, features)
+            lengths = (key.shape[0], key.shape[1]) if module.batch_first else (key.shape[1], key.shape[0])
+        self._unmasked.append((name, lengths))
+
+    def _count_unmasked(self, tokens: Tensor | None) -> None:
+        """The model's call ended: count its unmasked attention calls whose keys are its token positions, their
+        batch and sequence lengths those of the token input (batch first or not). Keys of other lengths (image
+        patches, a Perceiver's latents) hold no padding whatever the tokens hold, and a token mask would not fit
+        them."""
+        unmasked, self._unmasked = self._unmasked, []
+        if tokens is None:
+            return
+        shape = sorted(tokens.shape)
+        counts = self._rec.coverage.unmasked_attention
+        for name, lengths in unmasked:
+            if sorted(lengths) == shape:
+                counts[name] = counts.get(name, 0) + 1
 
     def _target(self) -> Pending:
         return self._tentative if self._tentative is not None else self._rec.pending
@@ -422,8 +450,9 @@ class ForwardPath:
             measure.layer_outputs(deferred, self._config)
 
     def _check_labels(self, kwargs: dict[str, Any]) -> None:
-        """A causal LM that shifts its labels itself was called with ``input_ids`` and ``labels``: the share of
-        labels that already are the next input token is filed (read at the flush)."""
+        """A causal LM that shifts its labels itself was called with ``input_ids`` and ``labels``: where the next
+        input token differs from the current one, the share of labels that are the next token rather than the
+        current one is filed (read at the flush; see :func:`~neuraldbg.stats.tensors.labels_ahead`)."""
         ids, labels = kwargs.get("input_ids"), kwargs.get("labels")
         if not (isinstance(ids, Tensor) and isinstance(labels, Tensor)):
             return
@@ -518,7 +547,9 @@ class ForwardPath:
             if self._label_checks:
                 self._check_labels(kwargs)
             padding = self._rec.coverage.padding_id
-            tokens = stats.token_argument(args, kwargs) if padding is not None else None
+            tokens = stats.token_argument(args, kwargs) if padding is not None or self._unmasked else None
+            if self._unmasked:
+                self._count_unmasked(tokens)
             if tokens is not None and padding is not None:  # read at the flush, with the step's other readings
                 self._target().put("padded", None, stats.holds(tokens, padding))
             if data.classes == 1:  # one output unit: probabilities (a binary classifier's sigmoid) or not
@@ -633,6 +664,27 @@ def _widths(module: nn.Module) -> tuple[int, int, int] | None:
     if isinstance(module, nn.modules.conv._ConvNd):
         return module.in_channels, module.out_channels, module.groups
     return None
+
+
+#: Layers that multiply their input by weights of their own (``nn.MultiheadAttention`` and recurrent layers own
+#: their matrices under other names than ``weight``).
+_WEIGHTED: tuple[type[nn.Module], ...] = (
+    nn.Linear,
+    nn.Bilinear,
+    nn.modules.conv._ConvNd,
+    nn.RNNBase,
+    nn.MultiheadAttention,
+)
+
+
+def _weighted(module: nn.Module) -> bool:
+    """Whether ``module`` is a layer with weights: one whose input is multiplied by a matrix or kernel it owns (a
+    linear, convolutional, recurrent or attention layer, or a user's module owning a parameter of two or more
+    dimensions), where the input's scale becomes its pre-activations' and its weight gradients'. Modules whose
+    parameters are one value per feature (a normalisation's affine, RevIN, PReLU) are not: they rescale features."""
+    if isinstance(module, _WEIGHTED):
+        return True
+    return any(p.dim() >= 2 for p in module.parameters(recurse=False))
 
 
 def _where(t: Tensor) -> int | None:

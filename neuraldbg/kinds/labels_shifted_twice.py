@@ -1,15 +1,19 @@
 """Labels shifted twice: a Hugging Face causal language model, which shifts its labels by one position itself
 (``labels=input_ids`` is the documented call), is given labels that already are the next input token
-(``input_ids[:, :-1]`` with ``labels=input_ids[:, 1:]``) on at least :data:`AHEAD` of the scored positions.
-Shifted once more inside the model, each position is then scored against the token two places ahead: the model
-learns a harder task than the one it will be used for, and the held-out next-token loss stays high.
+(``input_ids[:, :-1]`` with ``labels=input_ids[:, 1:]``) on at least :data:`AHEAD` of the scored positions whose
+next input token differs from their own. Shifted once more inside the model, each position is then scored against
+the token two places ahead: the model learns a harder task than the one it will be used for, and the held-out
+next-token loss stays high.
 
 Exact in what it reads (no threshold on how the training goes): the model's class against ``transformers``'
 registry of causal-LM classes (see :mod:`neuraldbg.model.causal_lm`), and, on the first fully observed forward
-passes, the share of labels equal to the next input token, computed on the device and read at the flush. With
-``labels=input_ids`` that share is only the share of tokens repeated at the next position. A model of the user's
-own that does not shift its labels (it scores logits[t] against labels[t]) needs pre-shifted labels and is not
-judged; nor is an encoder-decoder (its labels are the target sequence).
+passes, the share of labels equal to the next input token, computed on the device and read at the flush. It is
+taken only where the next token differs from the current one, the positions where a label can tell a shift: data
+that repeats its token (flattened pixel sprites, mostly background: the next token is the current one at 95% of
+the positions) gives unshifted labels (``labels=input_ids``) a share of 95% over all positions, but 0 over these,
+while labels shifted by hand give 1 there. A model of the user's own that does not shift its labels (it scores
+logits[t] against labels[t]) needs pre-shifted labels and is not judged; nor is an encoder-decoder (its labels are
+the target sequence).
 """
 
 from __future__ import annotations
@@ -22,9 +26,8 @@ from .base import Kind, RootLane, Series, run_event
 
 KIND = FailureKind.LABELS_SHIFTED_TWICE
 
-#: The share of scored labels that already are the next input token, at least (pre-shifted labels: 1.0 up to
-#: padding; ``labels=input_ids``: the share of tokens repeated at the next position, 0.014 on the real-programs
-#: benchmark's Markov corpus).
+#: The share of scored labels that already are the next input token, where it differs from the current one, at least
+#: (pre-shifted labels: 1.0; ``labels=input_ids``: 0, whatever share of the data's tokens repeat).
 AHEAD = 0.9
 
 
@@ -56,10 +59,10 @@ class LabelsShiftedTwice(Kind):
         share = num(100 * root.metrics.get("ahead", 0.0))
         what = (
             f"Labels shifted twice: from step {root.step_start} the model, a Hugging Face causal language model, "
-            f"was given labels of which {share}% are already the next input token (input_ids[:, :-1] with "
-            "labels=input_ids[:, 1:]). The model shifts its labels by one position itself, so each position is "
-            "scored against the token two places ahead: it learns a harder task than next-token prediction, and "
-            "its next-token loss stays high."
+            f"was given labels that already are the next input token at {share}% of the positions where that token "
+            "differs from the current one (input_ids[:, :-1] with labels=input_ids[:, 1:]). The model shifts its "
+            "labels by one position itself, so each position is scored against the token two places ahead: it "
+            "learns a harder task than next-token prediction, and its next-token loss stays high."
         )
         fix = (
             "pass labels=input_ids (the same tensor, unshifted: the model shifts them), with -100 at the positions "

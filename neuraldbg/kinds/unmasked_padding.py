@@ -1,16 +1,23 @@
 """Attention over padding: the loss leaves a token id out (its ``ignore_index``: the padding token, as sequence
 models use it), the model's token input holds that id, and an attention layer (``nn.MultiheadAttention``, the one
-``nn.Transformer`` and its encoder and decoder layers call) runs with no mask at all: no key-padding mask, no
-attention mask, not causal.
+``nn.Transformer`` and its encoder and decoder layers call) runs with no mask at all (no key-padding mask, no
+attention mask, not causal) over keys that are the token positions: its keys' batch and sequence lengths are those
+of the model's token input (batch first or not).
 
 Every query of such a layer attends to the padding positions too: its output mixes in vectors that carry no
 content and change with how much padding each batch happens to hold, while the loss says those positions are
 not data. A causal self-attention (an attention mask or ``is_causal``) is not reported: with padding at the end, no
-real token attends to a later one. Judged from the arguments of the attention calls on fully observed steps (their
-masks' presence, nothing read), the loss's autograd graph (:mod:`neuraldbg.capture.loss_graph`) and one reduction
-of the token input per fully observed step (``(tokens == pad).any()``, read at the flush that already syncs). A
-loss with torch's default ``ignore_index`` (-100, the Hugging Face convention for labels) names no token and is not
-judged; nor are attention modules of other classes (a Hugging Face model's own, given ``attention_mask``).
+real token attends to a later one. Nor is an attention whose keys are something else: an image captioner's
+caption states attending over 16 image patches, a Perceiver's latents (8 keys) attending to each other, or token
+queries attending to those latents hold no padding among their keys, and a (batch, tokens) mask would not fit
+them (appending padding to a captioner's captions moves its logits at the real positions by exactly 0). A key
+sequence made of the tokens and something more (a class token put before them, image patches concatenated with
+them) is not recognised either. Judged from the arguments of the attention calls on fully observed steps (their
+masks' presence and their keys' shape, nothing read), the loss's autograd graph
+(:mod:`neuraldbg.capture.loss_graph`) and one reduction of the token input per fully observed step
+(``(tokens == pad).any()``, read at the flush that already syncs). A loss with torch's default ``ignore_index``
+(-100, the Hugging Face convention for labels) names no token and is not judged; nor are attention modules of other
+classes (a Hugging Face model's own, given ``attention_mask``).
 """
 
 from __future__ import annotations

@@ -9,17 +9,19 @@ task. Judged on the input of the fully observed steps of the first quarter of th
 the call's floating data arguments: raw numeric columns passed after categorical ids count; an additive attention
 mask, which holds no positive value, and a non-finite value do not; see
 :class:`~neuraldbg.stats.training.TrainingFacts`), capped by the scale at which the data enters the layers with
-parameters (read on the first fully observed forward passes: the input of the first layer calls with parameters
-given a floating input, and of those given one without a gradient; see ``ForwardPath._note_entry``): a model that
-divides its raw pixels by 255 or standardises them with registered buffers at the top of its forward feeds its
-first layer normalised data and is not judged on the raw pixels, while raw numeric columns concatenated with
-embeddings before the first linear layer still count. Judged also on the loss's autograd
-graph (:mod:`neuraldbg.capture.loss_graph`). A model whose output is on its input's scale (super-resolution,
-style transfer on 0-255 images, a regression on raw values) is not a classifier and is not judged here, unless its
-loss is a mean squared error whose targets lie near unit scale (variance at most :data:`UNIT_TARGETS`, read from the
-targets themselves): a diffusion model fed raw coordinates to predict unit noise, a regression of standardised
-targets from raw features. A model that begins with a normalisation layer (BatchNorm1d on raw tabular features)
-normalises its inputs itself.
+weights, those that multiply it by a matrix or kernel of their own (linear, convolutional, recurrent, attention;
+read on the first fully observed forward passes: the input of the first such calls given a floating input, and of
+those given one without a gradient; see ``ForwardPath._note_entry``): a model that divides its raw pixels by 255 or
+standardises them (with registered buffers, with tensor ops on each sample, or with a module of per-channel scales
+such as RevIN, whose own input is not read) before its first layer with weights feeds that layer normalised data and
+is not judged on the raw values (sensor series at 290 K through RevIN: its first Linear receives a root-mean-square
+of 1.0), while raw numeric columns concatenated with embeddings before the first linear layer still count. Judged
+also on the loss's autograd graph (:mod:`neuraldbg.capture.loss_graph`). A model whose output is on its input's
+scale (super-resolution, style transfer on 0-255 images, a regression on raw values) is not a classifier and is not
+judged here, unless its loss is a mean squared error whose targets lie near unit scale (variance at most
+:data:`UNIT_TARGETS`, read from the targets themselves): a diffusion model fed raw coordinates to predict unit
+noise, a regression of standardised targets from raw features. A model that begins with a normalisation layer
+(BatchNorm1d on raw tabular features) normalises its inputs itself.
 """
 
 from __future__ import annotations

@@ -314,12 +314,16 @@ def positive_labels(target: Tensor, dim: int) -> Tensor:
 
 
 def labels_ahead(input_ids: Tensor, labels: Tensor, ignore: int = -100) -> Tensor:
-    """The fraction of the scored label positions t (all but the last; ``ignore`` is not scored) whose label is
-    the next input token ``input_ids[:, t + 1]``, as a 0-d float tensor on the labels' device (read later)."""
-    ahead, nxt = labels[:, :-1], input_ids[:, 1:]
-    scored = ahead != ignore
-    hits = ((ahead == nxt) & scored).sum().float()
-    return hits / scored.sum().clamp(min=1).float()
+    """Of the scored label positions t (all but the last; ``ignore`` is not scored) whose next input token differs
+    from their own, the fraction whose label is the next token ``input_ids[:, t + 1]`` rather than the token at t,
+    as a 0-d float tensor on the labels' device (read later); 0 when there is no such position.
+
+    Only there can a label tell a shift: where the data repeats its token (a pixel stream's background), labels
+    equal to the token at t are equal to the next one too, and unshifted labels would look shifted."""
+    label, now, nxt = labels[:, :-1], input_ids[:, :-1], input_ids[:, 1:]
+    telling = (label != ignore) & (now != nxt)
+    hits = ((label == nxt) & telling).sum().float()
+    return hits / telling.sum().clamp(min=1).float()
 
 
 #: Tensor types whose values the reductions read directly.

@@ -2,9 +2,12 @@
 batches, whose attention runs without any mask. Ground truth is plain torch in each test: the model's outputs at
 the real positions change when more padding is appended (they depend on the padding), and do not in the twins
 (the key-padding mask passed; a causal model whose padding comes at the end). A tagger without attention, a model
-whose batches hold no padding, and a loss with torch's default ``ignore_index`` stay silent."""
+whose batches hold no padding, and a loss with torch's default ``ignore_index`` stay silent; a tagger laid out
+sequence first (tokens and keys of shape (length, batch)) is found as the batch-first one is."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import support
 import torch
@@ -76,7 +79,7 @@ def train(model: nn.Module, watched: bool, padded: bool = True, ignore: int = PA
     return support.watching(model, loop, watched)
 
 
-def padding_dependence(model: nn.Module) -> float:
+def padding_dependence(model: Callable[[torch.Tensor], torch.Tensor]) -> float:
     """Plain torch: how much the outputs at the real positions move when 6 more padding tokens are appended."""
     tokens, _ = batch(999)
     longer = torch.cat([tokens, torch.full((tokens.size(0), 6), PAD)], dim=1)
@@ -148,3 +151,41 @@ def test_the_padding_check_leaves_training_bit_identical():
     assert dbg is not None and found(dbg)
     for (name, a), (_, b) in zip(plain.named_parameters(), watched.named_parameters()):
         assert torch.equal(a, b), name
+
+
+class SequenceFirstTagger(nn.Module):
+    """The Tagger laid out sequence first: tokens (length, batch), attention keys (length, batch, features)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 32)
+        self.encoder = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0)
+        self.head = nn.Linear(32, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(tokens)))
+
+
+def test_unmasked_attention_over_sequence_first_tokens_is_found():
+    torch.manual_seed(0)
+    model = SequenceFirstTagger()
+    batch_first = lambda tokens: model(tokens.t()).transpose(0, 1)
+    assert padding_dependence(batch_first) > 1e-2  # plain torch: the real positions mix in the padding
+
+    torch.manual_seed(0)
+    model = SequenceFirstTagger()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+
+    def loop() -> None:
+        for step in range(STEPS):
+            tokens, targets = batch(step)
+            opt.zero_grad()
+            out = model(tokens.t())  # (length, batch)
+            F.cross_entropy(out.reshape(-1, VOCAB), targets.t().reshape(-1), ignore_index=PAD).backward()
+            opt.step()
+
+    dbg = support.watching(model, loop, watched=True)
+    assert dbg is not None
+    hits = found(dbg)
+    assert hits, dbg.explain_failure()
+    assert hits[0].root.detail == "encoder.self_attn"
