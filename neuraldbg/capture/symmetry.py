@@ -1,28 +1,41 @@
 """Units that cannot tell themselves apart: a layer whose weight rows (its output units) started identical.
 
-A constant initialisation (``nn.init.constant_(w, 0.05)``, ``fill_``, every filter copied from one) gives every
-unit of a layer the same weights, so every unit computes the same output, receives the same gradient and takes the
-same update: the layer behaves as one unit repeated. Only what treats the units differently parts them: a bias
-left random, dropout's masks, a next layer with distinct weights; slowly, so the units stay near-copies (plain
-torch, weights 0.05 with random biases: a tabular net's hidden rows after 188 steps differ by 0.23 of their norm,
-a conv net's by 0.08 and 0.01, against 0.99 for the default initialisation).
+A constant initialisation (``nn.init.constant_(w, 0.05)``, ``fill_``, every filter copied from one) gives every unit
+of a layer the same weights, so every unit computes the same output, receives the same gradient and takes the same
+update: the layer behaves as one unit repeated. Only what treats the units differently parts them: a bias left
+random, dropout's masks, a next layer with distinct weights; slowly, so the units stay near-copies (plain torch,
+weights 0.05 with random biases: a tabular net's hidden rows after 188 steps differ by 0.23 of their norm, a conv
+net's by 0.08 and 0.01, against 0.99 for the default initialisation).
 
 Found when the debugger attaches: a candidate is a layer's unit weight of two or more rows, not all zeros, whose
-rows are all equal (the first two compared first); for an embedding, whose units are its dimensions, the columns
-(a constant start gives every token the vector c x (1, ..., 1): the factorisation is one-dimensional). A zero
-weight alone is left out: zero-initialised last layers, residual branches and adapters are how many healthy models
-start, and their units part at the first update since each gets a different error. Two zero weights or more (every
-layer zeroed, ``nn.init.zeros_`` in an init loop) are candidates of another sort: a layer whose input is constant
-(the layer before it zero: only its bias gets through) takes updates whose rows are multiples of one row, and the
-next one, given those units, likewise; its units then move along one direction, not as copies but as signed,
-scaled copies (plain torch, a multi-label MLP zeroed: its hidden weight keeps 0.99 of its energy along one row's
-direction after 300 Adam steps, F1 0.46 against 0.91). Their spread is the energy outside the direction of the
-largest row (0 for rows that are multiples of one, about 1 for a random start); past :data:`ONE_DIRECTION` they
-parted. Each candidate is then
-followed on fully observed steps, after the optimizer stepped: its spread, ``||W - mean row|| / ||W||`` (0 for
-identical rows, about 1 for independent ones); past :data:`PARTED` it is dropped for good, otherwise, once its
-weights moved, the spread is filed on the step (:attr:`~neuraldbg.stats.step.StepData.symmetric`). Nothing is read
-on cheap steps, and a run without candidates does no work here after attaching.
+rows are all equal (the first two compared first); for an embedding, whose units are its dimensions, the columns (a
+constant start gives every token the vector c x (1, ..., 1): the factorisation is one-dimensional). A normalisation
+layer's gain is never one, whatever its shape: it is elementwise, each element scaling a feature of its own
+(``nn.LayerNorm([C, H, W])``'s gain of ones: no two rows share an input; plain torch, its channels' gradient rows
+differ by 0.82 of their norm). In a grouped convolution only the rows of one group read the same input channels: the
+rows are compared, and later spread, within each group, and a group of one row (a depthwise convolution's, whose
+kernels may all start as one blur) holds no units alike (plain torch, depthwise kernels all one binomial filter:
+their gradient rows differ by 0.97 of their norm, their channels' outputs correlate at 0.37). A zero weight alone is
+left out: zero-initialised last layers, residual branches and adapters are how many healthy models start, and their
+units part at the first update since each gets a different error. Two zero weights or more (every layer zeroed,
+``nn.init.zeros_`` in an init loop) are candidates of another sort: a layer whose input is constant (the layer
+before it zero: only its bias gets through) takes updates whose rows are multiples of one row, and the next one,
+given those units, likewise; its units then move along one direction, not as copies but as signed, scaled copies
+(plain torch, a multi-label MLP zeroed: its hidden weight keeps 0.99 of its energy along one row's direction after
+300 Adam steps, F1 0.46 against 0.91). Their spread is the energy outside the direction of the largest row (0 for
+rows that are multiples of one, about 1 for a random start); past :data:`ONE_DIRECTION` they parted.
+
+Each candidate is then followed on fully observed steps, after the optimizer stepped. One that is not zero-started
+and whose outputs are the model's outputs (a layer the forward pass ends with, its outputs as many as the model's: a
+head, heads run side by side and summed) is dropped at once: each unit answers to an output of its own, so the loss
+gives each a gradient of its own, and rows that stay alike are the task's answer, not copies (plain torch, DLinear's
+two heads both set to 1/L as its authors do: their gradient rows differ by 0.69-0.81 of their norm from the first
+step, its forecast's held-out error 0.0132 against the least-squares optimum's 0.0129, while the heads' rows still
+differ by only 0.2-0.6). A zero-started one is kept there: given a constant input it moves as one direction whatever
+its errors. For the others: their spread, ``||W - mean row|| / ||W||`` (0 for identical rows, about 1 for
+independent ones); past :data:`PARTED` it is dropped for good, otherwise, once its weights moved, the spread is
+filed on the step (:attr:`~neuraldbg.stats.step.StepData.symmetric`). Nothing is read on cheap steps, and a run
+without candidates does no work here after attaching.
 """
 
 from __future__ import annotations
@@ -34,6 +47,7 @@ from torch import Tensor
 
 from ..model.info import LayerInfo
 from ..model.shards import Param
+from ..stats.step import StepData
 from .pending import Pending
 
 #: A spread above which a candidate's units have parted, as a random start's are (about 1). Below it they are still
@@ -78,12 +92,38 @@ def _zero(weight: Tensor) -> bool:
     return not bool(weight[0].any()) and not bool(weight.any())
 
 
-def _identical_rows(weight: Tensor) -> bool:
-    """Whether every row (first-dimension slice) of ``weight`` equals the first, element for element."""
-    rows = weight.reshape(weight.shape[0], -1)
-    if not torch.equal(rows[0], rows[1]):  # the usual answer, from two rows
+def _grouped(weight: Tensor, groups: int) -> Tensor:
+    """The rows (first-dimension slices) of ``weight`` by group, ``(groups, rows per group, row size)``: a grouped
+    convolution's rows of one group read the same input channels, those of different groups different ones."""
+    return weight.reshape(groups, weight.shape[0] // groups, -1)
+
+
+def _identical_rows(weight: Tensor, groups: int) -> bool:
+    """Whether every row of ``weight`` equals the first of its group, element for element, in groups of two rows or
+    more (a row alone in its group has nothing to be identical to)."""
+    rows = _grouped(weight, groups)
+    if rows.shape[1] < 2 or not torch.equal(rows[:, 0], rows[:, 1]):  # the usual answer, from two rows
         return False
-    return bool(torch.equal(rows, rows[:1].expand_as(rows)))
+    return bool(torch.equal(rows, rows[:, :1].expand_as(rows)))
+
+
+def _output_layers(data: StepData, weighted: frozenset[str]) -> set[str]:
+    """The layers of ``weighted`` whose outputs are the model's outputs: this step's forward order (its layer outputs,
+    filed in the order the forward pass made them) walked back from its end, past containers (a layer holding
+    others: its output is made from theirs), up to the first other layer (an activation, a normalisation); of the
+    layers met, those whose calls' outputs hold as many elements as the model's output (heads run side by side and
+    summed, a head applied at every time step)."""
+    made: dict[str, int] = {}
+    for (layer, _), n in data.numel.items():
+        made[layer] = made.get(layer, 0) + n
+    found: set[str] = set()
+    for layer in reversed(made):
+        if layer in weighted:
+            if made[layer] == data.output_numel:
+                found.add(layer)
+        elif not (layer == "" or any(other.startswith(layer + ".") for other in made)):
+            break
+    return found
 
 
 class SymmetryWatch:
@@ -91,12 +131,15 @@ class SymmetryWatch:
 
     def __init__(self) -> None:
         # layer -> (its unit weight, the first unit's weights when the debugger attached, units are columns, it
-        # started at zero)
-        self._candidates: dict[str, tuple[Tensor, Tensor, bool, bool]] = {}
+        # started at zero, the groups its rows are compared within)
+        self._candidates: dict[str, tuple[Tensor, Tensor, bool, bool, int]] = {}
         self.zero_started: set[str] = set()  # the candidates that started at zero
         # weights already seen with distinct units or all zeros, by identity (a tensor compares by value): never a
         # candidate, so a later attach (a ``with`` block per epoch) skips them
         self._distinct: dict[int, weakref.ref[Tensor]] = {}
+        # the layers whose unit weight's rows are output features (no embedding, no normalisation): those a forward
+        # pass ends with may make the model's output (see _output_layers)
+        self._weighted: frozenset[str] = frozenset()
 
     def attach(self, infos: dict[str, LayerInfo], params: list[Param]) -> None:
         """Find the candidates among the unit weights of ``infos`` that are trainable ``params`` held whole, and the
@@ -104,8 +147,15 @@ class SymmetryWatch:
         self._candidates = {}
         zeros: dict[str, Tensor] = {}
         by_name = {p.name: p for p in params}
+        self._weighted = frozenset(
+            layer
+            for layer, info in infos.items()
+            if info.unit_weight and not info.normalizes and info.type_name not in _EMBEDDINGS
+        )
         with torch.no_grad():
             for layer, info in infos.items():
+                if info.normalizes:
+                    continue  # its gain and shift are elementwise, one per feature: no units sharing one input
                 columns = info.type_name in _EMBEDDINGS
                 p = by_name.get(f"{layer}.weight" if columns else info.unit_weight or "")
                 if p is None or not p.whole or self._seen_distinct(p.tensor):
@@ -113,15 +163,16 @@ class SymmetryWatch:
                 w = _units(p.tensor.detach(), columns)
                 if w.dim() < 2 or w.shape[0] < 2 or not w.is_floating_point() or w.is_meta or w[0].numel() == 0:
                     continue
-                if _identical_rows(w) and bool(w[0].any()):
-                    self._candidates[layer] = (p.tensor, w[0].reshape(-1).clone(), columns, False)
+                groups = info.groups if w.shape[0] % info.groups == 0 else 1
+                if _identical_rows(w, groups) and bool(w[0].any()):
+                    self._candidates[layer] = (p.tensor, w[0].reshape(-1).clone(), columns, False, groups)
                 elif not columns and min(w.shape[0], w[0].numel()) >= ZERO_ROWS and _zero(w):
                     zeros[layer] = p.tensor
                 else:
                     self._distinct[id(p.tensor)] = weakref.ref(p.tensor)
         for layer, tensor in zeros.items():
             if len(zeros) >= ZERO_WEIGHTS:
-                self._candidates[layer] = (tensor, tensor.detach()[0].reshape(-1).clone(), False, True)
+                self._candidates[layer] = (tensor, tensor.detach()[0].reshape(-1).clone(), False, True, 1)
             else:
                 self._distinct[id(tensor)] = weakref.ref(tensor)
         self.zero_started = set(zeros) if len(zeros) >= ZERO_WEIGHTS else set()
@@ -138,15 +189,20 @@ class SymmetryWatch:
         """After the optimizer stepped on a fully observed step: drop the candidates whose units parted, file the
         spread of the others whose weights moved since the debugger attached."""
         found: dict[str, tuple[int, float]] = {}
+        outputs = _output_layers(pending.data, self._weighted)
         with torch.no_grad():
-            for layer, (tensor, first, columns, zero) in list(self._candidates.items()):
+            for layer, (tensor, first, columns, zero, groups) in list(self._candidates.items()):
+                if layer in outputs and not zero:  # each unit answers to an output of its own, not a copy
+                    del self._candidates[layer]
+                    continue
                 w = _units(tensor.detach(), columns)
                 rows = w.reshape(w.shape[0], -1).double()
                 if zero:
                     spread = _off_direction(rows)
                 else:
                     size = float(rows.norm())
-                    spread = float((rows - rows.mean(0)).norm()) / size if size > 0 else 0.0
+                    by_group = _grouped(rows, groups)
+                    spread = float((by_group - by_group.mean(1, keepdim=True)).norm()) / size if size > 0 else 0.0
                 if not spread <= (ONE_DIRECTION if zero else PARTED):  # parted (a non-finite weight: another room's)
                     del self._candidates[layer]
                 elif bool(rows.any()) if zero else not torch.equal(w[0].reshape(-1), first):  # the weights moved

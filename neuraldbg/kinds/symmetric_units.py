@@ -18,8 +18,15 @@ and not zero (or, beside another zero weight, all zero), and on the fully observ
 moved those weights, the rows' spread (``||W - mean row|| / ||W||``, about 1 for a default initialisation; for zero
 starts the energy outside the largest row's direction) stayed at most :data:`~neuraldbg.capture.symmetry.PARTED`
 (:data:`~neuraldbg.capture.symmetry.ONE_DIRECTION`). A lone zero weight (a last layer, a residual branch or an
-adapter that starts at zero, whose units part at the first update) is never a candidate. Reported once it held on
-:data:`MIN_STEPS` checks, at any length of run: the initialisation is the fault whatever the loss did.
+adapter that starts at zero, whose units part at the first update) is never a candidate, nor is a normalisation
+layer's gain of any shape (elementwise: ``nn.LayerNorm([C, H, W])``'s is no set of units sharing one input); a
+grouped convolution's rows are compared within each group (only they read the same input channels), so depthwise
+kernels that all start as one blur are no candidate. A layer
+whose outputs are the model's outputs (a head, or heads summed into the output, as DLinear's two, both set to 1/L)
+is dropped at its first check unless it started at zero: each unit answers to an output of its own and the loss
+gives each its own gradient (plain torch: gradient rows differing by 0.69-0.81 of their norm from the first step,
+the forecast at the least-squares optimum), so rows that stay alike there are the task's answer. Reported once it
+held on :data:`MIN_STEPS` checks, at any length of run: the initialisation is the fault whatever the loss did.
 """
 
 from __future__ import annotations

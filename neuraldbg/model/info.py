@@ -37,6 +37,7 @@ class LayerInfo:
     unit_weight: str | None = None  # qualified name of the weight whose rows are the output units
     normalizes: bool = False  # a normalisation layer: rescaling its input is its job
     renormalizes_channels: bool = False  # BatchNorm, InstanceNorm: cancels a per-channel affine right before it
+    groups: int = 1  # a grouped convolution's groups: its units of different groups read different input channels
 
 
 def owner_of_params(infos: dict[str, LayerInfo]) -> dict[str, str]:

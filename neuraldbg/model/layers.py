@@ -138,6 +138,7 @@ def describe(model: nn.Module, derivative: float) -> dict[str, LayerInfo]:
             unit_weight=unit_weight,
             normalizes=isinstance(module, _NORMALIZING),
             renormalizes_channels=isinstance(module, _RENORMALIZING),
+            groups=int(module.groups) if isinstance(module, nn.modules.conv._ConvNd) else 1,
         )
     return infos
 
