@@ -26,6 +26,12 @@ learning rate too low from the start (it is the largest the run stepped with), a
 the run trained (sized for epochs, stepped every batch), are still stalls. Root: after vanishing gradients, which
 stall updates by themselves under SGD. Config: ``stalled_ratio``, ``fit_gradient_drop``, ``fit_loss_drop``.
 
+When clipping made the gradients at least ``TINY_CLIP`` times smaller than the backward pass left them, the whole
+model's stall is the clipping's: the gradients reach the optimizer at its threshold, which sets the steps' size, and
+the fix is that threshold, not the learning rate (sweep D: a CNN under SGD 0.05 with ``clip_grad_norm_`` to 1e-4,
+gradients shrunk ~7,000x, updates of 1.5e-6 of the weights a step, held-out accuracy 0.25 against 0.98 clipped at
+1.0, was told to raise the learning rate 660x).
+
 **A run too small to train** (:meth:`StalledUpdates.run_finding`): each step may move the weights by more than
 ``stalled_ratio`` and the run still stall, when its steps add up to almost nothing. Judged over the whole run from its
 loss curve (:mod:`.loss_evidence`, the runs it is judged on) and the model's update/weight ratios ||dW||/||W||: the
@@ -38,7 +44,8 @@ half of only a quarter of that, but 0.7 of its fall below the variance of 9.7). 
 clipping to a tiny norm under SGD, does that; a fit that converged (its loss fell a hundredfold, or its gradients
 did), a run met mid-training, and a classifier met already trained
 (its first losses far below chance: a trained model continued by a new optimizer at a small learning rate, whose
-small steps are the fine-tuning's, not a run too small to train) are not judged.
+small steps are the fine-tuning's, not a run too small to train) are not judged. Where the steps' rule also found the
+whole model stalled, the two readings of the same small updates are one hypothesis (:class:`_OneStall`).
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ from ..config import DebugConfig
 from ..detectors.base import Detector, Finding, FitProgress, Observation, StepView, UpdateCensus, strength
 from ..events import EventType, FailureKind, SemanticEvent
 from ..health import UpdateHealth
-from ..reasoning.rules import CausalRule
+from ..reasoning.rules import ONSET_TOLERANCE, CausalRule
 from ..reasoning.topology import Topology
 from ..text import num
 from . import loss_evidence
@@ -225,7 +232,11 @@ class StalledDetector(Detector):
             tail = self._schedule_tail(census, limit, RUN_SHARE * view.ctx.config.loss_trained)
             self._add_moved(view.step, census.median)
             if census.median < limit and not converged and not regime and not tail:
-                obs.findings.append(self._finding(census.ratio_metrics(), strength(census.median, limit, decades=3)))
+                metrics = census.ratio_metrics()
+                clip = view.data.grad_clip_factor
+                if clip is not None and clip >= loss_evidence.TINY_CLIP:
+                    metrics["clip"] = clip  # the clipping shrank the steps, not the learning rate
+                obs.findings.append(self._finding(metrics, strength(census.median, limit, decades=3)))
             elif census.median >= limit and not converged and not self._decayed(census.lr):
                 self._clipped_still(view, census, limit, obs)
         return obs
@@ -270,21 +281,40 @@ class StalledDetector(Detector):
 
 
 @dataclass(frozen=True)
-class _HeldStillTogether(CausalRule):
-    """Layers held still by the same clipping are one fault: each layer's event joins the first one's (layer
-    events only: the run-level finding of a run too small to train carries the run's clip factor too)."""
+class _OneStall(CausalRule):
+    """Stalls that are one fault join the first one's hypothesis: the layers held still by the same clipping (layer
+    events only: the run-level finding of a run too small to train carries the run's clip factor too, and is none of
+    them), and the model's stall read step by step with the run too small to train, the same small updates read
+    over the whole run from the loss and their sum. That reading stands after the steps' among root causes
+    (:meth:`StalledUpdates.lane`), so a learning rate too low, or a clipping threshold too small, makes one
+    hypothesis with one fix."""
 
     def applies_to(self, cause: SemanticEvent) -> bool:
-        return _held_still(cause) and super().applies_to(cause)
+        return _held_still(cause) or _model_stall(cause)
 
     def explains(self, cause: SemanticEvent, effect: SemanticEvent, topo: Topology) -> bool:
+        if _model_stall(cause):
+            return _run_stall(effect)
         return _held_still(cause) and _held_still(effect) and super().explains(cause, effect, topo)
 
     def earliest_effect(self, cause: SemanticEvent) -> int | None:
-        return super().earliest_effect(cause)
+        # a run too small to train is read from its first judged loss, which may come before the steps' stall
+        return None if _model_stall(cause) else cause.step_start - ONSET_TOLERANCE
 
     def covers(self, a: SemanticEvent, b: SemanticEvent, topo: Topology) -> bool:
+        if _model_stall(a) or _model_stall(b):
+            return _model_stall(a) and _model_stall(b)  # each explains the one run-level finding
         return (_held_still(a) or not _held_still(b)) and super().covers(a, b, topo)
+
+
+def _run_stall(event: SemanticEvent) -> bool:
+    """A run too small to train (see :meth:`StalledUpdates.run_finding`)."""
+    return event.kind is KIND and "run_updates" in event.metrics
+
+
+def _model_stall(event: SemanticEvent) -> bool:
+    """The whole model's updates stalled over a stretch of steps (not some layers', not the run-level reading)."""
+    return event.kind is KIND and not event.layer and event.param is None and not _run_stall(event)
 
 
 def _held_still(event: SemanticEvent) -> bool:
@@ -342,10 +372,11 @@ class StalledUpdates(Kind):
         return loss_evidence.passed_before_the_fit(event, coverage, facts.config)
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
-        return RootLane(7)
+        # a run too small to train after the steps' stalls: a stall read step by step is then its root (_OneStall)
+        return RootLane(7.5 if _run_stall(event) else 7)
 
     def rules(self) -> list[CausalRule]:
-        return [_HeldStillTogether("clipping-holds-still", "is held still with", KIND, (KIND,), "other", joins=True)]
+        return [_OneStall("one-stall", "is the same stall as", KIND, (KIND,), "other", joins=True)]
 
     def explain(
         self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
@@ -367,10 +398,24 @@ class StalledUpdates(Kind):
             )
             return what, fix
         lr_text = f" with learning rate {num(lr)}" if lr is not None else ""
+        clip = root.metrics.get("clip")
+        clipped = (
+            f" - gradient clipping made the gradients {num(clip)} times smaller than the backward pass left them"
+            if clip is not None
+            else ""
+        )
         what = (
             f"Stalled updates{lr_text}: the median update/weight ratio ||dW||/||W|| over the layers is {num(median)} "
-            f"per step {held(root, topo)}; the weights barely move, so the loss cannot improve."
+            f"per step {held(root, topo)}{clipped}; the weights barely move, so the loss cannot improve."
         )
+        if clip is not None:
+            # the gradients reach the optimizer at the clipping's threshold, which sets the steps' size: the fault
+            # is the threshold, not the learning rate that was tuned for unclipped gradients
+            fix = (
+                "raise the clipping's threshold: max_norm of clip_grad_norm_ (1.0 is usual) or clip_value of "
+                "clip_grad_value_; or remove the clipping."
+            )
+            return what, fix
         factor = 1e-3 / median
         fix = (
             f"raise the learning rate (about {num(factor)}x higher reaches the usual ~1e-3 update ratio), and check "
