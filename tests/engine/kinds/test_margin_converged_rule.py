@@ -25,6 +25,30 @@ def run(first_zero: int = 100, every: int = 5, last_given: int = STEPS - 1, star
     return coverage
 
 
+def learned(first_zero: int, lowest: float, start: float = 0.3) -> Coverage:
+    """Gradients on every step until ``first_zero``, the loss falling from ``start`` to ``lowest`` by a constant
+    factor per step on them, then exactly zero on every step to the end (every margin of every batch met)."""
+    coverage = Coverage()
+    for step in range(STEPS):
+        given = step < first_zero
+        loss = start * (lowest / start) ** (step / (first_zero - 1)) if given else 0.0
+        coverage._zero_reading(step, not given, loss)
+        coverage.losses.add(step, loss)
+        coverage.last_step = step
+    return coverage
+
+
+def test_a_margin_loss_already_near_zero_before_its_gradient_first_vanished_has_converged():
+    # a hinge classifier that learned its task: the loss fell to near 0 with a gradient on every step, then every
+    # margin was met, early (the losses kept one by one) or late (the blocks), with no hard batch left
+    assert margin_met(learned(first_zero=12, lowest=0.001))
+    assert margin_met(learned(first_zero=300, lowest=0.001))
+    # a policy made deterministic by one step at a rate far too high: its loss had not come near 0 before
+    assert not margin_met(learned(first_zero=12, lowest=0.1))
+    assert not margin_met(learned(first_zero=300, lowest=0.1))
+    assert not margin_met(learned(first_zero=300, lowest=-0.001, start=-0.3))  # a loss below zero has no floor there
+
+
 def test_a_margin_loss_that_keeps_giving_gradients_on_hard_batches_to_the_end_has_converged():
     assert margin_met(run())
 
