@@ -24,6 +24,14 @@ confirm it) until the consecutive observed steps it held over add up to ``dead_m
 unit (samples, times positions for sequences and maps, which a unit must be silent on all of). With the usual
 batches a single step is enough.
 
+Dead units are a fault of a layer that trains. Units of a ReLU whose feeding layer (the nearest one with parameters
+before it) got no parameter gradient at the step, while others did, are not judged: ``requires_grad=False`` froze it
+on purpose (a pretrained backbone under a new head), nothing of it is learned, and its units that never fire on
+these inputs harm no training. A model with no trainable parameter at all has no dead-unit fault: style transfer
+through a frozen VGG-like net leaves 10-12 of its last ReLU's 64 channels never positive on the optimised image, the
+same 12 as on the style image itself, while the image is learned. A layer activated functionally is measured only
+where its weight rows got a gradient, so it follows the same rule.
+
 Root: the first dead layer in forward order (the layers after it are starved by it, the layers before it get no
 gradient through it). Config: ``dead_sample_fraction``, ``dead_onset_fraction``, ``dead_unit_fraction``,
 ``dead_min_observations``.
@@ -39,6 +47,7 @@ from ..config import DebugConfig
 from ..detectors.base import Detector, Finding, Observation, StepView
 from ..events import EventType, FailureKind, SemanticEvent
 from ..health import ActivationHealth, GradientHealth, UpdateHealth
+from ..model.info import Role
 from ..reasoning.rules import CausalRule
 from ..reasoning.topology import Topology
 from ..stats.step import SlotKey
@@ -75,6 +84,8 @@ class DeadUnitsDetector(Detector):
 
     def __init__(self) -> None:
         self._held: dict[SlotKey, float] = {}  # observations per unit over the current run of dead readings
+        self._fed_by: dict[SlotKey, str] = {}  # activation output -> the nearest parametric layer before it
+        self._fed_for = 0  # ... worked out for this many layer outputs of the forward order
 
     def observe(self, view: StepView) -> Observation | None:
         data = view.data
@@ -87,6 +98,13 @@ class DeadUnitsDetector(Detector):
                 norm = data.act.get(key)
                 if units <= 0 or (norm is not None and not math.isfinite(norm)):
                     continue  # non-finite outputs are the non-finite detector's business
+                if source == "module" and not self._trains(view, key):
+                    # units of a layer that does not train: nothing of it is learned, so units that never fire on
+                    # these inputs harm no training (a frozen feature net while an input is optimised). A layer
+                    # activated functionally is measured only when its weight rows got a gradient.
+                    obs.saw(self.event_type, key[0], call=key[1])
+                    self._held[key] = 0.0
+                    continue
                 # an output layer is dead from its first dead unit that the loss pulls on (the fraction of one
                 # unit); a unit the loss leaves at 0 (a representation's goodness) keeps the hidden layers' rule
                 pulled = data.output_dead_pulled
@@ -123,6 +141,25 @@ class DeadUnitsDetector(Detector):
                         )
                     )
         return obs
+
+    def _trains(self, view: StepView, key: SlotKey) -> bool:
+        """Whether the layer that feeds the activation output ``key`` (the nearest layer with parameters before it
+        in forward order) trains: it got a parameter gradient at this step, which ``requires_grad=False`` leaves it
+        without, while others got one. An activation with no such layer before it, or a step with no parameter
+        gradient at all (none reached the model: the no-gradient finding's), is judged as it is; a model with no
+        trainable parameter is left out by :meth:`DeadNeurons.undone`."""
+        ctx = view.ctx
+        if self._fed_for != len(ctx.order):  # the order grew (layers first seen): worked out again, in one pass
+            self._fed_by, last = {}, None
+            for out in ctx.order:
+                if last is not None:
+                    self._fed_by[out] = last
+                info = ctx.infos.get(out[0])
+                if info is not None and info.role is Role.PARAMETRIC:
+                    last = out[0]
+            self._fed_for = len(ctx.order)
+        feeding, grads = self._fed_by.get(key), view.layer_gradients
+        return feeding is None or not grads or feeding in grads
 
 
 #: Dead units of a hidden layer the fit got past: the run's last quarter of losses averages at most this share of its
@@ -172,9 +209,14 @@ class DeadNeurons(Kind):
         reaches the same. A layer wholly dead passes no gradient, one left with :data:`HOLLOWED` of its units or
         less cannot carry what it must, a dead output unit is a class the model can no longer produce, and dead
         units that leave the loss at chance, flat or a few times lower (a bias that kills a layer, a learning rate
-        far too high) are not undone."""
+        far too high) are not undone. Nor are dead units a fault of a model with no trainable parameter through which
+        backward passes ran (an input optimised through a frozen feature net): nothing of it trains."""
         m = event.metrics
-        if event.kind is not KIND or m.get("output_layer"):
+        if event.kind is not KIND:
+            return False
+        if not facts.trainable and facts.backward_passes:
+            return True  # a model with no trainable parameter (a frozen feature net an input is optimised through)
+        if m.get("output_layer"):
             return False
         if _revived(event, coverage, facts):
             return True
