@@ -9,24 +9,53 @@ Saturation a layer first reaches once the fit has converged (:class:`~neuraldbg.
 loss or its gradient fell a hundredfold or tenfold) is the fit's confidence, not a fault: a confident fit drives a
 tanh bottleneck to its bounds, and deep hashing pushes its codes to +-1 on purpose (plain torch: 54 % of a 32-bit
 tanh code saturated once the loss fell 90-fold, held-out accuracy 0.998). Saturation present before the fit
-converged (a bad initialisation, a learning rate too high) is still reported, for as long as it lasts.
+converged (a bad initialisation, a learning rate too high) is still reported, for as long as it lasts, unless it
+harmed nothing (:meth:`SaturatedActivations.undone`).
+
+Saturation is a fault because it harms: the gradient through the saturated units dies, or the fit stalls while they
+are pinned. Saturation that did neither is the model's design or its fit, and is undone: the layer feeding the
+activation (the nearest one with parameters before it) kept a gradient of at least ``vanishing_ratio`` of the
+largest layer's at the most saturated step (the vanishing-gradients room's relative test), and the fit converged
+through it, by the test :class:`FitProgress` applies at each step, here on the medians of the run's last quarter of
+readings, after the onset: the loss fell a hundredfold, or its gradient w.r.t. the output tenfold, or, for a
+classifier whose first loss was at chance, the gradient its loss implies (``1 - exp(-loss)``) fell tenfold. Plain
+torch: a gated PixelCNN's tanh*sigmoid gates hold 50 % of a tanh at its bounds from step 80, when its loss had fallen
+from 1.38 to 0.10 (not yet converged), and it goes on to 0.065 with its conditioning's gradient at 1e-2 of the
+largest layer's, as at step 0 (the "fix", a third of the learning rate, ends worse and still saturates); a gated
+linear RNN's forget gate with chrono initialisation, 64 % saturated on purpose (memory over ~1000 steps), goes from
+0.70 to 0.005 with held-out accuracy 1.0, while the same model with the gate's bias at 0, unsaturated, stays at
+0.70. The saturation faults of the benchmark and of the tests keep their feeding layer's gradient (0.15-1.0 of the
+largest layer's: the unsaturated units still pass it) but none converges: a tanh MLP with weights x20 (loss 7.0 ->
+8.5), a learning rate too high (2.3 -> 3.6; 2.3 -> 1.1, then flat once saturated), a BERT-style pooler at std 1 (1.07
+-> 0.72 against log 3 = 1.10), raw inputs (flat at chance), normal_ init (151 -> 21, a regression). A loss that only
+keeps falling is no proof: a gated MLP at Adam 0.1 falls from 0.37 to 0.27 while saturated, four times the loss of
+the same model at 0.01, which never saturates; so saturation a fit has not converged through is still reported (a
+gated PixelCNN stopped at a loss of 0.11, twelvefold below its start and still falling, is one such false alarm).
 
 Root: the first saturated layer in forward order (downstream layers are its victims), after dead units. Config:
-``saturation_derivative``, ``saturated_fraction``.
+``saturation_derivative``, ``saturated_fraction``, ``vanishing_ratio``, ``fit_loss_drop``, ``fit_gradient_drop``.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from ..config import DebugConfig
-from ..detectors.base import Detector, Finding, FitProgress, Observation, StepView
+from ..detectors.base import CHANCE_START, Detector, Finding, FitProgress, Observation, StepView
 from ..events import EventType, FailureKind, SemanticEvent
 from ..health import ActivationHealth, GradientHealth, is_state
+from ..model.info import Role
 from ..reasoning.rules import CausalRule
 from ..reasoning.topology import Topology
+from ..stats.step import SlotKey
 from ..text import num, pct
+from . import loss_evidence
 from .base import Check, Kind, RootLane, Series, held, near
+
+if TYPE_CHECKING:
+    from ..capture.coverage import Coverage, RunFacts
+    from ..stats.history import Series as Readings
 
 KIND = FailureKind.SATURATED_ACTIVATIONS
 
@@ -39,6 +68,7 @@ class SaturationDetector(Detector):
     def __init__(self) -> None:
         self._fit = FitProgress()
         self._before: set[tuple[str, int]] = set()  # layers saturated at a step before the fit converged
+        self._feeding: dict[SlotKey, str | None] = {}  # the layer with parameters that feeds each activation
 
     def observe(self, view: StepView) -> Observation | None:
         data = view.data
@@ -47,6 +77,7 @@ class SaturationDetector(Detector):
             return None
         threshold = view.ctx.config.saturated_fraction
         obs = Observation()
+        top: float | None = None  # the largest layer gradient of this step, once a saturated layer asks for it
         for key, (count, total) in data.saturated.items():
             norm = data.act.get(key)
             if total <= 0 or not view.ctx.is_hidden(key) or (norm is not None and not math.isfinite(norm)):
@@ -59,6 +90,11 @@ class SaturationDetector(Detector):
                 self._before.add(key)
                 s = (fraction - threshold) / (1 - threshold) if threshold < 1 else 1.0
                 metrics = {"saturated_fraction": fraction, "elements": float(total)}
+                if top is None:
+                    top = max((g.norm for g in view.layer_gradients.values() if math.isfinite(g.norm)), default=0.0)
+                share = self._feeding_share(view, key, top)
+                if share is not None:
+                    metrics["feeding_gradient_share"] = share
                 obs.findings.append(
                     Finding(
                         self.event_type,
@@ -72,6 +108,72 @@ class SaturationDetector(Detector):
                 )
         return obs
 
+    def _feeding_share(self, view: StepView, key: SlotKey, top: float) -> float | None:
+        """The gradient norm of the layer that feeds ``key`` (the nearest one with parameters before it in forward
+        order) as a share of ``top``, the largest layer's at this step: what still passes back through the saturated
+        units. None when no layer feeds it or no gradient was measured."""
+        if key not in self._feeding:
+            ctx = view.ctx
+            before = ctx.order[: ctx.position(key)]
+            self._feeding[key] = next(
+                (name for name, _ in reversed(before) if ctx.infos[name].role is Role.PARAMETRIC), None
+            )
+        feeding = view.layer_gradients.get(self._feeding[key] or "")
+        if feeding is None or not math.isfinite(feeding.norm) or top <= 0:
+            return None
+        return feeding.norm / top
+
+
+#: The share of the run's last steps whose readings (losses, the loss's gradients) say where the fit ended ...
+LATE = 0.25
+#: ... at least this many of them.
+READINGS = 8
+
+
+def _median(series: Readings | None, since: int) -> float | None:
+    """The median of the finite readings of ``series`` from step ``since`` on; None with fewer than
+    :data:`READINGS` of them."""
+    values = sorted(v for step, v in series or () if step >= since and math.isfinite(v))
+    return values[len(values) // 2] if len(values) >= READINGS else None
+
+
+def _first(series: Readings | None) -> float | None:
+    """The first reading of ``series`` when it is finite and positive (what a fall is measured from)."""
+    first = next(iter(series or ()), None)
+    return first[1] if first is not None and math.isfinite(first[1]) and first[1] > 0 else None
+
+
+def converged_through(event: SemanticEvent, coverage: Coverage, facts: RunFacts) -> bool:
+    """Whether the fit converged after ``event``'s saturation began: over the run's last :data:`LATE` of steps (and
+    not before the event), the median loss is at most ``fit_loss_drop`` of the first, or the median gradient of the
+    loss w.r.t. the output at most ``fit_gradient_drop`` of its first, or, for a classifier whose first loss was at
+    chance (its cross-entropy's gradient goes as ``1 - exp(-loss)``), that quantity fell to ``fit_gradient_drop``:
+    :class:`FitProgress`'s test, on a median rather than one step's batch."""
+    history, cfg = facts.history, facts.config
+    if history is None or coverage.losses.nonfinite or coverage.policy_gradient or loss_evidence.skipped(coverage):
+        return False  # a loss that was not finite, or that says nothing of a fit (a surrogate, a GAN's)
+    since = max(event.step_start, coverage.last_step - int(LATE * (coverage.last_step + 1)))
+    losses, gradients = history.get("loss", ""), history.get("loss_gradient", "")
+    gradient, gradient0 = _median(gradients, since), _first(gradients)
+    if gradient is not None and gradient0 is not None and gradient <= cfg.fit_gradient_drop * gradient0:
+        return True
+    late, first = _median(losses, since), _first(losses)
+    if late is None or first is None:
+        return False
+    if late <= cfg.fit_loss_drop * first:
+        return True
+    chance = loss_evidence.chance_level(coverage)[1]
+    began_at_chance = chance is not None and CHANCE_START[0] * chance <= first <= CHANCE_START[1] * chance
+    return began_at_chance and -math.expm1(-late) <= cfg.fit_gradient_drop * -math.expm1(-first)
+
+
+def gradient_kept(event: SemanticEvent, config: DebugConfig) -> bool:
+    """Whether the layer feeding the activation kept a gradient at the event's most saturated step: at least
+    ``vanishing_ratio`` of the largest layer's (the vanishing-gradients room's relative test). True when no layer
+    feeds it."""
+    share = event.metrics.get("feeding_gradient_share")
+    return share is None or share >= config.vanishing_ratio
+
 
 class SaturatedActivations(Kind):
     name = KIND.value
@@ -84,6 +186,13 @@ class SaturatedActivations(Kind):
 
     def detectors(self, config: DebugConfig) -> list[Detector]:
         return [SaturationDetector()]
+
+    def undone(self, event: SemanticEvent, coverage: Coverage, facts: RunFacts) -> bool:
+        """Saturation that harmed nothing (see the module docstring): the layer feeding the activation kept a
+        gradient (:func:`gradient_kept`) and the fit converged through it (:func:`converged_through`)."""
+        if event.kind is not KIND or not gradient_kept(event, facts.config):
+            return False  # the gradient through the saturated units died: the layer before them no longer learns
+        return converged_through(event, coverage, facts)
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
         return RootLane(4)
