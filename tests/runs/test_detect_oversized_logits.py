@@ -46,10 +46,15 @@ def classifier(normal_init: bool) -> nn.Sequential:
 
 
 def train_classifier(
-    model: nn.Module, watched: bool, loss_fn: Callable[..., torch.Tensor] = F.cross_entropy
+    model: nn.Module,
+    watched: bool,
+    loss_fn: Callable[..., torch.Tensor] = F.cross_entropy,
+    lr: float = 1e-3,
+    logits: Callable[[torch.Tensor], torch.Tensor] = lambda output: output,
 ) -> tuple[list[float], float, NeuralDbg | None]:
+    """The losses, the held-out accuracy (of ``logits(output)``) and the debugger of a run of Adam at ``lr``."""
     make = support.classification_batches((32,), CLASSES, batch=64)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
     losses: list[float] = []
 
     def loop() -> None:
@@ -70,7 +75,7 @@ def train_classifier(
     model.eval()
     with torch.no_grad():
         held = [make(10_000 + i) for i in range(4)]
-        accuracy = sum(float((model(x).argmax(1) == y).float().mean()) for x, y in held) / len(held)
+        accuracy = sum(float((logits(model(x)).argmax(1) == y).float().mean()) for x, y in held) / len(held)
     return losses, accuracy, dbg
 
 
@@ -446,29 +451,7 @@ def test_the_classes_are_the_losss_not_those_of_a_feature_tensor_returned_before
     def run(normal_init: bool, watched: bool) -> tuple[list[float], float, NeuralDbg | None]:
         torch.manual_seed(0)
         model = FeaturesThenLogits(normal_init)
-        make = support.classification_batches((32,), CLASSES, batch=64)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-        losses: list[float] = []
-
-        def loop() -> None:
-            for step in range(STEPS):
-                x, y = make(step)
-                opt.zero_grad()
-                loss = logits_loss(model(x), y)
-                loss.backward()
-                opt.step()
-                losses.append(float(loss.detach()))
-
-        dbg = None
-        if watched:
-            with NeuralDbg(model) as dbg:
-                loop()
-        else:
-            loop()
-        with torch.no_grad():
-            held = [make(10_000 + i) for i in range(4)]
-            accuracy = sum(float((model(x)[1].argmax(1) == y).float().mean()) for x, y in held) / len(held)
-        return losses, accuracy, dbg
+        return train_classifier(model, watched, logits_loss, lr=1e-2, logits=lambda output: output[1])
 
     # plain torch: the default-init model starts at log(10) (over 3 x log(2), the level of the features' width) and
     # learns; the N(0, 1) one starts far above log(10)
