@@ -222,12 +222,7 @@ def train_tagger(activation: str, one_hot: bool, watched: bool) -> tuple[float, 
                 F.binary_cross_entropy(squash(model(x[idx])), y[idx]).backward()
                 opt.step()
 
-    dbg = None
-    if watched:
-        with NeuralDbg(model) as dbg:
-            loop()
-    else:
-        loop()
+    dbg = support.watching(model, loop, watched)
     with torch.no_grad():
         predicted = (squash(model(held_x)) > 0.5).float()
     f1 = float(2 * (predicted * held_y).sum() / (predicted.sum() + held_y.sum()))

@@ -66,12 +66,7 @@ def train_classifier(
             opt.step()
             losses.append(float(loss.detach()))
 
-    dbg = None
-    if watched:
-        with NeuralDbg(model) as dbg:
-            loop()
-    else:
-        loop()
+    dbg = support.watching(model, loop, watched)
     model.eval()
     with torch.no_grad():
         held = [make(10_000 + i) for i in range(4)]
