@@ -58,9 +58,10 @@ gradients, and are recognised from the structure, the layer's output and its ear
   tasks to 100 % and fit as well with those layers frozen outright (hunt 17). A gradient that stays small (behind
   a saturated softmax, through a deep sigmoid stack) is still reported; so is one that is exactly zero. A layer
   healthy at any earlier reading is not vanishing on a converged fit either.
-* *Clipped, not vanished.* A gradient small only as clipping left it: judged as the backward pass left it (see
-  :func:`_clipped`). Clipping some parameters and not others shrinks them against the rest; under SGD that holds
-  the clipped layers still (``stalled_updates``), under Adam it changes nothing.
+* *Clipped, not vanished.* Every gradient is judged as the backward pass left it, before clipping (see
+  :func:`_as_left`). Clipping some parameters and not others shrinks them against the rest; clipping all of them to
+  a tiny norm (``max_grad_norm=1e-6``) puts every layer under the floor. Under SGD either holds the clipped layers
+  still, and ``stalled_updates`` names the clipping; under Adam the first changes nothing.
 * *Switched on later.* A layer whose gradient was exactly zero for a stretch and non-zero again before the run's
   last fully observed step (a loss term weighted 0 for a curriculum's first steps) is not reported for that stretch
   (:meth:`VanishingGradients.undone`); an exact zero that lasts to the end is.
@@ -84,6 +85,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
+from dataclasses import replace
 
 from ..capture.coverage import Coverage, RunFacts
 from ..config import DebugConfig
@@ -113,7 +115,7 @@ class VanishingDetector(Detector):
         self._intermittent: set[str] = set()  # ... and non-zero at a later one: skipped at times
 
     def observe(self, view: StepView) -> Observation | None:
-        grads = view.layer_gradients
+        grads = _as_left(view)
         if not grads:
             return None
         cfg = view.ctx.config
@@ -153,8 +155,6 @@ class VanishingDetector(Detector):
                     metrics["small_from_first_reading"] = 1.0
                 vanishing[layer] = metrics
         for layer, metrics in vanishing.items():
-            if "exact_zero" not in metrics and _clipped(view, layer):
-                continue  # small as clipping left it, not as the backward pass did
             if _cancelled(view, layer) or _quiet(view, layer, grads, vanishing) or _gated(view, layer, vanishing):
                 if layer in first:  # small at its first reading by construction, not vanishing: it started healthy
                     self._started_healthy[layer] = True
@@ -164,18 +164,22 @@ class VanishingDetector(Detector):
         return obs
 
 
-def _clipped(view: StepView, layer: str) -> bool:
-    """A gradient small only after clipping: as the backward pass left it, the layer's gradient was not small
-    (by the same test, against the largest layer's before clipping). Clipping the gradients of some parameters
-    and not others (``clip_grad_norm_`` over an encoder's parameters alone, Lightning's ``clip_gradients`` on one
-    of two optimizers) shrinks them against the rest; the backward pass did not lose them. A clipping that keeps
-    the updates from moving the weights is ``stalled_updates``' to find."""
+def _as_left(view: StepView) -> dict[str, LayerGradient]:
+    """The step's layer gradients as the backward pass left them: a layer whose gradient clipping shrank is judged
+    by its norm before clipping. Vanishing is the backward pass losing the gradient on its way down, and clipping
+    scales what it left: all of it (``max_grad_norm=1e-6``: every layer a millionth of its size, the small-signal
+    layers of attention at initialisation below the floor, and the ratios between layers as they were), or some
+    parameters' and not others' (``clip_grad_norm_`` over an encoder's parameters alone, Lightning's
+    ``clip_gradients`` on one of two optimizers: shrunk against the rest). A clipping that keeps the updates from
+    moving the weights is ``stalled_updates``' to find, and it names the clipping."""
+    grads = view.layer_gradients
     before = view.layer_norms_before_clip
-    norm = before.get(layer)
-    if norm is None or not math.isfinite(norm):
-        return False
-    top = max((v for v in before.values() if math.isfinite(v)), default=0.0)
-    return not _small(norm, top, view.ctx.config)
+    if not before:
+        return grads
+    return {
+        layer: replace(g, norm=before[layer]) if layer in before and math.isfinite(before[layer]) else g
+        for layer, g in grads.items()
+    }
 
 
 def _small(norm: float, top: float, cfg: DebugConfig) -> bool:
