@@ -25,12 +25,13 @@ the shapes and the target's integers alone, whatever the loss did: the outputs f
 8x8-image CNN's MSE ends at 3 % of the labels' variance while its argmax is right on 23-37 % of held-out images,
 four classes), and two integer values are enough there (two outputs given 0/1 labels).
 
-Not judged: a target with a fractional value (a regression on measured values), with fewer than three values
-(0/1 under MSE is a Brier score), whose smallest value is not 0 (ratings of 1 to 5 stars: a scale, not class
-indices; a recommender whose item table was left out of the optimizer fits them poorly, as class indices would be
-fitted, and was told to use cross_entropy), with negative values or more than :data:`MOST_VALUES` of them (wide counts,
-0-255 pixels), a prediction of more than one value per sample (an image, a feature map), a summed MSE, and a run whose
-loss curve cannot be judged (see :func:`.loss_evidence.judged`). An ordinal target that the model does fit (a
+Not judged: a target with a fractional value (a regression on measured values), with fewer than three values (0/1 under
+MSE is a Brier score), spread over its range much less evenly than class labels are (below :data:`EVEN` of the variance
+of integers spread evenly over it: counts and ratings), whose smallest value is not 0 (ratings of 1 to 5 stars: a scale,
+not class indices; a recommender whose item table was left out of the optimizer fits them poorly, as class indices would
+be fitted, and was told to use cross_entropy), with negative values or more than :data:`MOST_VALUES` of them (wide
+counts, 0-255 pixels), a prediction of more than one value per sample (an image, a feature map), a summed MSE, and a run
+whose loss curve cannot be judged (see :func:`.loss_evidence.judged`). An ordinal target that the model does fit (a
 rating, a count it predicts well) explains most of its variance and stays silent.
 """
 
@@ -54,6 +55,12 @@ MOST_VALUES = 32
 #: benchmark's MLP regressing 10 class indices: 0.62-0.65 over three seeds; a fit explaining more than half of the
 #: variance is taken to be a regression that works).
 UNEXPLAINED = 0.5
+#: The target's variance over that of integers spread evenly over its range (``(values ** 2 - 1) / 12``), at least:
+#: a classifier's labels are spread over their classes about evenly (0.9-1.0 for the benchmark's and the tests'
+#: class indices, drawn from balanced classes), while counts and ratings pile up at a few values (a Poisson count of
+#: 0-14 rentals an hour: 0.25; ratings of 0-5 stars: 0.57), and a count's noise leaves most of its variance to any
+#: fit (the best possible MSE of a Poisson count is its mean: 0.62-0.69 of that variance).
+EVEN = 0.7
 
 
 class ClassIndexRegression(Kind):
@@ -71,6 +78,8 @@ class ClassIndexRegression(Kind):
         # class indices start at 0 (what cross_entropy takes); integers from 1 are a scale: ratings of 1-5 stars
         if integer < 1 or low != 0 or not FEWEST_VALUES <= values <= MOST_VALUES or not variance > 0:
             return None
+        if variance < EVEN * (values * values - 1) / 12:
+            return None  # piled up at a few values: a count or a rating, not labels spread over their classes
         curve = loss_evidence.judged(coverage, facts.config)
         if curve is None or not UNEXPLAINED * variance <= curve.end.mean < variance:
             return None

@@ -74,3 +74,30 @@ def test_the_same_quartiles_numbered_as_unordered_classes_are_found():
     # plain torch: the same inputs and bins, the regression leaves most of the variance and rounds far worse
     assert 0.6 < unexplained < 0.95 and accuracy < 0.5, (unexplained, accuracy)
     assert FailureKind.CLASS_INDEX_REGRESSION in {h.kind for h in dbg.hypotheses()}, dbg.report()
+
+
+def counts(n: int, seed: int) -> Batch:
+    """Poisson counts (rentals an hour, say) whose rate grows with the first feature: integers from 0, most of them
+    small, a long tail."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, FEATURES, generator=g)
+    rate = 3.0 * torch.exp(0.5 * x[:, 0])
+    return x, torch.poisson(rate, generator=g).long()
+
+
+def test_poisson_counts_a_model_fits_to_their_noise_floor_are_not_class_indices():
+    """Sweep E of the eighteenth session: a count regression under MSE was told its counts were class indices. A
+    count's own noise leaves most of its variance to any fit (the best possible MSE is the mean of its rates), and
+    counts pile up at a few small values where class labels spread over their classes."""
+    dbg, unexplained, _ = train(counts)
+    x, y = counts(STEPS * BATCH, 1)
+    rate = 3.0 * torch.exp(0.5 * x[:, 0])
+    best = float(rate.mean() / y.float().var())  # the Poisson noise: the least any fit can leave
+    values = int(y.max()) + 1
+    even = float(y.float().var()) / ((values * values - 1) / 12)
+    # plain torch: no fit can explain more than half of the variance, and this one is near that floor; the counts
+    # are far from spread evenly over 0..max
+    assert best > 0.5 and unexplained < best + 0.15, (best, unexplained)
+    assert even < 0.5, even
+    assert dbg._recorder.coverage.regression_target[:2] == (1.0, 0.0)  # integers from 0, profiled
+    assert FailureKind.CLASS_INDEX_REGRESSION not in {h.kind for h in dbg.hypotheses()}, dbg.report()
