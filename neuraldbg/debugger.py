@@ -266,7 +266,7 @@ class NeuralDbg(Queries):
         if scaler is not None:
             extra["grad_scaler"] = scaler.facts()
         moved = loss_evidence.unjudged_moves(self._recorder.coverage, self.config)
-        if moved is not None:  # its loss stayed where it began, after too little training to say why
+        if moved is not None:  # its loss stayed where it began, or at a guess, after too little training to say why
             extra["loss_unjudged_moved"] = moved
         return {
             **extra,

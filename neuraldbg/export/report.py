@@ -37,8 +37,9 @@ def _loss_caveat(meta: dict[str, Any]) -> str:
     moved = meta.get("loss_unjudged_moved")
     if isinstance(moved, (int, float)) and not isinstance(moved, bool) and math.isfinite(moved) and moved >= 0:
         return (
-            f" Its loss was not judged: it stayed where it began while the updates added up to {num(moved)} of the "
-            "weights' norm over the run, too little to tell a loss that cannot fall from one that has not started to."
+            f" Its loss was not judged: it stayed where it began, or at a guess, while the updates added up to "
+            f"{num(moved)} of the weights' norm over the run, too little to tell a loss that cannot fall from one "
+            "that has not started to."
         )
     losses = meta.get("losses_recorded")
     needed = meta.get("config", {}).get("loss_min_steps")

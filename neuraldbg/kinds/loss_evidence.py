@@ -256,12 +256,14 @@ def fell_from_first(coverage: Coverage, curve: Curve) -> bool:
 
 
 def unjudged_moves(coverage: Coverage, config: DebugConfig) -> float | None:
-    """How much a run whose loss did not fall moved its weights, when that was too little to judge it (its per-step
-    update ratios added up to less than ``loss_trained``, without clipping to a tiny norm): a loss that stayed where
-    it began then may be one that has not started to fall, and :func:`finding` says nothing; None otherwise (no
-    curve, a loss that fell or climbed, or updates enough to judge)."""
+    """How much a run whose loss did not fall, or fell to its chance level, moved its weights, when that was too
+    little to judge it (its per-step update ratios added up to less than ``loss_trained``, without clipping to a tiny
+    norm): a loss that stayed where it began, or that only shed an initialisation's excess down to a guess (a Swin
+    under Lightning from 1.45 to log 4 = 1.386, held-out accuracy 0.25), may be one that has not started to fall,
+    and :func:`finding` says nothing; None otherwise (no curve, a loss that fell below chance or climbed, or updates
+    enough to judge)."""
     curve = judged(coverage, config)
-    if curve is None or curve.verdict not in ("flat", "unclear"):
+    if curve is None or not (curve.verdict in ("flat", "unclear") or (curve.at_chance and not curve.falling)):
         return None
     clip = coverage.training.median("clip")
     if not curve.trained < config.loss_trained or (math.isfinite(clip) and clip >= TINY_CLIP):

@@ -282,3 +282,40 @@ def test_a_loss_that_stayed_where_it_began_after_too_little_training_is_not_judg
 def test_a_loss_that_fell_carries_no_caveat():
     _, _, dbg = support.skipgram_run(0.01, 0, watched=True)
     assert dbg is not None and "not judged" not in dbg.report()
+
+
+def guessing(lr: float) -> tuple[list[float], NeuralDbg]:
+    """A 4-class classifier given labels unrelated to its inputs, its last layer's weights three times PyTorch's
+    default (a first loss about 1.2 x log 4), Adam at ``lr`` for 200 steps: the losses and the debugger."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+    with torch.no_grad():
+        model[2].weight.mul_(3.0)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(1)
+    losses: list[float] = []
+    with NeuralDbg(model) as dbg:
+        for _ in range(200):
+            x, y = torch.randn(64, 16, generator=g), torch.randint(0, 4, (64,), generator=g)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return losses, dbg
+
+
+def test_a_loss_that_fell_only_to_a_guess_after_too_little_training_says_it_was_not_judged():
+    """Sweep E of the eighteenth session: a Swin under Lightning went from 1.45 to log 4 = 1.386 (held-out accuracy
+    0.25) and was called healthy without a word on its loss. A loss that only shed an initialisation's excess down to
+    the chance level, after updates adding up to less than ``loss_trained``, was not judged, and the verdict now says
+    so; with enough training the same run is at chance."""
+    losses, dbg = guessing(5e-4)
+    # plain torch: the loss began above log 4 and ends at it (labels unrelated to the inputs: nothing to learn)
+    assert statistics.mean(losses[:8]) > 1.15 * math.log(4)
+    assert abs(statistics.mean(losses[-50:]) - math.log(4)) < 0.05 * math.log(4)
+    assert dbg.hypotheses() == []
+    verdict = dbg.report().splitlines()[0]
+    assert "healthy" in verdict and "Its loss was not judged" in verdict and "at a guess" in verdict, verdict
+    _, trained = guessing(1e-3)
+    assert FailureKind.LOSS_AT_CHANCE in {h.kind for h in trained.hypotheses()}, trained.report()
