@@ -75,6 +75,7 @@ class FailureKind(str, metaclass=_Names):
     CLASS_INDEX_REGRESSION: ClassVar[FailureKind]
     COLLAPSED_OUTPUT: ClassVar[FailureKind]
     LABELS_SHIFTED_TWICE: ClassVar[FailureKind]
+    LABELS_ON_PADDING: ClassVar[FailureKind]
     OVERSIZED_LOGITS: ClassVar[FailureKind]
     UNMASKED_PADDING: ClassVar[FailureKind]
     EXCESSIVE_WEIGHT_DECAY: ClassVar[FailureKind]
@@ -157,6 +158,7 @@ for _name in (
     "class_index_regression",
     "collapsed_output",
     "labels_shifted_twice",
+    "labels_on_padding",
     "oversized_logits",
     "unmasked_padding",
     "missing_log_softmax",

@@ -227,6 +227,10 @@ class Coverage:
     # share of such labels over the first forward passes (None: not a causal LM given input_ids and labels)
     labels_ahead: float | None = None
     labels_ahead_step: int = 0
+    # ... the largest share of the labels it scores that sit where its attention mask hides the input (padding), and
+    # the step of the first reading (None: no attention mask given with them)
+    scored_padding: float | None = None
+    scored_padding_step: int = 0
     # which input samples the model saw before, and its loss on them (see stats.samples)
     repeats: SampleRepeats = field(default_factory=SampleRepeats)
     first_loss_terms: int = 1  # the backward passes whose losses the first recorded loss adds up
@@ -374,6 +378,11 @@ class Coverage:
             self.repeats.observe(record.step, record.samples, record.sample_losses, record.sample_hits)
         if record.labels_ahead is not None and (self.labels_ahead is None or record.labels_ahead > self.labels_ahead):
             self.labels_ahead, self.labels_ahead_step = record.labels_ahead, record.step
+        padded = record.scored_padding
+        if padded is not None:
+            if self.scored_padding is None:
+                self.scored_padding_step = record.step
+            self.scored_padding = max(padded, self.scored_padding or 0.0)
         changed = False
         if record.input_numel:
             changed = bool(self._input_numel) and record.input_numel != self._input_numel

@@ -452,7 +452,9 @@ class ForwardPath:
     def _check_labels(self, kwargs: dict[str, Any]) -> None:
         """A causal LM that shifts its labels itself was called with ``input_ids`` and ``labels``: where the next
         input token differs from the current one, the share of labels that are the next token rather than the
-        current one is filed (read at the flush; see :func:`~neuraldbg.stats.tensors.labels_ahead`)."""
+        current one is filed (read at the flush; see :func:`~neuraldbg.stats.tensors.labels_ahead`); with an
+        ``attention_mask`` of their shape, the share of the scored labels that sit where it hides the input
+        (:func:`~neuraldbg.stats.tensors.scored_padding`)."""
         ids, labels = kwargs.get("input_ids"), kwargs.get("labels")
         if not (isinstance(ids, Tensor) and isinstance(labels, Tensor)):
             return
@@ -460,6 +462,9 @@ class ForwardPath:
             return
         self._label_checks -= 1
         self._target().put("labels_ahead", None, stats.labels_ahead(ids, labels))
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, Tensor) and mask.shape == ids.shape and mask.dtype in (torch.bool, torch.long, torch.int):
+            self._target().put("scored_padding", None, stats.scored_padding(labels, mask))
 
     def _note_source(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         """A fully observed training pass: a module (the model itself included) whose data argument is a bounded

@@ -111,6 +111,8 @@ class StepData:
     baseline_kind: str = ""
     # a causal LM that shifts its labels itself: the share of labels that already are the next input token
     labels_ahead: float | None = None
+    # ... and the share of the labels it scores that sit where its attention mask hides the input (padding)
+    scored_padding: float | None = None
     loss_terms: int = 1  # the backward passes whose losses make up ``loss`` (several: accumulated, summed)
     samples: list[float] = field(default_factory=list)  # a fingerprint of each sample of the input batch
     sample_count: int = 0  # ... how many (known when the forward pass files them, before the flush)

@@ -326,6 +326,15 @@ def labels_ahead(input_ids: Tensor, labels: Tensor, ignore: int = -100) -> Tenso
     return hits / telling.sum().clamp(min=1).float()
 
 
+def scored_padding(labels: Tensor, mask: Tensor, ignore: int = -100) -> Tensor:
+    """Of the labels a causal LM scores (all but the first position, which its shift drops; ``ignore`` is not
+    scored), the fraction at positions its ``attention_mask`` hides (0: padding), as a 0-d float tensor on the
+    labels' device (read later); 0 when none is scored."""
+    label, hidden = labels[:, 1:], mask[:, 1:] == 0
+    scored = label != ignore
+    return (scored & hidden).sum().float() / scored.sum().clamp(min=1).float()
+
+
 #: Tensor types whose values the reductions read directly.
 _PLAIN = (Tensor, torch.nn.Parameter)
 _PLAIN_TYPES = frozenset(_PLAIN)
