@@ -50,6 +50,7 @@ KINDS = frozenset(
         "class_index_regression",
         "collapsed_output",
         "labels_shifted_twice",
+        "labels_on_padding",
         "oversized_logits",
         "unmasked_padding",
         "missing_log_softmax",
