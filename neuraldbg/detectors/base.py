@@ -95,17 +95,33 @@ class Context:
 
     _index: dict[SlotKey, int] = field(default_factory=dict, repr=False)
     _last_parametric: int = -1
+    # at each position of ``order`` (and one past it), the nearest layer with parameters before it
+    _fed_by: list[str | None] = field(default_factory=list, repr=False)
     _holders: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
 
     def _refresh(self) -> None:
-        if len(self._index) != len(self.order):
+        if len(self._index) != len(self.order) or len(self._fed_by) != len(self.order) + 1:
             self._index = {key: i for i, key in enumerate(self.order)}
             positions = [i for i, (layer, _) in enumerate(self.order) if self.infos[layer].numel > 0]
             self._last_parametric = max(positions, default=-1)
+            fed_by: list[str | None] = []
+            last = None
+            for layer, _ in self.order:
+                fed_by.append(last)
+                info = self.infos.get(layer)
+                if info is not None and info.role is Role.PARAMETRIC:
+                    last = layer
+            self._fed_by = [*fed_by, last]
 
     def position(self, key: SlotKey) -> int:
         self._refresh()
         return self._index.get(key, len(self.order))
+
+    def feeding(self, key: SlotKey) -> str | None:
+        """The nearest layer with parameters before the output ``key`` in forward order: what feeds an activation
+        (for a key not in the order yet, the last one). Worked out again only when the order grows."""
+        pos = self.position(key)  # brings the list up to date first
+        return self._fed_by[pos]
 
     def next_output(self, layer: str) -> str | None:
         """The layer whose output follows ``layer``'s first output in forward order, skipping the containers that
@@ -360,6 +376,27 @@ CHANCE_START = (0.8, 1.25)
 CHANCE_BELOW = 4.0
 
 
+def fit_converged(
+    config: DebugConfig,
+    gradient: float | None,
+    first_gradient: float | None,
+    loss: float | None,
+    first_loss: float | None,
+    from_chance: bool,
+) -> bool:
+    """:class:`FitProgress`'s test on readings of the loss's gradient w.r.t. the output and of the loss, against
+    their first values (None: not read): the gradient at most ``fit_gradient_drop`` of its first, or the loss at
+    most ``fit_loss_drop`` of its first, or, for a loss that began at a classifier's chance level
+    (``from_chance``), the gradient it implies, ``1 - exp(-loss)``, at most ``fit_gradient_drop`` of its first."""
+    if gradient is not None and first_gradient is not None and gradient <= config.fit_gradient_drop * first_gradient:
+        return True
+    if loss is None or first_loss is None:
+        return False
+    if loss <= config.fit_loss_drop * first_loss:
+        return True
+    return from_chance and -math.expm1(-loss) <= config.fit_gradient_drop * -math.expm1(-first_loss)
+
+
 class FitProgress:
     """How far the fit has come, for detectors that must not mistake convergence for a fault.
 
@@ -390,28 +427,23 @@ class FitProgress:
 
     def converged(self, view: StepView) -> bool:
         """Whether the fit has converged at ``view``'s step (also records the first readings)."""
-        cfg = view.ctx.config
         tg, loss = view.data.target_grad, view.data.loss
-        done = False
-        if tg is not None and math.isfinite(tg) and tg >= 0:
-            if self._first_gradient is None and tg > 0:
-                self._first_gradient = tg
-            done = self._first_gradient is not None and tg <= cfg.fit_gradient_drop * self._first_gradient
-        if loss is not None and math.isfinite(loss) and loss >= 0:
-            if self._first_loss is None and loss > 0:
-                self._first_loss = loss
-                classes = view.data.classes
-                chance = math.log(classes) if classes >= 2 else math.nan
-                self._cross_entropy = CHANCE_START[0] * chance <= loss <= CHANCE_START[1] * chance
-                # first seen far below chance in a run met mid-training (an optimizer held state): learned already.
-                # A fresh run whose first loss is that low has a loss scaled down (divided by the data set's size)
-                if view.data.warm_start and loss < CHANCE_START[0] * chance / CHANCE_BELOW:
-                    self._first_loss, self._cross_entropy = chance, True
-            first = self._first_loss
-            done = done or (first is not None and loss <= cfg.fit_loss_drop * first)
-            if first is not None and self._cross_entropy:  # the gradient it implies fell tenfold
-                done = done or -math.expm1(-loss) <= cfg.fit_gradient_drop * -math.expm1(-first)
-        return done
+        if tg is not None and not (math.isfinite(tg) and tg >= 0):
+            tg = None
+        if tg is not None and self._first_gradient is None and tg > 0:
+            self._first_gradient = tg
+        if loss is not None and not (math.isfinite(loss) and loss >= 0):
+            loss = None
+        if loss is not None and self._first_loss is None and loss > 0:
+            self._first_loss = loss
+            classes = view.data.classes
+            chance = math.log(classes) if classes >= 2 else math.nan
+            self._cross_entropy = CHANCE_START[0] * chance <= loss <= CHANCE_START[1] * chance
+            # first seen far below chance in a run met mid-training (an optimizer held state): learned already.
+            # A fresh run whose first loss is that low has a loss scaled down (divided by the data set's size)
+            if view.data.warm_start and loss < CHANCE_START[0] * chance / CHANCE_BELOW:
+                self._first_loss, self._cross_entropy = chance, True
+        return fit_converged(view.ctx.config, tg, self._first_gradient, loss, self._first_loss, self._cross_entropy)
 
 
 class Detector:

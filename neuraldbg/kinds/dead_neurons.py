@@ -47,7 +47,6 @@ from ..config import DebugConfig
 from ..detectors.base import Detector, Finding, Observation, StepView
 from ..events import EventType, FailureKind, SemanticEvent
 from ..health import ActivationHealth, GradientHealth, UpdateHealth
-from ..model.info import Role
 from ..reasoning.rules import CausalRule
 from ..reasoning.topology import Topology
 from ..stats.step import SlotKey
@@ -84,8 +83,6 @@ class DeadUnitsDetector(Detector):
 
     def __init__(self) -> None:
         self._held: dict[SlotKey, float] = {}  # observations per unit over the current run of dead readings
-        self._fed_by: dict[SlotKey, str] = {}  # activation output -> the nearest parametric layer before it
-        self._fed_for = 0  # ... worked out for this many layer outputs of the forward order
 
     def observe(self, view: StepView) -> Observation | None:
         data = view.data
@@ -148,17 +145,7 @@ class DeadUnitsDetector(Detector):
         without, while others got one. An activation with no such layer before it, or a step with no parameter
         gradient at all (none reached the model: the no-gradient finding's), is judged as it is; a model with no
         trainable parameter is left out by :meth:`DeadNeurons.undone`."""
-        ctx = view.ctx
-        if self._fed_for != len(ctx.order):  # the order grew (layers first seen): worked out again, in one pass
-            self._fed_by, last = {}, None
-            for out in ctx.order:
-                if last is not None:
-                    self._fed_by[out] = last
-                info = ctx.infos.get(out[0])
-                if info is not None and info.role is Role.PARAMETRIC:
-                    last = out[0]
-            self._fed_for = len(ctx.order)
-        feeding, grads = self._fed_by.get(key), view.layer_gradients
+        feeding, grads = view.ctx.feeding(key), view.layer_gradients
         return feeding is None or not grads or feeding in grads
 
 

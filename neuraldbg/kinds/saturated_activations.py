@@ -46,10 +46,9 @@ import math
 from typing import TYPE_CHECKING
 
 from ..config import DebugConfig
-from ..detectors.base import CHANCE_START, Detector, Finding, FitProgress, Observation, StepView
+from ..detectors.base import CHANCE_START, Detector, Finding, FitProgress, Observation, StepView, fit_converged
 from ..events import EventType, FailureKind, SemanticEvent
 from ..health import ActivationHealth, GradientHealth, is_state
-from ..model.info import Role
 from ..reasoning.rules import CausalRule
 from ..reasoning.topology import Topology
 from ..stats.step import SlotKey
@@ -72,7 +71,6 @@ class SaturationDetector(Detector):
     def __init__(self) -> None:
         self._fit = FitProgress()
         self._before: set[tuple[str, int]] = set()  # layers saturated at a step before the fit converged
-        self._feeding: dict[SlotKey, str | None] = {}  # the layer with parameters that feeds each activation
 
     def observe(self, view: StepView) -> Observation | None:
         data = view.data
@@ -116,13 +114,7 @@ class SaturationDetector(Detector):
         """The gradient norm of the layer that feeds ``key`` (the nearest one with parameters before it in forward
         order) as a share of ``top``, the largest layer's at this step: what still passes back through the saturated
         units. None when no layer feeds it or no gradient was measured."""
-        if key not in self._feeding:
-            ctx = view.ctx
-            before = ctx.order[: ctx.position(key)]
-            self._feeding[key] = next(
-                (name for name, _ in reversed(before) if ctx.infos[name].role is Role.PARAMETRIC), None
-            )
-        feeding = view.layer_gradients.get(self._feeding[key] or "")
+        feeding = view.layer_gradients.get(view.ctx.feeding(key) or "")
         if feeding is None or not math.isfinite(feeding.norm) or top <= 0:
             return None
         return feeding.norm / top
@@ -158,17 +150,12 @@ def converged_through(event: SemanticEvent, coverage: Coverage, facts: RunFacts)
         return False  # a loss that was not finite, or that says nothing of a fit (a surrogate, a GAN's)
     since = max(event.step_start, coverage.last_step - int(LATE * (coverage.last_step + 1)))
     losses, gradients = history.get("loss", ""), history.get("loss_gradient", "")
-    gradient, gradient0 = _median(gradients, since), _first(gradients)
-    if gradient is not None and gradient0 is not None and gradient <= cfg.fit_gradient_drop * gradient0:
-        return True
     late, first = _median(losses, since), _first(losses)
-    if late is None or first is None:
-        return False
-    if late <= cfg.fit_loss_drop * first:
-        return True
     chance = loss_evidence.chance_level(coverage)[1]
-    began_at_chance = chance is not None and CHANCE_START[0] * chance <= first <= CHANCE_START[1] * chance
-    return began_at_chance and -math.expm1(-late) <= cfg.fit_gradient_drop * -math.expm1(-first)
+    at_chance = (
+        first is not None and chance is not None and CHANCE_START[0] * chance <= first <= CHANCE_START[1] * chance
+    )
+    return fit_converged(cfg, _median(gradients, since), _first(gradients), late, first, at_chance)
 
 
 def began_in_training(event: SemanticEvent, facts: RunFacts) -> bool:
