@@ -66,6 +66,8 @@ from . import loss_evidence
 from .base import Check, Kind, RootLane, Series, held, run_event
 
 KIND = FailureKind.STALLED_UPDATES
+#: How to loosen a clipping that holds the steps still.
+_CLIP_FIX = "max_norm of clip_grad_norm_ (1.0 is usual) or clip_value of clip_grad_value_; or remove the clipping."
 
 #: A run whose update/weight ratios add up to less than this share of ``loss_trained`` moved its weights too little
 #: to train (calibrated on the real-programs benchmark: healthy programs add up to 0.48-18, learning rates 50-1000x
@@ -411,11 +413,7 @@ class StalledUpdates(Kind):
         if clip is not None:
             # the gradients reach the optimizer at the clipping's threshold, which sets the steps' size: the fault
             # is the threshold, not the learning rate that was tuned for unclipped gradients
-            fix = (
-                "raise the clipping's threshold: max_norm of clip_grad_norm_ (1.0 is usual) or clip_value of "
-                "clip_grad_value_; or remove the clipping."
-            )
-            return what, fix
+            return what, f"raise the clipping's threshold: {_CLIP_FIX}"
         factor = 1e-3 / median
         fix = (
             f"raise the learning rate (about {num(factor)}x higher reaches the usual ~1e-3 update ratio), and check "
@@ -505,10 +503,7 @@ def _explain_run(m: dict[str, float]) -> tuple[str, str]:
     )
     clip = m.get("clip")
     if clip is not None and clip >= loss_evidence.TINY_CLIP:
-        fix = (
-            f"raise the clipping's threshold (it made the gradients {num(clip)} times smaller): max_norm of "
-            "clip_grad_norm_ (1.0 is usual) or clip_value of clip_grad_value_; or remove the clipping."
-        )
+        fix = f"raise the clipping's threshold (it made the gradients {num(clip)} times smaller): {_CLIP_FIX}"
     elif total == 0:
         fix = (
             "check that optimizer.step() is given gradients (nothing may reset them between loss.backward() and "
