@@ -11,6 +11,7 @@ layer's gradient before clipping against the largest layer's."""
 from __future__ import annotations
 
 import pytest
+import support
 import torch
 from torch import nn
 
@@ -60,12 +61,7 @@ def train(max_norm: float, watched: bool) -> tuple[float, list[float], NeuralDbg
             factors.append(total / max_norm)
             opt.step()
 
-    dbg = None
-    if watched:
-        with NeuralDbg(model) as dbg:
-            loop()
-    else:
-        loop()
+    dbg = support.watching(model, loop, watched)
     held_ids, held_labels = tokens(1024, 1)
     model.eval()
     with torch.no_grad():
