@@ -76,6 +76,7 @@ class FailureKind(str, metaclass=_Names):
     COLLAPSED_OUTPUT: ClassVar[FailureKind]
     LABELS_SHIFTED_TWICE: ClassVar[FailureKind]
     LABELS_ON_PADDING: ClassVar[FailureKind]
+    INVERTED_PADDING_MASK: ClassVar[FailureKind]
     OVERSIZED_LOGITS: ClassVar[FailureKind]
     UNMASKED_PADDING: ClassVar[FailureKind]
     EXCESSIVE_WEIGHT_DECAY: ClassVar[FailureKind]
@@ -159,6 +160,7 @@ for _name in (
     "collapsed_output",
     "labels_shifted_twice",
     "labels_on_padding",
+    "inverted_padding_mask",
     "oversized_logits",
     "unmasked_padding",
     "missing_log_softmax",

@@ -51,6 +51,7 @@ KINDS = frozenset(
         "collapsed_output",
         "labels_shifted_twice",
         "labels_on_padding",
+        "inverted_padding_mask",
         "oversized_logits",
         "unmasked_padding",
         "missing_log_softmax",

@@ -231,6 +231,10 @@ class Coverage:
     # the step of the first reading (None: no attention mask given with them)
     scored_padding: float | None = None
     scored_padding_step: int = 0
+    # padding masks read against the token input on fully observed steps, by source ("": the model's
+    # attention_mask argument; else an attention layer's key_padding_mask): [steps read, steps on which the mask hid
+    # the real tokens and showed the padding, the first such step]
+    inverted_masks: dict[str, list[int]] = field(default_factory=dict)
     # which input samples the model saw before, and its loss on them (see stats.samples)
     repeats: SampleRepeats = field(default_factory=SampleRepeats)
     first_loss_terms: int = 1  # the backward passes whose losses the first recorded loss adds up
@@ -378,6 +382,12 @@ class Coverage:
             self.repeats.observe(record.step, record.samples, record.sample_losses, record.sample_hits)
         if record.labels_ahead is not None and (self.labels_ahead is None or record.labels_ahead > self.labels_ahead):
             self.labels_ahead, self.labels_ahead_step = record.labels_ahead, record.step
+        for source, inverted in record.inverted_masks.items():
+            counts = self.inverted_masks.setdefault(source, [0, 0, -1])
+            counts[0] += 1
+            if inverted > 0:
+                counts[1] += 1
+                counts[2] = record.step if counts[2] < 0 else counts[2]
         padded = record.scored_padding
         if padded is not None:
             if self.scored_padding is None:

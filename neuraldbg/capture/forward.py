@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 #: Forward passes of a causal LM whose labels are checked against its input (see :meth:`ForwardPath._check_labels`).
 LABEL_CHECKS = 4
+#: Fully observed forward passes whose padding masks are read against the model's token input (see _check_masks): a
+#: program builds its masks the same way on every pass.
+MASK_CHECKS = 4
 #: Fully observed forward passes in which the layers' arguments are looked at for a graph cut (see _note_cut): a
 #: program cuts its graph the same way on every pass, and looking costs a few microseconds per layer call.
 CUT_CHECKS = 8
@@ -118,6 +121,9 @@ class ForwardPath:
         # the attention calls of this pass without any mask: (layer, the keys' batch and sequence lengths), counted
         # when the model's call ends if their keys are its token positions (see _count_unmasked)
         self._unmasked: list[tuple[str, tuple[int, ...]]] = []
+        # ... and the key-padding masks given to attention calls of this pass, by layer (see _check_masks)
+        self._key_masks: list[tuple[str, Tensor]] = []
+        self._mask_checks = MASK_CHECKS  # fully observed passes still to read the padding masks in
         self._own_hooks = False  # a watched layer has forward hooks or pre-hooks of its own (see on_module_output)
         self._hooks_in_pass = False  # ... found so in the hooked pass under way
 
@@ -256,6 +262,7 @@ class ForwardPath:
         self._full = rec.pending.data.full
         self._entered = self._entries = 0
         self._unmasked = []
+        self._key_masks = []
         self.autocast = False
         if self._full and self._range_checks:
             self._range_checks -= 1
@@ -356,11 +363,14 @@ class ForwardPath:
     ) -> None:
         """Keep an attention call of a fully observed step that had no mask at all: no key-padding mask, no
         attention mask, not ``is_causal`` (positional or keyword), with its keys' batch and sequence lengths
-        (arguments and shapes only, nothing is read); counted when the model's call ends (see _count_unmasked)."""
+        (arguments and shapes only, nothing is read); counted when the model's call ends (see _count_unmasked).
+        A batched key-padding mask is kept instead, to be read against the token input then (see _check_masks)."""
         masks = (
             kwargs.get("key_padding_mask", args[3] if len(args) > 3 else None),
             kwargs.get("attn_mask", args[5] if len(args) > 5 else None),
         )
+        if self._mask_checks and isinstance(masks[0], Tensor) and masks[0].dim() == 2:
+            self._key_masks.append((name, masks[0]))
         causal = kwargs.get("is_causal", args[7] if len(args) > 7 else False)
         key = kwargs.get("key", args[1] if len(args) > 1 else None)
         if any(m is not None for m in masks) or causal or not isinstance(key, Tensor) or key.dim() not in (2, 3):
@@ -384,6 +394,32 @@ class ForwardPath:
         for name, lengths in unmasked:
             if sorted(lengths) == shape:
                 counts[name] = counts.get(name, 0) + 1
+
+    def _check_masks(self, tokens: Tensor | None, mask: Any) -> None:
+        """The model's call ended on a fully observed pass that was given padding masks: its ``attention_mask``
+        argument (a Hugging Face model's: 1 attends, 0 hides) and the key-padding masks of its attention calls
+        (torch's: True hides). Each one of the token input's shape (a key-padding mask of a sequence-first input:
+        its transpose) is read against the tokens: whether it hid the real tokens and showed the padding
+        (:func:`~neuraldbg.stats.tensors.mask_inverted`, filed by source and read at the flush)."""
+        key_masks, self._key_masks = self._key_masks, []
+        if tokens is None or tokens.dim() != 2:
+            return
+        found: list[tuple[str, Tensor]] = []
+        integer = isinstance(mask, Tensor) and mask.dtype in (torch.bool, torch.long, torch.int)
+        if integer and mask.shape == tokens.shape:
+            found.append(("", stats.hidden_positions(mask, attend_is_one=True)))
+        flipped = tokens.shape[0] != tokens.shape[1]
+        for name, given in key_masks:
+            if given.shape == tokens.shape:
+                found.append((name, stats.hidden_positions(given, attend_is_one=False)))
+            elif flipped and given.shape == tokens.shape[::-1]:
+                found.append((name, stats.hidden_positions(given, attend_is_one=False).t()))
+        if not found:
+            return
+        self._mask_checks -= 1
+        target = self._target()
+        for source, hidden in found:
+            target.put("mask_inverted", source, stats.mask_inverted(tokens, hidden))
 
     def _target(self) -> Pending:
         return self._tentative if self._tentative is not None else self._rec.pending
@@ -552,9 +588,14 @@ class ForwardPath:
             if self._label_checks:
                 self._check_labels(kwargs)
             padding = self._rec.coverage.padding_id
-            tokens = stats.token_argument(args, kwargs) if padding is not None or self._unmasked else None
+            mask = kwargs.get("attention_mask") if self._mask_checks else None
+            masked = isinstance(mask, Tensor) or bool(self._key_masks)
+            tokens = stats.token_argument(args, kwargs) if padding is not None or self._unmasked or masked else None
             if self._unmasked:
                 self._count_unmasked(tokens)
+            if masked:
+                ids = kwargs.get("input_ids")  # a Hugging Face model's tokens, whatever the order of its arguments
+                self._check_masks(ids if isinstance(ids, Tensor) and not ids.is_floating_point() else tokens, mask)
             if tokens is not None and padding is not None:  # read at the flush, with the step's other readings
                 self._target().put("padded", None, stats.holds(tokens, padding))
             if data.classes == 1:  # one output unit: probabilities (a binary classifier's sigmoid) or not

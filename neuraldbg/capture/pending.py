@@ -180,6 +180,8 @@ class Pending:
             dst.labels_ahead = merge_max(dst.labels_ahead, src.labels_ahead)
         if src.scored_padding is not None:
             dst.scored_padding = merge_max(dst.scored_padding, src.scored_padding)
+        for source, value in src.inverted_masks.items():
+            dst.inverted_masks[source] = max(value, dst.inverted_masks.get(source, 0.0))
         dst.samples.extend(src.samples)
         dst.sample_losses.extend(src.sample_losses)
         dst.sample_hits.extend(src.sample_hits)
@@ -297,6 +299,10 @@ def _captured_loss(data: StepData, key: Any, extra: float, value: float) -> None
     data.loss = value
 
 
+def _mask_inverted(data: StepData, key: Any, extra: float, value: float) -> None:
+    data.inverted_masks[key] = max(value, data.inverted_masks.get(key, 0.0))
+
+
 def _padded(data: StepData, key: Any, extra: float, value: float) -> None:
     data.padded = value > 0 or bool(data.padded)
 
@@ -411,6 +417,7 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "input_range": _input_range,
     "target_baseline": _profile("target_baseline"),
     "padded": _padded,
+    "mask_inverted": _mask_inverted,
     "carried": _largest("grad_carried"),
     "grad_left": _largest("grad_left"),
     "grad_kept": _largest("grad_kept"),

@@ -113,6 +113,9 @@ class StepData:
     labels_ahead: float | None = None
     # ... and the share of the labels it scores that sit where its attention mask hides the input (padding)
     scored_padding: float | None = None
+    # padding masks read against the model's token input: whether each hid the real tokens and showed the padding
+    # (1.0), by source ("": the model's attention_mask argument; else the attention layer given key_padding_mask)
+    inverted_masks: dict[str, float] = field(default_factory=dict)
     loss_terms: int = 1  # the backward passes whose losses make up ``loss`` (several: accumulated, summed)
     samples: list[float] = field(default_factory=list)  # a fingerprint of each sample of the input batch
     sample_count: int = 0  # ... how many (known when the forward pass files them, before the flush)

@@ -335,6 +335,35 @@ def scored_padding(labels: Tensor, mask: Tensor, ignore: int = -100) -> Tensor:
     return (scored & hidden).sum().float() / scored.sum().clamp(min=1).float()
 
 
+@torch.no_grad()
+def mask_inverted(tokens: Tensor, hidden: Tensor) -> Tensor:
+    """1.0 when a padding mask hides the real tokens and shows the padding: the positions ``hidden`` marks hold more
+    than one token id while all the positions it leaves visible hold one and the same id (the padding's), else 0.0;
+    a 0-d float tensor on the tokens' device (read later). A mask the right way round hides the padding, one id, and
+    shows the text, many; a mask that hides some real tokens on purpose still shows others, which differ."""
+    ids = tokens.long()
+    top, bottom = torch.iinfo(torch.long).max, torch.iinfo(torch.long).min
+    shown = ~hidden
+    one_shown = torch.where(shown, ids, top).amin() == torch.where(shown, ids, bottom).amax()
+    many_hidden = torch.where(hidden, ids, top).amin() < torch.where(hidden, ids, bottom).amax()
+    return (one_shown & many_hidden).float()
+
+
+#: A float padding mask hides a position with a value at or below this (-inf, or a large negative number such as
+#: torch.finfo(dtype).min or -1e9, added to the attention scores).
+HIDDEN_SCORE = -1e4
+
+
+def hidden_positions(mask: Tensor, attend_is_one: bool) -> Tensor:
+    """The positions a padding mask hides, as a bool tensor: a Hugging Face ``attention_mask``
+    (``attend_is_one``: 1 attends, 0 hides) or torch's ``key_padding_mask`` (True, or a large negative score, hides)."""
+    if attend_is_one:
+        return mask == 0
+    if mask.dtype is torch.bool:
+        return mask
+    return mask <= HIDDEN_SCORE
+
+
 #: Tensor types whose values the reductions read directly.
 _PLAIN = (Tensor, torch.nn.Parameter)
 _PLAIN_TYPES = frozenset(_PLAIN)

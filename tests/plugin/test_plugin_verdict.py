@@ -93,7 +93,7 @@ def test_the_checks_are_the_engines_failure_kinds_run_level_ones_included() -> N
     run_level |= {"loss_not_decreasing", "unstable_loss", "loss_at_chance", "unnormalised_inputs"}
     run_level |= {"activation_before_loss", "class_index_regression", "collapsed_output"}
     run_level |= {"labels_shifted_twice", "missing_log_softmax", "missing_sigmoid", "detached_layers"}
-    run_level |= {"unreachable_targets", "labels_on_padding"}
+    run_level |= {"unreachable_targets", "labels_on_padding", "inverted_padding_mask"}
     run_level |= {"activation_before_loss", "oversized_logits", "unmasked_padding"}
     run_level |= {"excessive_weight_decay", "excessive_dropout", "symmetric_units", "broadcast_loss"}
     run_level |= {"no_nonlinearity", "unshuffled_data", "advantage_not_detached"}
