@@ -26,6 +26,10 @@ from ..stats.step import SlotKey, StepData
 from ..stats.training import input_rms
 from .tracker import Tracker
 
+#: The losses whose targets are values to fit (a mean squared error, a Huber loss): their targets' root-mean-square
+#: is kept as the history series ``target_rms``, the scale the model's output must reach.
+REGRESSION_LOSSES = ("mse", "huber")
+
 
 class Analyzer:
     """Runs the detectors over each committed step, and the run-level checks of ``kinds`` over what was observed."""
@@ -117,6 +121,8 @@ class Analyzer:
             add("loss_scale", "", step, data.loss_scale)
         if data.target_grad is not None:
             add("loss_gradient", "", step, data.target_grad)
+        if data.baseline_kind in REGRESSION_LOSSES and len(data.target_baseline) == 5:  # the scale to fit
+            add("target_rms", "", step, data.target_baseline[4])
         if not data.full:
             return
         if data.stepped:

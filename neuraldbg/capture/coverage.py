@@ -364,7 +364,7 @@ class Coverage:
             if len(reading) == 4 and reading[3] > 0 and len(self.label_steps) < LABEL_STEPS:
                 self.label_steps.append((int(reading[0]), int(reading[1]), reading[2]))
         found = record.target_baseline
-        if len(found) == 4 and (not self.target_baseline or found[2] >= self.target_baseline[2]):
+        if len(found) == 5 and (not self.target_baseline or found[2] >= self.target_baseline[2]):
             self.target_baseline, self.baseline_kind = tuple(found), record.baseline_kind
         if record.loss_options is not None:
             self.loss_options = max(self.loss_options, record.loss_options)

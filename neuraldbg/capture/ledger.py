@@ -516,7 +516,7 @@ class GradLedger:
         self._targets = (kind, found, outside)
         if self._target_passes % FILE_TARGETS_EVERY and self._target_passes < TARGET_CHECKS:
             return  # the level is filed every few passes, and at the last: the moments add up on the device
-        entries = [("target_baseline", None, float(i)) for i in range(4)]
+        entries = [("target_baseline", None, float(i)) for i in range(5)]
         self._rec.pending.put_vector(entries, target_baseline(found, outside, kind == "bce"))
         self._rec.pending.data.baseline_kind = kind
 

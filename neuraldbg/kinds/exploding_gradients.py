@@ -358,8 +358,21 @@ class ExplodingGradients(Kind):
                 what += f" Updates reach {num(ratio)}x the weights per step."
             fix = lower_lr(lr)
             raw = loss_evidence.raw_input_rms(series, topo.last_step)
+            targets = loss_evidence.raw_target_rms(series)
             calm = ratio is None or not ratio >= STEADY_UPDATE  # updates of ordinary size: not a learning rate's doing
-            if raw is not None and calm:  # the gradients scale with the input: a lower learning rate only slows the fit
+            if targets is not None:  # a regression's gradients scale with its targets, whatever the learning rate
+                what += (
+                    f" The regression targets' root-mean-square is {num(targets)}: the loss's gradients grow with them."
+                )
+                fix = (
+                    f"standardise the regression targets (root-mean-square {num(targets)}): train on (y - mean) / "
+                    "std and map the predictions back; a lower learning rate would only slow the fit of values this "
+                    "far from unit scale"
+                    + (f", and normalise the inputs too (root-mean-square {num(raw)})" if raw is not None else "")
+                    + "; then, if gradients still explode, "
+                    + fix
+                )
+            elif raw is not None and calm:  # the gradients scale with the input: a lower learning rate only slows it
                 what += f" The input batch's root-mean-square is {num(raw)}: the data are far from unit scale."
                 fix = (
                     f"normalise the inputs (and regression targets) to about unit scale (their root-mean-square is "

@@ -580,6 +580,17 @@ def raw_input_rms(series: Series | None, last_step: int) -> float | None:
     return raw if math.isfinite(raw) and raw >= RAW_INPUT_RMS else None
 
 
+def raw_target_rms(series: Series | None) -> float | None:
+    """The root-mean-square of a regression's targets (a mean squared error's or a Huber loss's, read from the
+    first backward passes: the last reading, of the most samples; history series ``target_rms``) when it lies far
+    from unit scale (:data:`RAW_INPUT_RMS` or more, as for inputs); else None."""
+    points = series("target_rms", "") if series is not None else []
+    if not points:
+        return None
+    raw = points[-1][1]
+    return raw if math.isfinite(raw) and raw >= RAW_INPUT_RMS else None
+
+
 #: Samples per column, at least, before the targets' base rates or variances are a chance level (estimated from
 #: the first backward passes' targets: :data:`LABELS_PER_CLASS` for each of a binary label's two values).
 TARGETS_PER_COLUMN = 20
@@ -596,12 +607,12 @@ def target_chance(coverage: Coverage) -> tuple[str, float, float] | None:
     or more, none of a binary cross-entropy's targets outside [0, 1], a level above zero (constant targets have
     none): (the loss's kind, "bce" or "mse"; the per-column level; the pooled one). None otherwise."""
     found, kind = coverage.target_baseline, coverage.baseline_kind
-    if len(found) != 4 or kind not in BASELINES:
+    if len(found) != 5 or kind not in BASELINES:
         return None
     rms = coverage.training.median("input_rms", 0.0, 0.25)
     if math.isfinite(rms) and rms >= RAW_INPUT_RMS:
         return None  # inputs far from unit scale: their scale, not their pairing with the targets, is the story
-    level, pooled, samples, outside = found
+    level, pooled, samples, outside, _ = found
     if samples < TARGETS_PER_COLUMN or outside or not (math.isfinite(level) and math.isfinite(pooled)) or level <= 0:
         return None
     return kind, level, pooled

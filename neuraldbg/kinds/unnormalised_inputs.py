@@ -56,7 +56,7 @@ def _unit_regression(coverage: Coverage) -> str:
     regression whose output must come out near unit scale; "" otherwise (a regression on its inputs' scale, or a
     loss whose targets were not read)."""
     found, kind = coverage.target_baseline, coverage.baseline_kind
-    if kind not in _BY_VALUE or len(found) != 4 or not 0 < found[1] <= UNIT_TARGETS:
+    if kind not in _BY_VALUE or len(found) != 5 or not 0 < found[1] <= UNIT_TARGETS:
         return ""
     return _BY_VALUE[kind]
 

@@ -106,7 +106,7 @@ class StepData:
     softmax_positives: float | None = None
     # a binary cross-entropy or a mean squared error that is the loss (its mean): its chance level from the targets
     # of the first backward passes (capture/ledger.py), [per column, pooled, samples per column, values outside
-    # [0, 1] or not finite], and the loss's kind ("bce", "mse")
+    # [0, 1] or not finite, the targets' root-mean-square], and the loss's kind ("bce", "mse")
     target_baseline: list[float] = field(default_factory=list)
     baseline_kind: str = ""
     # a causal LM that shifts its labels itself: the share of labels that already are the next input token

@@ -1169,11 +1169,12 @@ def merge_moments(a: Tensor, b: Tensor) -> Tensor:
 def target_baseline(moments: Tensor, outside: Tensor, binary: bool) -> Tensor:
     """The loss of a model that learned nothing from its inputs, from the targets' per-column sums
     (:func:`target_moments`), as one 1-d float tensor on their device (read later): [the per-column chance level,
-    the pooled one, the samples per column, the values outside [0, 1]]. For a mean squared error (``binary``
-    False) the levels are the mean of the columns' variances (the loss of predicting each column's mean) and the
-    variance of all the values (predicting one mean); for a binary cross-entropy, the mean binary entropy of the
-    columns' base rates, in nats, with the Miller-Madow correction (+ 1 / 2n for a rate strictly between 0 and 1: a
-    plug-in estimate from n labels is biased low), and the binary entropy of the pooled rate."""
+    the pooled one, the samples per column, the values outside [0, 1], the values' root-mean-square]. For a mean
+    squared error (``binary`` False) the levels are the mean of the columns' variances (the loss of predicting each
+    column's mean) and the variance of all the values (predicting one mean); for a binary cross-entropy, the mean
+    binary entropy of the columns' base rates, in nats, with the Miller-Madow correction (+ 1 / 2n for a rate
+    strictly between 0 and 1: a plug-in estimate from n labels is biased low), and the binary entropy of the pooled
+    rate."""
     n, total, squares = moments
     samples = n[0] if n.numel() else n.new_zeros(())
     count = n.clamp(min=1)
@@ -1189,4 +1190,5 @@ def target_baseline(moments: Tensor, outside: Tensor, binary: bool) -> Tensor:
         level = (squares / count - mean * mean).clamp(min=0).mean()
         everything = count.sum()
         whole = (squares.sum() / everything - (total.sum() / everything) ** 2).clamp(min=0)
-    return torch.stack((level, whole, samples, outside.to(level.dtype))).float()
+    rms = (squares.sum() / count.sum()).sqrt()
+    return torch.stack((level, whole, samples, outside.to(level.dtype), rms.to(level.dtype))).float()

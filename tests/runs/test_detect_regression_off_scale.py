@@ -114,3 +114,19 @@ def test_the_ratio_is_told_against_the_level_it_was_taken_from():
     assert m["target_pooled"] > m["target_level"]
     assert m["far_above"] * m["target_pooled"] == pytest.approx(m["end"])
     assert f"times {num(m['target_pooled'])}, the variance of all the targets" in found[0].explanation
+
+
+def test_gradients_exploding_on_targets_in_the_thousands_are_told_to_standardise_the_targets_first():
+    """Targets around 5,000 that vary by 1,000: the loss's gradients grow with them and explode; the fix is their
+    scale, before any learning rate (plain torch: the same targets standardised are fitted)."""
+    plain, _, relative = fit(shift=5000.0, scale=1000.0, watched=False)
+    _, _, standardised = fit(shift=0.0, scale=1.0, watched=False)
+    x, y = batches(5000.0, 1000.0)(0)
+    assert relative > 1.0 and standardised < 0.3 and float(y.pow(2).mean().sqrt()) > 1000
+    losses, dbg, _ = fit(shift=5000.0, scale=1000.0)
+    assert losses == plain and dbg is not None
+    found = dbg.hypotheses()
+    assert found and found[0].kind is FailureKind.EXPLODING_GRADIENTS, dbg.report()
+    assert "regression targets' root-mean-square is" in found[0].explanation
+    assert found[0].suggestion.startswith("standardise the regression targets"), found[0].suggestion
+    assert "then, if gradients still explode, lower the learning rate" in found[0].suggestion
