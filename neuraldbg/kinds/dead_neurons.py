@@ -298,6 +298,17 @@ class DeadNeurons(Kind):
                 "initialisation and bias (a large negative bias, or weights scaled wrong); use Kaiming "
                 "initialisation, or a LeakyReLU/GELU, which cannot die."
             )
+            faint = loss_evidence.faint_input_rms(series, topo.last_step)
+            if faint is not None and feeding and topo.feeding(feeding) is None:  # the first layer the data meets
+                what += (
+                    f" The input batch's root-mean-square is {num(faint)}, far below unit scale: the pre-activations "
+                    f"of {target} are almost its bias alone, so a unit whose bias is negative is off on every input."
+                )
+                fix = (
+                    f"scale the inputs to about unit scale (their root-mean-square is {num(faint)}: data divided "
+                    "twice, by 255 or by a standard deviation, come out this small), e.g. pixels in [0, 1] or "
+                    "standardised; a new initialisation or activation would not give back what the inputs lost."
+                )
         return what, fix
 
     def describe(self, event: SemanticEvent) -> str:

@@ -580,6 +580,23 @@ def raw_input_rms(series: Series | None, last_step: int) -> float | None:
     return raw if math.isfinite(raw) and raw >= RAW_INPUT_RMS else None
 
 
+#: An input batch whose root-mean-square is at most this is far below unit scale: pixels in [0, 1] divided by 255
+#: again give about 0.002 (in [0, 1]: 0.3-0.6; a one-hot vector over 40,000 words: 0.005).
+FAINT_INPUT_RMS = 0.005
+
+
+def faint_input_rms(series: Series | None, last_step: int) -> float | None:
+    """The input batch's root-mean-square over the first quarter of the run (as :func:`raw_input_rms` reads it)
+    when it lies far below unit scale (:data:`FAINT_INPUT_RMS` or less, above 0); else None."""
+    points = series("input_rms", "") if series is not None else []
+    if not points:
+        return None
+    quarter = max(points[0][0], last_step // 4)
+    early = sorted(v for step, v in points if step <= quarter)
+    faint = early[len(early) // 2]
+    return faint if math.isfinite(faint) and 0 < faint <= FAINT_INPUT_RMS else None
+
+
 def raw_target_rms(series: Series | None) -> float | None:
     """The root-mean-square of a regression's targets (a mean squared error's or a Huber loss's, read from the
     first backward passes: the last reading, of the most samples; history series ``target_rms``) when it lies far
