@@ -12,6 +12,14 @@ the output can reach) is at least :data:`FLOOR` of the target's variance. Target
 labels under a sigmoid) are within reach. A loss between two bounded outputs (a student's and a teacher's features)
 never has its targets out of range.
 
+The same fault under a binary cross-entropy (``binary_cross_entropy_with_logits``, ``BCELoss``): its probabilities
+lie in [0, 1], and a target outside (labels in {-1, 1}, as a margin loss takes them) makes the loss unbounded below.
+Plain torch, an MLP given {-1, 1} labels under ``BCEWithLogitsLoss``: the loss fell from 0.68 to -1787, negative
+on 363 of 376 steps, its logits reached 29,038, and held-out accuracy was 0.71 against 0.84 with {0, 1} labels.
+Read from the same targets' profile the chance level of a binary cross-entropy comes from (see
+:func:`~neuraldbg.kinds.loss_evidence.target_chance`: a loss that is the binary cross-entropy itself, averaged):
+at least :data:`SHARE` as many values outside [0, 1] as samples. Soft labels (label smoothing) stay inside.
+
 The same fault between two models: a model given another model's output on some training passes (a discriminator
 given a generator's images) and data without a graph on others (the real images). When that output came from a
 bounded activation (:func:`~neuraldbg.capture.loss_graph.bounded_node`) and the data has at least :data:`SHARE`
@@ -29,8 +37,8 @@ import math
 from ..capture.coverage import Coverage, RunFacts
 from ..events import FailureKind, SemanticEvent
 from ..reasoning.topology import Topology
-from ..text import num
-from .base import Kind, RootLane, Series, layer_event
+from ..text import count, num
+from .base import Kind, RootLane, Series, layer_event, run_event
 
 KIND = FailureKind.UNREACHABLE_TARGETS
 
@@ -51,7 +59,7 @@ class UnreachableTargets(Kind):
     def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
         bounded, profile = coverage.bounded_output, coverage.target_range
         if bounded is None or len(profile) != 3:
-            return _data_out_of_reach(coverage)
+            return _binary_out_of_range(coverage) or _data_out_of_reach(coverage)
         share, floor, variance = profile
         if not (share >= SHARE and floor >= FLOOR * variance and floor > 0):
             return None
@@ -74,6 +82,8 @@ class UnreachableTargets(Kind):
         activation = root.detail or "an activation"
         if m.get("source"):
             return _explain_source(root, activation)
+        if m.get("binary"):
+            return _explain_binary(root)
         where = f"the output of '{root.layer}'" if root.layer else "the model's output"
         what = (
             f"Targets out of the output's range: from step {root.step_start}, {where} passes through a "
@@ -95,11 +105,15 @@ class UnreachableTargets(Kind):
 
     def describe(self, event: SemanticEvent) -> str:
         share = num(100 * event.metrics.get("share", 0.0))
+        if event.metrics.get("binary"):
+            return f"binary cross-entropy targets out of [0, 1] ({count(event.metrics.get('outside', 0.0))} values)"
         if event.metrics.get("source"):
             return f"{share}% of the data out of the range {_range(event.metrics)} of the {event.detail} imitating it"
         return f"{share}% of the targets out of the {event.detail or 'output'}'s range {_range(event.metrics)}"
 
     def label(self, event: SemanticEvent) -> str:
+        if event.metrics.get("binary"):
+            return "targets out of [0, 1]"
         if event.metrics.get("source"):
             return f"data out of the input {event.detail or 'activation'}'s range"
         return f"targets out of the {event.detail or 'output'}'s range"
@@ -111,6 +125,35 @@ class UnreachableTargets(Kind):
 def _range(metrics: dict[str, float]) -> str:
     low, high = metrics.get("low", 0.0), metrics.get("high", math.inf)
     return f"[{num(low)}, inf)" if math.isinf(high) else f"[{num(low)}, {num(high)}]"
+
+
+def _binary_out_of_range(coverage: Coverage) -> SemanticEvent | None:
+    """The finding under a binary cross-entropy (see the module's doc), or None: at least :data:`SHARE` as many of its
+    targets outside [0, 1] as the first backward passes read samples."""
+    found = coverage.target_baseline
+    if coverage.baseline_kind != "bce" or len(found) != 5:
+        return None
+    samples, outside = found[2], found[3]
+    if not (samples > 0 and outside >= SHARE * samples):
+        return None
+    metrics = {"outside": outside, "samples": samples, "low": 0.0, "high": 1.0, "binary": 1.0}
+    return run_event(KIND, 0, max(0, coverage.last_step), "", **metrics)
+
+
+def _explain_binary(root: SemanticEvent) -> tuple[str, str]:
+    m = root.metrics
+    what = (
+        f"Targets out of the output's range: the loss is a binary cross-entropy, and {count(m.get('outside', 0.0))} "
+        f"of the targets of its first backward passes ({count(m.get('samples', 0.0))} samples) lie outside [0, 1], "
+        "the range of the probabilities it compares them with (labels in {-1, 1}?). Such a target makes the loss "
+        "unbounded below: it falls below zero without end while the logits grow, and no longer says how well the "
+        "model classifies."
+    )
+    fix = (
+        "give the binary cross-entropy targets in [0, 1]: (y + 1) / 2 for labels in {-1, 1}; or keep {-1, 1} "
+        "labels with a loss made for them (nn.SoftMarginLoss, a hinge loss)."
+    )
+    return what, fix
 
 
 def _data_out_of_reach(coverage: Coverage) -> SemanticEvent | None:

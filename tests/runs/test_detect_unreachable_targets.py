@@ -7,6 +7,7 @@ bit-identical."""
 from __future__ import annotations
 
 import pytest
+import support
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -422,3 +423,51 @@ def test_a_conditional_discriminator_is_judged_on_its_own_data_argument(activati
     assert bool(hits) == fault, dbg.explain_failure()
     if fault:
         assert hits[0].root.layer == "" and "a sigmoid" in hits[0].explanation  # the generator is not watched
+
+
+def binary_task(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A learnable binary label (a nonlinear function of 20 standard-normal features), as 0/1 floats."""
+    g = torch.Generator().manual_seed(700)
+    w1, w2 = torch.randn(20, 32, generator=g), torch.randn(32, 1, generator=g)
+    x = torch.randn(n, 20, generator=torch.Generator().manual_seed(seed))
+    return x, (torch.tanh(x @ w1 / 4.5) @ w2 > 0).float().squeeze(1)
+
+
+def train_binary(targets: str, watched: bool, steps: int = 150):
+    """An MLP under BCEWithLogitsLoss given its labels as {0, 1}, {-1, 1} (``"pm1"``) or label-smoothed."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    x, y = binary_task(steps * 32, 1)
+    t = {"01": y, "pm1": 2 * y - 1, "smooth": y * 0.9 + 0.05}[targets]
+    losses: list[float] = []
+
+    def loop() -> None:
+        for i in range(steps):
+            batch = slice(i * 32, (i + 1) * 32)
+            opt.zero_grad()
+            loss = F.binary_cross_entropy_with_logits(model(x[batch]).squeeze(1), t[batch])
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+
+    dbg = support.watching(model, loop, watched)
+    xt, yt = binary_task(1000, 2)
+    with torch.no_grad():
+        accuracy = float(((model(xt).squeeze(1) > 0).float() == yt).float().mean())
+    return losses, accuracy, dbg
+
+
+def test_binary_cross_entropy_targets_in_minus_one_one_are_found_and_zero_one_or_smoothed_ones_are_silent():
+    losses, accuracy, _ = train_binary("pm1", watched=False)
+    _, twin_accuracy, _ = train_binary("01", watched=False)
+    # plain torch: the loss is unbounded below and falls under zero, and the classifier is worse than the twin's
+    assert min(losses) < -10 and accuracy < twin_accuracy - 0.05, (min(losses), accuracy, twin_accuracy)
+    watched_losses, _, dbg = train_binary("pm1", watched=True)
+    assert watched_losses == losses and dbg is not None
+    hyps = found(dbg)
+    assert hyps and hyps[0] is dbg.hypotheses()[0], dbg.report()
+    assert "outside [0, 1]" in hyps[0].explanation and hyps[0].suggestion.startswith("give the binary cross-entropy")
+    for targets in ("01", "smooth"):
+        _, _, twin = train_binary(targets, watched=True)
+        assert twin is not None and not found(twin), twin.report()
