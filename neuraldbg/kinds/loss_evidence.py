@@ -1046,11 +1046,31 @@ def causes(m: dict[str, float], finding: str, detail: str = "") -> list[Cause]:
     return sorted(best.values(), key=lambda c: -c.weight)
 
 
+#: What to do about a loss finding when none of the likely causes applies to the run (a classifier fed its raw logits
+#: whose loss climbed under updates of ordinary size): where to look next, never an empty fix.
+UNRANKED_FIX = {
+    "unstable": (
+        "log each term of the loss on its own and check its sign and what it is compared with: a target the model "
+        "computes itself (an EMA teacher, a momentum encoder) must not receive gradients (detach it, or compute it "
+        "under torch.no_grad()); if every term is right, lower the learning rate"
+    ),
+    "flat": (
+        "check that the loss is computed from the model's output and the right targets, and that each term of it "
+        "reaches the parameters (log each term on its own); then try a larger learning rate"
+    ),
+    "chance": (
+        "check that inputs and labels are shuffled together and decoded the same way; look at a few (input, label) "
+        "pairs"
+    ),
+}
+
+
 def ranked(m: dict[str, float], finding: str, limit: int = 3, detail: str = "") -> tuple[str, str]:
-    """The likely causes in words, most likely first, and the fix of the first (``detail``: the event's)."""
+    """The likely causes in words, most likely first, and the fix of the first (``detail``: the event's); when no
+    cause applies, no words and the finding's :data:`UNRANKED_FIX`."""
     found = causes(m, finding, detail)
     if not found:
-        return "", ""
+        return "", UNRANKED_FIX[finding]
     parts = [f"({i}) {c.name}: {c.evidence}" for i, c in enumerate(found[:limit], 1)]
     return " Likely causes, most likely first: " + "; ".join(parts) + ".", found[0].fix
 

@@ -75,3 +75,14 @@ def test_a_classifier_whose_loss_graph_shows_raw_logits_is_not_told_about_a_soft
         c.name == "a loss that does not fit the output"
         for c in loss_evidence.causes({**bce, "logits_read": 1.0}, "chance")
     )
+
+
+def test_a_finding_no_cause_applies_to_still_gets_a_fix():
+    """A classifier given its raw logits whose loss climbed under updates of ordinary size (the sweep's DINO teacher
+    that received gradients): no listed cause applies, and the fix said where to look instead of nothing."""
+    metrics = {"classifier": 1.0, "logits_read": 1.0}
+    assert not loss_evidence.causes(metrics, "unstable")
+    words, fix = loss_evidence.ranked(metrics, "unstable")
+    assert words == "" and fix.startswith("log each term of the loss on its own")
+    for finding in ("flat", "chance", "unstable"):
+        assert loss_evidence.UNRANKED_FIX[finding]
