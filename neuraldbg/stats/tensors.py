@@ -377,6 +377,11 @@ def all_dense_on_cpu(tensors: Sequence[Tensor]) -> bool:
     return dense_cpu_dtypes(tensors) is not None
 
 
+def plain_types(tensors: Sequence[Tensor]) -> bool:
+    """Whether every one of ``tensors`` is a plain ``Tensor`` or ``Parameter`` (no subclass), in one pass."""
+    return set(map(type, tensors)) <= _PLAIN_TYPES
+
+
 def dense_cpu_dtypes(tensors: Sequence[Tensor]) -> set[torch.dtype] | None:
     """The dtypes of ``tensors`` when :func:`all_dense_on_cpu` holds (its check and the dtypes in one pass over the
     list, where a hook runs at every step), else None."""
