@@ -20,6 +20,15 @@ A frozen parameter whose weight is all zeros (the layer's unit weight, see
 :attr:`~neuraldbg.model.info.LayerInfo.unit_weight`) is marked ``zero_weight``: its layer passes no gradient to its
 input, and, frozen, never will (a zero-initialised head left out of the optimizer zeroes every gradient upstream of
 it). Parameters frozen for the same reason are one fault.
+
+A phase without updates that the run later ended is a schedule, not a fault, when measured updates moved the
+parameter early enough to leave more of the run to come than the phase had lasted. Linear probing before fine-tuning
+with a second optimizer built over every parameter: the backbone, in no optimizer that stepped during the probe's 92
+steps, read still at every fully observed step up to step 80 and moving at every one from 96 to 256, the end of the
+run. Block-coordinate training that steps the backbone's optimizer for two epochs, then the head's, in turn: the
+head still up to step 80, moving from step 96 on its turns, idle on the backbone's. A parameter truly left out never
+moves, and one joined to the optimizer only for the last half of the run or less stays reported for the steps it was
+left out (see :meth:`FrozenParameters.undone`).
 """
 
 from __future__ import annotations
@@ -112,7 +121,7 @@ class FrozenParameters(Kind):
         """Parameters an optimizer held at learning rate 0 for a phase of the run, that moved once a schedule raised
         it (linear probing before fine-tuning: the backbone's group at 0 for its first steps; a warm-up from 0): their
         frozen state ended at a fully observed step before the last one, while the run still stepped with a learning
-        rate above 0. A group at 0 to the end, and parameters left out of every optimizer, stay frozen.
+        rate above 0. A group at 0 to the end, and parameters left out of every optimizer to the end, stay frozen.
 
         Nor are parameters seen changed out of sight (see ``Recorder._note_moved_unseen`` and
         ``Recorder._moved_between_updates``) until the last change seen of any parameter, in their own rhythm (no
@@ -121,14 +130,25 @@ class FrozenParameters(Kind):
         update), and micro-batches closed after the run's last step read zero too; or an optimizer of their own steps
         them on other steps than the measured ones (every 50th iteration), so two measured updates in a row find them
         unchanged and they changed in between. A parameter truly left out of the optimizer does not change, and
-        stays; one that stopped changing while others went on (a group set to learning rate 0 mid-run) stays too."""
+        stays; one that stopped changing while others went on (a group set to learning rate 0 mid-run) stays too.
+
+        Nor is a frozen phase that measured updates ended early enough: its parameter's layer moved at a fully
+        observed step after the phase, and from that first move to the last fully observed step the run went on for
+        longer than the phase had held it (from its start to that move). An optimizer over the head alone for the
+        probe, then a new one over every parameter; two optimizers stepped in turn, a few epochs each: the
+        parameters the first phase left out are trained by the second. A layer joined to the optimizer only for the
+        last half of the run or less stays reported for the steps it was left out."""
         m = event.metrics
         seen = coverage.moved_unseen.get(event.param) if event.kind is KIND and event.param is not None else None
         if seen is not None and coverage.last_unseen_move - seen[0] <= seen[1]:
             # changed out of sight, in its own rhythm until the last change seen (micro-batches closed after the
             # run's last step, an optimizer stepping every k-th iteration): updated where no update is measured
             return True
-        if event.kind is not KIND or m.get("in_optimizer") != 1.0 or m.get("lr", 1.0) != 0.0:
+        if event.kind is not KIND:
+            return False
+        if _trained_after(event, coverage, facts):
+            return True
+        if m.get("in_optimizer") != 1.0 or m.get("lr", 1.0) != 0.0:
             return False
         rows = coverage.training.rows
         return event.step_end < coverage.last_full_step and bool(rows) and rows[-1].lr > 0
@@ -209,3 +229,14 @@ class FrozenParameters(Kind):
 
     def effect(self, event: SemanticEvent) -> str:
         return "frozen parameters"
+
+
+def _trained_after(event: SemanticEvent, coverage: Coverage, facts: RunFacts) -> bool:
+    """Whether measured updates moved ``event``'s layer after its frozen phase, from a first move that left more of
+    the run to come than the phase had lasted (:meth:`FrozenParameters.undone`). The layer's update ratio is the
+    measurement: zero while the parameter was held still, it reads the move that ended the phase. What followed the
+    move is the detector's to judge: held still again, the parameter opens a frozen phase of its own; left alone
+    while another optimizer steps, it is idle, not frozen."""
+    series = facts.history.get("update_ratio", event.layer) if facts.history is not None else None
+    first = next((step for step, ratio in series or () if step > event.step_end and ratio > 0), None)
+    return first is not None and coverage.last_full_step - first > first - event.step_start
