@@ -86,6 +86,7 @@ class FailureKind(str, metaclass=_Names):
     NO_NONLINEARITY: ClassVar[FailureKind]
     UNSHUFFLED_DATA: ClassVar[FailureKind]
     ADVANTAGE_NOT_DETACHED: ClassVar[FailureKind]
+    ATTENTION_ACROSS_BATCH: ClassVar[FailureKind]
 
     def __new__(cls, value: str) -> FailureKind:
         found = cls._declared.get(value) if isinstance(value, str) else None
@@ -174,6 +175,7 @@ for _name in (
     "no_nonlinearity",
     "unshuffled_data",
     "advantage_not_detached",
+    "attention_across_batch",
 ):
     setattr(FailureKind, _name.upper(), FailureKind.declare(_name))
 

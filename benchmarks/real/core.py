@@ -65,6 +65,7 @@ KINDS = frozenset(
         "unshuffled_data",
         "unreachable_targets",
         "advantage_not_detached",
+        "attention_across_batch",
     }
 )
 

@@ -291,6 +291,10 @@ class Coverage:
     token_steps: int = 0
     padded_steps: int = 0
     unmasked_attention: dict[str, int] = field(default_factory=dict)
+    # attention layouts judged against the samples the loss scores (see note_layouts), by attention layer: [passes
+    # judged, passes whose sequence axis held the samples, the first such step, the samples, the batch axis's length,
+    # batch_first]
+    batch_attention: dict[str, list[int]] = field(default_factory=dict)
     # a graph cut between two watched layers: (the layer whose output was detached, the layer given it) -> the fully
     # observed forward passes that showed it; the forward order of the layers when it was first seen
     cuts: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -463,6 +467,27 @@ class Coverage:
             self._not_affine, self.affine_layers = True, None
         else:
             self.affine_layers = layers if self.affine_layers is None else min(layers, self.affine_layers)
+
+    def note_layouts(self, targets: tuple[int, ...], layouts: list[tuple[str, int, int, bool]], step: int) -> None:
+        """One fully observed pass: the shape of its loss's targets, one per sample (see
+        :func:`~neuraldbg.capture.loss_graph.sample_targets`), and its attention calls' layouts (layer, the lengths of
+        the axes it read as its sequence and as its batch, batch_first). A layer whose sequence axis is as long as the
+        samples scored and whose batch axis is not attended across the batch. Not judged: a batch axis as long as the
+        targets' second axis (targets per position, laid out (sequence, batch) or (batch, sequence)), a batch axis of
+        one (attention across the batch on purpose: BatchFormer's)."""
+        samples = targets[0]
+        per_position = targets[1] if len(targets) == 2 else -1
+        judged: set[str] = set()
+        for name, sequence, batch, batch_first in layouts:
+            if name in judged or batch == per_position or batch < 2:
+                continue
+            judged.add(name)
+            counts = self.batch_attention.setdefault(name, [0, 0, -1, 0, 0, 0])
+            counts[0] += 1
+            if sequence == samples and batch != samples:
+                counts[1] += 1
+                if counts[2] < 0:
+                    counts[2:] = [step, samples, batch, int(batch_first)]
 
     def _symmetric(self, step: int, found: dict[str, tuple[int, float]]) -> None:
         """A check of the layers that started with identical units: those that parted are gone for good."""

@@ -31,6 +31,9 @@ LABEL_CHECKS = 4
 #: Fully observed forward passes whose padding masks are read against the model's token input (see _check_masks): a
 #: program builds its masks the same way on every pass.
 MASK_CHECKS = 4
+#: Fully observed forward passes whose attention calls' layouts are kept for the loss to judge (see _keep_layouts):
+#: a program lays out its attention the same way on every pass.
+LAYOUT_CHECKS = 8
 #: Fully observed forward passes in which the layers' arguments are looked at for a graph cut (see _note_cut): a
 #: program cuts its graph the same way on every pass, and looking costs a few microseconds per layer call.
 CUT_CHECKS = 8
@@ -124,6 +127,12 @@ class ForwardPath:
         # ... and the key-padding masks given to attention calls of this pass, by layer (see _check_masks)
         self._key_masks: list[tuple[str, Tensor]] = []
         self._mask_checks = MASK_CHECKS  # fully observed passes still to read the padding masks in
+        # the attention calls of this pass given a batched query: (layer, the lengths of the axes it reads as its
+        # sequence and as its batch, batch_first); those whose axes are the model input's first two are kept in
+        # ``layouts`` when its call ends, for the loss to judge (see capture/ledger.py)
+        self._layouts: list[tuple[str, int, int, bool]] = []
+        self.layouts: list[tuple[str, int, int, bool]] = []
+        self._layout_checks = LAYOUT_CHECKS  # fully observed passes still to keep them in
         self._own_hooks = False  # a watched layer has forward hooks or pre-hooks of its own (see on_module_output)
         self._hooks_in_pass = False  # ... found so in the hooked pass under way
 
@@ -263,6 +272,8 @@ class ForwardPath:
         self._entered = self._entries = 0
         self._unmasked = []
         self._key_masks = []
+        self._layouts = []
+        self.layouts = []
         self.autocast = False
         if self._full and self._range_checks:
             self._range_checks -= 1
@@ -364,7 +375,14 @@ class ForwardPath:
         """Keep an attention call of a fully observed step that had no mask at all: no key-padding mask, no
         attention mask, not ``is_causal`` (positional or keyword), with its keys' batch and sequence lengths
         (arguments and shapes only, nothing is read); counted when the model's call ends (see _count_unmasked).
-        A batched key-padding mask is kept instead, to be read against the token input then (see _check_masks)."""
+        A batched key-padding mask is kept instead, to be read against the token input then (see _check_masks).
+        A batched query's layout is kept too: the lengths of the axes the layer reads as its sequence and its batch
+        (see _keep_layouts)."""
+        query = kwargs.get("query", args[0] if args else None)
+        if self._layout_checks and isinstance(query, Tensor) and query.dim() == 3:
+            first, second = int(query.shape[0]), int(query.shape[1])
+            batch_first = bool(module.batch_first)
+            self._layouts.append((name, second, first, True) if batch_first else (name, first, second, False))
         masks = (
             kwargs.get("key_padding_mask", args[3] if len(args) > 3 else None),
             kwargs.get("attn_mask", args[5] if len(args) > 5 else None),
@@ -394,6 +412,21 @@ class ForwardPath:
         for name, lengths in unmasked:
             if sorted(lengths) == shape:
                 counts[name] = counts.get(name, 0) + 1
+
+    def _keep_layouts(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The model's call ended: keep, for the loss to judge, the layouts of its attention calls whose sequence and
+        batch axes are the first two axes of its first tensor argument, in either order (a sequence-first model's
+        input is (sequence, batch); a batch-first one's (batch, sequence)). Attention over other axes (an axial
+        attention over an image's rows, whose batch is the images times their columns) is left out: its lengths
+        may equal the samples' by chance. Shapes only."""
+        layouts, self._layouts = self._layouts, []
+        first = stats.tensor_arguments(args, kwargs, most=1)
+        if not first or first[0].dim() < 2:
+            return
+        axes = sorted(first[0].shape[:2])
+        self.layouts = [found for found in layouts if sorted(found[1:3]) == axes]
+        if self.layouts:
+            self._layout_checks -= 1
 
     def _check_masks(self, tokens: Tensor | None, mask: Any) -> None:
         """The model's call ended on a fully observed pass that was given padding masks: its ``attention_mask``
@@ -593,6 +626,8 @@ class ForwardPath:
             tokens = stats.token_argument(args, kwargs) if padding is not None or self._unmasked or masked else None
             if self._unmasked:
                 self._count_unmasked(tokens)
+            if self._layouts:
+                self._keep_layouts(args, kwargs)
             if masked:
                 ids = kwargs.get("input_ids")  # a Hugging Face model's tokens, whatever the order of its arguments
                 self._check_masks(ids if isinstance(ids, Tensor) and not ids.is_floating_point() else tokens, mask)

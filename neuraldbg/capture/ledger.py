@@ -228,7 +228,16 @@ class GradLedger:
             mixing = data.full and self._mix.looking
             # a policy-gradient term whose weights were never negative yet is looked for again on every full step
             recheck = data.full and rec.coverage.policy_candidate and not rec.coverage.policy_gradient
-            roots = hooks.backward_roots() if self._loss_checks or self._looked or counted or mixing or recheck else []
+            # the attention layouts a fully observed forward pass kept, judged by the samples the loss scores
+            layouts = rec.forward.layouts
+            if layouts:
+                rec.forward.layouts = []
+            wanted = self._loss_checks or self._looked or counted or mixing or recheck or layouts
+            roots = hooks.backward_roots() if wanted else []
+            if layouts and roots:
+                targets = loss_graph.sample_targets(roots)
+                if targets is not None:
+                    rec.coverage.note_layouts(targets, layouts, data.step)
             if not roots and not mixing:  # nothing to read in the graph (every cheap step): no reading below
                 self._held = []
                 return partial(self._after, loss, states, carried, check, manual, roots, _NO_READINGS)

@@ -24,7 +24,8 @@ whose classes are imbalanced). And :func:`loss_targets` for the targets of a bin
 error that is the loss itself (its mean): their base rates or variances are that loss's chance level. And
 :func:`crossed` for a loss that compares each sample's prediction with every other sample's target: a prediction
 of shape ``(N, 1)`` against a target of ``(N,)``, broadcast to ``(N, N)``, read from shapes alone (the loss node's
-saved sizes, the shapes autograd records of each node's output).
+saved sizes, the shapes autograd records of each node's output). And :func:`sample_targets` for the shape of a
+loss's targets when they are one per sample: how many samples the loss scores.
 """
 
 from __future__ import annotations
@@ -870,6 +871,27 @@ def loss_targets(losses: list[Tensor]) -> LossTargets | None:
     if prediction.shape != target.shape or target.dim() == 0 or target.shape[0] < 2:
         return None
     return LossTargets(kind, target)
+
+
+def sample_targets(losses: list[Tensor]) -> tuple[int, ...] | None:
+    """The shape of the targets of the first loss node met from ``losses`` (the roots of one backward call, before
+    it runs) when they are one per sample: ``(N,)`` class indices of an ``nll_loss`` given ``(N, classes)``, or the
+    ``(N,)`` or ``(N, k)`` targets of a loss by value or a binary cross-entropy of the prediction's shape. None
+    otherwise: targets per token (an ``nll_loss`` over ``(N, classes, T)``, a 3-d target), or no such loss. A
+    classifier's labels flattened over the tokens, ``(N * T,)``, read as ``N * T`` samples. Shapes only."""
+    for node, _ in _walk(losses):
+        name = type(node).__name__
+        if name not in _NLL and name not in _TARGETED:
+            continue
+        target, given = getattr(node, "_saved_target", None), getattr(node, "_saved_self", None)
+        if not isinstance(target, Tensor) or not isinstance(given, Tensor):
+            return None
+        if name in _NLL:
+            one_each = target.dim() == 1 and given.dim() == 2 and given.shape[0] == target.shape[0]
+        else:
+            one_each = target.dim() in (1, 2) and given.shape == target.shape
+        return tuple(int(n) for n in target.shape) if one_each else None
+    return None
 
 
 @dataclass(frozen=True, slots=True)

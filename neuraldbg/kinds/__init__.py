@@ -20,6 +20,7 @@ from ..reasoning.rules import LOSS_RELATION, SETS_OFF, CausalRule, ShowsInTheLos
 from . import (
     activation_before_loss,
     advantage_not_detached,
+    attention_across_batch,
     broadcast_loss,
     class_index_regression,
     collapsed_output,
@@ -98,6 +99,7 @@ BUILTIN: tuple[Kind, ...] = (
     no_nonlinearity.NoNonlinearity(),
     unshuffled_data.UnshuffledData(),
     advantage_not_detached.AdvantageNotDetached(),
+    attention_across_batch.AttentionAcrossBatch(),
     loss_at_chance.LossAtChance(),
     unstable_loss.UnstableLoss(),
     loss_not_decreasing.LossNotDecreasing(),

@@ -96,7 +96,7 @@ def test_the_checks_are_the_engines_failure_kinds_run_level_ones_included() -> N
     run_level |= {"unreachable_targets", "labels_on_padding", "inverted_padding_mask"}
     run_level |= {"activation_before_loss", "oversized_logits", "unmasked_padding"}
     run_level |= {"excessive_weight_decay", "excessive_dropout", "symmetric_units", "broadcast_loss"}
-    run_level |= {"no_nonlinearity", "unshuffled_data", "advantage_not_detached"}
+    run_level |= {"no_nonlinearity", "unshuffled_data", "advantage_not_detached", "attention_across_batch"}
     assert {k for k in builtin if verdict.run_level(k)} == run_level  # written out: a kind moved is noticed
     assert verdict.title("non_finite") == "non-finite values"
     assert verdict.title("no_training_observed") == "no training observed"
