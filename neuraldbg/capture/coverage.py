@@ -233,7 +233,8 @@ class Coverage:
     scored_padding_step: int = 0
     # padding masks read against the token input on fully observed steps, by source ("": the model's
     # attention_mask argument; else an attention layer's key_padding_mask): [steps read, steps on which the mask hid
-    # the real tokens and showed the padding, the first such step]
+    # the real tokens and showed the padding or hid every position, the first such step, steps on which it hid every
+    # position]
     inverted_masks: dict[str, list[int]] = field(default_factory=dict)
     # which input samples the model saw before, and its loss on them (see stats.samples)
     repeats: SampleRepeats = field(default_factory=SampleRepeats)
@@ -387,11 +388,12 @@ class Coverage:
         if record.labels_ahead is not None and (self.labels_ahead is None or record.labels_ahead > self.labels_ahead):
             self.labels_ahead, self.labels_ahead_step = record.labels_ahead, record.step
         for source, inverted in record.inverted_masks.items():
-            counts = self.inverted_masks.setdefault(source, [0, 0, -1])
+            counts = self.inverted_masks.setdefault(source, [0, 0, -1, 0])
             counts[0] += 1
             if inverted > 0:
                 counts[1] += 1
                 counts[2] = record.step if counts[2] < 0 else counts[2]
+                counts[3] += inverted > 1
         padded = record.scored_padding
         if padded is not None:
             if self.scored_padding is None:

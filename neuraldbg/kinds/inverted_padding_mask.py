@@ -20,6 +20,13 @@ hold several token ids while all those it shows hold a single one, the padding's
 round hides one id, the padding, and shows the text; a mask that hides some real tokens on purpose still shows others;
 a batch without padding shows the text whichever mask it is given. Reported when the mask read so on at least half
 the passes that read it.
+
+The same fault in its other form: a mask that hides every position of a batch whose tokens differ (an
+``attention_mask`` of zeros, a ``key_padding_mask`` of True: built with ``zeros_like`` for ``ones_like``, or from
+``input_ids == pad`` on sequences without padding). Plain torch, an ALBERT classifier given a mask of zeros: every
+attention projection got exactly zero gradient, held-out accuracy 0.50 against 0.96 with a mask of ones (the sweep's
+BLOOM: 0.014 against 0.988). Such a mask also puts every label where the mask hides the input, which the
+labels-on-padding check would read as padding labelled with a token id: it yields to this finding.
 """
 
 from __future__ import annotations
@@ -33,15 +40,23 @@ from .base import Kind, RootLane, Series, run_event
 KIND = FailureKind.INVERTED_PADDING_MASK
 
 
-def _inverted(coverage: Coverage) -> tuple[list[str], int, int, int]:
-    """The sources whose mask read inverted on at least half of the passes that read it ("" the model's
-    ``attention_mask``, else attention layers), the first step it did, and the most passes one of them was read on
-    and found so on."""
-    sources = [s for s, (read, found, _) in coverage.inverted_masks.items() if found and 2 * found >= read]
+def _inverted(coverage: Coverage) -> tuple[list[str], int, int, int, bool]:
+    """The sources whose mask read inverted (or hid everything) on at least half of the passes that read it ("" the
+    model's ``attention_mask``, else attention layers), the first step it did, the most passes one of them was read
+    on and found so on, and whether every such pass found the mask hiding every position."""
+    sources = [s for s, (read, found, _, _) in coverage.inverted_masks.items() if found and 2 * found >= read]
     if not sources:
-        return [], -1, 0, 0
+        return [], -1, 0, 0, False
     chosen = [coverage.inverted_masks[s] for s in sources]
-    return sources, min(c[2] for c in chosen), max(c[0] for c in chosen), max(c[1] for c in chosen)
+    everything = all(c[3] == c[1] for c in chosen)
+    return sources, min(c[2] for c in chosen), max(c[0] for c in chosen), max(c[1] for c in chosen), everything
+
+
+def hides_everything(coverage: Coverage) -> bool:
+    """Whether the model's ``attention_mask`` hid every position on at least half of the passes that read it (the
+    labels-on-padding check yields to this finding: every label then sits where the mask hides the input)."""
+    read, _, _, everything = coverage.inverted_masks.get("", [0, 0, -1, 0])
+    return everything > 0 and 2 * everything >= read
 
 
 class InvertedPaddingMask(Kind):
@@ -50,7 +65,7 @@ class InvertedPaddingMask(Kind):
     run_level = True
 
     def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
-        sources, step, read, found = _inverted(coverage)
+        sources, step, read, found, everything = _inverted(coverage)
         if not sources:
             return None
         layers = [s for s in sources if s]
@@ -62,6 +77,7 @@ class InvertedPaddingMask(Kind):
             argument=float("" in sources),
             read=float(read),
             found=float(found),
+            everything=float(everything),
         )
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
@@ -83,6 +99,8 @@ class InvertedPaddingMask(Kind):
         m = root.metrics
         layers = root.detail.split(", ") if root.detail else []
         seen = f"on {count(m.get('found', 0.0))} of {count(m.get('read', 0.0))} fully observed passes read"
+        if m.get("everything"):
+            return _everything_hidden(root, layers, seen)
         parts = []
         fixes = []
         if m.get("argument"):
@@ -111,10 +129,31 @@ class InvertedPaddingMask(Kind):
         return what, "; ".join(fixes) + "."
 
     def describe(self, event: SemanticEvent) -> str:
-        return f"padding mask inverted ({self.place(event)})"
+        how = "hiding every position" if event.metrics.get("everything") else "inverted"
+        return f"padding mask {how} ({self.place(event)})"
 
     def label(self, event: SemanticEvent) -> str:
         return "padding mask inverted"
 
     def effect(self, event: SemanticEvent) -> str:
         return "attention to padding only"
+
+
+def _everything_hidden(root: SemanticEvent, layers: list[str], seen: str) -> tuple[str, str]:
+    """The explanation of a mask that hid every position (see the module's doc)."""
+    given = []
+    if root.metrics.get("argument"):
+        given.append("the attention_mask given to the model is 0 everywhere")
+    if layers:
+        given.append(f"the key_padding_mask given to {quoted(layers)} is True everywhere")
+    what = (
+        f"Padding mask hiding every position: from step {root.step_start} {' and '.join(given)} ({seen}), though the "
+        "batch holds real tokens. No query may attend to any key: the attention reads nothing of the sequence, its "
+        "projections learn nothing, and the model sees each token alone."
+    )
+    fix = (
+        "build the mask from the padding: attention_mask = (input_ids != pad_token_id).long() for a Hugging Face "
+        "model (ones where there is no padding, as the tokenizer returns it), key_padding_mask = (tokens == pad_id) "
+        "for torch; not zeros_like where ones_like was meant."
+    )
+    return what, fix

@@ -22,6 +22,7 @@ from ..events import FailureKind, SemanticEvent
 from ..reasoning.topology import Topology
 from ..text import num
 from .base import Kind, RootLane, Series, run_event
+from .inverted_padding_mask import hides_everything
 
 KIND = FailureKind.LABELS_ON_PADDING
 
@@ -37,8 +38,8 @@ class LabelsOnPadding(Kind):
 
     def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
         share = coverage.scored_padding
-        if share is None or share < PADDED:
-            return None
+        if share is None or share < PADDED or hides_everything(coverage):
+            return None  # a mask that hides everything puts every label "on padding": inverted_padding_mask names it
         step = coverage.scored_padding_step
         return run_event(KIND, step, max(step, coverage.last_step), "", padded=share, limit=PADDED)
 

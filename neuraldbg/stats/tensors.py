@@ -337,16 +337,18 @@ def scored_padding(labels: Tensor, mask: Tensor, ignore: int = -100) -> Tensor:
 
 @torch.no_grad()
 def mask_inverted(tokens: Tensor, hidden: Tensor) -> Tensor:
-    """1.0 when a padding mask hides the real tokens and shows the padding: the positions ``hidden`` marks hold more
-    than one token id while all the positions it leaves visible hold one and the same id (the padding's), else 0.0;
-    a 0-d float tensor on the tokens' device (read later). A mask the right way round hides the padding, one id, and
-    shows the text, many; a mask that hides some real tokens on purpose still shows others, which differ."""
+    """Whether a padding mask hides the text, as a 0-d float tensor on the tokens' device (read later): 1.0 when it
+    hides the real tokens and shows the padding (the positions ``hidden`` marks hold more than one token id while all
+    those it leaves visible hold one and the same id, the padding's), 2.0 when it hides every position of a batch
+    whose tokens differ (a mask of zeros), else 0.0. A mask the right way round hides the padding, one id, and shows
+    the text, many; a mask that hides some real tokens on purpose still shows others, which differ."""
     ids = tokens.long()
     top, bottom = torch.iinfo(torch.long).max, torch.iinfo(torch.long).min
     shown = ~hidden
     one_shown = torch.where(shown, ids, top).amin() == torch.where(shown, ids, bottom).amax()
     many_hidden = torch.where(hidden, ids, top).amin() < torch.where(hidden, ids, bottom).amax()
-    return (one_shown & many_hidden).float()
+    everything = hidden.all()
+    return torch.where(everything, 2 * many_hidden.float(), (one_shown & many_hidden).float())
 
 
 #: A float padding mask hides a position with a value at or below this (-inf, or a large negative number such as

@@ -33,7 +33,7 @@ def batch(step: int, n: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 
 def train(mask: str):
-    """A user's loop over a tiny BERT classifier, AdamW 5e-4; ``mask``: "inverted", "right" or "none"."""
+    """A user's loop over a tiny BERT classifier, AdamW 5e-4; ``mask``: "inverted", "right", "zeros" or "none"."""
     model = hf_support.bert_classifier(vocab=VOCAB, positions=SEQ)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-4)
     model.train()
@@ -41,7 +41,12 @@ def train(mask: str):
     def loop() -> None:
         for step in range(STEPS):
             ids, attention, y = batch(step % 60)
-            given = {"none": {}, "right": {"attention_mask": attention}, "inverted": {"attention_mask": 1 - attention}}
+            given = {
+                "none": {},
+                "right": {"attention_mask": attention},
+                "inverted": {"attention_mask": 1 - attention},
+                "zeros": {"attention_mask": torch.zeros_like(attention)},
+            }
             opt.zero_grad()
             model(input_ids=ids, labels=y, **given[mask]).loss.backward()
             opt.step()
@@ -91,3 +96,18 @@ def test_an_inverted_attention_mask_is_found_and_the_tokenizers_mask_is_silent()
 def test_no_attention_mask_is_silent():
     _, dbg = train("none")
     assert not found(dbg), dbg.explain_failure()
+
+
+def test_a_mask_of_zeros_is_found_as_hiding_every_position():
+    wrong, dbg = train("zeros")
+    right, _ = train("right")
+    ids, attention, y = batch(90_000, n=512)
+    with torch.no_grad():
+        wrong.eval()
+        zeros = float(
+            (wrong(input_ids=ids, attention_mask=torch.zeros_like(attention)).logits.argmax(1) == y).float().mean()
+        )
+    assert zeros < accuracy(right, False) - 0.1, (zeros, accuracy(right, False))  # plain torch: the mask hurts
+    hyps = found(dbg)
+    assert hyps and hyps[0] is dbg.hypotheses()[0], dbg.explain_failure()
+    assert "attention_mask given to the model is 0 everywhere" in hyps[0].explanation

@@ -2,8 +2,8 @@
 ``src_key_padding_mask = tokens != PAD`` (True on the real tokens, which torch then ignores) instead of
 ``tokens == PAD``. Ground truth is plain torch in each test: the self-attention's output does not change when every
 real token does (it reads the padding alone), and held-out accuracy falls against the twin with the mask right.
-Silent twins: the mask right (bool and float), the same inverted code on data without padding (nothing hidden is
-text there), and a mask that hides some real tokens on purpose (token dropout)."""
+Silent twins: the mask right (bool and float) and a mask that hides some real tokens on purpose (token dropout). The
+same inverted code on data without padding hides every key, the fault's other form, and is found as such."""
 
 from __future__ import annotations
 
@@ -131,11 +131,14 @@ def test_masks_that_hide_padding_or_some_tokens_on_purpose_are_silent(mask: str)
     assert not found(dbg), dbg.explain_failure()
 
 
-def test_the_inverted_code_on_data_without_padding_is_silent():
+def test_the_inverted_code_on_data_without_padding_hides_every_key_and_is_found():
     ids, _ = batch(0, padded=False)
     assert not (ids == PAD).any()  # plain torch: nothing to hide, so the inverted mask hides every key
-    _, dbg = train("inverted", padded=False)
-    assert not found(dbg), dbg.explain_failure()
+    model, dbg = train("inverted", padded=False)
+    assert not attention_reads_the_text(model)
+    hyps = found(dbg)
+    assert hyps and hyps[0] is dbg.hypotheses()[0], dbg.explain_failure()
+    assert "hiding every position" in hyps[0].explanation and "True everywhere" in hyps[0].explanation
 
 
 def test_a_sequence_first_encoder_given_the_inverted_mask_is_found():
@@ -158,9 +161,15 @@ def test_the_reading_itself():
     some = pad.clone()
     some[0, 1] = True
     assert float(stats.mask_inverted(ids, some)) == 0.0
-    # nothing hidden, or everything: no reading of inversion
+    # nothing hidden: no reading; everything hidden: the other form of the fault (2.0)
     assert float(stats.mask_inverted(ids, torch.zeros_like(pad))) == 0.0
-    assert float(stats.mask_inverted(ids, torch.ones_like(pad))) == 0.0
+    assert float(stats.mask_inverted(ids, torch.ones_like(pad))) == 2.0
     # the text one repeated token, the padding hidden: both sides hold one id each, and nothing says which is text
     same = torch.tensor([[5, 5, 5, PAD], [5, 5, PAD, PAD]])
     assert float(stats.mask_inverted(same, same == PAD)) == 0.0
+
+
+def test_the_reading_of_a_mask_that_hides_everything():
+    ids = torch.tensor([[CLS, 5, 7, PAD], [CLS, 9, 3, 4]])
+    assert float(stats.mask_inverted(ids, torch.ones(ids.shape, dtype=torch.bool))) == 2.0
+    assert float(stats.mask_inverted(torch.full((2, 4), PAD), torch.ones(2, 4, dtype=torch.bool))) == 0.0
