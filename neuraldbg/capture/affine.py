@@ -153,15 +153,14 @@ def _data_inputs(node: object) -> list[object]:
     return [n for n, _ in getattr(node, "next_functions", ()) if _holds_data(n)]
 
 
-def _layer_input(output: object) -> object | None:
-    """From the graph node of a layer's output, the node of the data its weight was applied to: below the reshapes
-    of its output, its product's one data input (None when there is not exactly one)."""
+def _layer_node(output: object) -> object | None:
+    """From the graph node of a layer's output, below the reshapes of its output, the product that applies its
+    weight (None when another node comes first)."""
     node = output
     for _ in range(_DESCENT):
         name = type(node).__name__
         if name in _LAYERS:
-            found = _data_inputs(node)
-            return found[0] if len(found) == 1 else None
+            return node
         if name not in _RESHAPING and name not in _LINEAR:
             return None
         inputs = getattr(node, "next_functions", ())
@@ -169,6 +168,32 @@ def _layer_input(output: object) -> object | None:
         if node is None:
             return None
     return None
+
+
+def _layer_input(output: object) -> object | None:
+    """From the graph node of a layer's output, the node of the data its weight was applied to: its product's one
+    data input (None when there is not exactly one)."""
+    node = _layer_node(output)
+    found = _data_inputs(node) if node is not None else []
+    return found[0] if len(found) == 1 else None
+
+
+def _spreads(output: object) -> bool:
+    """Whether the layer whose output's graph node is ``output`` is a convolution whose kernel spans more than one
+    position (a 3x3, not a 1x1): its weight's shape, read from the parameter below its product. A Linear, a 1x1
+    convolution and a layer whose weight is not found read each position alone."""
+    node = _layer_node(output)
+    if node is None or type(node).__name__ != "ConvolutionBackward0":
+        return False
+    for branch, _ in getattr(node, "next_functions", ())[1:2]:  # (input, weight, bias)
+        for _ in range(_HOPS):
+            if branch is None or type(branch).__name__ == _PARAMETER:
+                break
+            inputs = getattr(branch, "next_functions", ())
+            branch = inputs[0][0] if inputs and type(branch).__name__ in _RESHAPING else None
+        weight = getattr(branch, "variable", None)
+        return weight is not None and any(k > 1 for k in weight.shape[2:])
+    return False
 
 
 def composed_pairs(
@@ -181,9 +206,11 @@ def composed_pairs(
     whose output it is. Not a pair: a lower layer that narrows its input (a low-rank factorisation: a LoRA adapter,
     a linear bottleneck), or keeps its width for an upper layer that widens it (an inverted residual block's
     projection that keeps its channels, then the next block's expansion: MobileNetV3-small's first block, 16 -> 16
-    -> 72), or that is grouped (a depthwise convolution before its pointwise one), and a path whose
-    values go elsewhere too (a stem's output into a residual stream, an input projection shared by experts): those
-    are designs. Nothing when the graph holds more than :data:`BUDGET` nodes."""
+    -> 72), or that is grouped (a depthwise convolution before its pointwise one), two convolutions whose kernels
+    both span positions (:func:`_spreads`: two 3x3 compose into a 5x5 neither computes alone, a factorisation, as a
+    stem convolution feeding a convolution block directly), and a path whose values go elsewhere too (a stem's
+    output into a residual stream, an input projection shared by experts): those are designs. Nothing when the
+    graph holds more than :data:`BUDGET` nodes."""
     consumers: dict[int, int] = {}
     nodes, seen = [root], {id(root)}
     i = 0
@@ -202,33 +229,35 @@ def composed_pairs(
         upper = layer_of.get(id(node))
         if upper not in widths:
             continue
-        lower = _producing_layer(_layer_input(node), layer_of, widths, consumers)
+        lower, below = _producing_layer(_layer_input(node), layer_of, widths, consumers)
         if lower is not None and lower != upper:
             inputs, outputs, groups = widths[lower]
             _, widened, upper_groups = widths[upper]
             bottleneck = outputs < inputs or (outputs == inputs and widened > outputs)
-            if not bottleneck and groups == 1 and upper_groups == 1 and outputs > 1:
+            # two kernels that span positions compose into a wider one (two 3x3 into a 5x5): a factorisation
+            factored = _spreads(below) and _spreads(node)
+            if not bottleneck and not factored and groups == 1 and upper_groups == 1 and outputs > 1:
                 pairs.append((lower, upper))
     return pairs
 
 
 def _producing_layer(
     node: object | None, layer_of: dict[int, str], widths: dict[str, tuple[int, int, int]], consumers: dict[int, int]
-) -> str | None:
+) -> tuple[str | None, object | None]:
     """The weight layer whose output ``node`` is, or reaches through nodes linear in the data with one data input
-    each and no other use; None when a node on the way is not linear, joins two data paths, is used elsewhere too,
-    or no weight layer is met."""
+    each and no other use, with its output's node; None when a node on the way is not linear, joins two data
+    paths, is used elsewhere too, or no weight layer is met."""
     for _ in range(_DESCENT):
         if node is None or consumers.get(id(node), 0) > 1:
-            return None
+            return None, None
         name = layer_of.get(id(node))
         if name in widths:
-            return name
+            return name, node
         kind = type(node).__name__
         if kind not in _RESHAPING and kind not in _LINEAR and kind not in _SCALING:
-            return None
+            return None, None
         found = _data_inputs(node)
         if len(found) != 1:
-            return None  # a residual sum or a concatenation of two data paths, or a leaf
+            return None, None  # a residual sum or a concatenation of two data paths, or a leaf
         node = found[0]
-    return None
+    return None, None

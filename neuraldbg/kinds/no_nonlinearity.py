@@ -7,20 +7,25 @@ conv net's R^2 0.80 against 0.98, a coordinate MLP on Fourier features R^2 0.17 
 
 Read from the forward pass's autograd graph on the first fully observed steps (see :mod:`neuraldbg.capture.affine`: node
 types only, no value). In a model that is not one affine map (its attention or a max-pool is nonlinear), two trainable
-Linear or convolution layers whose output and input meet through nodes linear in the data along one path (an activation
-left out of a transformer's feed-forward block or a U-Net's double convolution) are found the same way; a lower layer
-that narrows its input (a LoRA adapter, a linear bottleneck) or is grouped (a depthwise convolution) is a design, not
-this fault (plain torch: a ViT without its feed-forward activation 0.77 against 0.85, a U-Net without its activations
-Dice 0.85 against 0.90). Judged, as dropout too strong is, only on a run whose loss was judged (``loss_min_steps``
-losses) and did not converge (it fell a hundredfold: the task was linear enough and the missing activation held nothing
-back). A single layer (logistic regression, a linear probe) is a linear model by design and never this finding, and so
-are layers side by side that each read the data and are summed, composing nothing (DLinear's trend and seasonal heads:
-plain torch, its held-out error 0.0117 against 0.0112 for the least-squares linear optimum and a noise floor of 0.0100):
-the count is of the layers in series along one data path, the depth of the composition, not of the layers in the graph.
-So are trained layers on the features of a frozen backbone (a head with a LoRA update, a linear bottleneck adapter): the
-graph holds only the operations on tensors that need a gradient, so a frozen backbone's activations are not in it, and
-the trained layers alone read as one affine map. The hooks see those activations run (their units are read); a graph
-found affine while an activation ran is not the whole model, and is no finding.
+Linear or convolution layers whose output and input meet through nodes linear in the data along one path, one of them
+reading each position alone (a Linear, a 1x1 convolution) so that the other could compute the pair by itself (an
+activation left out of a transformer's feed-forward block, or before a U-Net's 1x1 output convolution), are found the
+same way; a lower layer that narrows its input (a LoRA adapter, a linear bottleneck) or is grouped (a depthwise
+convolution) is a design, not this fault (plain torch: a ViT without its feed-forward activation 0.77 against 0.85, a
+U-Net without its activations Dice 0.85 against 0.90). So are two convolutions whose kernels both span positions: they
+compose into a wider kernel (two 3x3 into a 5x5, with fewer weights), a factorisation neither layer computes alone
+(plain torch: a stem convolution feeding a convolution block directly, accuracy 1.000 with or without an activation
+after the stem; double-convolution blocks without their first activation, 1.000 as with it). Judged, as dropout too
+strong is, only on a run whose loss was judged (``loss_min_steps`` losses) and did not converge (it fell a hundredfold:
+the task was linear enough and the missing activation held nothing back). A single layer (logistic regression, a linear
+probe) is a linear model by design and never this finding, and so are layers side by side that each read the data and
+are summed, composing nothing (DLinear's trend and seasonal heads: plain torch, its held-out error 0.0117 against 0.0112
+for the least-squares linear optimum and a noise floor of 0.0100): the count is of the layers in series along one data
+path, the depth of the composition, not of the layers in the graph. So are trained layers on the features of a frozen
+backbone (a head with a LoRA update, a linear bottleneck adapter): the graph holds only the operations on tensors that
+need a gradient, so a frozen backbone's activations are not in it, and the trained layers alone read as one affine map.
+The hooks see those activations run (their units are read); a graph found affine while an activation ran is not the
+whole model, and is no finding.
 """
 
 from __future__ import annotations
@@ -79,8 +84,9 @@ class NoNonlinearity(Kind):
             more = f" and {len(pairs) - 3} more pairs" if len(pairs) > 3 else ""
             what = (
                 f"No nonlinearity between layers: {shown}{more}, with nothing nonlinear between them (no activation; "
-                "only reshapes, dropout, batch norm), so each pair computes one linear map: the width between them "
-                "adds nothing the lower layer could not do alone, and the model is far less expressive than it looks."
+                "only reshapes, dropout, batch norm), and one of each pair reads each position alone (a Linear, a 1x1 "
+                "convolution), so the pair computes one linear map the other layer could compute by itself: the "
+                "width between them adds nothing, and the model is far less expressive than it looks."
             )
             return what, self._fix
         layers = count(root.metrics.get("layers", 0.0))
