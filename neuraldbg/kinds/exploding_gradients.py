@@ -360,7 +360,7 @@ class ExplodingGradients(Kind):
             raw = loss_evidence.raw_input_rms(series, topo.last_step)
             targets = loss_evidence.raw_target_rms(series)
             calm = ratio is None or not ratio >= STEADY_UPDATE  # updates of ordinary size: not a learning rate's doing
-            if targets is not None:  # a regression's gradients scale with its targets, whatever the learning rate
+            if targets is not None and calm:  # a regression's gradients scale with its targets
                 what += (
                     f" The regression targets' root-mean-square is {num(targets)}: the loss's gradients grow with them."
                 )
