@@ -10,8 +10,12 @@ loss before then 0.07 % of its start; a policy made deterministic by one step of
 gone below 25 % of its start), or hard batches still give gradients to the end and their loss fell to a small part of
 its start (batch-hard triplets). Cheap steps read the gradient too (the head layer's on a CPU, the loss's on a GPU),
 so a long run is judged on all its steps, not only the fully observed ones. A loss that is NaN while its gradient is
-exactly zero is a mean over an empty set. Nothing can be learned on those steps, whatever the layers do; the
-exactly-zero gradients, the stalls, the frozen-looking parameters and the NaN loss that follow are its effects."""
+exactly zero is a mean over an empty set. A cheap CPU step reads one layer's gradient, the last one's; zeros read
+there while every fully observed step (at least 8) found the loss's gradient with respect to the output non-zero are
+that layer's, not the loss's (:func:`one_layers_zeros`: a two-headed net whose regression head, the last layer, has
+its loss term weighted 0, while the classification head learns). Nothing can be learned on those steps, whatever
+the layers do; the exactly-zero gradients, the stalls, the frozen-looking parameters and the NaN loss that follow are
+its effects."""
 
 from __future__ import annotations
 
@@ -66,6 +70,17 @@ def margin_met(coverage: Coverage) -> bool:
     return 0 <= coverage.given_recent <= FALLEN_TO * began
 
 
+def one_layers_zeros(coverage: Coverage) -> bool:
+    """Whether the exactly-zero readings were one layer's, not the loss's: the fully observed steps read the loss's
+    gradient with respect to the model's output at least :data:`MOSTLY_MIN` times and never found it exactly zero.
+    A cheap CPU step reads the last layer's gradient only; in a model with several heads that layer can be one the
+    loss does not use (a regression head whose loss term is weighted 0: its gradient exactly zero on every cheap
+    step, while every fully observed step read the loss's gradient at 0.2-0.5 and the classification head learned).
+    Steps are observed fully whatever their batch, so a loss that gives nothing on half of the steps or more would
+    have shown it on some of them (all 8 missing it by chance: 1 in 256 at most)."""
+    return coverage.loss_gradient_readings >= MOSTLY_MIN and coverage.zero_loss_gradient == 0
+
+
 def _lowest_before(losses: LossTrace, step: int) -> float:
     """The lowest loss recorded before ``step``: among the first ones, kept one by one, and in the blocks that end
     before it (infinite when none was)."""
@@ -86,7 +101,7 @@ class DegenerateLoss(Kind):
             and coverage.loss_gradient_readings
             and coverage.zero_loss_gradient == coverage.loss_gradient_readings
         )
-        mostly = zeros >= MOSTLY_MIN and 2 * zeros >= readings
+        mostly = zeros >= MOSTLY_MIN and 2 * zeros >= readings and not one_layers_zeros(coverage)
         if not (always or mostly) or (not always and margin_met(coverage)):
             return None
         metrics = {"steps": float(coverage.steps), "zero_steps": float(zeros), "readings": float(readings)}
@@ -183,6 +198,9 @@ class DegenerateLoss(Kind):
         if readings and zeros < readings:
             return f"exactly zero gradient on {count(zeros)} of the {count(readings)} steps where it was read{value}"
         return f"exactly zero gradient with respect to the model's output at every step{value}"
+
+    def effect(self, event: SemanticEvent) -> str:
+        return "a loss whose gradient is exactly zero"
 
     def place(self, event: SemanticEvent) -> str:
         return "the loss"

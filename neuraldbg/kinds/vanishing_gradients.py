@@ -76,6 +76,19 @@ gradients, and are recognised from the structure, the layer's output and its ear
   start: a DistilBERT classifier whose key projection starts in the small-signal regime and whose loss then falls
   from 0.69 to 0.002 ends with that projection's gradient at 3e-6, 3e-4 of its head's, and is healthy.
 
+Two exact zeros have a cause of their own, named in the explanation instead of the fixes for depth (residual
+connections, normalisation, an initialisation), which would not help:
+
+* *Factors that are all zero.* A module of the user's own (no standard layer) whose trainable parameters, two or
+  more, are all exactly zero: the factors of a product, each getting its gradient through the others, so none gets
+  any (a hand-written LoRA adapter with A and B both initialised to zero: every adapter gradient exactly 0 over the
+  run, accuracy 0.375 against 0.733 with A random). The fix is LoRA's start: one factor random, the other zero.
+* *An output the loss does not use.* A layer whose gradient is exactly zero while a layer before it in forward order
+  (not inside it) gets a clearly healthy one: the loss reached that layer by another path, so the zero did not
+  vanish through depth; the layer's output does not count in the loss (a two-headed net whose regression term is
+  weighted 0: its head's gradient exactly 0, held-out R^2 -0.06 against 0.91 with the weight 0.5, while the trunk
+  trains through the classification head).
+
 Root: the most downstream vanishing layer (the gradient vanishes from there back to the input), after every other
 fault, which explains gradients it zeroes or shrinks. Config: ``vanishing_norm``, ``vanishing_ratio``,
 ``vanishing_floor``, ``quiet_output_rms``, ``fit_gradient_drop``, ``fit_loss_drop``.
@@ -94,7 +107,7 @@ from ..events import EventType, FailureKind, SemanticEvent
 from ..health import GradientHealth, UpdateHealth
 from ..reasoning.rules import CausalRule
 from ..reasoning.topology import Topology
-from ..text import num
+from ..text import num, quoted
 from . import loss_evidence
 from .base import Check, Kind, RootLane, Series, held, near
 
@@ -145,6 +158,12 @@ class VanishingDetector(Detector):
                 if layer in self._intermittent:
                     continue  # zero on the steps that skip it (stochastic depth, LayerDrop, an expert without tokens)
                 metrics["exact_zero"] = 1.0
+                if _zero_factors(view, layer):
+                    metrics["zero_factors"] = 1.0
+                else:
+                    reached = _reached_before(view, layer, grads, top)
+                    if reached > 0:
+                        metrics["reached_before"] = reached
                 vanishing[layer] = metrics
             elif small:
                 if fitted and (self._started_healthy.get(layer, False) or layer in self._healthy_since):
@@ -195,6 +214,49 @@ def _clearly_healthy(norm: float, top: float, cfg: DebugConfig) -> bool:
     gradient is zero or ~1e-7 on most steps, reads 0.6 at a step where the largest layer's surges to 1e3 with it
     (5e-4 of it: not small by the absolute test, still small by the relative one), and is still vanishing."""
     return math.isfinite(norm) and norm >= cfg.vanishing_norm and norm >= cfg.vanishing_ratio * top
+
+
+def _zero_factors(view: StepView, layer: str) -> bool:
+    """Whether ``layer`` is a module of the user's own (no standard layer: no unit weight, no normalisation) whose
+    trainable parameters, two or more, all read a norm of exactly 0: factors of a product all at zero (a LoRA
+    adapter's A and B). The gradient of each factor is the others' product times the output's gradient, so it is
+    exactly zero whatever the loss gives. A standard layer's bias takes its output's gradient as it is: a zero
+    Linear's exact zero is the loss's doing, not its own."""
+    ctx, data = view.ctx, view.data
+    info = ctx.infos.get(layer)
+    if info is None or info.unit_weight is not None or info.normalizes:
+        return False
+    read = [name for name in info.params if name in data.grad]
+    norms = [_weight_norm(data.update_before.get(name), data.update.get(name)) for name in read]
+    return len(norms) >= 2 and all(norm == 0.0 for norm in norms)
+
+
+def _weight_norm(before: float | None, update: tuple[float, float] | None) -> float | None:
+    """A parameter's norm before the step when read, else after it (None when neither was)."""
+    if before is not None and math.isfinite(before):
+        return before
+    return update[1] if update is not None else None
+
+
+def _reached_before(view: StepView, layer: str, grads: dict[str, LayerGradient], top: float) -> float:
+    """The largest clearly healthy gradient (:func:`_clearly_healthy` against ``top``, the step's largest) of a
+    layer that comes before ``layer`` in forward order and is not inside it (0 when none). The loss reached that
+    layer by a path that does not pass through ``layer``, so ``layer``'s exact zero did not vanish on its way back
+    through depth: its output does not count in the loss (a loss term weighted 0, an output left out, a .detach())."""
+    ctx, cfg = view.ctx, view.ctx.config
+    here = ctx.position((layer, 0))
+    return max(
+        (
+            g.norm
+            for other, g in grads.items()
+            if other != layer
+            and not other.startswith(layer + ".")
+            and not g.exact_zero
+            and _clearly_healthy(g.norm, top, cfg)
+            and ctx.position((other, 0)) < here
+        ),
+        default=0.0,
+    )
 
 
 def _cancelled(view: StepView, layer: str) -> bool:
@@ -367,11 +429,16 @@ class VanishingGradients(Kind):
     def explain(
         self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
     ) -> tuple[str, str]:
-        events = [root, *rest]
+        # the other kinds' events in ``rest`` are what it caused (listed after this text), not layers it vanished in
+        events = [root, *(e for e in rest if e.kind is KIND)]
         lowest = min(events, key=lambda e: e.metrics.get("grad_norm", math.inf))
         top = root.metrics.get("max_layer_grad_norm", 0.0)
         all_zero = all(e.metrics.get("exact_zero") == 1.0 for e in events)
         layers = sorted({e.layer for e in events}, key=topo.position)
+        if all_zero and root.metrics.get("zero_factors") == 1.0:
+            return _zero_factors_words(root, events, layers, topo)
+        if all_zero and root.metrics.get("reached_before", 0.0) > 0:
+            return _unused_output_words(root, layers, topo)
         last = topo.last_parametric()
         reference = ""
         if last is not None and last not in layers:
@@ -420,6 +487,46 @@ class VanishingGradients(Kind):
 
     def effect(self, event: SemanticEvent) -> str:
         return "vanishing or zero gradients"
+
+
+def _zero_factors_words(
+    root: SemanticEvent, events: list[SemanticEvent], layers: list[str], topo: Topology
+) -> tuple[str, str]:
+    """The explanation of exact zeros in modules whose trainable parameters are all zero (:func:`_zero_factors`)."""
+    factors = [layer for layer in layers if any(e.layer == layer and e.metrics.get("zero_factors") for e in events)]
+    others = [layer for layer in layers if layer not in factors]
+    what = (
+        f"Exactly zero gradient in {quoted(factors)} ({topo.types.get(root.layer, 'module')}) {held(root, topo)}: "
+        f"every trainable parameter of {'it' if len(factors) == 1 else 'each'} is exactly zero, and so is its "
+        "gradient. They are factors of a product (a LoRA adapter's A and B) both initialised to zero: the gradient "
+        "of each is taken through the other, so each gives the other none and neither ever moves."
+    )
+    if others:
+        what += f" The gradient is exactly zero in {quoted(others)} too."
+    fix = (
+        "initialise one factor of each product randomly and leave the other at zero, as LoRA does (A random, e.g. "
+        "Kaiming-uniform, B zero): the product still starts at zero and both factors get a gradient."
+    )
+    return what, fix
+
+
+def _unused_output_words(root: SemanticEvent, layers: list[str], topo: Topology) -> tuple[str, str]:
+    """The explanation of an exact zero at a layer while the loss reaches layers before it by another path."""
+    reached = root.metrics.get("reached_before", 0.0)
+    others = [layer for layer in layers if layer != root.layer]
+    what = (
+        f"Exactly zero gradient at {topo.describe(root.layer)} {held(root, topo)}, while layers before it get one "
+        f"(up to {num(reached)}): the gradient did not vanish on its way back, the loss never reached this layer. "
+        "Its output does not count in the loss: a loss term multiplied by 0 (a loss weight of 0), an output left "
+        "out of the loss, or a .detach() between it and the loss."
+    )
+    if others:
+        what += f" The gradient is exactly zero in {quoted(others)} too."
+    fix = (
+        "give the loss term of this output a non-zero weight (or add it to the loss, or remove the .detach()); if "
+        "the output is not meant to be trained, remove the layer or set requires_grad=False on its parameters."
+    )
+    return what, fix
 
 
 def _raw_input(root: SemanticEvent, topo: Topology, series: Series) -> float | None:
