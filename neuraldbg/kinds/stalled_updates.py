@@ -26,6 +26,18 @@ learning rate too low from the start (it is the largest the run stepped with), a
 the run trained (sized for epochs, stepped every batch), are still stalls. Root: after vanishing gradients, which
 stall updates by themselves under SGD. Config: ``stalled_ratio``, ``fit_gradient_drop``, ``fit_loss_drop``.
 
+A stall of a run's first steps that ended on its own while a warm-up still raised the learning rate, or within the
+optimizer's own start-up (:func:`_warming_start`), is the schedule's design, not a fault, and is dropped once the
+run shows it passed: RAdam's first five steps, before its variance estimate can be rectified, are SGD-with-momentum
+steps of ``lr`` times the averaged gradient (sweep G: a residual MLP under RAdam 3e-3, a linear warm-up over 30
+steps and ``clip_grad_norm_`` to 0.5, one sample a step: updates of 1.9e-6 of the weights over steps 0-4, then 4e-5
+and more; held-out accuracy 0.904 against 0.905 without the warm-up and 0.872 without the clipping, yet it was told
+to raise the learning rate 523x). Its loss, one sample a step, was too noisy to read as having fallen, so the
+updates and the learning rates say it: the stall ended, the warm-up ended at a learning rate where these updates
+would not be stalled, or the learning rate never changed and the stall lasted at most :data:`STARTUP` steps. A
+warm-up that never ends (its learning rate still rising at the run's last step), a peak too low, a learning rate too
+low, clipping to a tiny norm under SGD and a schedule that decays early stall for good and are still found.
+
 When clipping made the gradients at least ``TINY_CLIP`` times smaller than the backward pass left them, the whole
 model's stall is the clipping's: the gradients reach the optimizer at its threshold, which sets the steps' size, and
 the fix is that threshold, not the learning rate (sweep D: a CNN under SGD 0.05 with ``clip_grad_norm_`` to 1e-4,
@@ -82,6 +94,9 @@ DECAYED = 0.1
 LOSS_FELL = 0.75
 #: Observed losses averaged at the start and at the end.
 LOSSES = 8
+#: A stall of at most this many steps from a fresh optimizer's first one is its start-up (RAdam's first five steps
+#: are not rectified; momentum builds up over about 1 / (1 - beta) = 10 steps), which ends on its own.
+STARTUP = 10
 
 
 def undertrained(coverage: Coverage, config: DebugConfig) -> tuple[str, loss_evidence.Curve] | None:
@@ -309,6 +324,29 @@ class _OneStall(CausalRule):
         return (_held_still(a) or not _held_still(b)) and super().covers(a, b, topo)
 
 
+def _warming_start(event: SemanticEvent, coverage: Coverage, config: DebugConfig) -> bool:
+    """The stall of a run's start-up, which ended on its own: it began at the first observed update of an optimizer
+    that held no state before (not a run met mid-training), ended (not still holding at the last check), and either
+    happened while a warm-up still raised the learning rate, or, at the learning rate the run then kept, lasted at
+    most :data:`STARTUP` steps (the optimizer's own start-up: RAdam's first five steps, before its variance estimate
+    can be rectified, are SGD-with-momentum steps of ``lr`` times the averaged gradient, far smaller than its adapted
+    ones). A warm-up's stall is its design when the warm-up ended (its peak learning rate reached before the run's
+    last observed step: one that never ends keeps the run's steps small), the updates would not be stalled at that
+    peak (an update scales with the learning rate), and the stall lasted at most :data:`.loss_evidence.PASSED_SPAN`
+    of the run's steps. Read from the updates and the learning rates, not from the loss, whose fall the noise of
+    batches of one sample hides."""
+    rows = coverage.training.rows
+    if coverage.warm_start or event.metrics.get("ongoing") or not rows or event.step_start > rows[0].step:
+        return False
+    lr, ratio = event.metrics.get("lr", math.nan), event.metrics.get("median_update_ratio", 0.0)
+    after = [r for r in rows if r.step > event.step_end and math.isfinite(r.lr)]
+    peak = max(after, key=lambda r: r.lr, default=None)  # the first row at the largest learning rate after the stall
+    if peak is None or not peak.lr > lr:
+        return event.steps <= STARTUP
+    span = loss_evidence.PASSED_SPAN * (coverage.last_step + 1)
+    return peak.step < rows[-1].step and event.steps <= span and ratio * peak.lr / lr >= config.stalled_ratio
+
+
 def _run_stall(event: SemanticEvent) -> bool:
     """A run too small to train (see :meth:`StalledUpdates.run_finding`)."""
     return event.kind is KIND and "run_updates" in event.metrics
@@ -363,15 +401,17 @@ class StalledUpdates(Kind):
         loss fell. Residual branches gated at zero by design (a ResNet's zero-initialised last BatchNorm, SkipInit's
         alpha, LayerScale at 1e-6) under a warm-up barely move for their first few steps, their gradients far below
         Adam's epsilon, until the gates grow; the median layer is such a branch, and then the model trains as its
-        ungated twin does (held-out accuracy 0.98-0.99 both). A stall that holds, or one the loss never got past, is
-        still reported, and so are stalls whose cause is a fact, not a reading: a learning rate of 0 (a schedule at 0
-        for a stretch) and layers clipping held still. (Gated branches' updates may round to no change at all in
-        float32: that alone is no learning rate of 0.)"""
+        ungated twin does (held-out accuracy 0.98-0.99 both). So is the stall of a warm-up or of the optimizer's
+        start-up that ended on its own (:func:`_warming_start`), whatever the loss shows. A stall that holds, or one
+        the loss never got past, is still reported, and so are stalls whose cause is a fact, not a reading: a learning
+        rate of 0 (a schedule at 0 for a stretch) and layers clipping held still. (Gated branches' updates may round
+        to no change at all in float32: that alone is no learning rate of 0.)"""
         if event.kind is not KIND or "run_updates" in event.metrics or _held_still(event):
             return False
         if event.metrics.get("lr") == 0.0:
             return False
-        return loss_evidence.passed_before_the_fit(event, coverage, facts.config)
+        config = facts.config
+        return loss_evidence.passed_before_the_fit(event, coverage, config) or _warming_start(event, coverage, config)
 
     def lane(self, event: SemanticEvent) -> RootLane | None:
         # a run too small to train after the steps' stalls: a stall read step by step is then its root (_OneStall)
