@@ -21,10 +21,12 @@ the last tenth of the run is at most :data:`SHRINK` of the first tenth's, or the
 :data:`HELD_DECAY`, whatever the norm did (such a decay holds the weights near their start where training grows
 them). A decay that already won, shrinking the weights' norm to at most :data:`SHRUNK` of its start, is judged over
 the run's first half when its late share is small: by then the weights are near zero and it has little left to
-take. The norm is that of the weights the decay applies
-to, when the optimizer leaves some groups undecayed (the Hugging Face Trainer decays no bias and no LayerNorm gain,
-which hold most of a BERT's norm: under weight_decay=10 its decayed weights' norm goes 4.9 to 4.7 while the whole
-norm stays at 18.5-18.9). Usual settings give shares of about 1e-2
+take. A coupled decay whose term was smaller than the loss's own gradient when the run began (its median share over
+the run's first tenth under :data:`START_SHARE`) is not judged by its later share: that share grew only because the
+loss's gradient fell as the loss settled on its floor (see :func:`_led_by_the_loss`). The norm is that of the weights
+the decay applies to, when the optimizer leaves some groups undecayed (the Hugging Face Trainer decays no bias and
+no LayerNorm gain, which hold most of a BERT's norm: under weight_decay=10 its decayed weights' norm goes 4.9 to 4.7
+while the whole norm stays at 18.5-18.9). Usual settings give shares of about 1e-2
 (AdamW 0.01-0.1, SGD 5e-4: at most 0.05 over eight program families); weight decay 10 (AdamW) or 1 (SGD, Adam)
 gives 0.6-1.9. A decoupled decay of a usual size (at most :data:`USUAL_DECOUPLED`) is never this fault: its share
 of the steps is large only under a learning rate far too high, whose finding it is.
@@ -60,6 +62,13 @@ SHRINK = 0.9
 #: the share 11-35 over the first half and 0.01-0.5 over the second, held-out accuracy 0.34 against 0.93 without the
 #: decay). Its share is then judged over the run's first half, where it did the shrinking.
 SHRUNK = 0.1
+#: A coupled decay's median share over the run's first tenth, under which the loss's own gradient led the steps when
+#: the run began (plain torch, weight_decay=0.01 under Adagrad or SGD with momentum on a transformer LM at a grammar's
+#: entropy and on mixtures of experts fitting label-smoothed targets: 0.35-0.66 at the start, 0.9-1.8 once the loss
+#: sat on its floor, the same held-out accuracy as without decay). Decays that hold the loss above that floor start at
+#: 1.5-26 (weight_decay=0.03 on the mixture of experts, 0.03 of held-out accuracy lost; 1 on a BatchNorm CNN, a GRU,
+#: the LM).
+START_SHARE = 1.0
 #: A decoupled decay (AdamW's) of at most this is a usual setting (0.01-0.1): when it makes up most of the steps, a
 #: learning rate far too high makes it so (each step takes lr x weight_decay of the weights), and that learning
 #: rate is the fault (plain torch, a pre-norm transformer under AdamW weight_decay=0.05: accuracy 0.20 at lr 0.2
@@ -146,6 +155,8 @@ class ExcessiveWeightDecay(Kind):
         if _fitted(coverage):
             return None  # the decay held nothing back: the loss reached its floor
         decoupled = sum(c for *_, c in judged) * 2 > len(judged)
+        if not decoupled and not early and _led_by_the_loss(found):
+            return None  # its share grew only as the loss's gradient fell at the loss's floor: it trims, not holds
         if decoupled and decay <= USUAL_DECOUPLED:
             return None  # a usual decay made large by the learning rate: the learning rate's finding
         metrics = {
@@ -251,6 +262,19 @@ def _window(metrics: dict[str, float], start: int) -> str:
     if metrics.get("early"):
         return f"over steps {first}-{int(metrics.get('share_to', first))}, while the weights shrank,"
     return f"from step {first}"
+
+
+def _led_by_the_loss(found: list[tuple[int, float, float, bool]]) -> bool:
+    """Whether the loss's own gradient outweighed a coupled decay when the run began: the decay's median share over
+    the first tenth of the steps with a share is under :data:`START_SHARE`. The decay's term, weight_decay x ||W||,
+    only falls as the weights shrink, so a share that became large later did so because the loss's gradient fell:
+    the loss settled on a floor above zero (a grammar's entropy, the KL to label-smoothed targets), where its
+    gradient is small and the decay trims the initialisation's extra norm at no cost (plain torch: the held-out
+    accuracy the same with and without the decay, the loss at the grammar's entropy). A decay that holds the loss
+    above its floor outweighs the gradient from the first steps. A decay judged over the first half because it
+    already shrank the weights tenfold (the caller's ``early``) did more than trim and is not excused."""
+    first = found[: max(1, len(found) // 10)]
+    return statistics.median(s for _, s, _, _ in first) < START_SHARE
 
 
 def _fitted(coverage: Coverage) -> bool:
