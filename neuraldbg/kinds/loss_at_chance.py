@@ -5,7 +5,11 @@ The number of classes is the last dimension of the model's (logit) output, read 
 steps (a Hugging Face output's ``logits``; one output unit is a binary classifier, log 2); the curve must start at
 or above 0.8 log(classes), where an untrained classifier's cross-entropy is, so that a regression whose output
 happens to have a last dimension is not taken for a classifier. Judged on runs of ``loss_min_steps`` losses or
-more (see :mod:`.loss_evidence`); a fault that began first (dead units, stalled updates) explains it.
+more whose updates added up to ``loss_trained`` of the weights' norm (see :mod:`.loss_evidence`); a fault that
+began first (dead units, stalled updates) explains it. A loss held at log(classes) batch after batch, its last
+quarter spreading by a hundred-thousandth of it or less, is judged after smaller updates too (a tenth of that):
+a model whose output ignores its input gives it (a CLIP whose text tower pooled position 0 for every caption:
+log 16 to 2.5e-6 of it, updates adding up to 0.09), and its first likely cause says so.
 
 When the classes are imbalanced, chance is lower: a classifier whose inputs say nothing about its labels learns
 their frequencies and settles at their entropy (a character-level GRU given shuffled targets: 2.47 nats, the

@@ -33,7 +33,10 @@ different steps (layers trained one by one on local losses); the loss is negativ
 (a policy gradient, an adversarial or a density loss: a surrogate, not a fit falling towards a floor); or the
 input batch, or the number of forward passes per step, changes on most steps (reinforcement-learning episodes: a
 sum over an episode grows with its length). A run of fewer than ``loss_min_steps`` losses is a smoke run:
-inconclusive. A loss that never got finite is the non-finite room's.
+inconclusive. A loss that never got finite is the non-finite room's. A loss that stays where it began, or at
+chance, is judged only after updates adding up to ``loss_trained`` of the weights' norm (a gentle run may not have
+started to fall), unless it is held at its chance level batch after batch (:func:`held_at_chance`): a loss that
+has not started to fall still moves with its batches, one that an output ignoring its input gives does not.
 
 What a careful engineer would look at next is in :func:`causes`: the evidence for each likely cause, ranked.
 """
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import struct
 from dataclasses import dataclass
 
 from ..capture.coverage import Coverage, RunFacts
@@ -73,6 +77,16 @@ TINY_CLIP = 100.0
 NEGATIVE_SHARE = 0.05
 #: The losses whose chance level their targets give, as an event's metric ``baseline``.
 BASELINES = {"bce": 1.0, "mse": 2.0}
+#: A loss whose last quarter spreads by at most this share of its level, batch after batch, is held there: nothing
+#: the updates change reaches it. A loss that depends on its inputs moves with the batch (a batch's mean of
+#: per-sample losses that vary by a tenth of their level spreads by 1e-4 of it at a million samples), and one that
+#: depends on the weights moves with the updates. Measured: a CLIP whose text tower pools the same position for
+#: every caption (an ``eos_token_id`` its vocabulary lacks) holds its loss at log 16 to 2.5e-6 of it from step 50
+#: to 200 (zero-shot accuracy 0.055 against 1.00 for its twin), its updates adding up to 0.09 of the weights' norm.
+PINNED = 1e-5
+#: ... judged whatever the run's updates added up to, from this share of ``loss_trained`` (below it the weights
+#: hardly moved, and a loss they do reach holds still too: the stalled-updates room's ``RUN_SHARE``).
+PINNED_MOVED = 0.1
 
 
 @dataclass(frozen=True)
@@ -108,6 +122,17 @@ class Curve:
     # temperature, an angular margin's scale): it may end above chance and still have learned
     scaled_start: bool = False
     first: float = math.nan  # the run's first loss
+
+    @property
+    def pinned(self) -> float | None:
+        """The spread of the last quarter's losses as a share of their level (a standard deviation over the mean)
+        when it is at most :data:`PINNED`: a loss held at one value batch after batch (see :data:`PINNED`); else
+        None, and None for a loss at zero or one rounded to half precision (:func:`_coarse`)."""
+        end = self.end
+        if end.mean <= 0 or _coarse(end.mean):
+            return None
+        spread = end.sd / end.mean
+        return spread if spread <= PINNED else None
 
     @property
     def level(self) -> float | None:
@@ -200,12 +225,8 @@ def finding(coverage: Coverage, config: DebugConfig) -> tuple[str, Curve] | None
         # a policy-gradient loss is a surrogate: it rises as the returns the agent earns grow, and its value head's
         # error grows with them (an A2C that solves CartPole: 8.8 -> 10.7); whether the agent learns is not in it
         return None
-    facts = coverage.training
-    clip = facts.median("clip")
-    # enough training to judge a loss that stays where it began: the updates added up to the size of the weights,
-    # unless clipping to a tiny norm is why they did not (a smoke run at a small learning rate is inconclusive)
-    trained = not curve.trained < config.loss_trained or (math.isfinite(clip) and clip >= TINY_CLIP)
-    if curve.at_chance and trained and not curve.falling:
+    trained = enough_training(coverage, config, curve)
+    if curve.at_chance and ((trained and not curve.falling) or held_at_chance(curve, config)):
         return "loss_at_chance", curve
     memo = memorised(coverage, curve)
     if memo is not None:
@@ -265,10 +286,51 @@ def unjudged_moves(coverage: Coverage, config: DebugConfig) -> float | None:
     curve = judged(coverage, config)
     if curve is None or not (curve.verdict in ("flat", "unclear") or (curve.at_chance and not curve.falling)):
         return None
-    clip = coverage.training.median("clip")
-    if not curve.trained < config.loss_trained or (math.isfinite(clip) and clip >= TINY_CLIP):
+    if enough_training(coverage, config, curve) or held_at_chance(curve, config):
         return None
     return curve.trained
+
+
+def enough_training(coverage: Coverage, config: DebugConfig, curve: Curve) -> bool:
+    """Whether the run trained enough to judge a loss that stays where it began: the updates added up to
+    ``loss_trained`` of the weights' norm, or clipping to a tiny norm is why they did not (a smoke run at a small
+    learning rate is inconclusive: its loss may not have started to fall)."""
+    clip = coverage.training.median("clip")
+    return not curve.trained < config.loss_trained or (math.isfinite(clip) and clip >= TINY_CLIP)
+
+
+def held_at_chance(curve: Curve, config: DebugConfig) -> bool:
+    """A loss at its chance level held there batch after batch (:attr:`Curve.pinned`) while the updates added up to
+    :data:`PINNED_MOVED` of ``loss_trained`` or more: judged at chance however small the updates were. A loss that
+    has not started to fall still moves with its batches; one held at a guess to a hundred-thousandth of it is the
+    loss of an output that carries nothing of its input, and nothing the updates change reaches it. Such a loss
+    still falling (against a spread that small, a creep of a millionth is a fall) is not passing through chance when
+    it lies at the level itself, within :data:`PINNED` of it: it is settling on the guess. Only at a chance level
+    the loss names: a loss held elsewhere may sit at a saddle the updates are slowly leaving (word2vec's output
+    vectors started at zero under SGD at 0.05: its custom loss held at 6 log 2 to 2.5e-7 of it for 300 steps, its
+    distance below that level growing steadily, 0.8e-6 to 5.2e-6 over the run's quarters)."""
+    level = curve.level
+    if level is None or not curve.at_chance or curve.pinned is None:
+        return False
+    if curve.trained < PINNED_MOVED * config.loss_trained:
+        return False  # the weights hardly moved: the stalled updates' story, and no evidence a loss they reach moves
+    return not curve.falling or abs(curve.end.mean - level) <= PINNED * level
+
+
+def _coarse(value: float) -> bool:
+    """Whether ``value`` is one a half-precision loss takes (float16, or bfloat16: a float32 whose low 16 bits are
+    zero): such a loss holds one value while it moves by less than its rounding step (0.4 % of it in bfloat16), so
+    its stillness is no evidence."""
+    try:
+        if struct.unpack("e", struct.pack("e", value))[0] == value:
+            return True
+    except OverflowError:  # beyond float16's range
+        pass
+    try:
+        single = struct.pack("<f", value)
+    except OverflowError:
+        return False
+    return struct.unpack("<f", single)[0] == value and single[:2] == b"\0\0"
 
 
 #: New samples (never seen before by the model) are judged from this many steps into the run (the first steps of
@@ -748,6 +810,8 @@ def evidence(coverage: Coverage, config: DebugConfig, curve: Curve) -> dict[str,
     values.update(half_from=first, half_to=last, half_noise=curve.half_noise, by_factors=float(curve.by_factors))
     if curve.memorised is not None:
         values.update(curve.memorised)
+    if curve.pinned is not None:
+        values.update(pinned=curve.pinned)
     if curve.far_above_targets:
         values.update(far_above=curve.end.mean / curve.target_high)
     found = ungraded(coverage)
@@ -837,6 +901,22 @@ def causes(m: dict[str, float], finding: str, detail: str = "") -> list[Cause]:
                 "the loss; or freeze them on purpose (requires_grad_(False)) and leave them out of the optimizer",
             )
         )
+    pinned = m.get("pinned")
+    if pinned is not None and finding != "unstable":
+        found.append(
+            Cause(
+                4.0,
+                "an output that does not depend on the input",
+                f"from step {int(m.get('end_from', 0.0))} on the loss held at {num(m.get('end', 0.0))}, spreading by "
+                f"{num(pinned)} of it from batch to batch: neither what the batches hold nor what the updates change "
+                "reaches it, so the model gives the same output whatever its input (a pooling that reads one fixed "
+                "position for every sample, as a CLIP text tower does when its eos_token_id is not in its "
+                "vocabulary; an input replaced by a constant; a mask that hides every position)",
+                "check that the outputs differ across the samples of a batch (their spread along the batch "
+                "dimension) and find the layer after which they stop differing: fix its pooling index, mask or "
+                "configuration (eos_token_id and pad_token_id must be tokens of the vocabulary)",
+            )
+        )
     early, late = m.get("update_early"), m.get("update_late")
     if early is not None and early >= m.get("large_update", 0.1):
         after = f" ({num(late)} over the last)" if late is not None else ""
@@ -893,7 +973,8 @@ def causes(m: dict[str, float], finding: str, detail: str = "") -> list[Cause]:
             )
         )
     trained = m.get("trained")
-    if trained is not None and trained < m.get("enough_training", 1.0) and finding != "unstable":
+    # a loss held still batch after batch is not one the updates were too small to move
+    if trained is not None and trained < m.get("enough_training", 1.0) and finding != "unstable" and pinned is None:
         per_step = f" (update/weight ratio {num(m['update_median'])} per step)" if "update_median" in m else ""
         found.append(
             Cause(
