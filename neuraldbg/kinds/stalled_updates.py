@@ -83,8 +83,9 @@ _CLIP_FIX = "max_norm of clip_grad_norm_ (1.0 is usual) or clip_value of clip_gr
 
 #: A run whose update/weight ratios add up to less than this share of ``loss_trained`` moved its weights too little
 #: to train (calibrated on the real-programs benchmark: healthy programs add up to 0.48-18, learning rates 50-1000x
-#: too low and SGD clipped to 1e-4 to 0.017-0.024).
-RUN_SHARE = 0.1
+#: too low and SGD clipped to 1e-4 to 0.017-0.024). The same share from which a loss held at chance is judged
+#: whatever the updates added up to (below it, this room's story).
+RUN_SHARE = loss_evidence.PINNED_MOVED
 #: A loss still falling at the end: its second half fell by at least this share of its fall over the whole run (a
 #: steady fall gives about 0.4; a fit nearing its plateau 0.2 or less).
 STILL_FALLING = 0.3
