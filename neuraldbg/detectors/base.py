@@ -367,7 +367,8 @@ class UpdateCensus:
         return metrics
 
 
-#: A first loss between these multiples of log(classes) is a classifier's cross-entropy at chance (see FitProgress).
+#: A first loss between these multiples of log(classes) is a classifier's cross-entropy at chance (see FitProgress);
+#: one over the band is, when the loss graph shows an nll_loss over those classes.
 CHANCE_START = (0.8, 1.25)
 #: A classifier's first observed loss this many times below the lower edge of that band, in a run met mid-training
 #: (an optimizer already held state: a run resumed from a checkpoint, a model trained before the debugger was
@@ -415,15 +416,22 @@ class FitProgress:
     (``CHANCE_START`` times log(classes), the classes read from the model's logits) has converged also when
     ``1 - exp(-loss)`` is at most ``fit_gradient_drop`` of its first value: the same test as the gradient's, for a
     model whose output is its loss (a Hugging Face model given its labels), where the gradient w.r.t. the output
-    says nothing (it is 1). A classifier first seen far below chance (:data:`CHANCE_BELOW`) in a run met
-    mid-training had learned before: its first value is its chance level, so a run resumed after its fit converged
-    is judged converged as the same steps would be within the whole run.
+    says nothing (it is 1). A first loss above that band is a cross-entropy too when the loss graph shows an
+    ``nll_loss`` over the logits' classes (``label_classes``): an initialisation whose logits are larger than
+    uniform ones starts it over chance (Hugging Face's Mamba: 1.27-1.32 log 64), and the probability left off the
+    right class is then near 1 as it is at chance, so the same tenfold fall is a converged fit (a Mamba LM at
+    100 % held-out accuracy, its loss fallen 85-89-fold, was judged unconverged and its step-size projection,
+    small as the fit converged, reported as vanishing). Without that evidence a value over the band says nothing
+    of what the loss is (a squared error over several outputs, a sum over tokens), and only the other tests apply.
+    A classifier first seen far below chance (:data:`CHANCE_BELOW`) in a run met mid-training had learned before:
+    its first value is its chance level, so a run resumed after its fit converged is judged converged as the same
+    steps would be within the whole run.
     """
 
     def __init__(self) -> None:
         self._first_gradient: float | None = None
         self._first_loss: float | None = None
-        self._cross_entropy = False  # the first loss is a classifier's at chance
+        self._cross_entropy = False  # the first loss is a classifier's at chance or over it
 
     def converged(self, view: StepView) -> bool:
         """Whether the fit has converged at ``view``'s step (also records the first readings)."""
@@ -438,7 +446,10 @@ class FitProgress:
             self._first_loss = loss
             classes = view.data.classes
             chance = math.log(classes) if classes >= 2 else math.nan
-            self._cross_entropy = CHANCE_START[0] * chance <= loss <= CHANCE_START[1] * chance
+            # a classifier's cross-entropy at chance, or over it where the loss graph shows an nll_loss over the
+            # logits' classes (the probability left off the right class is ~1 there as at chance)
+            above = loss > CHANCE_START[1] * chance and view.data.label_classes == classes
+            self._cross_entropy = CHANCE_START[0] * chance <= loss <= CHANCE_START[1] * chance or above
             # first seen far below chance in a run met mid-training (an optimizer held state): learned already.
             # A fresh run whose first loss is that low has a loss scaled down (divided by the data set's size)
             if view.data.warm_start and loss < CHANCE_START[0] * chance / CHANCE_BELOW:

@@ -294,7 +294,10 @@ def fit_readings(
     fit, ctx = FitProgress(), SimpleNamespace(config=DebugConfig())
     views = [
         SimpleNamespace(
-            ctx=ctx, data=SimpleNamespace(target_grad=tg, loss=loss, classes=classes, warm_start=warm_start and i == 0)
+            ctx=ctx,
+            data=SimpleNamespace(
+                target_grad=tg, loss=loss, classes=classes, label_classes=0, warm_start=warm_start and i == 0
+            ),
         )
         for i, (tg, loss) in enumerate(readings)
     ]
