@@ -121,7 +121,7 @@ def test_gradients_exploding_on_targets_in_the_thousands_are_told_to_standardise
     scale, before any learning rate (plain torch: the same targets standardised are fitted)."""
     plain, _, relative = fit(shift=5000.0, scale=1000.0, watched=False)
     _, _, standardised = fit(shift=0.0, scale=1.0, watched=False)
-    x, y = batches(5000.0, 1000.0)(0)
+    _, y = batches(5000.0, 1000.0)(0)
     assert relative > 1.0 and standardised < 0.3 and float(y.pow(2).mean().sqrt()) > 1000
     losses, dbg, _ = fit(shift=5000.0, scale=1000.0)
     assert losses == plain and dbg is not None
