@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 
+import support
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -80,12 +81,7 @@ def train(eos: int, watched: bool = True) -> tuple[DualEncoder, list[float], flo
             opt.step()
             losses.append(loss.item())
 
-    dbg = None
-    if watched:
-        with NeuralDbg(model) as dbg:
-            loop()
-    else:
-        loop()
+    dbg = support.watching(model, loop, watched)
     end = torch.cat([p.detach().flatten() for p in model.parameters()])
     return model, losses, float((end - start).norm() / start.norm()), dbg
 
