@@ -106,8 +106,10 @@ fault, which explains gradients it zeroes or shrinks. Config: ``vanishing_norm``
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Collection
 from dataclasses import replace
+from itertools import accumulate
 
 from ..capture.coverage import Coverage, RunFacts
 from ..config import DebugConfig
@@ -147,6 +149,7 @@ class VanishingDetector(Detector):
         obs = Observation()
         vanishing: dict[str, dict[str, float]] = {}
         first: set[str] = set()  # layers read for the first time, small then
+        reached_before: _ReachedBefore | None = None  # worked out at the step's first exact zero
         obs.saw_each(self.event_type, grads)
         for layer, g in grads.items():
             small = _small(g.norm, top, cfg)
@@ -170,7 +173,9 @@ class VanishingDetector(Detector):
                 if _zero_factors(view, layer):
                     metrics["zero_factors"] = 1.0
                 else:
-                    reached = _reached_before(view, layer, grads, top)
+                    if reached_before is None:
+                        reached_before = _ReachedBefore(view, grads, top)
+                    reached = reached_before(layer)
                     if reached > 0:
                         metrics["reached_before"] = reached
                 vanishing[layer] = metrics
@@ -247,25 +252,38 @@ def _weight_norm(before: float | None, update: tuple[float, float] | None) -> fl
     return update[1] if update is not None else None
 
 
-def _reached_before(view: StepView, layer: str, grads: dict[str, LayerGradient], top: float) -> float:
-    """The largest clearly healthy gradient (:func:`_clearly_healthy` against ``top``, the step's largest) of a
-    layer that comes before ``layer`` in forward order and is not inside it (0 when none). The loss reached that
-    layer by a path that does not pass through ``layer``, so ``layer``'s exact zero did not vanish on its way back
-    through depth: its output does not count in the loss (a loss term weighted 0, an output left out, a .detach())."""
-    ctx, cfg = view.ctx, view.ctx.config
-    here = ctx.position((layer, 0))
-    return max(
-        (
-            g.norm
-            for other, g in grads.items()
-            if other != layer
-            and not other.startswith(layer + ".")
-            and not g.exact_zero
-            and _clearly_healthy(g.norm, top, cfg)
-            and ctx.position((other, 0)) < here
-        ),
-        default=0.0,
-    )
+class _ReachedBefore:
+    """For a step's exact zeros: the largest clearly healthy gradient (:func:`_clearly_healthy` against ``top``, the
+    step's largest) of a layer that comes before a given one in forward order and is not inside it (0 when none).
+    The loss reached that layer by a path that does not pass through the given one, so the given one's exact zero
+    did not vanish on its way back through depth: its output does not count in the loss (a loss term weighted 0, an
+    output left out, a .detach()).
+
+    Worked out once per step: the healthy layers by forward position with their running largest norm, so a layer's
+    answer is one binary search (a 200-layer MLP whose first 91 layers read exactly zero behind a dead one asked it
+    91 times a step, each a pass over all 200: 22 ms a fully observed step). A layer with layers inside it (whose
+    outputs come before its own) is answered by a pass that leaves those out."""
+
+    def __init__(self, view: StepView, grads: dict[str, LayerGradient], top: float) -> None:
+        ctx, cfg = view.ctx, view.ctx.config
+        self._position = ctx.position
+        self._grads = grads
+        self._healthy = sorted(
+            (ctx.position((name, 0)), g.norm, name)
+            for name, g in grads.items()
+            if not g.exact_zero and _clearly_healthy(g.norm, top, cfg)
+        )
+        self._positions = [p for p, _, _ in self._healthy]
+        self._largest = list(accumulate((n for _, n, _ in self._healthy), max))
+        self._containers = {name.rsplit(".", k)[0] for name in grads for k in range(1, name.count(".") + 1)}
+
+    def __call__(self, layer: str) -> float:
+        here = self._position((layer, 0))
+        before = bisect_left(self._positions, here)
+        if layer not in self._containers:
+            return self._largest[before - 1] if before else 0.0
+        inside = layer + "."
+        return max((n for _, n, name in self._healthy[:before] if not name.startswith(inside)), default=0.0)
 
 
 def _cancelled(view: StepView, layer: str) -> bool:
