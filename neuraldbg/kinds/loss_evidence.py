@@ -630,16 +630,22 @@ def read(coverage: Coverage, config: DebugConfig) -> Curve | None:
 RAW_INPUT_RMS = 20.0
 
 
-def raw_input_rms(series: Series | None, last_step: int) -> float | None:
-    """The input batch's root-mean-square over the first quarter of the run (the median of the history series
-    ``input_rms``) when it lies far from unit scale (:data:`RAW_INPUT_RMS` or more); else None."""
+def early_input_rms(series: Series | None, last_step: int) -> float | None:
+    """The input batch's root-mean-square over the first quarter of the run: the median of the history series
+    ``input_rms`` there (None when it was not recorded)."""
     points = series("input_rms", "") if series is not None else []
     if not points:
         return None
     quarter = max(points[0][0], last_step // 4)
     early = sorted(v for step, v in points if step <= quarter)
-    raw = early[len(early) // 2]
-    return raw if math.isfinite(raw) and raw >= RAW_INPUT_RMS else None
+    return early[len(early) // 2]
+
+
+def raw_input_rms(series: Series | None, last_step: int) -> float | None:
+    """The input batch's root-mean-square over the first quarter of the run (:func:`early_input_rms`) when it lies
+    far from unit scale (:data:`RAW_INPUT_RMS` or more); else None."""
+    raw = early_input_rms(series, last_step)
+    return raw if raw is not None and math.isfinite(raw) and raw >= RAW_INPUT_RMS else None
 
 
 #: An input batch whose root-mean-square is at most this is far below unit scale: pixels in [0, 1] divided by 255
@@ -648,15 +654,10 @@ FAINT_INPUT_RMS = 0.005
 
 
 def faint_input_rms(series: Series | None, last_step: int) -> float | None:
-    """The input batch's root-mean-square over the first quarter of the run (as :func:`raw_input_rms` reads it)
-    when it lies far below unit scale (:data:`FAINT_INPUT_RMS` or less, above 0); else None."""
-    points = series("input_rms", "") if series is not None else []
-    if not points:
-        return None
-    quarter = max(points[0][0], last_step // 4)
-    early = sorted(v for step, v in points if step <= quarter)
-    faint = early[len(early) // 2]
-    return faint if math.isfinite(faint) and 0 < faint <= FAINT_INPUT_RMS else None
+    """The input batch's root-mean-square over the first quarter of the run (:func:`early_input_rms`) when it lies
+    far below unit scale (:data:`FAINT_INPUT_RMS` or less, above 0); else None."""
+    faint = early_input_rms(series, last_step)
+    return faint if faint is not None and math.isfinite(faint) and 0 < faint <= FAINT_INPUT_RMS else None
 
 
 def raw_target_rms(series: Series | None) -> float | None:
