@@ -181,7 +181,7 @@ class Pending:
         if src.scored_padding is not None:
             dst.scored_padding = merge_max(dst.scored_padding, src.scored_padding)
         for source, value in src.inverted_masks.items():
-            dst.inverted_masks[source] = max(value, dst.inverted_masks.get(source, 0.0))
+            _mask_inverted(dst, source, 0.0, value)
         dst.samples.extend(src.samples)
         dst.sample_losses.extend(src.sample_losses)
         dst.sample_hits.extend(src.sample_hits)
