@@ -99,6 +99,7 @@ BLOCKS = {
     "docs/benchmark.md": {"shell": 2},
     "docs/cli.md": {},
     "docs/cost.md": {"shell": 1},
+    "docs/cost-history.md": {},
     "docs/detection.md": {},
     "docs/development.md": {"shell": 2},
     "docs/distributed.md": {"quoted file": 2, "shell": 1, "script": 1},
