@@ -36,7 +36,8 @@ class IncompleteObservation(Kind):
         if coverage.steps and coverage.forwards == 0 and coverage.transformed_forwards:
             parts.append(
                 "the watched model ran only inside torch.func transforms (vmap, grad: per-sample gradients, as in "
-                "DP-SGD), whose per-sample values are not measured, and without a forward pass of its own the run's "
+                "DP-SGD), whose per-sample values are not measured, and with no training forward pass outside them "
+                "(one with gradients: a forward under torch.no_grad, for logging or evaluation, is not one) the run's "
                 "steps are not told apart: only what its optimizer steps showed was checked"
             )
             start = 0

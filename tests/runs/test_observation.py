@@ -242,12 +242,15 @@ def test_a_loss_detached_from_the_output_is_no_gradient_and_the_explanation_name
     assert ".detach()" in found.explanation and "loss.backward() was never called" in found.explanation
 
 
-def test_per_sample_gradients_through_torch_func_keep_the_run_observed_and_say_what_was_not_measured():
+@pytest.mark.parametrize("logged", [False, True])
+def test_per_sample_gradients_through_torch_func_keep_the_run_observed_and_say_what_was_not_measured(logged: bool):
     """DP-SGD's per-sample gradients: vmap(grad(cross-entropy of functional_call(model, ...))), averaged into each
     parameter's .grad by hand before optimizer.step(). The model's forward hooks run inside the transforms, on
     per-sample wrapped tensors that the measurements have no batching rule for (torch._foreach_norm raised inside
     vmap, and the recorder stopped at step 0 with a failure of its own). Those forwards are left alone: the
-    recorder stays active, the training is unchanged, and the caveat names the transforms."""
+    recorder stays active, the training is unchanged, and the caveat names the transforms. ``logged``: the loop
+    also runs the model under torch.no_grad each step to log its loss, as DP-SGD scripts do: the caveat must not
+    say the model had no forward pass of its own (it had one, without gradients)."""
     from torch.func import functional_call, grad, vmap
 
     def run(watched: bool) -> tuple[dict[str, torch.Tensor], NeuralDbg | None]:
@@ -268,6 +271,9 @@ def test_per_sample_gradients_through_torch_func_keep_the_run_observed_and_say_w
                         p.grad = per_sample[k].mean(0)
                     opt.step()
                     opt.zero_grad()
+                    if logged:
+                        with torch.no_grad():
+                            F.cross_entropy(model(x[i : i + 32]), y[i : i + 32])
 
         dbg = support.watching(model, loop, watched)
         return {k: v.detach().clone() for k, v in model.state_dict().items()}, dbg
@@ -282,3 +288,5 @@ def test_per_sample_gradients_through_torch_func_keep_the_run_observed_and_say_w
     assert [h.kind.value for h in hypotheses] == ["incomplete_observation"], dbg.explain_failure()
     assert "torch.func transforms" in hypotheses[0].explanation
     assert "failed" not in hypotheses[0].explanation
+    assert "without a forward pass of its own" not in hypotheses[0].explanation
+    assert "torch.no_grad" in hypotheses[0].explanation
