@@ -31,8 +31,8 @@ LABEL_CHECKS = 4
 #: Fully observed forward passes whose padding masks are read against the model's token input (see _check_masks): a
 #: program builds its masks the same way on every pass.
 MASK_CHECKS = 4
-#: Fully observed forward passes whose attention calls' layouts are kept for the loss to judge (see _keep_layouts):
-#: a program lays out its attention the same way on every pass.
+#: Fully observed forward passes whose attention and recurrent calls' layouts are kept for the loss to judge (see
+#: _keep_layouts): a program lays out its sequences the same way on every pass.
 LAYOUT_CHECKS = 8
 #: Fully observed forward passes in which the layers' arguments are looked at for a graph cut (see _note_cut): a
 #: program cuts its graph the same way on every pass, and looking costs a few microseconds per layer call.
@@ -127,9 +127,10 @@ class ForwardPath:
         # ... and the key-padding masks given to attention calls of this pass, by layer (see _check_masks)
         self._key_masks: list[tuple[str, Tensor]] = []
         self._mask_checks = MASK_CHECKS  # fully observed passes still to read the padding masks in
-        # the attention calls of this pass given a batched query: (layer, the lengths of the axes it reads as its
-        # sequence and as its batch, batch_first); those whose axes are the model input's first two are kept in
-        # ``layouts`` when its call ends, for the loss to judge (see capture/ledger.py)
+        # the attention calls of this pass given a batched query, and its recurrent calls given a batched input:
+        # (layer, the lengths of the axes it reads as its sequence and as its batch, batch_first); those whose axes
+        # are the model input's first two are kept in ``layouts`` when its call ends, for the loss to judge (see
+        # capture/ledger.py)
         self._layouts: list[tuple[str, int, int, bool]] = []
         self.layouts: list[tuple[str, int, int, bool]] = []
         self._layout_checks = LAYOUT_CHECKS  # fully observed passes still to keep them in
@@ -236,6 +237,8 @@ class ForwardPath:
                 self._note_node(name, output)
             if name and self._full and isinstance(module, nn.MultiheadAttention):
                 self._note_attention(name, module, args, kwargs)
+            elif name and self._full and self._layout_checks and isinstance(module, nn.RNNBase):
+                self._note_recurrent(name, module, args, kwargs)
             if not name:
                 self._own_hooks, self._hooks_in_pass = self._hooks_in_pass, False  # as this hooked pass found them
                 if self._full and self._range_checks:  # the model's own data argument (a tensor it concatenates)
@@ -380,9 +383,7 @@ class ForwardPath:
         (see _keep_layouts)."""
         query = kwargs.get("query", args[0] if args else None)
         if self._layout_checks and isinstance(query, Tensor) and query.dim() == 3:
-            first, second = int(query.shape[0]), int(query.shape[1])
-            batch_first = bool(module.batch_first)
-            self._layouts.append((name, second, first, True) if batch_first else (name, first, second, False))
+            self._note_layout(name, query, bool(module.batch_first))
         masks = (
             kwargs.get("key_padding_mask", args[3] if len(args) > 3 else None),
             kwargs.get("attn_mask", args[5] if len(args) > 5 else None),
@@ -399,6 +400,21 @@ class ForwardPath:
             lengths = (key.shape[0], key.shape[1]) if module.batch_first else (key.shape[1], key.shape[0])
         self._unmasked.append((name, lengths))
 
+    def _note_recurrent(self, name: str, module: nn.RNNBase, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Keep a recurrent layer's layout (an ``nn.RNN``, ``nn.LSTM`` or ``nn.GRU`` call of a fully observed step):
+        it has the same ``batch_first`` trap as attention, its recurrence running along the axis it reads as the
+        sequence. A packed sequence (not a tensor) is laid out by torch itself, and an unbatched input, 2-d, holds no
+        batch: neither is kept."""
+        x = kwargs.get("input", args[0] if args else None)
+        if isinstance(x, Tensor) and x.dim() == 3:
+            self._note_layout(name, x, bool(module.batch_first))
+
+    def _note_layout(self, name: str, x: Tensor, batch_first: bool) -> None:
+        """Keep the lengths of the axes of ``x``, 3-d, that a layer reads as its sequence and as its batch
+        (see _keep_layouts)."""
+        first, second = int(x.shape[0]), int(x.shape[1])
+        self._layouts.append((name, second, first, True) if batch_first else (name, first, second, False))
+
     def _count_unmasked(self, tokens: Tensor | None) -> None:
         """The model's call ended: count its unmasked attention calls whose keys are its token positions, their
         batch and sequence lengths those of the token input (batch first or not). Keys of other lengths (image
@@ -414,11 +430,11 @@ class ForwardPath:
                 counts[name] = counts.get(name, 0) + 1
 
     def _keep_layouts(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """The model's call ended: keep, for the loss to judge, the layouts of its attention calls whose sequence and
-        batch axes are the first two axes of its first tensor argument, in either order (a sequence-first model's
-        input is (sequence, batch); a batch-first one's (batch, sequence)). Attention over other axes (an axial
-        attention over an image's rows, whose batch is the images times their columns) is left out: its lengths
-        may equal the samples' by chance. Shapes only."""
+        """The model's call ended: keep, for the loss to judge, the layouts of its attention and recurrent calls whose
+        sequence and batch axes are the first two axes of its first tensor argument, in either order (a
+        sequence-first model's input is (sequence, batch); a batch-first one's (batch, sequence)). Attention over
+        other axes (an axial attention over an image's rows, whose batch is the images times their columns) is left
+        out: its lengths may equal the samples' by chance. Shapes only."""
         layouts, self._layouts = self._layouts, []
         first = stats.tensor_arguments(args, kwargs, most=1)
         if not first or first[0].dim() < 2:

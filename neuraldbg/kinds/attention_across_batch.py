@@ -1,26 +1,37 @@
-"""Attention across the batch: an ``nn.MultiheadAttention`` (the one ``nn.Transformer`` and its encoder and decoder
-layers call) reads its input's axes the wrong way round. At its default ``batch_first=False`` it takes dim 0 for
-the sequence and dim 1 for the batch; fed ``(batch, sequence, features)`` straight from a DataLoader, each position
-attends over the same position of the other samples of the batch, never along its own sequence (and the mirror:
-``batch_first=True`` fed ``(sequence, batch, features)``). Every sample's output then mixes its batch-mates' and
-misses its own context. Plain torch: a 2-layer ``nn.TransformerEncoder`` classifier reached 0.43 held-out accuracy
-against 1.0 for the same model built with ``batch_first=True``, and a sample's logits moved by 3.5e-2 when its
-batch-mates changed (by 0 in the twin). Nothing else in the run names it: the loss falls, slowly, on what each
-position holds on its own.
+"""The batch read as the sequence: an ``nn.MultiheadAttention`` (the one ``nn.Transformer`` and its encoder and
+decoder layers call) or a recurrent layer (``nn.RNN``, ``nn.LSTM``, ``nn.GRU``: any ``nn.RNNBase``) reads its input's
+axes the wrong way round. At its default ``batch_first=False`` it takes dim 0 for the sequence and dim 1 for the
+batch; fed ``(batch, sequence, features)`` straight from a DataLoader, each position of an attention attends over
+the same position of the other samples of the batch, never along its own sequence, and a recurrence steps from one
+sample to the next down the batch (and the mirror: ``batch_first=True`` fed ``(sequence, batch, features)``).
+Every sample's output then mixes its batch-mates' and misses its own context. Plain torch: a 2-layer
+``nn.TransformerEncoder`` classifier reached 0.43 held-out accuracy against 1.0 for the same model built with
+``batch_first=True``, and a sample's logits moved by 3.5e-2 when its batch-mates changed (by 0 in the twin); an
+``nn.LSTM`` classifier whose class sits in its first token, read at ``out[:, -1]``, 0.23 against 1.0 (four
+classes), the last sample's logits moving by 1.3e-2 when the samples before it changed (0 in the twin). Nothing
+else in the run names it: the loss falls, slowly, on what each position holds on its own, or stays at chance,
+where the labels are not at fault.
 
 Exact in what it reads, shapes only, on the first :data:`~neuraldbg.capture.forward.LAYOUT_CHECKS` fully observed
-passes: the lengths of the axes each attention call read as its sequence and as its batch, kept when they are the
+passes: the lengths of the axes each attention or recurrent call read as its sequence and as its batch (a recurrent
+layer given a packed sequence, laid out by torch, or an unbatched 2-d input is not read), kept when they are the
 first two axes of the model's first tensor argument (its tokens or features, in either order), and the number of
 samples the loss scores, read from its targets when they are one per sample (the ``(N,)`` labels of a
 cross-entropy over ``(N, classes)``, the ``(N,)`` or ``(N, k)`` targets of a loss by value; see
 :func:`~neuraldbg.capture.loss_graph.sample_targets`). A layer whose sequence axis is as long as the samples scored
-and whose batch axis is not attends across the batch. A sequence-first model fed ``(sequence, batch)`` data (the
-word language model of pytorch/examples batchifies its corpus so) has its batch axis as long as the samples: not
-reported. Nor is one whose targets are per token (flattened to ``(sequence * batch,)``, or ``(sequence, batch)``):
-they number no samples to compare with. Nor attention over other axes (an axial attention over an image's rows,
-whose lengths may equal the batch by chance), nor a batch axis of one (attention across the batch on purpose, as
-BatchFormer's over ``(batch, 1, features)``). Reported when the layout read so on at least half of the passes
-judged. A batch as long as the sequence cannot be told apart: both axes then hold as many as the samples.
+and whose batch axis is not reads across the batch. A sequence-first model fed ``(sequence, batch)`` data (the
+word language model of pytorch/examples batchifies its corpus so, for its ``nn.TransformerEncoder`` and its
+``nn.LSTM``) has its batch axis as long as the samples: not reported. Nor is one whose targets are per token
+(flattened to ``(sequence * batch,)``, ``(sequence, batch)``, or a tagger's ``(batch, sequence)`` against
+``(batch, classes, sequence)``): they number no samples to compare with, so a tagger fed the wrong way round goes
+unreported. Nor attention over other axes (an axial attention over an image's rows, whose lengths may equal the
+batch by chance), nor a batch axis of one (attention across the batch on purpose, as BatchFormer's over
+``(batch, 1, features)``; a model trained one sample a step laid out as its layer reads it). A batch of one sample
+read the wrong way round is reported, worded for what it is: its sequence read as a batch of one-step sequences
+(the LSTM above trained one sample a step: 0.27 held-out accuracy against 1.0, its output blind to every token but
+the last). Reported when the layout read so on at least half of the passes judged. A batch as long as the sequence
+cannot be told apart: both axes then hold as many as the samples. The text names the layer's class from the
+model's topology (the coverage keeps layer names only).
 """
 
 from __future__ import annotations
@@ -35,9 +46,9 @@ KIND = FailureKind.ATTENTION_ACROSS_BATCH
 
 
 def _across(coverage: Coverage) -> tuple[list[str], list[int]]:
-    """The attention layers whose sequence axis held the samples on at least half of the passes judged, and the
-    reading of the first of them to do so: [passes judged, passes found, first step, samples, batch axis length,
-    batch_first]."""
+    """The attention and recurrent layers whose sequence axis held the samples on at least half of the passes
+    judged, and the reading of the first of them to do so: [passes judged, passes found, first step, samples, batch
+    axis length, batch_first]."""
     found = {name: c for name, c in coverage.batch_attention.items() if c[1] and 2 * c[1] >= c[0]}
     if not found:
         return [], []
@@ -47,7 +58,7 @@ def _across(coverage: Coverage) -> tuple[list[str], list[int]]:
 
 class AttentionAcrossBatch(Kind):
     name = KIND.value
-    title = "attention across the batch"
+    title = "batch read as the sequence"
     run_level = True
 
     def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
@@ -75,48 +86,108 @@ class AttentionAcrossBatch(Kind):
         return False
 
     def place(self, event: SemanticEvent) -> str:
-        return quoted(event.detail.split(", ")) if event.detail else "the attention layers"
+        return quoted(event.detail.split(", ")) if event.detail else "the sequence layers"
 
     def explain(
         self, root: SemanticEvent, rest: list[SemanticEvent], topo: Topology, series: Series
     ) -> tuple[str, str]:
         m = root.metrics
-        samples, length = count(m.get("samples", 0.0)), count(m.get("length", 0.0))
+        samples, length = m.get("samples", 0.0), count(m.get("length", 0.0))
+        scored = "the one sample the loss scores" if samples == 1 else f"the {count(samples)} samples the loss scores"
         layers = root.detail.split(", ") if root.detail else []
+        types = [topo.types.get(name, "") for name in layers]
+        recurrent = any(_recurrent(t) for t in types)
         one = len(layers) == 1
         if m.get("batch_first"):
             read = (
-                f"{'was' if one else 'were'} built with batch_first=True and given (sequence, batch, features): the "
-                f"{samples} samples the loss scores are read as the sequence and the {length} positions as the batch"
+                f"{'was' if one else 'were'} built with batch_first=True and given (sequence, batch, features): "
+                f"{scored} {'is' if samples == 1 else 'are'} read as the sequence and the {length} positions as the "
+                "batch"
             )
             fix = (
-                "feed the attention (batch, sequence, features): x.transpose(0, 1) before it, or build the layers "
-                "with batch_first=False to match data laid out (sequence, batch)."
+                f"feed {_called(types)} (batch, sequence, features): x.transpose(0, 1) before "
+                f"{'it' if one else 'them'}, or build {'it' if one else 'them'} with batch_first=False to match data "
+                "laid out (sequence, batch)"
             )
+            after = "; fed so, it returns (batch, sequence, hidden), each sample's last step out[:, -1], not out[-1]"
         else:
             read = (
                 f"{'is' if one else 'are'} at batch_first=False (torch's default) and {'was' if one else 'were'} "
-                f"given (batch, sequence, features): dim 0, the {samples} samples the loss scores, is read as the "
-                f"sequence and the {length} positions as the batch"
+                f"given (batch, sequence, features): dim 0, {scored}, is read as the sequence "
+                f"and the {length} positions as the batch"
             )
             fix = (
-                "build the layers with batch_first=True (nn.TransformerEncoderLayer(..., batch_first=True), "
-                "nn.MultiheadAttention(..., batch_first=True)), or feed them x.transpose(0, 1), laid out (sequence, "
-                "batch, features)."
+                f"build the {'layer' if one else 'layers'} with batch_first=True ({_built(types)}), or feed "
+                f"{'it' if one else 'them'} x.transpose(0, 1), laid out (sequence, batch, features)"
             )
+            after = "; fed so, it returns (sequence, batch, hidden), each sample's last step out[-1], not out[:, -1]"
+        # a recurrent layer's output keeps the layout it is given: laid out anew, its last step moves
+        fix += f"{after if recurrent else ''}."
         what = (
-            f"Attention across the batch: from step {root.step_start} {quoted(layers)} {read} (on "
-            f"{count(m.get('found', 0.0))} of {count(m.get('judged', 0.0))} fully observed passes judged). Each "
-            "position attends over the same position of its batch-mates, never along its own sequence: every "
-            "sample's output mixes the other samples' and misses its own context."
+            f"{_heading(types, samples)}: from step {root.step_start} {quoted(layers)} {read} (on "
+            f"{count(m.get('found', 0.0))} of {count(m.get('judged', 0.0))} fully observed passes judged). "
+            f"{_mixing(types, samples)}"
         )
         return what, fix
 
     def describe(self, event: SemanticEvent) -> str:
-        return f"attention across the batch ({self.place(event)})"
+        return f"batch read as the sequence ({self.place(event)})"
 
     def label(self, event: SemanticEvent) -> str:
-        return "attention across the batch"
+        return "batch read as the sequence"
 
     def effect(self, event: SemanticEvent) -> str:
         return "samples mixed with their batch-mates"
+
+
+def _recurrent(type_name: str) -> bool:
+    """Whether a layer whose layout was judged is a recurrent one (torch's ``nn.RNN``, ``nn.LSTM``, ``nn.GRU`` or a
+    subclass named after one) rather than an ``nn.MultiheadAttention``: the only two kinds whose layouts are kept."""
+    return type_name.endswith(("RNN", "LSTM", "GRU"))
+
+
+def _heading(types: list[str], samples: float) -> str:
+    if samples == 1:
+        return "Sequence read as a batch"
+    if all(_recurrent(t) for t in types):
+        return "Recurrence across the batch"
+    if not any(_recurrent(t) for t in types):
+        return "Attention across the batch"
+    return "Batch read as the sequence"
+
+
+def _called(types: list[str]) -> str:
+    """What the text calls the layers: ``the LSTM``, ``the attention``, or ``the layers``."""
+    kinds = set(types)
+    if len(kinds) == 1 and _recurrent(types[0]):
+        return f"the {types[0]}"
+    return "the attention" if not any(_recurrent(t) for t in kinds) else "the layers"
+
+
+def _built(types: list[str]) -> str:
+    """How each of the layers' classes is built with batch_first=True, torch's own with their ``nn.`` prefix."""
+    built = [f"nn.{t}" if t in ("RNN", "LSTM", "GRU") else t for t in dict.fromkeys(types) if _recurrent(t)]
+    if not all(_recurrent(t) for t in types):
+        built += ["nn.TransformerEncoderLayer", "nn.MultiheadAttention"]
+    return ", ".join(f"{b}(..., batch_first=True)" for b in built)
+
+
+def _mixing(types: list[str], samples: float) -> str:
+    """What the layers do to the samples, read so."""
+    if samples == 1:  # a batch of one read as a sequence of one step: nothing is mixed, nothing runs along it
+        return (
+            "With one sample a batch, its positions are read as a batch of sequences one step long: nothing runs "
+            "along the sequence, and each position is processed on its own."
+        )
+    said = []
+    if not all(_recurrent(t) for t in types):
+        said.append(
+            "Each position attends over the same position of its batch-mates, never along its own sequence: every "
+            "sample's output mixes the other samples' and misses its own context."
+        )
+    if any(_recurrent(t) for t in types):
+        said.append(
+            "The recurrence steps from one sample to the next down the batch, never along a sample's own sequence: "
+            "every sample's output carries its batch-mates' and misses its own context."
+        )
+    return " ".join(said)
