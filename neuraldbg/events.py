@@ -63,6 +63,7 @@ class FailureKind(str, metaclass=_Names):
     LOSS_SCALE_COLLAPSE: ClassVar[FailureKind]
     OVERSIZED_UPDATES: ClassVar[FailureKind]
     GRADIENTS_NOT_ZEROED: ClassVar[FailureKind]
+    DISCARDED_GRADIENTS: ClassVar[FailureKind]
     LOSS_NOT_DECREASING: ClassVar[FailureKind]
     UNSTABLE_LOSS: ClassVar[FailureKind]
     LOSS_AT_CHANCE: ClassVar[FailureKind]
@@ -152,6 +153,7 @@ for _name in (
     "loss_scale_collapse",
     "oversized_updates",
     "gradients_not_zeroed",
+    "discarded_gradients",
     "loss_not_decreasing",
     "unstable_loss",
     "loss_at_chance",

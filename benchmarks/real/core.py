@@ -41,6 +41,7 @@ KINDS = frozenset(
         "incomplete_observation",
         "loss_scale_collapse",
         "gradients_not_zeroed",
+        "discarded_gradients",
         "loss_not_decreasing",
         "unstable_loss",
         "loss_at_chance",

@@ -178,8 +178,17 @@ class Coverage:
     # measured for them read zero
     moved_unseen: dict[str, tuple[int, int]] = field(default_factory=dict)
     last_unseen_move: int = -1  # ... the last step any of them was seen changed at
-    discarded_backwards: int = 0  # backward passes that reached the model and whose gradient was never applied
+    # backward passes that reached the model between owned optimizer steps (outside closures, see capture.ledger),
+    # those that threw away the gradient of an earlier one that no step had applied, and the step of the first such
+    optimizer_backwards: int = 0
+    discarded_backwards: int = 0
+    first_discarded: int = -1
+    # owned optimizer steps that closed a stretch of backward passes reaching the model (several optimizers stepping
+    # together close one), and those whose stretch threw a gradient away
+    step_intervals: int = 0
+    discarding_intervals: int = 0
     handed_steps: int = 0  # optimizer steps after a backward pass reached parameters they own
+    forward_before_step: int = 0  # ... that came after a forward pass of the model since that backward pass
     cleared_steps: int = 0  # ... that found those parameters' gradients reset to None (see capture.ledger)
     first_cleared: int = -1  # the first such step
     left_readings: int = 0  # fully observed optimizer steps after a backward pass left gradients on its parameters

@@ -29,6 +29,13 @@ counter, so the carried gradient's largest magnitude is also measured (on the de
 carried gradient that is all zeros was reset after all. Without an optimizer object (a manual update
 ``p.data.add_(p.grad, alpha=-lr)``), the anchor is the previous backward pass: the head parameter's ``.grad`` is the
 same tensor, not all zeros, while the parameter changed in between (a few of its elements compared on the device).
+
+**Gradients thrown away.** The other way round: a backward pass that finds the gradients reset while an earlier
+backward pass since the optimizer's last step had left its own there threw that gradient away unused. Counted per
+pass, and per stretch of backward passes between two optimizer steps (counters and a flag, no tensor read): an
+``optimizer.step()`` once per epoch after a ``zero_grad()`` every batch throws away all but the last of each epoch's
+passes; a GAN's discriminator, whose ``.grad`` also receives the generator's backward pass until its next
+``zero_grad()``, throws away one pass in two or three.
 """
 
 from __future__ import annotations
@@ -138,6 +145,8 @@ class GradLedger:
         self._owned_indices: tuple[frozenset[str] | None, list[int]] = (None, [])  # the last owner's, by index
         self._carry: tuple[list[str], Tensor | None] | None = None  # carried-over gradients awaiting the step
         self._open = False  # a backward pass reached the model since its optimizer last stepped
+        self._dropped = False  # ... and one of them threw away the gradient of an earlier one (see _account)
+        self._forwards_at = 0  # the model's forward passes counted when a backward pass last reached it
         self._reached: set[int] = set()  # tracked parameters a backward pass reached since their optimizer stepped
         # a fully observed step: a few gradients the last backward pass left (indices, tensors and their versions)
         self._left: tuple[list[int], list[Tensor], list[int]] | None = None
@@ -181,6 +190,7 @@ class GradLedger:
         self._owned_indices = (None, [])
         self._carry = None
         self._open = False
+        self._dropped = False
         self._reached = set()
         self._left = None
         self._thread = threading.get_ident()
@@ -396,6 +406,7 @@ class GradLedger:
             if not reached:
                 return
             self._reached.update(reached)
+            self._forwards_at = rec.coverage.forwards
             if rec.pending.data.full:
                 self._note_left(reached)
             self._account(loss, reached, carried, check, fresh)
@@ -433,8 +444,8 @@ class GradLedger:
         pending = rec.pending
         # the carried gradients a backward pass added to (carried ones are few, or none: no set of every reached one)
         on = set(carried).intersection(reached) if carried else set()
-        if fresh and self._open and rec.clock.mode is StepMode.OPTIMIZER and not rec.clock.in_closure:
-            rec.coverage.discarded_backwards += 1  # the gradient of an earlier backward pass was never applied
+        if rec.clock.mode is StepMode.OPTIMIZER and not rec.clock.in_closure:
+            self._count_discarded(fresh)
         if on:  # beside fresh gradients too: an optimizer whose zero_grad was left out, beside one that has it
             self._carry = ([self._names[i] for i in sorted(on)], check)
         elif fresh:
@@ -444,6 +455,19 @@ class GradLedger:
         if loss is not None and scale is not None:
             loss = loss / scale
         pending.capture(loss, restart=fresh or bool(on), keep_first=rec.clock.in_closure)
+
+    def _count_discarded(self, fresh: bool) -> None:
+        """A backward pass between optimizer steps: it threw away the gradient of an earlier one when it found the
+        gradients reset (``fresh``) after a backward pass since the optimizer last stepped (``_open``): that pass's
+        gradient was never applied (a step once per epoch after a ``zero_grad()`` every batch; a GAN's discriminator,
+        whose ``.grad`` also holds the generator's backward pass until its ``zero_grad()``). Counters only."""
+        coverage = self._rec.coverage
+        coverage.optimizer_backwards += 1
+        if fresh and self._open:
+            coverage.discarded_backwards += 1
+            if coverage.first_discarded < 0:
+                coverage.first_discarded = self._rec.pending.data.step
+            self._dropped = True
 
     def _check_loss(self, roots: list[Tensor], readings: _LossReadings) -> None:
         """One of the first backward passes that reached the model: an activation between its logits and a loss
@@ -558,8 +582,11 @@ class GradLedger:
     def _note_cleared(self, owned: frozenset[str]) -> None:
         """Whether the gradients this optimizer is about to apply are still there: a backward pass since its last
         step reached parameters it owns, and every one of them now has ``.grad`` None. Something reset them between
-        ``backward()`` and ``step()`` (``optimizer.zero_grad()`` called after the backward pass), and the step moves
-        nothing. Attribute reads only; the first gradient still present ends the look (a healthy step reads one)."""
+        ``backward()`` and ``step()``, and the step moves nothing. Which order made it is noted too: a forward pass
+        of the model since that backward pass means the step comes between a forward pass and its loss's backward
+        pass (``optimizer.step()`` before ``loss.backward()``, the reset at the top of the loop); none, that the reset
+        came between the backward pass and the step (``optimizer.zero_grad()`` after ``loss.backward()``). Attribute
+        reads only; the first gradient still present ends the look (a healthy step reads one)."""
         reached = self._reached
         if not reached:
             return
@@ -568,6 +595,8 @@ class GradLedger:
             return
         coverage = self._rec.coverage
         coverage.handed_steps += 1
+        # a forward pass of the model since that backward pass: this step comes before the new loss's backward pass
+        coverage.forward_before_step += coverage.forwards > self._forwards_at
         tensors = self._tensors
         if all(tensors[i].grad is None for i in waiting):
             coverage.cleared_steps += 1
@@ -675,8 +704,13 @@ class GradLedger:
         self._decayed = {}
 
     def after_step(self, owned: frozenset[str]) -> None:
-        """An owned optimizer stepped: note the gradients it applied, as it left them."""
-        self._open = False
+        """An owned optimizer stepped: note the gradients it applied, as it left them; and whether a backward pass
+        since the last step threw away an earlier one's gradient (counted once however many optimizers step)."""
+        if self._open:
+            coverage = self._rec.coverage
+            coverage.step_intervals += 1
+            coverage.discarding_intervals += self._dropped
+        self._open = self._dropped = False
         self._sample = None
         tensors, marks, reached = self._tensors, self._marks, self._reached
         for i in self._owned(owned):

@@ -4,8 +4,12 @@ learn, whatever its layers do; the zero gradients and the stillness that follow 
 
 Or the gradients reached the parameters and were gone when the optimizer stepped: after a backward pass reached
 parameters an optimizer owns, every one of them had ``.grad`` None at that optimizer's step, on most steps
-(``optimizer.zero_grad()`` between ``loss.backward()`` and ``optimizer.step()``; exact, see
-:mod:`neuraldbg.capture.ledger`)."""
+(exact, see :mod:`neuraldbg.capture.ledger`). Two loops do it, told apart by whether a forward pass of the model
+came between that backward pass and the step: ``optimizer.zero_grad()`` between ``loss.backward()`` and
+``optimizer.step()`` (none came), or ``optimizer.step()`` before ``loss.backward()`` with the reset at the top of the
+loop (zero_grad, forward, step, backward: the step follows the forward pass whose backward pass is still to come;
+under Adam every step moved nothing, held-out accuracy 0.30 against 0.77 in the right order). Each gets its own
+fix."""
 
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ class NoGradient(Kind):
         found = _cleared(coverage)
         if found is not None:
             first, cleared, handed, how = found
+            step_first = coverage.forward_before_step >= CLEARED_SHARE * coverage.handed_steps
             return run_event(
                 KIND,
                 max(first, 0),
@@ -42,6 +47,7 @@ class NoGradient(Kind):
                 cleared_steps=cleared,
                 handed_steps=handed,
                 zeroed=how,
+                step_first=float(step_first),
                 trainable_parameters=facts.trainable,
                 backward_passes=facts.backward_passes,
                 optimizer_steps=facts.optimizer_steps,
@@ -111,6 +117,8 @@ class NoGradient(Kind):
     def describe(self, event: SemanticEvent) -> str:
         m = event.metrics
         if "cleared_steps" in m:
+            if m.get("step_first"):
+                return f"optimizer.step() before loss.backward() on {count(m['cleared_steps'])} optimizer steps"
             return (
                 f"gradients reset before {count(m['cleared_steps'])} of {count(m.get('handed_steps', 0.0))} "
                 "optimizer steps"
@@ -138,17 +146,30 @@ def _cleared(coverage: Coverage) -> tuple[int, int, int, float] | None:
 
 
 def _explain_cleared(m: dict[str, float]) -> tuple[str, str]:
-    """The words of gradients reset between the backward pass and the optimizer step."""
+    """The words of gradients reset between the backward pass and the optimizer step, by the order that did it."""
     cleared, handed = int(m["cleared_steps"]), int(m.get("handed_steps", 0.0))
     steps = "every one" if cleared == handed else f"{count(cleared)}"
     observed = " observed in full" if m.get("zeroed") else ""
     reset = "zeroed in place" if m.get("zeroed") else "reset to None"
+    outcome = "The model cannot learn." if cleared == handed else "The model does not learn on those steps."
+    if m.get("step_first"):
+        what = (
+            f"No gradient reached the optimizer: optimizer.step() is called before loss.backward(). On {steps} of "
+            f"{count(handed)} optimizer steps{observed}, the step came after the forward pass but before that loss's "
+            f"backward pass, when the gradients the previous backward pass left had already been {reset} by "
+            "optimizer.zero_grad() (or model.zero_grad()) at the top of the loop, so those steps moved nothing; each "
+            f"backward pass's gradients are then reset before any step uses them. {outcome}"
+        )
+        fix = (
+            "call loss.backward() before optimizer.step(): optimizer.zero_grad(), the forward pass and the loss, "
+            "loss.backward(), then optimizer.step(), in that order."
+        )
+        return what, fix
     what = (
         f"No gradient reached the optimizer: loss.backward() left gradients on the parameters before {steps} of "
         f"{count(handed)} optimizer steps{observed}, but they had been {reset} when optimizer.step() ran, so those "
         "steps moved nothing: optimizer.zero_grad() (or model.zero_grad()) is called between loss.backward() and "
-        "optimizer.step(). "
-        + ("The model cannot learn." if cleared == handed else "The model does not learn on those steps.")
+        f"optimizer.step(). {outcome}"
     )
     fix = (
         "call optimizer.zero_grad() before the forward pass (or right after optimizer.step()), never between "
