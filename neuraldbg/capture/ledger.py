@@ -145,7 +145,7 @@ class GradLedger:
         self._owned_indices: tuple[frozenset[str] | None, list[int]] = (None, [])  # the last owner's, by index
         self._carry: tuple[list[str], Tensor | None] | None = None  # carried-over gradients awaiting the step
         self._open = False  # a backward pass reached the model since its optimizer last stepped
-        self._dropped = False  # ... and one of them threw away the gradient of an earlier one (see _account)
+        self._dropped = 0  # ... of which this many threw away the gradient of an earlier one (see _account)
         self._forwards_at = 0  # the model's forward passes counted when a backward pass last reached it
         self._reached: set[int] = set()  # tracked parameters a backward pass reached since their optimizer stepped
         # a fully observed step: a few gradients the last backward pass left (indices, tensors and their versions)
@@ -190,7 +190,7 @@ class GradLedger:
         self._owned_indices = (None, [])
         self._carry = None
         self._open = False
-        self._dropped = False
+        self._dropped = 0
         self._reached = set()
         self._left = None
         self._thread = threading.get_ident()
@@ -467,7 +467,7 @@ class GradLedger:
             coverage.discarded_backwards += 1
             if coverage.first_discarded < 0:
                 coverage.first_discarded = self._rec.pending.data.step
-            self._dropped = True
+            self._dropped += 1
 
     def _check_loss(self, roots: list[Tensor], readings: _LossReadings) -> None:
         """One of the first backward passes that reached the model: an activation between its logits and a loss
@@ -562,6 +562,8 @@ class GradLedger:
         the discriminator stepped, adds to gradients the discriminator's optimizer resets before it steps again."""
         self._note_decay(optimizer)
         self._note_cleared(owned)
+        if self._dropped:
+            self._note_composed(owned)
         carry = self._carry
         if carry is None:
             return
@@ -578,6 +580,22 @@ class GradLedger:
             self._rec.pending.put("carried", None, check)
         else:
             data.grad_carried = 1.0
+
+    def _note_composed(self, owned: frozenset[str]) -> None:
+        """Backward passes since the last step threw gradients away (see :meth:`_count_discarded`); unless the
+        gradient this step applies is not the one the last backward pass left but a tensor assigned to ``.grad``
+        since: the script put its passes' gradients together itself (a per-sample loop that clips each sample's
+        gradient into a buffer, resets, and hands the optimizer the buffer, as DP-SGD written by hand does), and
+        nothing was thrown away. Identity reads of one parameter's ``.grad``."""
+        marks, tensors = self._marks, self._tensors
+        for i in self._owned(owned):
+            g, mark = tensors[i].grad, marks[i]
+            if g is None or mark is None or mark.after_step:
+                continue
+            if mark.grad() is not g:  # assigned after the last backward pass
+                self._rec.coverage.discarded_backwards -= self._dropped
+                self._dropped = 0
+            return
 
     def _note_cleared(self, owned: frozenset[str]) -> None:
         """Whether the gradients this optimizer is about to apply are still there: a backward pass since its last
@@ -709,8 +727,8 @@ class GradLedger:
         if self._open:
             coverage = self._rec.coverage
             coverage.step_intervals += 1
-            coverage.discarding_intervals += self._dropped
-        self._open = self._dropped = False
+            coverage.discarding_intervals += self._dropped > 0
+        self._open, self._dropped = False, 0
         self._sample = None
         tensors, marks, reached = self._tensors, self._marks, self._reached
         for i in self._owned(owned):

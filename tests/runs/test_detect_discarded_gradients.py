@@ -202,3 +202,44 @@ def test_a_few_discarded_passes_a_minority_or_before_few_steps_are_not_a_finding
     event = kind.run_finding(coverage(90, 100, 10, 9), facts)
     assert event is not None and event.step_start == 1
     assert "90 of the 100 backward passes" in kind.explain(event, [], None, {})[0]  # type: ignore[arg-type]
+
+
+def _per_sample(watched: bool) -> tuple[float, object]:
+    """DP-SGD written by hand: each sample's own backward pass, its gradient clipped into a buffer, ``zero_grad()``
+    before the next sample; the noisy mean of the buffers assigned to ``.grad``, then one step per batch. Every
+    pass but the batch's last is reset unused, as in the bug, but the script put the passes' gradients together
+    itself. Held-out accuracy."""
+    torch.manual_seed(0)
+    x, y = _data(12 * 16, 1)
+    xv, yv = _data(4 * BATCH, 2)
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 4))
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=0.5)
+
+    def loop() -> None:
+        for _ in range(4):
+            for i in range(0, len(x), 16):
+                buffers = [torch.zeros_like(p) for p in params]
+                for j in range(i, i + 16):
+                    opt.zero_grad()
+                    F.cross_entropy(model(x[j : j + 1]), y[j : j + 1]).backward()
+                    norm = float(torch.sqrt(sum((p.grad**2).sum() for p in params)))
+                    for b, p in zip(buffers, params, strict=True):
+                        b += p.grad * min(1.0, 1.0 / norm)
+                for b, p in zip(buffers, params, strict=True):
+                    p.grad = (b + 0.01 * torch.randn_like(b)) / 16
+                opt.step()
+
+    dbg = support.watching(model, loop, watched)
+    with torch.no_grad():
+        return float((model(xv).argmax(1) == yv).float().mean()), dbg
+
+
+def test_per_sample_gradients_put_together_by_hand_are_not_discarded() -> None:
+    plain, _ = _per_sample(watched=False)
+    chance = float(torch.bincount(_data(4 * BATCH, 2)[1]).max()) / (4 * BATCH)
+    assert plain > chance + 0.2, (plain, chance)  # it learns: nothing was thrown away
+    accuracy, dbg = _per_sample(watched=True)
+    assert accuracy == plain  # the debugger changed nothing
+    assert KIND not in {h.kind.value for h in dbg.hypotheses()}, dbg.explain_failure()
+    assert dbg._recorder.coverage.discarded_backwards == 0
