@@ -14,6 +14,9 @@ quarter (at least 8).
   whose losses spread by ``noise``) stays below ``noise``; unless it fell by more than two standard errors and by
   ``FELL_BY`` of its start (a loss that spreads by more than its level from batch to batch can fall by a third and
   stay within one spread). In between it is unclear: too short or too noisy a run to tell, and nothing is said.
+  A flat curve is no loss that did not decrease when it had fallen before its first eighth ended: to a tenth of
+  its first losses (:func:`fell_from_first`), or from them to an end clearly below its chance level
+  (:func:`fell_below_chance`: a weak-signal task learned in a few dozen steps, then at its noise floor).
 * It is **climbing** when end - start is at least ``noise`` and two standard errors.
 * It **stopped** when its second half (its first third against its last third) fell, with the same confidence, by
   less than the second half's own noise (a loss that fell tenfold jumps about tenfold less from batch to batch at
@@ -244,6 +247,7 @@ def finding(coverage: Coverage, config: DebugConfig) -> tuple[str, Curve] | None
         and not coverage.warm_start
         and not met_trained(coverage, curve)
         and not fell_from_first(coverage, curve)
+        and not fell_below_chance(coverage, curve)
     ):
         return "loss_not_decreasing", curve
     return None
@@ -274,6 +278,40 @@ def fell_from_first(coverage: Coverage, curve: Curve) -> bool:
     0.013 over its first eighth and on to 1.8e-6, held-out accuracy 1.0: fuzzed configuration 226 of hunt 16)."""
     began = first_losses_mean(coverage)
     return began is not None and coverage.losses.positive and curve.end.mean <= FELL_SHARE * began
+
+
+def guess_level(curve: Curve) -> float | None:
+    """The loss of a model that learned nothing from its inputs, when the run knows it: a classifier's
+    :attr:`Curve.level` (log(classes), or the entropy of its labels' frequencies), else the level a binary
+    cross-entropy's or a mean squared error's targets give per column (:func:`target_chance`); None otherwise."""
+    if curve.level is not None:
+        return curve.level
+    return curve.target_level if curve.baseline else None
+
+
+def fell_below_chance(coverage: Coverage, curve: Curve) -> bool:
+    """A loss that fell from where it began to an end clearly below its chance level (:func:`guess_level`) learned
+    from its inputs, however flat it was after its first eighth: a task whose signal is weak is learned within a few
+    dozen steps, and its loss then sits at its noise floor, a little under its start, for the rest of a long run, so
+    the drop from the first eighth is "less than the spread" (a 3-class toy of overlapping Gaussians: 0.97 over its
+    first 8 losses, 0.62 over its first eighth, 0.60 at its end, log 3 = 1.10, held-out accuracy 0.74 against a
+    Bayes optimum of 0.75; a weak-signal tabular BCE: 0.67, 0.57, 0.54 against its labels' 0.68, AUC 0.754 against
+    0.760). It fell when its end lies below the mean of its first ``FIRST_LOSSES`` losses, or below the chance level
+    itself when its very first loss lay at chance or above (an untrained model's: the whole fall from chance happened
+    in this run), by one batch-to-batch spread and two standard errors; and clearly below chance when it lies under
+    the band around chance by one spread more. Labels the inputs do not predict leave the loss at chance, and so does
+    a dead network; a learning rate far too low leaves it where it began; memorising shuffled labels falls slowly,
+    long after the first eighth (:func:`memorised`)."""
+    level, began = guess_level(curve), first_losses_mean(coverage)
+    if level is None or began is None:
+        return False
+    if curve.first >= (1 - curve.band) * level:
+        began = max(began, level)
+    first = min(len(coverage.losses.first), FIRST_LOSSES)
+    end = curve.end
+    error = 2 * curve.noise * math.sqrt(1 / first + 1 / end.n)
+    fell = began - end.mean >= curve.noise + error
+    return fell and end.mean + curve.noise <= (1 - curve.band) * level
 
 
 def unjudged_moves(coverage: Coverage, config: DebugConfig) -> float | None:

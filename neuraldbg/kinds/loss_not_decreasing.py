@@ -3,8 +3,13 @@
 Judged against the loss's own noise, never against a fixed number (see :mod:`.loss_evidence`): the mean of its
 first eighth against the mean of its last quarter, on runs of ``loss_min_steps`` losses or more, with one
 objective (not a GAN's, a policy gradient's or layers trained apart) and the run watched from its optimizer's
-first step (a run attached later may have converged before). A classifier's loss at chance is
-:mod:`.loss_at_chance`'s; a fault that began first explains it.
+first step (a run attached later may have converged before). A loss that fell within its first eighth is not
+flat, though the eighth's mean already sits at its end: one that ended at a tenth of its first losses, or that fell
+from them (or from its chance level, when its first loss lay there) by a spread and two standard errors to an end a
+spread below the band around its chance level (log(classes), the labels' entropy, a BCE's or an MSE's targets'
+level). A weak-signal task learns in a few dozen steps and then sits at its noise floor (sweep K: a 3-class toy at
+0.60 against log 3 = 1.10, a tabular BCE at 0.54 against 0.68, both at their Bayes optimum). A classifier's loss at
+chance is :mod:`.loss_at_chance`'s; a fault that began first explains it.
 """
 
 from __future__ import annotations
