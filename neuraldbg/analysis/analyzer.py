@@ -127,6 +127,13 @@ class Analyzer:
             return
         if data.stepped:
             add("lr", "", step, max(data.stepped.values()))
+        for name, value in data.settings.items():  # eps, momentum (kinds/optimizer_settings.py)
+            add(name, "", step, value)
+        if data.settings.get("eps"):  # the gradients' root-mean-square per weight, which the eps is weighed against
+            squares = sum(g.norm * g.norm for g in view.layer_gradients.values())
+            weights = sum(g.numel for g in view.layer_gradients.values())
+            if weights and math.isfinite(squares):
+                add("grad_rms", "", step, math.sqrt(squares / weights))
         rms = input_rms(data, self.coverage.training.entry_scale)
         if math.isfinite(rms):
             add("input_rms", "", step, rms)

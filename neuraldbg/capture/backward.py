@@ -5,6 +5,7 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
@@ -209,6 +210,7 @@ class BackwardPath:
                         continue  # frozen since the debugger was made: the optimizer skips it (no gradient)
                     for name in names.get(id(t), ()):
                         data.stepped[name] = max(lr, data.stepped.get(name, 0.0))
+            _note_settings(optimizer, data.settings)
 
     def _fused_scaling(self, optimizer: Optimizer) -> float:
         """A GradScaler stepping an optimizer that unscales inside its own kernel (``fused=True``) calls its step
@@ -249,6 +251,34 @@ class BackwardPath:
             self._owned[id(optimizer)] = (weakref.ref(optimizer), size, owned)
         self._last = (optimizer, size, owned)
         return owned
+
+
+#: Optimizers whose ``eps`` is added to the root of their second moment (a third-party Adam holds ``betas`` too).
+_ADAPTIVE = (
+    torch.optim.Adam,
+    torch.optim.AdamW,
+    torch.optim.NAdam,
+    torch.optim.RAdam,
+    torch.optim.Adamax,
+    torch.optim.Adagrad,
+    torch.optim.RMSprop,
+)
+
+
+def _note_settings(optimizer: Optimizer, settings: dict[str, float]) -> None:
+    """The settings besides the learning rate that size the steps (host reads of ``param_groups``, on fully observed
+    steps only), into ``settings``: the largest ``eps`` of an adaptive optimizer's groups holding parameters, and the
+    largest ``momentum`` of the groups that do not dampen it (SGD's default). Several optimizers in one step: the
+    largest. See :mod:`neuraldbg.kinds.optimizer_settings`."""
+    adaptive = isinstance(optimizer, _ADAPTIVE)
+    for group in optimizer.param_groups:
+        if not group["params"]:
+            continue
+        eps, momentum = group.get("eps"), group.get("momentum")
+        if (adaptive or "betas" in group) and isinstance(eps, (int, float)):
+            settings["eps"] = max(float(eps), settings.get("eps", 0.0))
+        if isinstance(momentum, (int, float)) and momentum > 0 and not group.get("dampening"):
+            settings["momentum"] = max(float(momentum), settings.get("momentum", 0.0))
 
 
 def _trained_before(optimizer: Optimizer) -> bool:

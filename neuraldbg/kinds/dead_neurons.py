@@ -51,7 +51,7 @@ from ..reasoning.rules import CausalRule
 from ..reasoning.topology import Topology
 from ..stats.step import SlotKey
 from ..text import count, num, pct
-from . import loss_evidence
+from . import loss_evidence, optimizer_settings
 from .base import Check, Kind, RootLane, Series, held, near
 
 KIND = FailureKind.DEAD_NEURONS
@@ -286,12 +286,18 @@ class DeadNeurons(Kind):
                 "far from unit scale or the loss gives them nothing to learn. A LeakyReLU or GELU cannot die."
             )
         elif root.step_start > topo.first_step:
-            lr = near(series, "lr", "", root.step_start)
-            now = f" (now {num(lr)})" if lr is not None else ""
-            fix = (
-                f"lower the learning rate{now} or clip gradients: the units died at step {root.step_start}, when a "
-                f"large update pushed the pre-activations of {target} below zero; a LeakyReLU or GELU cannot die."
+            died = (
+                f"the units died at step {root.step_start}, when a large update pushed the pre-activations of "
+                f"{target} below zero; a LeakyReLU or GELU cannot die."
             )
+            heavy = optimizer_settings.momentum_explains(series, root.step_start)
+            if heavy is not None:  # the momentum, not the learning rate alone, made the steps that large
+                what += heavy[0]
+                fix = f"{heavy[1]} {died[0].upper()}{died[1:]}"
+            else:
+                lr = near(series, "lr", "", root.step_start)
+                now = f" (now {num(lr)})" if lr is not None else ""
+                fix = f"lower the learning rate{now} or clip gradients: {died}"
         else:
             fix = (
                 f"the pre-activations of {target} are negative for every input from the start - check its "

@@ -44,6 +44,13 @@ the fix is that threshold, not the learning rate (sweep D: a CNN under SGD 0.05 
 gradients shrunk ~7,000x, updates of 1.5e-6 of the weights a step, held-out accuracy 0.25 against 0.98 clipped at
 1.0, was told to raise the learning rate 660x).
 
+An adaptive optimizer's eps far above the gradients' root-mean-square stalls the steps by itself (Adam's step is then
+about lr * g / eps, SGD's at lr / eps): the fix names the eps, not the learning rate (:mod:`.optimizer_settings`; sweep
+M: Adam(lr=1e-3, eps=1.0) on a small transformer, gradients' rms 0.002-0.004, held-out accuracy 0.22-0.26 against 1.00
+at eps=1e-8, was told to raise the learning rate 110x). Its updates may sit at the edge of ``stalled_ratio`` (1e-5 to
+2.5e-5 of the weights a step from step 0 there), which dates the steps' stall by its last stretch below it (steps
+112-119); the run too small to train that joins it then says how little the whole run moved.
+
 **A run too small to train** (:meth:`StalledUpdates.run_finding`): each step may move the weights by more than
 ``stalled_ratio`` and the run still stall, when its steps add up to almost nothing. Judged over the whole run from its
 loss curve (:mod:`.loss_evidence`, the runs it is judged on) and the model's update/weight ratios ||dW||/||W||: the
@@ -74,7 +81,7 @@ from ..health import UpdateHealth
 from ..reasoning.rules import ONSET_TOLERANCE, CausalRule
 from ..reasoning.topology import Topology
 from ..text import num
-from . import loss_evidence
+from . import loss_evidence, optimizer_settings
 from .base import Check, Kind, RootLane, Series, held, run_event
 
 KIND = FailureKind.STALLED_UPDATES
@@ -427,7 +434,7 @@ class StalledUpdates(Kind):
         median = root.metrics.get("median_update_ratio", 0.0)
         lr = root.metrics.get("lr")
         if "run_updates" in root.metrics:
-            return _explain_run(root.metrics)
+            return _explain_run(root.metrics, optimizer_settings.eps_explains(series, root.step_start, root.step_end))
         if _held_still(root):
             return _explain_clipped([root, *rest], topo)
         if median == 0.0:
@@ -450,11 +457,16 @@ class StalledUpdates(Kind):
         what = (
             f"Stalled updates{lr_text}: the median update/weight ratio ||dW||/||W|| over the layers is {num(median)} "
             f"per step {held(root, topo)}{clipped}; the weights barely move, so the loss cannot improve."
+            + _whole_run(root, rest)
         )
         if clip is not None:
             # the gradients reach the optimizer at the clipping's threshold, which sets the steps' size: the fault
             # is the threshold, not the learning rate that was tuned for unclipped gradients
             return what, f"raise the clipping's threshold: {_CLIP_FIX}"
+        eps = optimizer_settings.eps_explains(series, root.step_start, root.step_end)
+        if eps is not None:
+            # the eps, not the learning rate, shrank the steps: a larger learning rate would leave Adam an SGD
+            return what + eps[0], eps[1]
         factor = 1e-3 / median
         fix = (
             f"raise the learning rate (about {num(factor)}x higher reaches the usual ~1e-3 update ratio), and check "
@@ -480,6 +492,20 @@ class StalledUpdates(Kind):
         return "stalled updates"
 
 
+def _whole_run(root: SemanticEvent, rest: list[SemanticEvent]) -> str:
+    """The run too small to train that the steps' stall joined (:class:`_OneStall`), when it spans more than twice
+    the stall's steps: a stall whose steps sit at the edge of ``stalled_ratio`` is dated by its last stretch below it
+    (sweep M: Adam with eps=1.0 at 1e-5 to 2.5e-5 of the weights a step from step 0, stalled by the rule at steps
+    112-119 only), while the run's updates added up to almost nothing from its first step."""
+    run = next((e for e in rest if _run_stall(e)), None)
+    if run is None or run.step_end - run.step_start < 2 * (root.step_end - root.step_start + 1):
+        return ""
+    return (
+        f" Over the whole run, steps {run.step_start} to {run.step_end}, the updates added up to "
+        f"{num(run.metrics.get('run_updates', 0.0))} of the weights' norm."
+    )
+
+
 def _explain_clipped(events: list[SemanticEvent], topo: Topology) -> tuple[str, str]:
     """The words of layers that clipping holds still (see :meth:`StalledDetector._clipped_still`)."""
     clipped = [e for e in events if _held_still(e)]
@@ -502,8 +528,9 @@ def _explain_clipped(events: list[SemanticEvent], topo: Topology) -> tuple[str, 
     return what, fix
 
 
-def _explain_run(m: dict[str, float]) -> tuple[str, str]:
-    """The words of a run too small to train (see :meth:`StalledUpdates.run_finding`)."""
+def _explain_run(m: dict[str, float], eps: tuple[str, str] | None = None) -> tuple[str, str]:
+    """The words of a run too small to train (see :meth:`StalledUpdates.run_finding`); ``eps``, the words of an
+    adaptive optimizer's eps that explains its small steps (:func:`.optimizer_settings.eps_explains`)."""
     total, steps = m.get("run_updates", 0.0), int(m.get("steps", 0.0))
     median = m.get("median_update_ratio")
     per_step = f" (a median update/weight ratio ||dW||/||W|| of {num(median)} per step)" if median is not None else ""
@@ -545,6 +572,9 @@ def _explain_run(m: dict[str, float]) -> tuple[str, str]:
     clip = m.get("clip")
     if clip is not None and clip >= loss_evidence.TINY_CLIP:
         fix = f"raise the clipping's threshold (it made the gradients {num(clip)} times smaller): {_CLIP_FIX}"
+    elif eps is not None and total > 0:  # the eps, not the learning rate, shrank the steps
+        what += eps[0]
+        fix = eps[1]
     elif total == 0:
         fix = (
             "check that optimizer.step() is given gradients (nothing may reset them between loss.backward() and "

@@ -54,6 +54,9 @@ class StepData:
     update_before: dict[str, float] = field(default_factory=dict)  # parameter -> ||W|| before the step
     update_parts: dict[str, list[float]] = field(default_factory=dict, repr=False)  # readings being assembled
     stepped: dict[str, float] = field(default_factory=dict)  # parameter -> lr of the group that stepped it
+    # fully observed steps: the owned optimizers' settings besides the learning rate that size the steps
+    # (capture/backward.py): "eps", an adaptive optimizer's largest; "momentum", the largest undampened one
+    settings: dict[str, float] = field(default_factory=dict)
     lr_changed: bool = False
     # the parameters of the owned optimizers' groups that decay their weights (weight_decay > 0), when other groups
     # do not (biases and normalisation gains left out of the decay, as the Trainer does); None: all or none decay
