@@ -28,6 +28,15 @@ from the first step is rooted at the first layer amplifying its input, else at t
 up (an activation module is blamed on the layer feeding it); one that begins mid-run at the first exploding layer
 in forward order (the dynamics: the learning rate). Config: ``exploding_norm``, ``exploding_hold``,
 ``anomalous_rms``, ``amplifying_gain``.
+
+Explained: an explosion rooted at its gradients and present on the first step was measured before the optimizer's
+first update, so no learning rate caused it: the initial forward pass did. Where no single layer amplifies, the
+growth can sit in the model's own forward code between layers (a residual MLP whose 8 blocks add their skip twice:
+layer outputs from rms 0.17 at 'blocks.0.fc2' to 49 at 'blocks.7.fc1', a first loss 1.9e+3 times the targets' mean
+square, held-out R^2 -1.07 against 0.986 with one skip): the explanation names that growth along the forward order
+(:data:`FORWARD_GROWTH`) and the first loss against the targets' scale, and the fix is the forward pass's scale
+(skip connections, normalisation, initialisation) before clipping. Regression targets or inputs far from unit
+scale keep their own fixes; an explosion that begins mid-run keeps the learning rate's.
 """
 
 from __future__ import annotations
@@ -379,6 +388,9 @@ class ExplodingGradients(Kind):
                     f"{num(raw)}): a layer's weight gradients grow with its input, and a lower learning rate would "
                     "only slow the fit; then, if gradients still explode, " + fix
                 )
+            elif root.step_start <= topo.first_step:  # before any update: the forward pass's scale, not the rate
+                found, fix = _at_initialisation(root, topo, series)
+                what += found
             clipped = root.metrics.get("clipped_grad_norm")
             if clipped is not None:
                 what += (
@@ -460,6 +472,80 @@ def lower_lr(lr: float | None) -> str:
         f"lower the learning rate{now}, e.g. 10x smaller; clip gradients with "
         "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0); add normalisation layers; check that inputs and "
         "targets are normalised."
+    )
+
+
+#: Layer outputs whose rms grows this many times along the forward order on the first step (from the quietest
+#: parametric layer to the loudest after it, before the exploding one) show the forward pass growing at
+#: initialisation. A residual MLP whose 8 blocks add their skip twice: 294x ('blocks.0.fc2' 0.17, 'blocks.7.fc1'
+#: 48.9); the same net with one skip per block, healthy: 2.7x (plain torch, its first batch).
+FORWARD_GROWTH = 10.0
+#: A first loss this many times the targets' mean square (what predicting 0 costs a mean squared error) comes from
+#: outputs far out of the targets' scale: the residual MLP above, 8.0e+3 against 4.2 (1.9e+3x); its twin 1.1x.
+LOSS_OFF_SCALE = 10.0
+
+
+def _at_initialisation(root: SemanticEvent, topo: Topology, series: Series | None) -> tuple[str, str]:
+    """What the first step says about an explosion present on it, and its fix. Its gradients were taken before the
+    optimizer's first update, so no learning rate made them: the initial forward pass did. Where the layers'
+    outputs grow along the forward order (functional code between them, such as a skip added twice, amplifies
+    where no single layer does), that growth is named, with the first loss against the targets' scale."""
+    start = topo.first_step
+    before = [
+        (layer, rms)
+        for layer in topo.order[: topo.position(root.layer)]
+        if (rms := near(series, "output_rms", layer, start)) is not None and math.isfinite(rms) and rms > 0
+    ]
+    what = (
+        f" It is there on the first step (step {start}), before any update: no learning rate caused it, the "
+        "initial forward pass did."
+    )
+    where = ""
+    span = _growth(before)
+    if span is not None:
+        (quiet, low), (loud, high) = span
+        head = near(series, "output_rms", root.layer, start)
+        what += (
+            f" The layers' outputs grow {num(high / low)}x along the forward order at initialisation, from rms "
+            f"{num(low)} at '{quiet}' to {num(high)} at '{loud}'"
+            + (f", and {topo.describe(root.layer)} outputs rms {num(head)}" if head is not None else "")
+            + f": '{root.layer}' receives an input far out of scale."
+        )
+        where = f" between '{quiet}' and '{loud}'"
+    what += _first_loss(series, start)
+    fix = (
+        f"fix the scale of the forward pass at initialisation{where}: check the residual (skip) connections (a skip "
+        "added twice, branches summed without a scale factor), missing normalisation layers, and the "
+        "initialisation scale of the layers (Kaiming for ReLU, Xavier for tanh); a lower learning rate would not "
+        "help, as the gradients are this large before any update. Then, as a guard, clip gradients with "
+        "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)."
+    )
+    return what, fix
+
+
+def _growth(outputs: list[tuple[str, float]]) -> tuple[tuple[str, float], tuple[str, float]] | None:
+    """The (quietest, loudest) layer outputs, in forward order, the quietest before the loudest, when the loudest's
+    rms is :data:`FORWARD_GROWTH` times the quietest's or more; else None."""
+    if not outputs:
+        return None
+    loud = max(range(len(outputs)), key=lambda i: outputs[i][1])
+    quiet = min(outputs[: loud + 1], key=lambda p: p[1])
+    return (quiet, outputs[loud]) if outputs[loud][1] >= FORWARD_GROWTH * quiet[1] else None
+
+
+def _first_loss(series: Series | None, start: int) -> str:
+    """The first loss against a regression's targets' mean square when it is :data:`LOSS_OFF_SCALE` times that or
+    more (the targets' rms is known for mean squared and Huber losses only); else nothing."""
+    loss = near(series, "loss", "", start)
+    points = series("target_rms", "") if series is not None else []
+    if loss is None or not points or not math.isfinite(points[-1][1]) or points[-1][1] <= 0:
+        return ""
+    square = points[-1][1] ** 2
+    if not loss >= LOSS_OFF_SCALE * square:
+        return ""
+    return (
+        f" The first loss, {num(loss)}, is {num(loss / square)}x the targets' mean square ({num(square)}, the loss "
+        "of predicting 0): the outputs are far out of the targets' scale before any update."
     )
 
 
