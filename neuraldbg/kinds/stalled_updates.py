@@ -23,8 +23,16 @@ not a stall: SGD with momentum under a CosineAnnealingLR that ends near 0 moves 
 steps, under label smoothing (whose loss has a floor, the entropy of the smoothed target, far from 0) the fit never
 reads as converged, and a OneCycleLR ends at a 25e4th of its peak on a hard task whose loss fell only a sixth. A
 learning rate too low from the start (it is the largest the run stepped with), and a schedule that decays before
-the run trained (sized for epochs, stepped every batch), are still stalls. Root: after vanishing gradients, which
-stall updates by themselves under SGD. Config: ``stalled_ratio``, ``fit_gradient_drop``, ``fit_loss_drop``.
+the run trained (sized for epochs, stepped every batch), are still stalls. So is a schedule that decays early after
+a partial fit: a tail is the end of a run, and one whose learning rate reached its floor (``FLOOR`` of its peak)
+before :data:`EARLY_SPAN` of the run's steps and held the weights still from there to the end cut the fit short,
+whatever the loss had done before (:func:`_decayed_early`; sweep L: ReduceLROnPlateau stepped on every noisy batch
+took Adam from 3e-3 to a hundredth of that by step 221 of 600 and to 1e-8 at the end, after the loss had fallen to
+half of its start, and the regression stopped at R^2 0.49 against 0.99 stepped per epoch). A cosine reaches that
+floor after 94 % of its steps, OneCycleLR and a linear decay later still, a step decay cut tenfold at 50 % and 75 %
+at 75 %, and a fit that converged before its learning rate fell is the fit, not a stall. Root: after vanishing
+gradients, which stall updates by themselves under SGD. Config: ``stalled_ratio``, ``fit_gradient_drop``,
+``fit_loss_drop``.
 
 A stall of a run's first steps that ended on its own while a warm-up still raised the learning rate, or within the
 optimizer's own start-up (:func:`_warming_start`), is the schedule's design, not a fault, and is dropped once the
@@ -98,6 +106,12 @@ RUN_SHARE = loss_evidence.PINNED_MOVED
 STILL_FALLING = 0.3
 #: A learning rate at most this share of the largest the run stepped with was brought down by a schedule.
 DECAYED = 0.1
+#: A learning rate at most this share of the largest it stepped with is at a schedule's floor: a cosine's last
+#: steps, or a schedule that decayed early (:func:`_decayed_early`); a step decay cut tenfold twice stops there.
+FLOOR = 1e-2
+#: A schedule that reached its floor before this share of the run's steps, and stalled the updates from there to the
+#: end, decayed early: a cosine reaches it after 94 % of its steps, a step decay cut tenfold at 50 % and 75 % at 75 %.
+EARLY_SPAN = 0.5
 #: The loss fell when its last observed losses average at most this share of its first ones (over :data:`LOSSES`).
 LOSS_FELL = 0.75
 #: Observed losses averaged at the start and at the end.
@@ -175,6 +189,7 @@ class StalledDetector(Detector):
         self._last_losses: deque[float] = deque(maxlen=LOSSES)  # the last ones
         self._moved = 0.0  # the median update ratios of the observed steps, added up over the steps they stand for
         self._last_update_step: int | None = None
+        self._floor_from: int | None = None  # the first step of the median layer's learning rate at its floor
 
     def _loss(self, view: StepView) -> None:
         loss = view.data.loss
@@ -183,22 +198,24 @@ class StalledDetector(Detector):
                 self._first_losses.append(loss)
             self._last_losses.append(loss)
 
-    def _schedule_tail(self, census: UpdateCensus, limit: float, trained: float) -> bool:
-        """The updates are small because a schedule brought the learning rate down, after the run trained: the
-        learning rate is at most ``DECAYED`` of the largest the run stepped with, at which these updates would not
-        be stalled (an update scales with the learning rate), and the loss fell to ``LOSS_FELL`` of where it began
-        or the updates so far added up to ``trained``, more than a run too small to train (the tail of a schedule
-        that ends near 0, not a learning rate too low to train: that one never moves the weights that far).
-
-        The learning rate is the median layer's, against its own largest so far: a backbone whose schedule decayed
-        to 0 beside a head stepped at a fixed rate in a group of its own (SimSiam's predictor) is on a schedule's
-        tail; a group too low from its first step beside it is not. The run's largest, for a median layer whose
-        learning rate was not seen."""
-        median, lr, peak = census.median, census.lr, self._peak_lr
+    def _median_lr(self, census: UpdateCensus) -> tuple[float | None, float]:
+        """The median layer's learning rate and the largest it stepped with so far. The median layer's, against its
+        own largest: a backbone whose schedule decayed to 0 beside a head stepped at a fixed rate in a group of its
+        own (SimSiam's predictor) is on a schedule's tail; a group too low from its first step beside it is not. The
+        run's, for a median layer whose learning rate was not seen."""
         known = [layer for layer in census.median_layers if layer in census.layer_lrs]
-        if known:
-            lr = max(census.layer_lrs[layer] for layer in known)
-            peak = max(self._layer_peaks[layer] for layer in known)
+        if not known:
+            return census.lr, self._peak_lr
+        return max(census.layer_lrs[layer] for layer in known), max(self._layer_peaks[layer] for layer in known)
+
+    def _schedule_tail(self, median: float, lr: float | None, peak: float, limit: float, trained: float) -> bool:
+        """The updates (``median``) are small because a schedule brought the learning rate down, after the run
+        trained: the learning rate ``lr`` is at most ``DECAYED`` of ``peak``, the largest the run stepped with, at
+        which these updates would not be stalled (an update scales with the learning rate), and the loss fell to
+        ``LOSS_FELL`` of where it began or the updates so far added up to ``trained``, more than a run too small to
+        train (the tail of a schedule that ends near 0, not a learning rate too low to train: that one never moves
+        the weights that far). Whether that tail is the run's end, or a schedule that decayed early and cut the fit
+        short, only the rest of the run says (:func:`_decayed_early`)."""
         if lr is None or not self._decayed(lr, peak) or median * peak / lr < limit:
             return False
         if self._moved >= trained:
@@ -207,6 +224,13 @@ class StalledDetector(Detector):
             return False
         first = sum(self._first_losses) / len(self._first_losses)
         return first > 0 and sum(self._last_losses) / len(self._last_losses) <= LOSS_FELL * first
+
+    def _floor(self, step: int, lr: float | None, peak: float) -> None:
+        """Date the learning rate's fall to its floor, ``FLOOR`` of its largest or lower (None: above it)."""
+        if lr is None or not 0 < lr <= FLOOR * peak:
+            self._floor_from = None
+        elif self._floor_from is None:
+            self._floor_from = step
 
     def _add_moved(self, step: int, median: float) -> None:
         """Add this observed step's median update ratio for the steps since the last observed one (full steps grow
@@ -254,10 +278,17 @@ class StalledDetector(Detector):
                 self._first_median = census.median
             # met mid-training: small from the first observed update on is the regime it was in, not a stall
             regime = self._resumed and census.median > 0.1 * self._first_median
-            tail = self._schedule_tail(census, limit, RUN_SHARE * view.ctx.config.loss_trained)
+            median_lr, peak = self._median_lr(census)
+            self._floor(view.step, median_lr, peak)
+            trained = RUN_SHARE * view.ctx.config.loss_trained
+            tail = self._schedule_tail(census.median, median_lr, peak, limit, trained)
             self._add_moved(view.step, census.median)
-            if census.median < limit and not converged and not regime and not tail:
+            if census.median < limit and not converged and not regime:
                 metrics = census.ratio_metrics()
+                if tail:  # the run's end, unless the schedule reached its floor early (StalledUpdates.undone)
+                    metrics["peak_lr"] = peak
+                    if self._floor_from is not None:
+                        metrics["floor_from"] = float(self._floor_from)
                 clip = view.data.grad_clip_factor
                 if clip is not None and clip >= loss_evidence.TINY_CLIP:
                     metrics["clip"] = clip  # the clipping shrank the steps, not the learning rate
@@ -355,6 +386,19 @@ def _warming_start(event: SemanticEvent, coverage: Coverage, config: DebugConfig
     return peak.step < rows[-1].step and event.steps <= span and ratio * peak.lr / lr >= config.stalled_ratio
 
 
+def _decayed_early(event: SemanticEvent, coverage: Coverage) -> bool:
+    """A stall on a schedule's tail (``peak_lr``: the learning rate it came down from) that is no tail: the learning
+    rate reached its floor, :data:`FLOOR` of its peak or lower (``floor_from``), before :data:`EARLY_SPAN` of the
+    run's steps, and the weights stood still from there to the run's end. A schedule's tail is the end of a run;
+    one that decays that far that early cut the fit short, whatever the loss had done before (sweep L:
+    ReduceLROnPlateau stepped on every noisy batch halved the learning rate every ~20 steps, 3e-3 to 1e-8, at its
+    floor from step ~215 of 600; the loss had fallen to half of its start, and the regression stopped at R^2 0.49
+    against 0.99 for its twin stepped per epoch)."""
+    floor = event.metrics.get("floor_from")
+    steps = max(coverage.last_step + 1, 1)
+    return floor is not None and floor < EARLY_SPAN * steps and bool(event.metrics.get("ongoing"))
+
+
 def _run_stall(event: SemanticEvent) -> bool:
     """A run too small to train (see :meth:`StalledUpdates.run_finding`)."""
     return event.kind is KIND and "run_updates" in event.metrics
@@ -418,6 +462,8 @@ class StalledUpdates(Kind):
             return False
         if event.metrics.get("lr") == 0.0:
             return False
+        if "peak_lr" in event.metrics and not _decayed_early(event, coverage):
+            return True  # the tail of a schedule at the run's end
         config = facts.config
         return loss_evidence.passed_before_the_fit(event, coverage, config) or _warming_start(event, coverage, config)
 
@@ -459,6 +505,8 @@ class StalledUpdates(Kind):
             f"per step {held(root, topo)}{clipped}; the weights barely move, so the loss cannot improve."
             + _whole_run(root, rest)
         )
+        if "floor_from" in root.metrics:
+            return what + _early_floor(root.metrics), _EARLY_FIX
         if clip is not None:
             # the gradients reach the optimizer at the clipping's threshold, which sets the steps' size: the fault
             # is the threshold, not the learning rate that was tuned for unclipped gradients
@@ -490,6 +538,23 @@ class StalledUpdates(Kind):
 
     def effect(self, event: SemanticEvent) -> str:
         return "stalled updates"
+
+
+#: How to keep a schedule from decaying early (:func:`_decayed_early`).
+_EARLY_FIX = (
+    "check the learning-rate scheduler: step ReduceLROnPlateau once per epoch with the validation loss (not on "
+    "every batch's loss), and step a schedule sized in epochs once per epoch (or size it in batches); its floor "
+    "should come near the run's end."
+)
+
+
+def _early_floor(m: dict[str, float]) -> str:
+    """The words of a schedule that decayed early (see :func:`_decayed_early`)."""
+    return (
+        f" A schedule brought the learning rate down from {num(m.get('peak_lr', math.nan))} to its floor, a "
+        f"hundredth of that or lower, by step {int(m.get('floor_from', 0.0))}, and the run went on at that floor: "
+        "the schedule decayed too early and cut the fit short."
+    )
 
 
 def _whole_run(root: SemanticEvent, rest: list[SemanticEvent]) -> str:
