@@ -34,6 +34,10 @@ SHARE = 0.75
 #: ... and at least this share of the stretches of backward passes closed by an optimizer step held one (a
 #: validation that calls backward() once an epoch: one stretch in an epoch's).
 STEP_SHARE = 0.5
+#: ... and at least this many such stretches: an optimizer that never stepped (every step skipped by a GradScaler
+#: whose scale never fits, a step forgotten) applied no gradient at all, which its own findings say; a step that
+#: runs less often than the passes is what this kind is about.
+MIN_STEPS = 2
 
 
 class DiscardedGradients(Kind):
@@ -45,7 +49,7 @@ class DiscardedGradients(Kind):
         discarded, passes = coverage.discarded_backwards, coverage.optimizer_backwards
         if discarded < MIN_PASSES or discarded < SHARE * passes:
             return None
-        if coverage.discarding_intervals < STEP_SHARE * coverage.step_intervals:
+        if coverage.step_intervals < MIN_STEPS or coverage.discarding_intervals < STEP_SHARE * coverage.step_intervals:
             return None
         return run_event(
             KIND,

@@ -197,7 +197,9 @@ def test_a_few_discarded_passes_a_minority_or_before_few_steps_are_not_a_finding
             first_discarded=1,
         )
 
-    for case in ((5, 5, 2, 2), (50, 100, 50, 50), (90, 100, 30, 2)):  # too few; a half (a GAN); one stretch
+    # too few; a half (a GAN); one stretch; an optimizer that never stepped (a GradScaler skipping every step:
+    # loss_scale_collapse's) or stepped once
+    for case in ((5, 5, 2, 2), (50, 100, 50, 50), (90, 100, 30, 2), (23, 23, 0, 0), (23, 24, 1, 1)):
         assert kind.run_finding(coverage(*case), facts) is None, case
     event = kind.run_finding(coverage(90, 100, 10, 9), facts)
     assert event is not None and event.step_start == 1
