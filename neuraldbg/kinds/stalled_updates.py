@@ -543,8 +543,9 @@ class StalledUpdates(Kind):
 #: How to keep a schedule from decaying early (:func:`_decayed_early`).
 _EARLY_FIX = (
     "check the learning-rate scheduler: step ReduceLROnPlateau once per epoch with the validation loss (not on "
-    "every batch's loss), and step a schedule sized in epochs once per epoch (or size it in batches); its floor "
-    "should come near the run's end."
+    "every batch's loss), with mode='min' for a loss (mode='max' is for a metric that should rise, such as "
+    "accuracy), and step a schedule sized in epochs once per epoch (or size it in batches); its floor should come "
+    "near the run's end."
 )
 
 

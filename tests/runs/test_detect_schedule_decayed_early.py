@@ -128,7 +128,9 @@ def test_reduce_on_plateau_stepped_every_batch_decayed_early_is_a_stall() -> Non
     watched = train(per_batch, "batch", watched=True)
     assert watched.losses == plain.losses  # the debugger changes nothing
     assert watched.dbg is not None and stalled(watched)
-    assert "decayed too early" in " ".join(watched.dbg.explain_failure())
+    text = " ".join(watched.dbg.explain_failure())
+    assert "decayed too early" in text
+    assert "once per epoch with the validation loss" in text and "mode='min' for a loss" in text  # its two slips
 
 
 def cosine(eta_min: float) -> Schedule:
