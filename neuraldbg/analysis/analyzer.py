@@ -19,6 +19,7 @@ from ..config import DebugConfig
 from ..detectors.base import Context, Detector, Observation, StepView
 from ..errors import NeuralDbgWarning
 from ..events import SemanticEvent
+from ..kinds import optimizer_settings
 from ..kinds.base import Kind
 from ..model.info import LayerInfo, owner_of_params
 from ..stats.history import History, Series
@@ -129,21 +130,21 @@ class Analyzer:
             add("lr", "", step, max(data.stepped.values()))
         for name, value in data.settings.items():  # eps, momentum (kinds/optimizer_settings.py)
             add(name, "", step, value)
-        if data.settings.get("eps"):  # the gradients' root-mean-square per weight, which the eps is weighed against
-            squares = sum(g.norm * g.norm for g in view.layer_gradients.values())
-            weights = sum(g.numel for g in view.layer_gradients.values())
-            if weights and math.isfinite(squares):
-                add("grad_rms", "", step, math.sqrt(squares / weights))
         rms = input_rms(data, self.coverage.training.entry_scale)
         if math.isfinite(rms):
             add("input_rms", "", step, rms)
-        top = 0.0
+        top = squares = weights = 0.0
         for layer, g in view.layer_gradients.items():
             add("grad_norm", layer, step, g.norm)
             if math.isfinite(g.norm) and g.norm > top:
                 top = g.norm
+            squares += g.norm * g.norm
+            weights += g.numel
         if view.layer_gradients:
             self._largest.add(step, top)  # the largest layer's, at the same steps (vanishing_gradients)
+        if data.settings.get(optimizer_settings.EPS) and weights and math.isfinite(squares):
+            # the gradients' root-mean-square per weight, which an adaptive optimizer's eps is weighed against
+            add(optimizer_settings.GRAD_RMS, "", step, math.sqrt(squares / weights))
         for layer, u in view.layer_updates.items():
             if math.isfinite(u.ratio):
                 add("update_ratio", layer, step, u.ratio)

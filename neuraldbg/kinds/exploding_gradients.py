@@ -536,11 +536,10 @@ def _growth(outputs: list[tuple[str, float]]) -> tuple[tuple[str, float], tuple[
 def _first_loss(series: Series | None, start: int) -> str:
     """The first loss against a regression's targets' mean square when it is :data:`LOSS_OFF_SCALE` times that or
     more (the targets' rms is known for mean squared and Huber losses only); else nothing."""
-    loss = near(series, "loss", "", start)
-    points = series("target_rms", "") if series is not None else []
-    if loss is None or not points or not math.isfinite(points[-1][1]) or points[-1][1] <= 0:
+    loss, rms = near(series, "loss", "", start), near(series, "target_rms", "", start)
+    if loss is None or rms is None or not math.isfinite(rms) or rms <= 0:
         return ""
-    square = points[-1][1] ** 2
+    square = rms**2
     if not loss >= LOSS_OFF_SCALE * square:
         return ""
     return (

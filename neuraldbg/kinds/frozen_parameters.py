@@ -270,7 +270,7 @@ class FrozenParameters(Kind):
         if event.kind is not KIND:
             return False
         if m.get("left_behind") == 1.0:  # left behind for the rest of the run, or an optimizer's long turn
-            return _moved_after(event, facts)
+            return _first_move_after(event, facts) is not None
         if _trained_after(event, coverage, facts):
             return True
         if m.get("in_optimizer") != 1.0 or m.get("lr", 1.0) != 0.0:
@@ -383,10 +383,11 @@ def _left_behind(
     return what, fix
 
 
-def _moved_after(event: SemanticEvent, facts: RunFacts) -> bool:
-    """Whether measured updates moved ``event``'s layer after the event ended: its optimizer stepped it again."""
+def _first_move_after(event: SemanticEvent, facts: RunFacts) -> int | None:
+    """The first step after ``event`` ended at which measured updates moved its layer (its update ratio, zero while
+    the parameter was held still, reads the move): an optimizer stepped it again. None when none did."""
     series = facts.history.get("update_ratio", event.layer) if facts.history is not None else None
-    return any(step > event.step_end and ratio > 0 for step, ratio in series or ())
+    return next((step for step, ratio in series or () if step > event.step_end and ratio > 0), None)
 
 
 def _trained_after(event: SemanticEvent, coverage: Coverage, facts: RunFacts) -> bool:
@@ -395,6 +396,5 @@ def _trained_after(event: SemanticEvent, coverage: Coverage, facts: RunFacts) ->
     measurement: zero while the parameter was held still, it reads the move that ended the phase. What followed the
     move is the detector's to judge: held still again, the parameter opens a frozen phase of its own; left alone
     while another optimizer steps, it is idle, not frozen."""
-    series = facts.history.get("update_ratio", event.layer) if facts.history is not None else None
-    first = next((step for step, ratio in series or () if step > event.step_end and ratio > 0), None)
+    first = _first_move_after(event, facts)
     return first is not None and coverage.last_full_step - first > first - event.step_start

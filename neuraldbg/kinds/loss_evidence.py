@@ -265,6 +265,11 @@ FIRST_LOSSES = 8
 FELL_SHARE = 0.1
 
 
+def two_errors(noise: float, n: int, m: int) -> float:
+    """Two standard errors of the difference between the means of ``n`` and ``m`` losses that spread by ``noise``."""
+    return 2 * noise * math.sqrt(1 / n + 1 / m)
+
+
 def first_losses_mean(coverage: Coverage) -> float | None:
     """The mean of the run's first ``FIRST_LOSSES`` finite losses: where its loss began; None before any."""
     first = [value for _, value in coverage.losses.first[:FIRST_LOSSES]]
@@ -309,7 +314,7 @@ def fell_below_chance(coverage: Coverage, curve: Curve) -> bool:
         began = max(began, level)
     first = min(len(coverage.losses.first), FIRST_LOSSES)
     end = curve.end
-    error = 2 * curve.noise * math.sqrt(1 / first + 1 / end.n)
+    error = two_errors(curve.noise, first, end.n)
     fell = began - end.mean >= curve.noise + error
     return fell and end.mean + curve.noise <= (1 - curve.band) * level
 
@@ -599,7 +604,7 @@ def read(coverage: Coverage, config: DebugConfig) -> Curve | None:
         return None
     noise = trace.noise()
     drop = start.mean - end.mean
-    error = 2 * noise * math.sqrt(1 / start.n + 1 / end.n)  # two standard errors of the drop
+    error = two_errors(noise, start.n, end.n)  # two standard errors of the drop
     unit = max(noise, LEAST_MOVE * abs(start.mean))  # a loss that barely moves from batch to batch: a share of it
     if drop >= unit:
         verdict = "fell"
@@ -615,7 +620,7 @@ def read(coverage: Coverage, config: DebugConfig) -> Curve | None:
     if first_third is not None and last_third is not None:
         second = (first_third.mean, last_third.mean)
         local = trace.local_noise(0.5, log=by_factors)  # the second half's own spread, not the whole run's
-        spread = 2 * local * math.sqrt(1 / first_third.n + 1 / last_third.n)
+        spread = two_errors(local, first_third.n, last_third.n)
         if by_factors:
             a, b = _window(trace, 1 / 6, 0.5, log=True), _window(trace, -1 / 6, log=True)
             drop = a.mean - b.mean if a is not None and b is not None else math.nan
