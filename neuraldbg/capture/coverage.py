@@ -310,6 +310,9 @@ class Coverage:
     cuts: dict[tuple[str, str], int] = field(default_factory=dict)
     cut_step: int = -1
     layer_order: tuple[str, ...] = ()
+    # parallel copies of a block (capture/branches.py): each copy's root -> its family, as the fully observed passes
+    # that looked found them (experts of a densely computed mixture given the same tensor)
+    parallel: dict[str, str] = field(default_factory=dict)
     graded: set[str] = field(default_factory=set)  # parameters that held a gradient on a fully observed step
     graded_steps: int = 0  # fully observed steps on which some parameter held one
     optimized: set[str] = field(default_factory=set)  # ... that an optimizer stepped with a learning rate above 0

@@ -15,7 +15,7 @@ from ..model import causal_lm, naming
 from ..model.info import LayerInfo, Role
 from ..stats import tensors as stats
 from ..stats.step import SlotKey
-from . import hooks, loss_graph, measure
+from . import branches, hooks, loss_graph, measure
 from .affine import affine_layers, composed_pairs
 from .clock import StepMode
 from .compiled import CompiledSlots
@@ -39,6 +39,10 @@ LAYOUT_CHECKS = 8
 CUT_CHECKS = 8
 #: Tensors of a layer's arguments and of its output looked at for a cut, at most.
 _LOOKED_AT = 8
+#: Fully observed forward passes in which the layers given one tensor are compared for parallel copies of a block
+#: (see capture/branches.py): a model routes the same way on every pass, and looking costs a few microseconds per
+#: layer call.
+BRANCH_CHECKS = 8
 #: Fully observed forward passes in which the scale of the data entering the layers with parameters is read (see
 #: _note_entry): the model's input may be rescaled in its forward (``x / 255``, a Normalize with registered buffers)
 #: before any layer learns from it, and a program does so the same way on every pass.
@@ -113,6 +117,10 @@ class ForwardPath:
         # values lie: a cut through functional ops, unless the value is the model's own argument (checked at its end)
         self._unlinked: list[tuple[str, int]] = []
         self._cut_checks = CUT_CHECKS  # fully observed forward passes still to look at for one
+        self._branch_checks = BRANCH_CHECKS  # ... and to compare the layers given one tensor in (see _note_fed)
+        # this pass's layers with weights, by where the values of the tensor they were given lie: (that tensor, held
+        # until the pass ends so its memory is no other's meanwhile; the layers with their class names)
+        self._fed: dict[int, tuple[Tensor, list[tuple[str, str]]]] = {}
         self._entry_checks = ENTRY_CHECKS  # fully observed forward passes still to read the entering data's scale in
         self._affine_checks = AFFINE_CHECKS  # ... and to walk for a model that is one affine map
         self._range_checks = RANGE_CHECKS  # ... and to compare data with a bounded source's range in
@@ -249,6 +257,8 @@ class ForwardPath:
             else:
                 if self._cut_checks:
                     self._note_cut(name, args, output)
+                if self._branch_checks:
+                    self._note_fed(name, module, args)
                 if self._entry_checks and self._entries < _ENTRIES:
                     self._note_entry(name, module, args, kwargs)
                 if self._range_checks:
@@ -327,6 +337,27 @@ class ForwardPath:
             where = _where(t) if t.requires_grad else None
             if where is not None:
                 self._produced.setdefault(where, (name, t))
+
+    def _note_fed(self, name: str, module: nn.Module, args: tuple[Any, ...]) -> None:
+        """A fully observed forward pass: the tensor a layer with weights was given first, by where its values lie
+        (parallel copies of a block are given the same one; see capture/branches.py). Metadata only."""
+        info = self._infos.get(name)
+        x = stats.first_tensor(args)
+        where = _where(x) if info is not None and info.numel and x is not None else None
+        if where is None or x is None:
+            return
+        entry = self._fed.get(where)
+        if entry is None or entry[0].shape != x.shape:
+            self._fed[where] = (x, [(name, type(module).__name__)])
+        else:
+            entry[1].append((name, type(module).__name__))
+
+    def _note_branches(self) -> None:
+        """The model's forward returned: the parallel copies among the layers given one tensor (see _note_fed)."""
+        fed, self._fed = self._fed, {}
+        for _, layers in fed.values():
+            if len(layers) >= 2:
+                self._rec.coverage.parallel.update(branches.copies(layers))
 
     def _note_entry(self, name: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A fully observed forward pass: the scale at which the data enters the layers that learn from it, the
@@ -621,6 +652,9 @@ class ForwardPath:
             if self._cut_checks:
                 self._cut_checks -= 1
                 self._unlinked_cuts(args, kwargs)
+            if self._branch_checks:
+                self._branch_checks -= 1
+                self._note_branches()
             if self._affine_checks and t.requires_grad:
                 self._affine_checks -= 1
                 layers = affine_layers(t.grad_fn)
@@ -718,6 +752,7 @@ class ForwardPath:
         self._deferred.clear()
         self._versions.clear()
         self._produced.clear()
+        self._fed.clear()
         self._unlinked = []
         self.others = []
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from ..capture import branches
 from ..capture.coverage import Coverage, RunFacts
 from ..events import EventType, FailureKind, SemanticEvent
 from ..reasoning.topology import Topology
@@ -74,6 +75,7 @@ def collapsed(coverage: Coverage) -> list[tuple[str, float, float, int]]:
     found: list[tuple[str, float, float, int]] = []
     if _blown_up_start(scales):
         return found
+    ends: dict[str, float] = {}  # each judged layer's final scale
     for layer in scales.order[:-1]:
         points = scales.series[layer].points()
         start = scales.start[layer]
@@ -85,11 +87,21 @@ def collapsed(coverage: Coverage) -> list[tuple[str, float, float, int]]:
             tail = [v for _, v in points[-LAST_READINGS:]]
         if not (math.isfinite(start) and start > 0):
             continue
-        final = statistics.median(tail)
+        ends[layer] = final = statistics.median(tail)
         if final <= COLLAPSE * start:
             onset = next(s for s, v in points if v <= COLLAPSE * start)
             found.append((layer, start, final, onset))
-    return found
+    return [f for f in found if not _routed_around(f[0], scales, ends, coverage.parallel)]
+
+
+def _routed_around(layer: str, scales: OutputScales, ends: dict[str, float], parallel: dict[str, str]) -> bool:
+    """Whether ``layer`` is in a parallel copy of a block (capture/branches.py) while at least half of its
+    counterparts in the other copies, and one at least, kept their scale: the model stopped using this copy (a
+    router that no longer chooses an expert, whose weights weight decay then shrinks), which the faults that
+    collapse an output (a penalty, weight decay far too strong, steps too large) would not spare the others of."""
+    judged = [other for other in branches.siblings(layer, parallel) if other in ends]
+    kept = sum(ends[other] > COLLAPSE * scales.start[other] for other in judged)
+    return kept >= 1 and 2 * kept >= len(judged)
 
 
 class CollapsedOutput(Kind):

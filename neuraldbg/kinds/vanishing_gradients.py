@@ -111,6 +111,7 @@ from collections.abc import Collection
 from dataclasses import replace
 from itertools import accumulate
 
+from ..capture import branches
 from ..capture.coverage import Coverage, RunFacts
 from ..config import DebugConfig
 from ..detectors.base import Detector, Finding, FitProgress, LayerGradient, Observation, StepView, strength
@@ -383,6 +384,28 @@ def _grew_out(event: SemanticEvent, facts: RunFacts) -> bool:
     return grew
 
 
+def _routed_around(event: SemanticEvent, coverage: Coverage, facts: RunFacts) -> bool:
+    """Whether the layer of ``event`` is in a parallel copy of a block (capture/branches.py: an expert of a mixture
+    computed densely, given the same tensor as the others) while at least half of its counterparts in the other
+    copies, and one at least, read clearly healthy gradients (:func:`_clearly_healthy`) at most of the fully
+    observed steps of the event: the loss reaches the block through them, and this copy is one the model stopped
+    using (a router that no longer chooses it gives it an exactly-zero gradient); its gradient did not vanish on
+    its way back. A copy whose counterparts are as small (a fault of the block, or of what feeds it) is kept."""
+    others = branches.siblings(event.layer, coverage.parallel)
+    history, largest = facts.history, facts.largest_gradient
+    if not others or history is None or largest is None:
+        return False
+    tops = dict(largest.points())
+    healthy = 0
+    for other in others:
+        series = history.get("grad_norm", other)
+        points = series.points() if series is not None else []
+        within = [(s, n) for s, n in points if event.step_start <= s <= event.step_end and s in tops]
+        good = sum(_clearly_healthy(n, tops[s], facts.config) for s, n in within)
+        healthy += bool(within) and 2 * good >= len(within)
+    return healthy >= 1 and 2 * healthy >= len(others)
+
+
 def _first_reading_small(event: SemanticEvent, facts: RunFacts) -> bool:
     """Whether the layer of ``event`` read a small gradient at its first fully observed step, though the event
     itself began later: a start small by construction that a brief healthy reading interrupted before it went on
@@ -430,6 +453,8 @@ class VanishingGradients(Kind):
         if event.kind is not KIND:
             return False
         if loss_evidence.passed_before_the_fit(event, coverage, facts.config):
+            return True
+        if _routed_around(event, coverage, facts):
             return True
         m = event.metrics
         if m.get("exact_zero") != 1.0:
