@@ -305,6 +305,7 @@ class Coverage:
     # judged, passes whose sequence axis held the samples, the first such step, the samples, the batch axis's length,
     # batch_first]
     batch_attention: dict[str, list[int]] = field(default_factory=dict)
+    recurrent: set[str] = field(default_factory=set)  # ... those layers that are recurrent (any nn.RNNBase)
     # a graph cut between two watched layers: (the layer whose output was detached, the layer given it) -> the fully
     # observed forward passes that showed it; the forward order of the layers when it was first seen
     cuts: dict[tuple[str, str], int] = field(default_factory=dict)

@@ -438,6 +438,7 @@ class ForwardPath:
         batch: neither is kept."""
         x = kwargs.get("input", args[0] if args else None)
         if isinstance(x, Tensor) and x.dim() == 3:
+            self._rec.coverage.recurrent.add(name)  # the finding's words tell a recurrence from an attention
             self._note_layout(name, x, bool(module.batch_first))
 
     def _note_layout(self, name: str, x: Tensor, batch_first: bool) -> None:

@@ -31,7 +31,8 @@ read the wrong way round is reported, worded for what it is: its sequence read a
 (the LSTM above trained one sample a step: 0.27 held-out accuracy against 1.0, its output blind to every token but
 the last). Reported when the layout read so on at least half of the passes judged. A batch as long as the sequence
 cannot be told apart: both axes then hold as many as the samples. The text names the layer's class from the
-model's topology (the coverage keeps layer names only).
+model's topology, and tells a recurrent layer (any ``nn.RNNBase``, whatever its class is called) from an attention
+by what the capture saw (metric ``recurrent``: how many of the layers named, listed first, are recurrent).
 """
 
 from __future__ import annotations
@@ -66,11 +67,13 @@ class AttentionAcrossBatch(Kind):
         if not layers:
             return None
         judged, found, step, samples, length, batch_first = reading
+        recurrent = [name for name in layers if name in coverage.recurrent]
         return run_event(
             KIND,
             step,
             max(step, coverage.last_step),
-            ", ".join(layers),
+            ", ".join(recurrent + [name for name in layers if name not in coverage.recurrent]),
+            recurrent=float(len(recurrent)),
             judged=float(judged),
             found=float(found),
             samples=float(samples),
@@ -95,8 +98,8 @@ class AttentionAcrossBatch(Kind):
         samples, length = m.get("samples", 0.0), count(m.get("length", 0.0))
         scored = "the one sample the loss scores" if samples == 1 else f"the {count(samples)} samples the loss scores"
         layers = root.detail.split(", ") if root.detail else []
-        types = [topo.types.get(name, "") for name in layers]
-        recurrent = any(_recurrent(t) for t in types)
+        types = _kinds(layers, topo, m.get("recurrent"))
+        recurrent = any(r for _, r in types)
         one = len(layers) == 1
         if m.get("batch_first"):
             read = (
@@ -140,39 +143,48 @@ class AttentionAcrossBatch(Kind):
         return "samples mixed with their batch-mates"
 
 
-def _recurrent(type_name: str) -> bool:
-    """Whether a layer whose layout was judged is a recurrent one (torch's ``nn.RNN``, ``nn.LSTM``, ``nn.GRU`` or a
-    subclass named after one) rather than an ``nn.MultiheadAttention``: the only two kinds whose layouts are kept."""
-    return type_name.endswith(("RNN", "LSTM", "GRU"))
+#: A layer of a judged layout, as the text names it: its class name and whether it is recurrent (an
+#: ``nn.RNNBase``) rather than an ``nn.MultiheadAttention``, the only two kinds whose layouts are kept.
+Layer = tuple[str, bool]
 
 
-def _heading(types: list[str], samples: float) -> str:
+def _kinds(layers: list[str], topo: Topology, recurrent: float | None) -> list[Layer]:
+    """Each named layer's class and whether it is recurrent: the first ``recurrent`` of them are (the finding lists
+    them first); for an event without that count (a trace saved before it was kept), a class named after torch's
+    (``RNN``, ``LSTM``, ``GRU``, or a subclass whose name ends so)."""
+    types = [topo.types.get(name, "") for name in layers]
+    if recurrent is None:
+        return [(t, t.endswith(("RNN", "LSTM", "GRU"))) for t in types]
+    return [(t, i < recurrent) for i, t in enumerate(types)]
+
+
+def _heading(types: list[Layer], samples: float) -> str:
     if samples == 1:
         return "Sequence read as a batch"
-    if all(_recurrent(t) for t in types):
+    if all(r for _, r in types):
         return "Recurrence across the batch"
-    if not any(_recurrent(t) for t in types):
+    if not any(r for _, r in types):
         return "Attention across the batch"
     return "Batch read as the sequence"
 
 
-def _called(types: list[str]) -> str:
+def _called(types: list[Layer]) -> str:
     """What the text calls the layers: ``the LSTM``, ``the attention``, or ``the layers``."""
     kinds = set(types)
-    if len(kinds) == 1 and _recurrent(types[0]):
-        return f"the {types[0]}"
-    return "the attention" if not any(_recurrent(t) for t in kinds) else "the layers"
+    if len(kinds) == 1 and types[0][1]:
+        return f"the {types[0][0]}"
+    return "the attention" if not any(r for _, r in kinds) else "the layers"
 
 
-def _built(types: list[str]) -> str:
+def _built(types: list[Layer]) -> str:
     """How each of the layers' classes is built with batch_first=True, torch's own with their ``nn.`` prefix."""
-    built = [f"nn.{t}" if t in ("RNN", "LSTM", "GRU") else t for t in dict.fromkeys(types) if _recurrent(t)]
-    if not all(_recurrent(t) for t in types):
+    built = [f"nn.{t}" if t in ("RNN", "LSTM", "GRU") else t for t, r in dict.fromkeys(types) if r]
+    if not all(r for _, r in types):
         built += ["nn.TransformerEncoderLayer", "nn.MultiheadAttention"]
     return ", ".join(f"{b}(..., batch_first=True)" for b in built)
 
 
-def _mixing(types: list[str], samples: float) -> str:
+def _mixing(types: list[Layer], samples: float) -> str:
     """What the layers do to the samples, read so."""
     if samples == 1:  # a batch of one read as a sequence of one step: nothing is mixed, nothing runs along it
         return (
@@ -180,12 +192,12 @@ def _mixing(types: list[str], samples: float) -> str:
             "along the sequence, and each position is processed on its own."
         )
     said = []
-    if not all(_recurrent(t) for t in types):
+    if not all(r for _, r in types):
         said.append(
             "Each position attends over the same position of its batch-mates, never along its own sequence: every "
             "sample's output mixes the other samples' and misses its own context."
         )
-    if any(_recurrent(t) for t in types):
+    if any(r for _, r in types):
         said.append(
             "The recurrence steps from one sample to the next down the batch, never along a sample's own sequence: "
             "every sample's output carries its batch-mates' and misses its own context."

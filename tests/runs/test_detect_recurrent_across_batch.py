@@ -130,6 +130,30 @@ def test_an_lstm_at_batch_first_false_fed_batch_first_is_found_before_the_loss_a
     assert judged(silent) == (8, 0)  # judged: one label per sample, its batch axis holds them
 
 
+class Encoder(nn.LSTM):
+    """A user's subclass of ``nn.LSTM`` named for its role, not for torch's class."""
+
+
+def test_a_recurrent_subclass_named_otherwise_is_worded_as_a_recurrence():
+    """The words come from what the capture saw (an ``nn.RNNBase``), not from the class's name: the fault of the
+    first test through a subclass called ``Encoder`` is a recurrence across the batch, not an attention."""
+    torch.manual_seed(0)
+    model = Classifier(batch_first=False, cell=Encoder)
+    train(model, watched=False)
+    assert accuracy(model) < 0.45 and mates_matter(model) > 1e-3  # plain torch: the fault, as with nn.LSTM
+
+    torch.manual_seed(0)
+    dbg = train(Classifier(batch_first=False, cell=Encoder), watched=True)
+    assert dbg is not None
+    hits = found(dbg)
+    assert hits, dbg.explain_failure()
+    text = hits[0].explanation
+    assert hits[0].root.metrics["recurrent"] == 1.0
+    assert "Recurrence across the batch" in text and "Encoder(..., batch_first=True)" in text, text
+    assert "out[-1]" in text
+    assert "attention" not in text.lower() and "attends" not in text
+
+
 def test_a_gru_at_batch_first_true_fed_sequence_first_is_found():
     torch.manual_seed(0)
     model = SequenceFirst(batch_first=True, cell=nn.GRU)
