@@ -64,6 +64,7 @@ class FailureKind(str, metaclass=_Names):
     OVERSIZED_UPDATES: ClassVar[FailureKind]
     GRADIENTS_NOT_ZEROED: ClassVar[FailureKind]
     DISCARDED_GRADIENTS: ClassVar[FailureKind]
+    OPTIMIZER_RESET: ClassVar[FailureKind]
     LOSS_NOT_DECREASING: ClassVar[FailureKind]
     UNSTABLE_LOSS: ClassVar[FailureKind]
     LOSS_AT_CHANCE: ClassVar[FailureKind]
@@ -154,6 +155,7 @@ for _name in (
     "oversized_updates",
     "gradients_not_zeroed",
     "discarded_gradients",
+    "optimizer_reset",
     "loss_not_decreasing",
     "unstable_loss",
     "loss_at_chance",

@@ -42,6 +42,7 @@ KINDS = frozenset(
         "loss_scale_collapse",
         "gradients_not_zeroed",
         "discarded_gradients",
+        "optimizer_reset",
         "loss_not_decreasing",
         "unstable_loss",
         "loss_at_chance",

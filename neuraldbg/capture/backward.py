@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,7 @@ class BackwardPath:
         self._last: tuple[Optimizer | None, int, frozenset[str]] = (None, -1, frozenset())
         self._lr_seen: dict[int, list[Any]] = {}  # optimizer id -> its groups' learning rates at the last step
         self._met: set[int] = set()  # optimizers whose first observed step was looked at (see _resumed)
+        self._fresh: weakref.ref[Optimizer] | None = None  # the optimizer stepping now, had it no state before
         self._names: dict[int, list[str]] | None = None  # see tensor_names
 
     @property
@@ -143,6 +145,7 @@ class BackwardPath:
                 return
             if rec.scaler.scaler is None and rec.scaler.discover():
                 rec.adopt_scaler()
+            self._fresh = None if optimizer.state else weakref.ref(optimizer)
             if id(optimizer) not in self._lr_seen and rec.clock.optimizer_steps == 0 and optimizer.state:
                 rec.pending.data.warm_start = True  # it stepped before the debugger was attached
             self._fwd.close()
@@ -182,8 +185,31 @@ class BackwardPath:
                 rec.ledger.before_step(optimizer, owned)
                 self._gradients_final(optimizer)
             rec.ledger.after_step(owned)
+            fresh, self._fresh = self._fresh, None
+            if fresh is not None and fresh() is optimizer:
+                self._note_reset(optimizer)
         except Exception as exc:
             rec.fail("the optimizer step hook", exc)
+
+    def _note_reset(self, optimizer: Optimizer) -> None:
+        """An optimizer with no state before its step: count the step when the state it leaves holds something
+        carried from step to step (a momentum buffer, moment estimates: tensors with elements, not a step count).
+        An optimizer that keeps none (SGD without momentum) starts over harmlessly."""
+        state = next(iter(optimizer.state.values()), None)
+        if not isinstance(state, dict):
+            return
+        kept = sorted(str(k) for k, v in state.items() if isinstance(v, Tensor) and v.dim() > 0)
+        if not kept:
+            return
+        coverage, clock = self._rec.coverage, self._rec.clock
+        coverage.reset_steps += 1
+        if coverage.first_reset < 0 and clock.optimizer_steps > 1:  # the run's first step starts from nothing
+            coverage.first_reset = clock.step
+        groups = optimizer.param_groups
+        momentum = groups[0].get("momentum") if groups else None
+        coverage.reset_optimizer = type(optimizer).__name__
+        coverage.reset_state = tuple(kept)
+        coverage.reset_momentum = float(momentum) if isinstance(momentum, (int, float)) else math.nan
 
     def _learning_rates(self, optimizer: Optimizer) -> None:
         rec = self._rec

@@ -183,6 +183,15 @@ class Coverage:
     optimizer_backwards: int = 0
     discarded_backwards: int = 0
     first_discarded: int = -1
+    # owned optimizer steps taken by an optimizer with no state before them that kept per-parameter state after them
+    # (a momentum buffer, moment estimates): one made anew, or cleared, for that step (kinds/optimizer_reset.py); the
+    # first such step after the run's first one, and what the last one kept: its class, its state's entries, the
+    # momentum of its first group (NaN: none)
+    reset_steps: int = 0
+    first_reset: int = -1
+    reset_optimizer: str = ""
+    reset_state: tuple[str, ...] = ()
+    reset_momentum: float = math.nan
     # owned optimizer steps that closed a stretch of backward passes reaching the model (several optimizers stepping
     # together close one), and those whose stretch threw a gradient away
     step_intervals: int = 0
