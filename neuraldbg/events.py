@@ -65,6 +65,7 @@ class FailureKind(str, metaclass=_Names):
     GRADIENTS_NOT_ZEROED: ClassVar[FailureKind]
     DISCARDED_GRADIENTS: ClassVar[FailureKind]
     OPTIMIZER_RESET: ClassVar[FailureKind]
+    MISSING_CAUSAL_MASK: ClassVar[FailureKind]
     LOSS_NOT_DECREASING: ClassVar[FailureKind]
     UNSTABLE_LOSS: ClassVar[FailureKind]
     LOSS_AT_CHANCE: ClassVar[FailureKind]
@@ -166,6 +167,7 @@ for _name in (
     "labels_shifted_twice",
     "labels_on_padding",
     "inverted_padding_mask",
+    "missing_causal_mask",
     "oversized_logits",
     "unmasked_padding",
     "missing_log_softmax",

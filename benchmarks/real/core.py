@@ -54,6 +54,7 @@ KINDS = frozenset(
         "labels_shifted_twice",
         "labels_on_padding",
         "inverted_padding_mask",
+        "missing_causal_mask",
         "oversized_logits",
         "unmasked_padding",
         "missing_log_softmax",

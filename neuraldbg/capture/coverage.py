@@ -245,6 +245,9 @@ class Coverage:
     # share of such labels over the first forward passes (None: not a causal LM given input_ids and labels)
     labels_ahead: float | None = None
     labels_ahead_step: int = 0
+    # a model whose attention ran with no mask over its tokens: each reading of how much its loss is a next-token
+    # objective over its own input, (step, share) (kinds/missing_causal_mask.py)
+    next_token: list[tuple[int, float]] = field(default_factory=list)
     # ... the largest share of the labels it scores that sit where its attention mask hides the input (padding), and
     # the step of the first reading (None: no attention mask given with them)
     scored_padding: float | None = None
@@ -407,6 +410,8 @@ class Coverage:
             self.clamped_outside = max(record.clamped_outside, self.clamped_outside or 0.0)
         if record.samples:
             self.repeats.observe(record.step, record.samples, record.sample_losses, record.sample_hits)
+        if record.next_token is not None:
+            self.next_token.append((record.step, record.next_token))
         if record.labels_ahead is not None and (self.labels_ahead is None or record.labels_ahead > self.labels_ahead):
             self.labels_ahead, self.labels_ahead_step = record.labels_ahead, record.step
         for source, inverted in record.inverted_masks.items():

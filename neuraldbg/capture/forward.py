@@ -31,6 +31,10 @@ LABEL_CHECKS = 4
 #: Fully observed forward passes whose padding masks are read against the model's token input (see _check_masks): a
 #: program builds its masks the same way on every pass.
 MASK_CHECKS = 4
+#: Fully observed forward passes whose attention ran with no mask over the model's tokens in which those tokens are
+#: kept for the loss to read as its targets' source (see _count_unmasked): a next-token objective over an attention
+#: that sees every position.
+CAUSAL_CHECKS = 8
 #: Fully observed forward passes whose attention and recurrent calls' layouts are kept for the loss to judge (see
 #: _keep_layouts): a program lays out its sequences the same way on every pass.
 LAYOUT_CHECKS = 8
@@ -135,6 +139,10 @@ class ForwardPath:
         # ... and the key-padding masks given to attention calls of this pass, by layer (see _check_masks)
         self._key_masks: list[tuple[str, Tensor]] = []
         self._mask_checks = MASK_CHECKS  # fully observed passes still to read the padding masks in
+        self._causal_checks = CAUSAL_CHECKS  # ... and to keep the tokens of one whose attention had no mask in
+        #: the model's one token input in a fully observed pass whose attention ran with no mask over it (see
+        #: _count_unmasked): the backward call's listener reads the loss's targets against it, then lets it go
+        self.unmasked_tokens: Tensor | None = None
         # the attention calls of this pass given a batched query, and its recurrent calls given a batched input:
         # (layer, the lengths of the axes it reads as its sequence and as its batch, batch_first); those whose axes
         # are the model input's first two are kept in ``layouts`` when its call ends, for the loss to judge (see
@@ -447,19 +455,26 @@ class ForwardPath:
         first, second = int(x.shape[0]), int(x.shape[1])
         self._layouts.append((name, second, first, True) if batch_first else (name, first, second, False))
 
-    def _count_unmasked(self, tokens: Tensor | None) -> None:
+    def _count_unmasked(self, tokens: Tensor | None, alone: bool) -> None:
         """The model's call ended: count its unmasked attention calls whose keys are its token positions, their
         batch and sequence lengths those of the token input (batch first or not). Keys of other lengths (image
         patches, a Perceiver's latents) hold no padding whatever the tokens hold, and a token mask would not fit
-        them."""
+        them. When there was one and the tokens were the model's only token input (``alone``: not a source and a
+        target sequence, whose encoder sees all of the source by design), the tokens are kept for the loss to read
+        (``unmasked_tokens``)."""
         unmasked, self._unmasked = self._unmasked, []
         if tokens is None:
             return
         shape = sorted(tokens.shape)
         counts = self._rec.coverage.unmasked_attention
+        counted = False
         for name, lengths in unmasked:
             if sorted(lengths) == shape:
                 counts[name] = counts.get(name, 0) + 1
+                counted = True
+        if counted and alone and self._causal_checks and tokens.dim() == 2:
+            self._causal_checks -= 1
+            self.unmasked_tokens = tokens
 
     def _keep_layouts(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The model's call ended: keep, for the loss to judge, the layouts of its attention and recurrent calls whose
@@ -676,7 +691,7 @@ class ForwardPath:
             masked = isinstance(mask, Tensor) or bool(self._key_masks)
             tokens = stats.token_argument(args, kwargs) if padding is not None or self._unmasked or masked else None
             if self._unmasked:
-                self._count_unmasked(tokens)
+                self._count_unmasked(tokens, _token_inputs(args, kwargs) == 1)
             if self._layouts:
                 self._keep_layouts(args, kwargs)
             if masked:
@@ -754,6 +769,7 @@ class ForwardPath:
         self._versions.clear()
         self._produced.clear()
         self._fed.clear()
+        self.unmasked_tokens = None
         self._unlinked = []
         self.others = []
 
@@ -818,6 +834,16 @@ def _weighted(module: nn.Module) -> bool:
     if isinstance(module, _WEIGHTED):
         return True
     return any(p.dim() >= 2 for p in module.parameters(recurse=False))
+
+
+def _token_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """How many of a model call's arguments are token ids: integer tensors of two or more axes (a mask, boolean or
+    floating, is not one; nor are the labels of one sample each)."""
+    found = 0
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, Tensor) and value.dim() >= 2 and not value.is_floating_point():
+            found += value.dtype is not torch.bool
+    return found
 
 
 def _where(t: Tensor) -> int | None:

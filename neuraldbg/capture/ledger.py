@@ -242,12 +242,20 @@ class GradLedger:
             layouts = rec.forward.layouts
             if layouts:
                 rec.forward.layouts = []
-            wanted = self._loss_checks or self._looked or counted or mixing or recheck or layouts
+            # ... and the tokens of a fully observed pass whose attention had no mask over them, read against the
+            # loss's targets (a next-token objective over an attention that sees every position)
+            tokens = rec.forward.unmasked_tokens
+            rec.forward.unmasked_tokens = None
+            wanted = self._loss_checks or self._looked or counted or mixing or recheck or layouts or tokens is not None
             roots = hooks.backward_roots() if wanted else []
             if layouts and roots:
                 targets = loss_graph.sample_targets(roots)
                 if targets is not None:
                     rec.coverage.note_layouts(targets, layouts, data.step)
+            if tokens is not None and roots:
+                share = loss_graph.next_token_share(roots, tokens)
+                if share is not None:
+                    rec.pending.put("next_token", None, share)
             if not roots and not mixing:  # nothing to read in the graph (every cheap step): no reading below
                 self._held = []
                 return partial(self._after, loss, states, carried, check, manual, roots, _NO_READINGS)

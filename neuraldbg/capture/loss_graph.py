@@ -894,6 +894,43 @@ def sample_targets(losses: list[Tensor]) -> tuple[int, ...] | None:
     return None
 
 
+def next_token_share(losses: list[Tensor], tokens: Tensor) -> Tensor | None:
+    """How much an ``nll_loss`` met from ``losses`` (the roots of one backward call, before it runs) is a next-token
+    objective over ``tokens``, the model's ``(batch, length)`` or ``(length, batch)`` token input: of the scored
+    positions whose next input token differs from their own, the fraction whose target is that next token, as a 0-d
+    float tensor (read later); the larger of the two layouts that fit. Its targets, one per position, number the
+    input's positions (the last one's target lies past the input) or one fewer (the model's output for the last
+    position dropped). None when no ``nll_loss`` is met or its targets number neither; the layout is read, nothing
+    else."""
+    if tokens.dim() != 2 or min(tokens.shape) < 1 or max(tokens.shape) < 3:
+        return None
+    for node, _ in _walk(losses):
+        if type(node).__name__ not in _NLL:
+            continue
+        target = getattr(node, "_saved_target", None)
+        if not isinstance(target, Tensor) or target.is_floating_point() or target.device != tokens.device:
+            return None
+        ignore = getattr(node, "_saved_ignore_index", -100)
+        found = [s for t in (tokens, tokens.t()) if (s := _ahead(target, t, ignore)) is not None]
+        return torch.stack(found).max() if found else None
+    return None
+
+
+@torch.no_grad()
+def _ahead(target: Tensor, tokens: Tensor, ignore: int) -> Tensor | None:
+    """:func:`next_token_share` for ``tokens`` laid out ``(batch, length)`` (None: the targets do not fit)."""
+    batch, length = tokens.shape
+    if target.numel() == batch * length:
+        scored = target.reshape(batch, length)[:, :-1]
+    elif target.numel() == batch * (length - 1) and length > 2:
+        scored = target.reshape(batch, length - 1)
+    else:
+        return None
+    now, nxt = tokens[:, :-1], tokens[:, 1:]
+    telling = (scored != ignore) & (now != nxt)
+    return ((scored == nxt) & telling).sum().float() / telling.sum().clamp(min=1).float()
+
+
 @dataclass(frozen=True, slots=True)
 class Crossed:
     """A loss that compared a prediction with targets of other samples: what compared them (``mse_loss``, or a

@@ -178,6 +178,8 @@ class Pending:
         dst.baseline_kind = src.baseline_kind or dst.baseline_kind
         if src.labels_ahead is not None:
             dst.labels_ahead = merge_max(dst.labels_ahead, src.labels_ahead)
+        if src.next_token is not None:
+            dst.next_token = merge_max(dst.next_token, src.next_token)
         if src.scored_padding is not None:
             dst.scored_padding = merge_max(dst.scored_padding, src.scored_padding)
         for source, value in src.inverted_masks.items():
@@ -404,6 +406,7 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "probabilities": _probabilities,
     "regression_target": _profile("regression_target"),
     "labels_ahead": _largest("labels_ahead"),
+    "next_token": _largest("next_token"),
     "scored_padding": _largest("scored_padding"),
     "input_scale": _largest("input_scale"),
     "entry_scale": _largest("entry_scale"),

@@ -114,6 +114,9 @@ class StepData:
     baseline_kind: str = ""
     # a causal LM that shifts its labels itself: the share of labels that already are the next input token
     labels_ahead: float | None = None
+    # a model whose attention ran with no mask over its tokens: the share of its loss's targets that are the next
+    # token of its own input (capture/loss_graph.py next_token_share); None: not read
+    next_token: float | None = None
     # ... and the share of the labels it scores that sit where its attention mask hides the input (padding)
     scored_padding: float | None = None
     # padding masks read against the model's token input: whether each hid the real tokens and showed the padding

@@ -1,0 +1,171 @@
+"""A decoder language model built from ``nn.TransformerEncoder`` without its causal mask (``missing_causal_mask``):
+each position attends to the tokens after it, its own target among them. Ground truth is plain torch in each test:
+an earlier position's logits move when a later token changes (the leak), the training loss falls far below the
+floor its twin with the mask reaches, and greedy generation from a two-token prompt fails. Silent twins: the same
+model with the mask; a masked language model over the same encoder, bidirectional by design (its targets are its
+input's own tokens); a sequence-to-sequence copy model given a source and a target sequence (its encoder sees all
+of the source by design, its decoder is masked)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import NeuralDbg
+
+KIND = "missing_causal_mask"
+V, T, D = 16, 16, 64
+STEPS, BATCH = 160, 64
+
+
+def sequences(n: int, seed: int) -> torch.Tensor:
+    """x_t = (a + k t) mod V: the first two tokens fix the rest."""
+    g = torch.Generator().manual_seed(seed)
+    a, k = torch.randint(0, V, (n, 1), generator=g), torch.randint(1, 6, (n, 1), generator=g)
+    return (a + k * torch.arange(T).view(1, T)) % V
+
+
+class TinyLM(nn.Module):
+    def __init__(self, causal: bool) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(V + 1, D), nn.Embedding(T, D)
+        layer = nn.TransformerEncoderLayer(D, 4, 2 * D, dropout=0.0, batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.out, self.causal = nn.Linear(D, V), causal
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok(x) + self.pos(torch.arange(x.shape[1]))
+        if self.causal:
+            mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+            return self.out(self.blocks(h, mask=mask, is_causal=True))
+        return self.out(self.blocks(h))
+
+
+def train_lm(causal: bool, watched: bool) -> tuple[TinyLM, float, NeuralDbg | None]:
+    """Next-token training: the model reads x[:, :-1] and is scored on x[:, 1:]. Returns the model, the mean loss
+    of the last 20 steps and the debugger."""
+    torch.manual_seed(0)
+    model = TinyLM(causal)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = sequences(STEPS * BATCH, 1)
+    losses: list[float] = []
+
+    def loop() -> None:
+        for step in range(STEPS):
+            x = data[step * BATCH : (step + 1) * BATCH]
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+
+    if watched:
+        with NeuralDbg(model) as dbg:
+            loop()
+    else:
+        dbg = None
+        loop()
+    return model, sum(losses[-20:]) / 20, dbg
+
+
+@torch.no_grad()
+def generation_accuracy(model: nn.Module) -> float:
+    x = sequences(256, 999)
+    seq = x[:, :2]
+    for _ in range(2, T):
+        seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], 1)
+    return float((seq[:, 2:] == x[:, 2:]).float().mean())
+
+
+@torch.no_grad()
+def leak(model: nn.Module) -> float:
+    """How much position 3's logits move when the tokens after it change."""
+    x = sequences(8, 5)[:, :-1]
+    y = x.clone()
+    y[:, 4:] = (y[:, 4:] + 7) % V
+    return float((model(x)[:, 3] - model(y)[:, 3]).abs().max())
+
+
+def found(dbg: NeuralDbg | None) -> list:
+    assert dbg is not None
+    return [h for h in dbg.hypotheses() if h.kind.value == KIND]
+
+
+def test_a_language_model_without_its_causal_mask_is_found():
+    model, loss, _ = train_lm(causal=False, watched=False)
+    twin, twin_loss, _ = train_lm(causal=True, watched=False)
+    # plain torch: an earlier position sees later tokens; the loss falls below the floor the masked twin keeps (two
+    # unpredictable tokens of fifteen targets), and generation, which has no later tokens, fails
+    assert leak(model) > 1e-2 and leak(twin) == 0.0
+    assert loss < 0.5 * twin_loss, (loss, twin_loss)
+    assert generation_accuracy(model) < 0.5 < generation_accuracy(twin), (
+        generation_accuracy(model),
+        generation_accuracy(twin),
+    )
+
+    _, _, dbg = train_lm(causal=False, watched=True)
+    hits = found(dbg)
+    assert hits, dbg.explain_failure() if dbg else ""
+    assert dbg is not None and dbg.hypotheses()[0].kind.value == KIND
+    root = hits[0].root
+    assert root.detail == "blocks.layers.0.self_attn, blocks.layers.1.self_attn"
+    assert root.metrics["share"] >= 0.9 and root.metrics["found"] == root.metrics["read"] >= 2
+    assert "generate_square_subsequent_mask" in hits[0].suggestion
+
+    _, _, silent = train_lm(causal=True, watched=True)
+    assert not found(silent), silent.explain_failure() if silent else ""
+
+
+def test_a_masked_language_model_over_the_same_encoder_is_silent():
+    """Bidirectional by design: a fifth of the tokens replaced by a mask id, the loss on those positions only (the
+    others ignored), their targets the input's own original tokens."""
+    torch.manual_seed(0)
+    model = TinyLM(causal=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = sequences(96 * BATCH, 2)
+    g = torch.Generator().manual_seed(3)
+    with NeuralDbg(model) as dbg:
+        for step in range(96):
+            x = data[step * BATCH : (step + 1) * BATCH, :-1]
+            hidden = torch.rand(x.shape, generator=g) < 0.2
+            targets = torch.where(hidden, x, torch.full_like(x, -100))
+            opt.zero_grad()
+            F.cross_entropy(model(torch.where(hidden, V, x)).reshape(-1, V), targets.reshape(-1)).backward()
+            opt.step()
+    assert dbg._recorder.coverage.unmasked_attention  # the attention ran unmasked, as it should here
+    readings = dbg._recorder.coverage.next_token
+    assert readings and max(share for _, share in readings) < 0.5  # its targets are not the next tokens
+    assert not found(dbg), dbg.explain_failure()
+
+
+class Copier(nn.Module):
+    """nn.Transformer given a source and its shifted target: the encoder unmasked by design, the decoder masked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(V + 1, D)
+        self.core = nn.Transformer(D, 4, 1, 1, 2 * D, dropout=0.0, batch_first=True)
+        self.out = nn.Linear(D, V)
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+        return self.out(self.core(self.embed(src), self.embed(tgt), tgt_mask=mask, tgt_is_causal=True))
+
+
+def test_a_sequence_to_sequence_copy_model_is_silent():
+    torch.manual_seed(0)
+    model = Copier()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = sequences(96 * BATCH, 4)
+    with NeuralDbg(model) as dbg:
+        for step in range(96):
+            x = data[step * BATCH : (step + 1) * BATCH]
+            start = torch.full((BATCH, 1), V)
+            opt.zero_grad()
+            logits = model(x, torch.cat([start, x[:, :-1]], 1))
+            F.cross_entropy(logits.reshape(-1, V), x.reshape(-1)).backward()
+            opt.step()
+    assert dbg._recorder.coverage.unmasked_attention  # the encoder's and the cross-attention's calls
+    assert not dbg._recorder.coverage.next_token  # two token inputs: not read
+    assert not found(dbg), dbg.explain_failure()
