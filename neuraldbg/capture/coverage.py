@@ -313,6 +313,7 @@ class Coverage:
     token_steps: int = 0
     padded_steps: int = 0
     unmasked_attention: dict[str, int] = field(default_factory=dict)
+    uncausal_attention: dict[str, int] = field(default_factory=dict)  # ... with no attention mask, not causal
     # attention layouts judged against the samples the loss scores (see note_layouts), by attention layer: [passes
     # judged, passes whose sequence axis held the samples, the first such step, the samples, the batch axis's length,
     # batch_first]

@@ -136,6 +136,8 @@ class ForwardPath:
         # the attention calls of this pass without any mask: (layer, the keys' batch and sequence lengths), counted
         # when the model's call ends if their keys are its token positions (see _count_unmasked)
         self._unmasked: list[tuple[str, tuple[int, ...]]] = []
+        # ... and those without an attention mask and not causal, whatever their key-padding mask (see _count_unmasked)
+        self._uncausal: list[tuple[str, tuple[int, ...]]] = []
         # ... and the key-padding masks given to attention calls of this pass, by layer (see _check_masks)
         self._key_masks: list[tuple[str, Tensor]] = []
         self._mask_checks = MASK_CHECKS  # fully observed passes still to read the padding masks in
@@ -292,6 +294,7 @@ class ForwardPath:
         self._full = rec.pending.data.full
         self._entered = self._entries = 0
         self._unmasked = []
+        self._uncausal = []
         self._key_masks = []
         self._layouts = []
         self.layouts = []
@@ -431,13 +434,15 @@ class ForwardPath:
             self._key_masks.append((name, masks[0]))
         causal = kwargs.get("is_causal", args[7] if len(args) > 7 else False)
         key = kwargs.get("key", args[1] if len(args) > 1 else None)
-        if any(m is not None for m in masks) or causal or not isinstance(key, Tensor) or key.dim() not in (2, 3):
+        if causal or masks[1] is not None or not isinstance(key, Tensor) or key.dim() not in (2, 3):
             return
         if key.dim() == 2:  # unbatched: (sequence, features)
             lengths: tuple[int, ...] = (key.shape[0],)
         else:  # (batch, sequence, features) or (sequence, batch, features)
             lengths = (key.shape[0], key.shape[1]) if module.batch_first else (key.shape[1], key.shape[0])
-        self._unmasked.append((name, lengths))
+        self._uncausal.append((name, lengths))  # every position sees every other one, padding masked or not
+        if masks[0] is None:
+            self._unmasked.append((name, lengths))
 
     def _note_recurrent(self, name: str, module: nn.RNNBase, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Keep a recurrent layer's layout (an ``nn.RNN``, ``nn.LSTM`` or ``nn.GRU`` call of a fully observed step):
@@ -459,19 +464,20 @@ class ForwardPath:
         """The model's call ended: count its unmasked attention calls whose keys are its token positions, their
         batch and sequence lengths those of the token input (batch first or not). Keys of other lengths (image
         patches, a Perceiver's latents) hold no padding whatever the tokens hold, and a token mask would not fit
-        them. When there was one and the tokens were the model's only token input (``alone``: not a source and a
-        target sequence, whose encoder sees all of the source by design), the tokens are kept for the loss to read
-        (``unmasked_tokens``)."""
+        them. The same for its calls with no attention mask, not causal (a key-padding mask or not): when there was
+        one and the tokens were the model's only token input (``alone``: not a source and a target sequence, whose
+        encoder sees all of the source by design), the tokens are kept for the loss to read (``unmasked_tokens``)."""
         unmasked, self._unmasked = self._unmasked, []
+        uncausal, self._uncausal = self._uncausal, []
         if tokens is None:
             return
         shape = sorted(tokens.shape)
-        counts = self._rec.coverage.unmasked_attention
-        counted = False
-        for name, lengths in unmasked:
-            if sorted(lengths) == shape:
-                counts[name] = counts.get(name, 0) + 1
-                counted = True
+        coverage = self._rec.coverage
+        for found, counts in ((unmasked, coverage.unmasked_attention), (uncausal, coverage.uncausal_attention)):
+            for name, lengths in found:
+                if sorted(lengths) == shape:
+                    counts[name] = counts.get(name, 0) + 1
+        counted = any(sorted(lengths) == shape for _, lengths in uncausal)
         if counted and alone and self._causal_checks and tokens.dim() == 2:
             self._causal_checks -= 1
             self.unmasked_tokens = tokens
@@ -689,8 +695,9 @@ class ForwardPath:
             padding = self._rec.coverage.padding_id
             mask = kwargs.get("attention_mask") if self._mask_checks else None
             masked = isinstance(mask, Tensor) or bool(self._key_masks)
-            tokens = stats.token_argument(args, kwargs) if padding is not None or self._unmasked or masked else None
-            if self._unmasked:
+            looked = padding is not None or self._unmasked or self._uncausal or masked
+            tokens = stats.token_argument(args, kwargs) if looked else None
+            if self._uncausal:
                 self._count_unmasked(tokens, _token_inputs(args, kwargs) == 1)
             if self._layouts:
                 self._keep_layouts(args, kwargs)

@@ -8,15 +8,15 @@ mask, whose floor is the two unpredictable tokens; greedy generation from a 2-to
 the tokens against 1.00).
 
 Read on the first :data:`~neuraldbg.capture.forward.CAUSAL_CHECKS` fully observed passes in which an
-``nn.MultiheadAttention`` ran with no mask at all (no attention mask, no key-padding mask, not ``is_causal``) over
-keys as long as the model's token input, that input being the call's only token argument: of the ``nll_loss``'s
-targets at positions whose next input token differs from their own, the share that are that next token
-(:func:`~neuraldbg.capture.loss_graph.next_token_share`). Reported when at least :data:`MIN_PASSES` passes were
-read and at least half of them were at least :data:`SHARE` next-token targets. Not judged: a model given two token
-sequences (a source and a target: its encoder sees all of the source by design), targets that are the input's own
-tokens (a tagger, a masked LM: at the positions where the next token differs, none of them is it), one label per
-sample, attention the debugger does not see (a hand-written one, ``F.scaled_dot_product_attention``), a
-bidirectional recurrent layer.
+``nn.MultiheadAttention`` ran with no attention mask and not ``is_causal`` (a key-padding mask or not: padding hides
+no later token) over keys as long as the model's token input, that input being the call's only token argument: of
+the ``nll_loss``'s targets at positions whose next input token differs from their own, the share that are that next
+token (:func:`~neuraldbg.capture.loss_graph.next_token_share`). Reported when at least :data:`MIN_PASSES` passes
+were read and at least half of them were at least :data:`SHARE` next-token targets. Not judged: a model given two
+token sequences (a source and a target: its encoder sees all of the source by design), targets that are the
+input's own tokens (a tagger, a masked LM: at the positions where the next token differs, none of them is it), one
+label per sample, attention the debugger does not see (a hand-written one, ``F.scaled_dot_product_attention``), an
+attention mask that is not causal, a bidirectional recurrent layer.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class MissingCausalMask(Kind):
         ahead = [(step, share) for step, share in readings if share >= SHARE]
         if len(readings) < MIN_PASSES or 2 * len(ahead) < len(readings) or not ahead:
             return None
-        counts = coverage.unmasked_attention
+        counts = coverage.uncausal_attention
         if not counts:
             return None
         most = max(counts.values())

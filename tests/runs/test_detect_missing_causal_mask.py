@@ -117,6 +117,35 @@ def test_a_language_model_without_its_causal_mask_is_found():
     assert not found(silent), silent.explain_failure() if silent else ""
 
 
+class PaddedLM(TinyLM):
+    """The model of the first test given a key-padding mask (the last positions of some sequences are padding):
+    padding hides no later token."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok(x) + self.pos(torch.arange(x.shape[1]))
+        return self.out(self.blocks(h, src_key_padding_mask=x == V))
+
+
+def test_a_padded_language_model_without_its_causal_mask_is_found():
+    torch.manual_seed(0)
+    model = PaddedLM(causal=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = sequences(48 * BATCH, 6)
+    lengths = torch.randint(10, T + 1, (48 * BATCH,), generator=torch.Generator().manual_seed(7))
+    data[torch.arange(T).view(1, T) >= lengths.view(-1, 1)] = V  # padding id V, scored as ignored
+    assert leak(model) > 0.0  # plain torch: an earlier position sees later tokens, padding mask or not
+    with NeuralDbg(model) as dbg:
+        for step in range(48):
+            x = data[step * BATCH : (step + 1) * BATCH]
+            targets = torch.where(x[:, 1:] == V, -100, x[:, 1:])
+            opt.zero_grad()
+            F.cross_entropy(model(x[:, :-1]).reshape(-1, V), targets.reshape(-1)).backward()
+            opt.step()
+    hits = found(dbg)
+    assert hits, dbg.explain_failure()
+    assert not dbg._recorder.coverage.unmasked_attention  # a key-padding mask was given: masked for padding
+
+
 def test_a_masked_language_model_over_the_same_encoder_is_silent():
     """Bidirectional by design: a fifth of the tokens replaced by a mask id, the loss on those positions only (the
     others ignored), their targets the input's own original tokens."""
