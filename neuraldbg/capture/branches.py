@@ -36,12 +36,24 @@ def copies(fed: Iterable[tuple[str, str]]) -> dict[str, str]:
     return found
 
 
+def copy_of(layer: str, parallel: Mapping[str, str]) -> str | None:
+    """The root of the parallel copy that holds ``layer`` (``experts.3.2`` -> ``experts.3``), given the copies found
+    so far (root -> family, see :func:`copies`); the innermost one (an expert of a mixture in one member of an
+    ensemble of mixtures); None when it is in none."""
+    return max((r for r in parallel if inside(layer, r)), key=len, default=None)
+
+
+def inside(layer: str, root: str) -> bool:
+    """Whether ``layer`` is the module ``root`` or one of its submodules (``experts.1`` holds ``experts.1.0``, not
+    ``experts.10``)."""
+    return layer == root or layer.startswith(root + ".")
+
+
 def siblings(layer: str, parallel: Mapping[str, str]) -> list[str]:
     """The layers that stand where ``layer`` stands in the other copies of its block (``experts.3.2`` ->
-    ``experts.0.2``, ``experts.1.2``...), given the copies found so far (root -> family, see :func:`copies`); empty
-    when ``layer`` is in no parallel copy. The innermost copy holding it is the one read (an expert of a mixture in
-    one member of an ensemble of mixtures)."""
-    root = max((r for r in parallel if layer == r or layer.startswith(r + ".")), key=len, default=None)
+    ``experts.0.2``, ``experts.1.2``...), given the copies found so far (see :func:`copy_of`); empty when ``layer``
+    is in no parallel copy."""
+    root = copy_of(layer, parallel)
     if root is None:
         return []
     family, rest = parallel[root], layer[len(root) :]

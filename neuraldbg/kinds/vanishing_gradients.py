@@ -386,24 +386,30 @@ def _grew_out(event: SemanticEvent, facts: RunFacts) -> bool:
 
 def _routed_around(event: SemanticEvent, coverage: Coverage, facts: RunFacts) -> bool:
     """Whether the layer of ``event`` is in a parallel copy of a block (capture/branches.py: an expert of a mixture
-    computed densely, given the same tensor as the others) while at least half of its counterparts in the other
-    copies, and one at least, read clearly healthy gradients (:func:`_clearly_healthy`) at most of the fully
-    observed steps of the event: the loss reaches the block through them, and this copy is one the model stopped
-    using (a router that no longer chooses it gives it an exactly-zero gradient); its gradient did not vanish on
-    its way back. A copy whose counterparts are as small (a fault of the block, or of what feeds it) is kept."""
-    others = branches.siblings(event.layer, coverage.parallel)
+    computed densely, given the same tensor as the others) that gets no gradient as a whole, while its counterpart
+    in another copy reads clearly healthy gradients (:func:`_clearly_healthy`): at most of the fully observed steps
+    of the event, no layer of the copy does and that counterpart does. The loss reaches the block through the other
+    copies, and this one is a copy the model stopped using (a router that no longer chooses an expert gives it an
+    exactly-zero gradient; a mixture of 16 experts whose router settles on 4 leaves 12 so): its gradient did not
+    vanish on its way back. A copy one of whose layers trains (a gradient that vanishes inside it: a member of an
+    ensemble saturated within) is kept, and so is one whose counterparts are as small (a fault of the block, or of
+    what feeds it)."""
+    root = branches.copy_of(event.layer, coverage.parallel)
     history, largest = facts.history, facts.largest_gradient
-    if not others or history is None or largest is None:
+    if root is None or history is None or largest is None:
         return False
     tops = dict(largest.points())
-    healthy = 0
-    for other in others:
-        series = history.get("grad_norm", other)
+
+    def trains(layer: str) -> bool:
+        series = history.get("grad_norm", layer)
         points = series.points() if series is not None else []
         within = [(s, n) for s, n in points if event.step_start <= s <= event.step_end and s in tops]
         good = sum(_clearly_healthy(n, tops[s], facts.config) for s, n in within)
-        healthy += bool(within) and 2 * good >= len(within)
-    return healthy >= 1 and 2 * healthy >= len(others)
+        return bool(within) and 2 * good >= len(within)
+
+    if any(trains(layer) for layer in history.layers("grad_norm") if branches.inside(layer, root)):
+        return False
+    return any(trains(other) for other in branches.siblings(event.layer, coverage.parallel))
 
 
 def _first_reading_small(event: SemanticEvent, facts: RunFacts) -> bool:

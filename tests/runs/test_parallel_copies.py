@@ -21,20 +21,22 @@ make = support.classification_batches((16,), 4, batch=64)
 
 
 class Mixture(nn.Module):
-    """Top-2 of 4 experts computed densely (every expert given the same tensor), in a residual block; ``unused``:
-    an expert the router starts far away from (a bias of -20: it is never among the two chosen); ``used``: how
+    """Top-2 of ``experts`` (4) computed densely (every expert given the same tensor), in a residual block;
+    ``unused``: experts the router starts far away from (a bias of -20: never among the two chosen); ``used``: how
     much of the mixture the head is given (0: none)."""
 
-    def __init__(self, unused: int | None = None, used: float = 1.0) -> None:
+    def __init__(self, unused: tuple[int, ...] = (), used: float = 1.0, experts: int = 4) -> None:
         super().__init__()
         self.inp = nn.Linear(16, 32)
-        self.router = nn.Linear(32, 4)
-        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32)) for _ in range(4))
+        self.router = nn.Linear(32, experts)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32)) for _ in range(experts)
+        )
         self.head = nn.Linear(32, 4)
         self.used = used
-        if unused is not None:
-            with torch.no_grad():
-                self.router.bias[unused] = -20.0
+        with torch.no_grad():
+            for i in unused:
+                self.router.bias[i] = -20.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.relu(self.inp(x))
@@ -45,12 +47,10 @@ class Mixture(nn.Module):
         return self.head(h + self.used * (weights[..., None] * out).sum(-2))
 
 
-def train(
-    model: nn.Module, watched: bool, weight_decay: float = 1e-2
-) -> tuple[dict[str, list[float]], NeuralDbg | None]:
-    """A user's loop, Adam 1e-2 with (coupled) weight decay; plain hooks record each expert's output
+def train(model: nn.Module, watched: bool, decay: float = 1e-2) -> tuple[dict[str, list[float]], NeuralDbg | None]:
+    """A user's loop, Adam 1e-2 with (coupled) weight decay ``decay``; plain hooks record each expert's output
     root-mean-square and its first layer's gradient norm at every step (the ground truth)."""
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=1e-2)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=decay)
     truth: dict[str, list[float]] = {}
     experts = getattr(model, "experts", None)
     handles = []
@@ -94,7 +94,7 @@ def ratio(values: list[float]) -> float:
 
 def test_an_expert_the_router_never_chooses_is_neither_vanishing_nor_collapsed():
     torch.manual_seed(0)
-    plain = Mixture(unused=3)
+    plain = Mixture(unused=(3,))
     truth, _ = train(plain, watched=False)
     # plain torch: expert 3 never gets a gradient (its routing weight is 0 on every sample of every step) and
     # shrinks under weight decay to under a tenth of its first scale; two others train and keep theirs (the router
@@ -106,12 +106,27 @@ def test_an_expert_the_router_never_chooses_is_neither_vanishing_nor_collapsed()
     assert accuracy(plain) > 0.9
 
     torch.manual_seed(0)
-    model = Mixture(unused=3)
+    model = Mixture(unused=(3,))
     _, dbg = train(model, watched=True)
     assert dbg is not None
     coverage = dbg._recorder.coverage
     assert {f"experts.{i}" for i in range(4)} <= set(coverage.parallel), coverage.parallel
     assert not dbg.hypotheses(), dbg.explain_failure()
+
+
+def test_a_router_that_uses_two_experts_of_eight_is_silent():
+    """Most copies unused (a mixture with more experts than its task needs, whose router settles on a few)."""
+    torch.manual_seed(0)
+    plain = Mixture(unused=tuple(range(2, 8)), experts=8)
+    truth, _ = train(plain, watched=False, decay=1e-3)
+    assert all(max(truth[f"grad{i}"]) == 0.0 for i in range(2, 8))  # plain torch: six experts never get a gradient
+    assert all(min(truth[f"grad{i}"]) > 0.0 for i in range(2))  # ... and the two chosen get one at every step
+    assert all(ratio(truth[f"out{i}"]) < 0.1 for i in range(2, 8))  # the six shrink to under a tenth of their scale
+    assert accuracy(plain) > 0.9
+
+    torch.manual_seed(0)
+    _, dbg = train(Mixture(unused=tuple(range(2, 8)), experts=8), watched=True, decay=1e-3)
+    assert dbg is not None and not dbg.hypotheses(), dbg.explain_failure()
 
 
 def test_experts_a_router_stops_choosing_as_it_trains_are_silent():
@@ -147,6 +162,58 @@ def test_a_mixture_whose_output_the_loss_never_uses_is_still_found():
     hits = [h for h in dbg.hypotheses() if h.kind.value == "vanishing_gradients"]
     assert hits, dbg.explain_failure()
     assert hits[0].root.layer.startswith("experts."), hits[0].root.layer
+
+
+class Ensemble(nn.Module):
+    """Four members given the same features, their outputs averaged; ``saturated``: a member whose first sigmoid
+    is saturated (its bias 20), so its first layer's gradient vanishes inside it while its later layers train."""
+
+    def __init__(self, saturated: int | None = None) -> None:
+        super().__init__()
+        self.inp = nn.Linear(16, 32)
+        self.members = nn.ModuleList(
+            nn.Sequential(nn.Linear(32, 32), nn.Sigmoid(), nn.Linear(32, 32), nn.Sigmoid(), nn.Linear(32, 4))
+            for _ in range(4)
+        )
+        if saturated is not None:
+            with torch.no_grad():
+                self.members[saturated][0].bias.fill_(20.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.inp(x))
+        return torch.stack([m(h) for m in self.members]).mean(0)
+
+
+def test_a_member_whose_gradient_vanishes_inside_it_is_still_found():
+    """Its later layers train: the copy is used, and the zero inside it is its own."""
+
+    def run(watched: bool) -> tuple[dict[str, float], NeuralDbg | None]:
+        torch.manual_seed(0)
+        model = Ensemble(saturated=2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        norms: dict[str, float] = {}
+
+        def loop() -> None:
+            for step in range(200):
+                x, y = make(step)
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                norms.update(
+                    {f"{i}.{j}": float(m[j].weight.grad.norm()) for i, m in enumerate(model.members) for j in (0, 2)}
+                )
+                opt.step()
+
+        return norms, support.watching(model, loop, watched)
+
+    norms, _ = run(watched=False)
+    # plain torch: the saturated member's first layer gets exactly nothing, its next layer and its siblings' train
+    assert norms["2.0"] == 0.0 and norms["2.2"] > 1e-3 and min(norms[f"{i}.0"] for i in (0, 1, 3)) > 1e-4, norms
+    _, dbg = run(watched=True)
+    assert dbg is not None
+    assert {f"members.{i}" for i in range(4)} <= set(dbg._recorder.coverage.parallel)
+    kept = [e for e in support.iter_events(dbg, "vanishing_gradients") if e.layer == "members.2.0"]
+    assert kept, [(e.kind, e.layer) for e in dbg.events]  # not undone as a copy the model stopped using
+    assert any(h.root.layer.startswith("members.2.") for h in dbg.hypotheses()), dbg.explain_failure()
 
 
 class Stack(nn.Module):
