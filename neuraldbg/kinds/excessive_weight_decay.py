@@ -29,7 +29,8 @@ no LayerNorm gain, which hold most of a BERT's norm: under weight_decay=10 its d
 while the whole norm stays at 18.5-18.9). Usual settings give shares of about 1e-2
 (AdamW 0.01-0.1, SGD 5e-4: at most 0.05 over eight program families); weight decay 10 (AdamW) or 1 (SGD, Adam)
 gives 0.6-1.9. A decoupled decay of a usual size (at most :data:`USUAL_DECOUPLED`) is never this fault: its share
-of the steps is large only under a learning rate far too high, whose finding it is.
+of the steps is large only under a learning rate far too high, whose finding it is; nor is a coupled one of a usual
+size (at most :data:`USUAL_COUPLED`), whose term is large only against a loss gradient that is tiny.
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ USUAL_DECOUPLED = 0.1
 #: 1.5-1.6-fold; loss 0.41-0.49 against 0.13-0.29, held-out accuracy 0.92-0.95 against 0.96-1.0, 0.47-0.51
 #: against 1.0 at two other seeds).
 HELD_DECAY = 1.0
+#: A coupled decay (L2 added to the gradient) of at most this is a usual one (SGD's 1e-4 to 5e-4): its term
+#: outweighs the loss's own gradient only where that gradient is tiny, which is that gradient's fault (a graph
+#: attention whose softmax runs over all 4,000 edges of the graph at once gives every edge ~1/4,000 of weight: its
+#: loss's gradient is tiny from the first step and the loss stays at chance with weight_decay=5e-4 or 0).
+USUAL_COUPLED = 5e-4
 #: Fully observed steps with a share, at least (a smoke run is not judged).
 MIN_ROWS = 8
 
@@ -159,6 +165,8 @@ class ExcessiveWeightDecay(Kind):
             return None  # its share grew only as the loss's gradient fell at the loss's floor: it trims, not holds
         if decoupled and decay <= USUAL_DECOUPLED:
             return None  # a usual decay made large by the learning rate: the learning rate's finding
+        if not decoupled and decay <= USUAL_COUPLED:
+            return None  # a usual L2 made large by a loss gradient that is tiny: that gradient's finding
         metrics = {
             "share": share,
             "decay": decay,

@@ -359,3 +359,32 @@ def test_a_usual_decoupled_decay_at_a_learning_rate_far_too_high_is_the_learning
     _, dbg = run(0.2, 0.05, watched=True)
     assert dbg is not None and not found(dbg), dbg.explain_failure()
     assert dbg.hypotheses() and "lower the learning rate" in dbg.hypotheses()[0].suggestion
+
+
+class Muted(nn.Module):
+    """The classifier with its logits multiplied by 1e-4 (a temperature applied the wrong way round): the loss's
+    gradient is tiny from the first step, whatever the decay."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = classifier()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) * 1e-4
+
+
+def test_a_usual_coupled_decay_against_a_tiny_loss_gradient_is_not_blamed():
+    """SGD's usual weight_decay=5e-4 (at lr 1.0) outweighs a loss gradient made tiny by the model itself; plain
+    torch: the loss stays at chance with the decay and without it, so the decay is not what holds it there."""
+
+    def sgd(decay: float) -> MakeOptimizer:
+        return lambda params: torch.optim.SGD(params, lr=1.0, weight_decay=decay)
+
+    for decay in (5e-4, 0.0):
+        torch.manual_seed(0)
+        losses, _ = train(Muted(), sgd(decay), 300, watched=False)
+        assert abs(mean(losses[-20:]) - torch.log(torch.tensor(float(CLASSES)))) < 1e-3  # at chance either way
+    torch.manual_seed(0)
+    _, dbg = train(Muted(), sgd(5e-4), 300, watched=True)
+    assert dbg is not None and not found(dbg), dbg.explain_failure()
+    assert dbg.hypotheses()  # the run is still not healthy: its loss stayed at chance
