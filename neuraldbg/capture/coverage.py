@@ -204,6 +204,7 @@ class Coverage:
     zeroed_steps: int = 0  # ... whose gradients, not all zero at its end, were zeroed in place before the step
     first_zeroed: int = -1
     optimizer_changes: int = 0  # steps stepped by another set of owned optimizers than the step before
+    optimizers_at_once: int = 0  # the most owned optimizers that stepped in one step
     _optimizers: frozenset[int] = frozenset()
     size_changes: int = 0  # steps whose input batch, or number of forward passes, differed from the step before
     # (RL episodes of different lengths)
@@ -438,6 +439,7 @@ class Coverage:
         if record.optimizers:
             self.stepped_steps += 1
             stepped = frozenset(record.optimizers)
+            self.optimizers_at_once = max(self.optimizers_at_once, len(stepped))
             self.optimizer_changes += bool(self._optimizers) and stepped != self._optimizers
             self._optimizers = stepped
         if record.carried and (record.grad_carried is None or record.grad_carried > 0):

@@ -31,7 +31,9 @@ quarter (at least 8).
 A loss says nothing about the training, and no loss finding is made, when it is not one objective's: another
 optimizer, holding none of the watched parameters, steps during the run (a GAN, an actor and a critic trained
 apart: the loss is measured against a model that moves); backward passes reached the model whose gradient its
-optimizer never applied (the discriminator inside the generator's loss); different sets of optimizers step on
+optimizers never applied while several of them step its parts (the discriminator inside the generator's loss, both
+in one module: under one optimizer a discarded pass is the same objective's, sharpness-aware minimisation's first
+pass on the same batch); different sets of optimizers step on
 different steps (layers trained one by one on local losses); the loss is negative on 5 % of the steps or more
 (a policy gradient, an adversarial or a density loss: a surrogate, not a fit falling towards a floor); or the
 input batch, or the number of forward passes per step, changes on most steps (reinforcement-learning episodes: a
@@ -196,10 +198,14 @@ def skipped(coverage: Coverage) -> str:
             "another optimizer, holding none of this model's parameters, stepped during the run (a GAN, an actor "
             "and a critic trained apart): this loss is measured against a model that moves"
         )
-    if coverage.discarded_backwards:
+    if coverage.discarded_backwards and coverage.optimizers_at_once > 1:
+        # several optimizers step the model's parts: a pass whose gradient none applied served another part's loss (a
+        # generator and its discriminator in one module). Under one optimizer the passes are the one objective's
+        # (sharpness-aware minimisation's first pass, at the perturbed weights, on the same batch; or a step taken
+        # less often than the passes, discarded_gradients' own finding)
         return (
-            f"{coverage.discarded_backwards} backward passes reached this model whose gradient its optimizer never "
-            "applied (it also serves another model's loss, as a GAN's discriminator does)"
+            f"{coverage.discarded_backwards} backward passes reached this model whose gradient its optimizers never "
+            "applied (it also serves another part's loss, as a GAN's discriminator does)"
         )
     if coverage.optimizer_changes:
         return "different optimizers stepped on different steps: each trains its own loss"
