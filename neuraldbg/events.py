@@ -66,6 +66,7 @@ class FailureKind(str, metaclass=_Names):
     DISCARDED_GRADIENTS: ClassVar[FailureKind]
     OPTIMIZER_RESET: ClassVar[FailureKind]
     MISSING_CAUSAL_MASK: ClassVar[FailureKind]
+    MODULE_REQUIRES_GRAD: ClassVar[FailureKind]
     LOSS_NOT_DECREASING: ClassVar[FailureKind]
     UNSTABLE_LOSS: ClassVar[FailureKind]
     LOSS_AT_CHANCE: ClassVar[FailureKind]
@@ -168,6 +169,7 @@ for _name in (
     "labels_on_padding",
     "inverted_padding_mask",
     "missing_causal_mask",
+    "module_requires_grad",
     "oversized_logits",
     "unmasked_padding",
     "missing_log_softmax",

@@ -55,6 +55,7 @@ KINDS = frozenset(
         "labels_on_padding",
         "inverted_padding_mask",
         "missing_causal_mask",
+        "module_requires_grad",
         "oversized_logits",
         "unmasked_padding",
         "missing_log_softmax",

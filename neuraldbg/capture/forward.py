@@ -15,7 +15,7 @@ from ..model import causal_lm, naming
 from ..model.info import LayerInfo, Role
 from ..stats import tensors as stats
 from ..stats.step import SlotKey
-from . import branches, hooks, loss_graph, measure
+from . import branches, hooks, loss_graph, measure, switches
 from .affine import affine_layers, composed_pairs
 from .clock import StepMode
 from .compiled import CompiledSlots
@@ -153,6 +153,7 @@ class ForwardPath:
         self.layouts: list[tuple[str, int, int, bool]] = []
         self._layout_checks = LAYOUT_CHECKS  # fully observed passes still to keep them in
         self._own_hooks = False  # a watched layer has forward hooks or pre-hooks of its own (see on_module_output)
+        self._modules: list[tuple[str, nn.Module]] = []  # every submodule of the model, by name (see switches.py)
         self._hooks_in_pass = False  # ... found so in the hooked pass under way
 
     def attach(self) -> None:
@@ -161,6 +162,7 @@ class ForwardPath:
             raise RuntimeError("the model was garbage-collected")
         self._root = model
         self._names = {module: name for name, module in naming.named_modules(model) if name in self._infos}
+        self._modules = [(name, module) for name, module in naming.named_modules(model) if name]  # containers too
         self._own_hooks = self._own_hooks or any(
             m._forward_hooks or m._forward_pre_hooks for m in self._names if m is not model
         )
@@ -292,6 +294,9 @@ class ForwardPath:
         self.release()
         self._prev_channel_first = False
         self._full = rec.pending.data.full
+        if self._full:
+            for name, value, trainable, total in switches.look(self._modules):
+                rec.coverage.note_switch(name, value, trainable, total, rec.pending.data.step)
         self._entered = self._entries = 0
         self._unmasked = []
         self._uncausal = []
