@@ -445,7 +445,11 @@ class ForwardPath:
             lengths: tuple[int, ...] = (key.shape[0],)
         else:  # (batch, sequence, features) or (sequence, batch, features)
             lengths = (key.shape[0], key.shape[1]) if module.batch_first else (key.shape[1], key.shape[0])
-        self._uncausal.append((name, lengths))  # every position sees every other one, padding masked or not
+        if key is query or (isinstance(query, Tensor) and query.shape == key.shape and _where(query) == _where(key)):
+            # a self-attention (its keys are its queries' positions): every position sees every other one, padding
+            # masked or not; a cross-attention's keys are a memory (an image's patches, an encoder's states,
+            # a segment before), which a causal mask does not apply to, whatever their length
+            self._uncausal.append((name, lengths))
         if masks[0] is None:
             self._unmasked.append((name, lengths))
 
@@ -702,7 +706,7 @@ class ForwardPath:
             masked = isinstance(mask, Tensor) or bool(self._key_masks)
             looked = padding is not None or self._unmasked or self._uncausal or masked
             tokens = stats.token_argument(args, kwargs) if looked else None
-            if self._uncausal:
+            if self._unmasked or self._uncausal:
                 self._count_unmasked(tokens, _token_inputs(args, kwargs) == 1)
             if self._layouts:
                 self._keep_layouts(args, kwargs)

@@ -198,3 +198,39 @@ def test_a_sequence_to_sequence_copy_model_is_silent():
     assert dbg._recorder.coverage.unmasked_attention  # the encoder's and the cross-attention's calls
     assert not dbg._recorder.coverage.next_token  # two token inputs: not read
     assert not found(dbg), dbg.explain_failure()
+
+
+class CrossAttending(nn.Module):
+    """A decoder LM built from nn.TransformerDecoder, its self-attention causal, its cross-attention unmasked over a
+    memory as long as the tokens (a captioner's 15 image patches, here fixed random features)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(V + 1, D), nn.Embedding(T, D)
+        layer = nn.TransformerDecoderLayer(D, 4, 2 * D, dropout=0.0, batch_first=True, norm_first=True)
+        self.dec = nn.TransformerDecoder(layer, 2)
+        self.out = nn.Linear(D, V)
+        self.register_buffer("patches", torch.randn(1, T - 1, D, generator=torch.Generator().manual_seed(8)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok(x) + self.pos(torch.arange(x.shape[1]))
+        memory = self.patches.expand(x.shape[0], -1, -1)
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+        return self.out(self.dec(h, memory, tgt_mask=mask, tgt_is_causal=True))
+
+
+def test_a_causal_decoder_whose_cross_attention_is_unmasked_over_a_memory_as_long_is_silent():
+    torch.manual_seed(0)
+    model = CrossAttending()
+    assert leak(model) == 0.0  # plain torch: no position sees a later token
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = sequences(48 * BATCH, 9)
+    with NeuralDbg(model) as dbg:
+        for step in range(48):
+            x = data[step * BATCH : (step + 1) * BATCH]
+            opt.zero_grad()
+            F.cross_entropy(model(x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1)).backward()
+            opt.step()
+    assert dbg._recorder.coverage.unmasked_attention  # the cross-attention ran unmasked, as it should
+    assert not dbg._recorder.coverage.uncausal_attention  # ... and is no self-attention
+    assert not found(dbg), dbg.explain_failure()
