@@ -206,8 +206,9 @@ class Coverage:
     optimizer_changes: int = 0  # steps stepped by another set of owned optimizers than the step before
     optimizers_at_once: int = 0  # the most owned optimizers that stepped in one step
     # modules given a requires_grad attribute of their own (capture/switches.py), as the last fully observed pass
-    # found them: name -> (the value set, its parameters that require a gradient, its parameters, first step seen)
-    switches: dict[str, tuple[bool, int, int, int]] = field(default_factory=dict)
+    # found them: name -> (the value set, its parameters that require a gradient, by qualified name, how many
+    # parameters it holds, first step seen)
+    switches: dict[str, tuple[bool, tuple[str, ...], int, int]] = field(default_factory=dict)
     _optimizers: frozenset[int] = frozenset()
     size_changes: int = 0  # steps whose input batch, or number of forward passes, differed from the step before
     # (RL episodes of different lengths)
@@ -503,7 +504,7 @@ class Coverage:
         else:
             self.affine_layers = layers if self.affine_layers is None else min(layers, self.affine_layers)
 
-    def note_switch(self, name: str, value: bool, trainable: int, total: int, step: int) -> None:
+    def note_switch(self, name: str, value: bool, trainable: tuple[str, ...], total: int, step: int) -> None:
         """A fully observed pass found ``name`` given a ``requires_grad`` attribute (see capture/switches.py)."""
         first = self.switches[name][3] if name in self.switches else step
         self.switches[name] = (value, trainable, total, first)

@@ -11,13 +11,14 @@ from collections.abc import Iterable
 from torch import nn
 
 
-def look(modules: Iterable[tuple[str, nn.Module]]) -> list[tuple[str, bool, int, int]]:
-    """Each module given a ``requires_grad`` attribute of its own: (its name, the value set, how many of its
-    parameters require a gradient, how many it holds)."""
+def look(modules: Iterable[tuple[str, nn.Module]]) -> list[tuple[str, bool, tuple[str, ...], int]]:
+    """Each module given a ``requires_grad`` attribute of its own: (its name, the value set, the qualified names of
+    its parameters that require a gradient, how many parameters it holds)."""
     found = []
     for name, module in modules:
         value = module.__dict__.get("requires_grad")
         if isinstance(value, bool):
-            params = list(module.parameters())
-            found.append((name, value, sum(p.requires_grad for p in params), len(params)))
+            params = list(module.named_parameters())
+            trainable = tuple(f"{name}.{p}" for p, t in params if t.requires_grad)
+            found.append((name, value, trainable, len(params)))
     return found

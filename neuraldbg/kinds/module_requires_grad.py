@@ -7,8 +7,10 @@ backbone never moved, held-out accuracy 0.51 against 0.62-0.65 with ``requires_g
 
 Exact, from what the fully observed forward passes read (see :mod:`neuraldbg.capture.switches`): a module whose own
 ``requires_grad`` attribute disagrees with its parameters at the last pass that read it (set to True while none of
-them requires a gradient, or to False while some do). One that agrees (the parameters were set too) did no harm and
-is not reported.
+them requires a gradient, or to False while some of them trained: a gradient on a fully observed step, and an
+optimizer's step). One that agrees (the parameters were set too) did no harm and is not reported, nor one set to
+False whose parameters never get a gradient (a mean teacher's copy run under ``no_grad``, kept out of the
+optimizer; a layer Hugging Face's UniSpeechSat builds, marks so and never calls).
 """
 
 from __future__ import annotations
@@ -24,11 +26,15 @@ KIND = FailureKind.MODULE_REQUIRES_GRAD
 
 def _disagree(coverage: Coverage) -> list[tuple[str, bool, int, int, int]]:
     """The modules whose ``requires_grad`` attribute disagrees with their parameters: (name, value, parameters that
-    require a gradient, parameters, first step seen)."""
+    require a gradient, parameters, first step seen). Set to True: none of them requires a gradient. Set to False:
+    some of them trained, a gradient on a fully observed step and an optimizer's step with it; one whose parameters
+    require a gradient but never get one (a teacher run under ``no_grad``, a layer a library builds and never calls)
+    is as frozen as the attribute says."""
+    trained = coverage.graded & coverage.optimized
     return [
-        (name, value, trainable, total, first)
+        (name, value, len(trainable), total, first)
         for name, (value, trainable, total, first) in coverage.switches.items()
-        if total and (trainable == 0 if value else trainable > 0)
+        if total and (not trainable if value else any(p in trained for p in trainable))
     ]
 
 

@@ -122,3 +122,39 @@ def test_a_backbone_frozen_by_the_modules_attribute_keeps_training_and_is_found(
     assert hits, dbg.explain_failure() if dbg else ""
     assert hits[0].root.detail == "blocks" and hits[0].root.metrics["value"] == 0.0
     assert "nothing was frozen" in hits[0].explanation and "requires_grad_(False)" in hits[0].suggestion
+
+
+class MeanTeacher(nn.Module):
+    """A student and its moving-average teacher, the teacher marked ``requires_grad = False`` as an attribute and run
+    under ``no_grad``, outside the optimizer: as frozen as the attribute says, though its parameters' flags are on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.student, self.teacher = Net(), Net()
+        self.teacher.load_state_dict(self.student.state_dict())
+        self.teacher.requires_grad = False
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            target = self.teacher(x)
+        return self.student(x), target
+
+
+def test_a_teacher_marked_by_the_attribute_that_never_gets_a_gradient_is_silent():
+    torch.manual_seed(0)
+    model = MeanTeacher()
+    opt = torch.optim.Adam(model.student.parameters(), lr=3e-3)
+    with NeuralDbg(model) as dbg:
+        for step in range(100):
+            x, y = batch(step)
+            opt.zero_grad()
+            out, target = model(x)
+            (F.cross_entropy(out, y) + F.mse_loss(out, target)).backward()
+            opt.step()
+            with torch.no_grad():
+                for t, s in zip(model.teacher.parameters(), model.student.parameters()):
+                    t.lerp_(s, 0.01)
+    # plain torch: every teacher parameter still has its flag on, and none ever got a gradient
+    assert all(p.requires_grad and p.grad is None for p in model.teacher.parameters())
+    assert dbg._recorder.coverage.switches  # the attribute was read
+    assert not found(dbg), dbg.explain_failure()
