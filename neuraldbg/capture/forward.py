@@ -469,27 +469,30 @@ class ForwardPath:
         first, second = int(x.shape[0]), int(x.shape[1])
         self._layouts.append((name, second, first, True) if batch_first else (name, first, second, False))
 
-    def _count_unmasked(self, tokens: Tensor | None, alone: bool) -> None:
+    def _count_unmasked(self, tokens: Tensor | None, only: Tensor | None) -> None:
         """The model's call ended: count its unmasked attention calls whose keys are its token positions, their
         batch and sequence lengths those of the token input (batch first or not). Keys of other lengths (image
         patches, a Perceiver's latents) hold no padding whatever the tokens hold, and a token mask would not fit
-        them. The same for its calls with no attention mask, not causal (a key-padding mask or not): when there was
-        one and the tokens were the model's only token input (``alone``: not a source and a target sequence, whose
-        encoder sees all of the source by design), the tokens are kept for the loss to read (``unmasked_tokens``)."""
+        them. The same for its self-attention calls with no attention mask, not causal (a key-padding mask or not),
+        over ``only``, the model's one token input wherever it stands among its arguments (a captioner's
+        ``model(image, tokens)``; none for a source and a target sequence, whose encoder sees all of the source by
+        design): when there was one, those tokens are kept for the loss to read (``unmasked_tokens``)."""
         unmasked, self._unmasked = self._unmasked, []
         uncausal, self._uncausal = self._uncausal, []
-        if tokens is None:
-            return
-        shape = sorted(tokens.shape)
         coverage = self._rec.coverage
-        for found, counts in ((unmasked, coverage.unmasked_attention), (uncausal, coverage.uncausal_attention)):
+        for found, counts, given in (
+            (unmasked, coverage.unmasked_attention, tokens),
+            (uncausal, coverage.uncausal_attention, only),
+        ):
+            shape = sorted(given.shape) if given is not None else None
             for name, lengths in found:
                 if sorted(lengths) == shape:
                     counts[name] = counts.get(name, 0) + 1
-        counted = any(sorted(lengths) == shape for _, lengths in uncausal)
-        if counted and alone and self._causal_checks and tokens.dim() == 2:
+        if only is None or only.dim() != 2 or not self._causal_checks:
+            return
+        if any(sorted(lengths) == sorted(only.shape) for _, lengths in uncausal):
             self._causal_checks -= 1
-            self.unmasked_tokens = tokens
+            self.unmasked_tokens = only
 
     def _keep_layouts(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The model's call ended: keep, for the loss to judge, the layouts of its attention and recurrent calls whose
@@ -707,7 +710,7 @@ class ForwardPath:
             looked = padding is not None or self._unmasked or self._uncausal or masked
             tokens = stats.token_argument(args, kwargs) if looked else None
             if self._unmasked or self._uncausal:
-                self._count_unmasked(tokens, _token_inputs(args, kwargs) == 1)
+                self._count_unmasked(tokens, _only_tokens(args, kwargs))
             if self._layouts:
                 self._keep_layouts(args, kwargs)
             if masked:
@@ -852,14 +855,18 @@ def _weighted(module: nn.Module) -> bool:
     return any(p.dim() >= 2 for p in module.parameters(recurse=False))
 
 
-def _token_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-    """How many of a model call's arguments are token ids: integer tensors of two or more axes (a mask, boolean or
-    floating, is not one; nor are the labels of one sample each)."""
-    found = 0
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, Tensor) and value.dim() >= 2 and not value.is_floating_point():
-            found += value.dtype is not torch.bool
-    return found
+def _only_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """A model call's one argument of token ids, an integer tensor of two or more axes (a mask, boolean or floating,
+    is not one; nor are the labels of one sample each), wherever it stands; None when it has none or several."""
+    found = [
+        value
+        for value in (*args, *kwargs.values())
+        if isinstance(value, Tensor)
+        and value.dim() >= 2
+        and not value.is_floating_point()
+        and value.dtype is not torch.bool
+    ]
+    return found[0] if len(found) == 1 else None
 
 
 def _where(t: Tensor) -> int | None:

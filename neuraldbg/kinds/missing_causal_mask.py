@@ -10,11 +10,11 @@ the tokens against 1.00).
 Read on the first :data:`~neuraldbg.capture.forward.CAUSAL_CHECKS` fully observed passes in which an
 ``nn.MultiheadAttention`` ran as a self-attention (its key the very tensor of its query) with no attention mask and
 not ``is_causal`` (a key-padding mask or not: padding hides no later token) over keys as long as the model's token
-input, that input being the call's only token argument: of
-the ``nll_loss``'s targets at positions whose next input token differs from their own, the share that are that next
-token (:func:`~neuraldbg.capture.loss_graph.next_token_share`). Reported when at least :data:`MIN_PASSES` passes
-were read and at least half of them were at least :data:`SHARE` next-token targets. Not judged: a model given two
-token sequences (a source and a target: its encoder sees all of the source by design), targets that are the
+input, that input being the call's only token argument, wherever it stands (a captioner's ``model(image, tokens)``):
+of the ``nll_loss``'s targets at positions whose next input token differs from their own, the share that are that
+next token (:func:`~neuraldbg.capture.loss_graph.next_token_share`). Reported when at least :data:`MIN_PASSES`
+passes were read and at least half of them were at least :data:`SHARE` next-token targets. Not judged: a model given
+two token sequences (a source and a target: its encoder sees all of the source by design), targets that are the
 input's own tokens (a tagger, a masked LM: at the positions where the next token differs, none of them is it), one
 label per sample, a cross-attention (its keys a memory: an image's patches, an encoder's states, a previous
 segment's, as long as the tokens or not), attention the debugger does not see (a hand-written one,

@@ -234,3 +234,50 @@ def test_a_causal_decoder_whose_cross_attention_is_unmasked_over_a_memory_as_lon
     assert dbg._recorder.coverage.unmasked_attention  # the cross-attention ran unmasked, as it should
     assert not dbg._recorder.coverage.uncausal_attention  # ... and is no self-attention
     assert not found(dbg), dbg.explain_failure()
+
+
+class Captioner(nn.Module):
+    """``model(image, tokens)``: a decoder over an image's 15 patch features, its tokens the second argument;
+    ``causal``: its self-attention masked."""
+
+    def __init__(self, causal: bool) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(V + 1, D), nn.Embedding(T, D)
+        self.patch = nn.Linear(8, D)
+        layer = nn.TransformerDecoderLayer(D, 4, 2 * D, dropout=0.0, batch_first=True, norm_first=True)
+        self.dec = nn.TransformerDecoder(layer, 2)
+        self.out, self.causal = nn.Linear(D, V), causal
+
+    def forward(self, image: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok(x) + self.pos(torch.arange(x.shape[1]))
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1]) if self.causal else None
+        return self.out(self.dec(h, self.patch(image), tgt_mask=mask, tgt_is_causal=self.causal))
+
+
+def test_a_captioner_given_its_tokens_second_is_read_too():
+    def run(causal: bool) -> tuple[Captioner, NeuralDbg]:
+        torch.manual_seed(0)
+        model = Captioner(causal)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        data = sequences(48 * BATCH, 10)
+        images = torch.randn(BATCH, T - 1, 8, generator=torch.Generator().manual_seed(11))
+        with NeuralDbg(model) as dbg:
+            for step in range(48):
+                x = data[step * BATCH : (step + 1) * BATCH]
+                opt.zero_grad()
+                F.cross_entropy(model(images, x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1)).backward()
+                opt.step()
+        return model, dbg
+
+    model, dbg = run(causal=False)
+    images = torch.randn(8, T - 1, 8)
+    x = sequences(8, 5)[:, :-1]
+    y = x.clone()
+    y[:, 4:] = (y[:, 4:] + 7) % V
+    with torch.no_grad():  # plain torch: position 3 sees the tokens after it
+        assert float((model(images, x)[:, 3] - model(images, y)[:, 3]).abs().max()) > 1e-2
+    hits = found(dbg)
+    assert hits, dbg.explain_failure()
+    assert hits[0].root.detail == "dec.layers.0.self_attn, dec.layers.1.self_attn"
+    _, silent = run(causal=True)
+    assert not found(silent), silent.explain_failure()
