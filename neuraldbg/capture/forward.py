@@ -359,8 +359,7 @@ class ForwardPath:
         (parallel copies of a block are given the same one; see capture/branches.py). Metadata only."""
         info = self._infos.get(name)
         x = stats.first_tensor(args)
-        where = _where(x) if info is not None and info.numel and x is not None else None
-        if where is None or x is None:
+        if info is None or not info.numel or x is None or (where := _where(x)) is None:
             return
         entry = self._fed.get(where)
         if entry is None or entry[0].shape != x.shape:
@@ -445,7 +444,10 @@ class ForwardPath:
             lengths: tuple[int, ...] = (key.shape[0],)
         else:  # (batch, sequence, features) or (sequence, batch, features)
             lengths = (key.shape[0], key.shape[1]) if module.batch_first else (key.shape[1], key.shape[0])
-        if key is query or (isinstance(query, Tensor) and query.shape == key.shape and _where(query) == _where(key)):
+        where = _where(key)
+        if key is query or (
+            isinstance(query, Tensor) and query.shape == key.shape and where is not None and _where(query) == where
+        ):
             # a self-attention (its keys are its queries' positions): every position sees every other one, padding
             # masked or not; a cross-attention's keys are a memory (an image's patches, an encoder's states,
             # a segment before), which a causal mask does not apply to, whatever their length
@@ -480,17 +482,9 @@ class ForwardPath:
         unmasked, self._unmasked = self._unmasked, []
         uncausal, self._uncausal = self._uncausal, []
         coverage = self._rec.coverage
-        for found, counts, given in (
-            (unmasked, coverage.unmasked_attention, tokens),
-            (uncausal, coverage.uncausal_attention, only),
-        ):
-            shape = sorted(given.shape) if given is not None else None
-            for name, lengths in found:
-                if sorted(lengths) == shape:
-                    counts[name] = counts.get(name, 0) + 1
-        if only is None or only.dim() != 2 or not self._causal_checks:
-            return
-        if any(sorted(lengths) == sorted(only.shape) for _, lengths in uncausal):
+        _count_over(unmasked, tokens, coverage.unmasked_attention)
+        seen = _count_over(uncausal, only, coverage.uncausal_attention)
+        if seen and only is not None and only.dim() == 2 and self._causal_checks:
             self._causal_checks -= 1
             self.unmasked_tokens = only
 
@@ -707,8 +701,7 @@ class ForwardPath:
             padding = self._rec.coverage.padding_id
             mask = kwargs.get("attention_mask") if self._mask_checks else None
             masked = isinstance(mask, Tensor) or bool(self._key_masks)
-            looked = padding is not None or self._unmasked or self._uncausal or masked
-            tokens = stats.token_argument(args, kwargs) if looked else None
+            tokens = stats.token_argument(args, kwargs) if padding is not None or self._unmasked or masked else None
             if self._unmasked or self._uncausal:
                 self._count_unmasked(tokens, _only_tokens(args, kwargs))
             if self._layouts:
@@ -853,6 +846,18 @@ def _weighted(module: nn.Module) -> bool:
     if isinstance(module, _WEIGHTED):
         return True
     return any(p.dim() >= 2 for p in module.parameters(recurse=False))
+
+
+def _count_over(calls: list[tuple[str, tuple[int, ...]]], tokens: Tensor | None, counts: dict[str, int]) -> bool:
+    """Count into ``counts`` each attention call whose keys' lengths are the axes of ``tokens`` (in either order);
+    whether one was."""
+    shape = sorted(tokens.shape) if tokens is not None else None
+    seen = False
+    for name, lengths in calls:
+        if sorted(lengths) == shape:
+            counts[name] = counts.get(name, 0) + 1
+            seen = True
+    return seen
 
 
 def _only_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..stats import tensors as stats
+
 #: Graph nodes looked at from the loss, at most (a loss node is a few nodes from the loss: a mean, a weight).
 BUDGET = 64
 #: Nodes that take logits and normalise them themselves: the loss function they belong to.
@@ -926,9 +928,7 @@ def _ahead(target: Tensor, tokens: Tensor, ignore: int) -> Tensor | None:
         scored = target.reshape(batch, length - 1)
     else:
         return None
-    now, nxt = tokens[:, :-1], tokens[:, 1:]
-    telling = (scored != ignore) & (now != nxt)
-    return ((scored == nxt) & telling).sum().float() / telling.sum().clamp(min=1).float()
+    return stats.ahead_share(tokens, scored, ignore)
 
 
 @dataclass(frozen=True, slots=True)

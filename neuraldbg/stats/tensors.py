@@ -320,9 +320,16 @@ def labels_ahead(input_ids: Tensor, labels: Tensor, ignore: int = -100) -> Tenso
 
     Only there can a label tell a shift: where the data repeats its token (a pixel stream's background), labels
     equal to the token at t are equal to the next one too, and unshifted labels would look shifted."""
-    label, now, nxt = labels[:, :-1], input_ids[:, :-1], input_ids[:, 1:]
-    telling = (label != ignore) & (now != nxt)
-    hits = ((label == nxt) & telling).sum().float()
+    return ahead_share(input_ids, labels[:, :-1], ignore)
+
+
+def ahead_share(tokens: Tensor, scored: Tensor, ignore: int = -100) -> Tensor:
+    """:func:`labels_ahead` for the labels of positions 0 to length - 2 alone, ``scored`` (``(batch, length - 1)``,
+    beside ``(batch, length)`` tokens): of those not ``ignore`` whose next token differs from their own, the
+    fraction that is the next token, as a 0-d float tensor on the labels' device; 0 when there is none."""
+    now, nxt = tokens[:, :-1], tokens[:, 1:]
+    telling = (scored != ignore) & (now != nxt)
+    hits = ((scored == nxt) & telling).sum().float()
     return hits / telling.sum().clamp(min=1).float()
 
 
