@@ -8,6 +8,7 @@ of the source by design, its decoder is masked)."""
 
 from __future__ import annotations
 
+import support
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -60,12 +61,7 @@ def train_lm(causal: bool, watched: bool) -> tuple[TinyLM, float, NeuralDbg | No
             opt.step()
             losses.append(float(loss.detach()))
 
-    if watched:
-        with NeuralDbg(model) as dbg:
-            loop()
-    else:
-        dbg = None
-        loop()
+    dbg = support.watching(model, loop, watched)
     return model, sum(losses[-20:]) / 20, dbg
 
 

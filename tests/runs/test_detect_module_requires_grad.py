@@ -7,6 +7,7 @@ own flags (it agrees with them)."""
 
 from __future__ import annotations
 
+import support
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -59,12 +60,7 @@ def unfreeze(how: str, watched: bool) -> tuple[float, float, NeuralDbg | None]:
             F.cross_entropy(net(x), y).backward()
             opt.step()
 
-    if watched:
-        with NeuralDbg(net) as dbg:
-            loop()
-    else:
-        dbg = None
-        loop()
+    dbg = support.watching(net, loop, watched)
     x, y = batch(10_000)
     with torch.no_grad():
         accuracy = float((net(x).argmax(1) == y).float().mean())
@@ -109,12 +105,8 @@ def test_a_backbone_frozen_by_the_modules_attribute_keeps_training_and_is_found(
                 F.cross_entropy(net(x), y).backward()
                 opt.step()
 
-        if watched:
-            with NeuralDbg(net) as dbg:
-                loop()
-            return float((net.blocks[0][0].weight.detach() - start).norm()), dbg
-        loop()
-        return float((net.blocks[0][0].weight.detach() - start).norm()), None
+        dbg = support.watching(net, loop, watched)
+        return float((net.blocks[0][0].weight.detach() - start).norm()), dbg
 
     assert run(watched=False)[0] > 0.05  # plain torch: the "frozen" backbone trained
     _, dbg = run(watched=True)

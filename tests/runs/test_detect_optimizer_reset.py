@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+import support
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -63,12 +64,7 @@ def train(
                     fresh.append(not opt.state)
                 opt.step()
 
-    if watched:
-        with NeuralDbg(model) as dbg:
-            loop()
-    else:
-        dbg = None
-        loop()
+    dbg = support.watching(model, loop, watched)
     xt, yt = data(1024, 999)
     with torch.no_grad():
         return float((model(xt).argmax(1) == yt).float().mean()), model, dbg

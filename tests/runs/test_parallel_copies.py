@@ -8,6 +8,9 @@ one before's output, whose gradients vanish through depth (numbered like copies,
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import support
 import torch
 import torch.nn.functional as F
@@ -184,26 +187,39 @@ class Ensemble(nn.Module):
         return torch.stack([m(h) for m in self.members]).mean(0)
 
 
+def sgd_run(
+    build: Callable[[], nn.Module], lr: float, read: Callable[[Any], dict[str, float]], watched: bool
+) -> tuple[dict[str, float], NeuralDbg | None]:
+    """200 steps of plain SGD at ``lr`` on :data:`make`'s batches of a model ``build`` makes (seeded); ``read`` takes
+    the gradient norms the test looks at after each backward pass (plain torch), the last step's returned."""
+    torch.manual_seed(0)
+    model = build()
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    norms: dict[str, float] = {}
+
+    def loop() -> None:
+        for step in range(200):
+            x, y = make(step)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            norms.update(read(model))
+            opt.step()
+
+    return norms, support.watching(model, loop, watched)
+
+
 def test_a_member_whose_gradient_vanishes_inside_it_is_still_found():
     """Its later layers train: the copy is used, and the zero inside it is its own."""
 
     def run(watched: bool) -> tuple[dict[str, float], NeuralDbg | None]:
-        torch.manual_seed(0)
-        model = Ensemble(saturated=2)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        norms: dict[str, float] = {}
-
-        def loop() -> None:
-            for step in range(200):
-                x, y = make(step)
-                opt.zero_grad()
-                F.cross_entropy(model(x), y).backward()
-                norms.update(
-                    {f"{i}.{j}": float(m[j].weight.grad.norm()) for i, m in enumerate(model.members) for j in (0, 2)}
-                )
-                opt.step()
-
-        return norms, support.watching(model, loop, watched)
+        return sgd_run(
+            lambda: Ensemble(saturated=2),
+            0.05,
+            lambda model: {
+                f"{i}.{j}": float(m[j].weight.grad.norm()) for i, m in enumerate(model.members) for j in (0, 2)
+            },
+            watched,
+        )
 
     norms, _ = run(watched=False)
     # plain torch: the saturated member's first layer gets exactly nothing, its next layer and its siblings' train
@@ -231,25 +247,17 @@ class Stack(nn.Module):
 
 
 def test_numbered_blocks_of_a_stack_are_no_parallel_copies_and_their_vanishing_gradients_are_found():
-    def sgd_run(watched: bool) -> tuple[dict[str, float], NeuralDbg | None]:
-        torch.manual_seed(0)
-        model = Stack()
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        norms: dict[str, float] = {}
+    def run(watched: bool) -> tuple[dict[str, float], NeuralDbg | None]:
+        return sgd_run(
+            Stack,
+            0.01,
+            lambda model: {f"{i}": float(b[0].weight.grad.norm()) for i, b in enumerate(model.blocks)},
+            watched,
+        )
 
-        def loop() -> None:
-            for step in range(200):
-                x, y = make(step)
-                opt.zero_grad()
-                F.cross_entropy(model(x), y).backward()
-                norms.update({f"{i}": float(b[0].weight.grad.norm()) for i, b in enumerate(model.blocks)})
-                opt.step()
-
-        return norms, support.watching(model, loop, watched)
-
-    norms, _ = sgd_run(watched=False)
+    norms, _ = run(watched=False)
     assert norms["0"] < 1e-3 * norms["7"]  # plain torch: the gradient shrinks through the sigmoids
-    _, dbg = sgd_run(watched=True)
+    _, dbg = run(watched=True)
     assert dbg is not None
     assert not dbg._recorder.coverage.parallel
     assert "vanishing_gradients" in support.kinds(dbg), dbg.explain_failure()

@@ -7,6 +7,7 @@ the true labels it learns."""
 
 from __future__ import annotations
 
+import support
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -52,12 +53,7 @@ def sam(permuted: bool, watched: bool, rho: float = 0.05) -> tuple[float, Neural
             opt.step()
             opt.zero_grad()
 
-    if watched:
-        with NeuralDbg(model) as dbg:
-            loop()
-    else:
-        dbg = None
-        loop()
+    dbg = support.watching(model, loop, watched)
     x = torch.randn(1024, 20, generator=torch.Generator().manual_seed(99))
     with torch.no_grad():
         return float((model(x).argmax(1) == labels(x)).float().mean()), dbg
