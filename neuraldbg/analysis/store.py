@@ -88,6 +88,9 @@ def merge(prev: SemanticEvent, new: SemanticEvent) -> SemanticEvent:
     stronger = new if new.confidence > prev.confidence else prev
     metrics = dict(stronger.metrics)
     metrics["observations"] = prev.metrics.get("observations", 1.0) + new.metrics.get("observations", 1.0)
+    if "solid" in prev.metrics or "solid" in new.metrics:  # observations past the full threshold, over the episodes
+        metrics["solid"] = sum(e.metrics.get("solid", e.metrics.get("observations", 1.0)) for e in (prev, new))
+        metrics["last_solid"] = new.metrics.get("last_solid", 1.0)
     if new.step_start > prev.step_end + 1:
         metrics["episodes"] = prev.metrics.get("episodes", 1.0) + new.metrics.get("episodes", 1.0)
     return dataclasses.replace(

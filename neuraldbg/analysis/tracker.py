@@ -53,6 +53,7 @@ class _Run:
     from_state: HealthState | str | None
     confirmed: bool = False  # what followed proved it real (an explosion that ends in NaN)
     solid: int = 0  # observations past the full threshold (not provisional)
+    last_solid: bool = False  # ... the latest one was
 
     @property
     def state(self) -> HealthState:
@@ -62,6 +63,7 @@ class _Run:
         self.end = step
         self.count += 1
         self.solid += not finding.provisional
+        self.last_solid = not finding.provisional
         if finding.strength > self.strongest.strength or (self.strongest.provisional and not finding.provisional):
             self.strongest = finding
 
@@ -76,6 +78,9 @@ class _Run:
         f = self.strongest
         metrics = dict(f.metrics)
         metrics["observations"] = float(self.count)
+        if self.solid < self.count:  # some observations short of the full threshold: how many were past it, and
+            metrics["solid"] = float(self.solid)  # whether the latest one was (a state that touched it and fell back)
+            metrics["last_solid"] = float(self.last_solid)
         if ongoing:  # still holding at the last observation: nothing seen since says it ended
             metrics["ongoing"] = 1.0
         if f.call:
@@ -166,7 +171,9 @@ class Tracker:
             state = (key[0], str(f.state))
             was_solid = began = False
             if run is None:
-                run = self._open[key] = _Run(f, f, step, step, 1, self._last.get(key), solid=int(not f.provisional))
+                run = self._open[key] = _Run(
+                    f, f, step, step, 1, self._last.get(key), solid=int(not f.provisional), last_solid=not f.provisional
+                )
                 opened = self._open_states.get(state, 0)
                 began = opened == 0
                 self.started += began

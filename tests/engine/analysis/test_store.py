@@ -57,6 +57,15 @@ def test_a_merged_event_counts_episodes_only_across_a_gap(second_start: int, epi
     assert merged.metrics["observations"] == 8.0
 
 
+def test_a_merged_event_adds_the_observations_past_the_full_threshold_and_keeps_the_latest_ones_state():
+    # 10 observations, 4 past the threshold, the last short of it; 5 observations, all past it (no count written)
+    touched = dead("3", 0, 9, confidence=0.9, solid=4.0, last_solid=0.0)
+    merged = merge(touched, dead("3", 10, 14, confidence=0.6))
+    assert (merged.metrics["solid"], merged.metrics["last_solid"]) == (9.0, 1.0)
+    merged = merge(dead("3", 0, 4, confidence=0.9), dead("3", 10, 19, confidence=0.6, solid=4.0, last_solid=0.0))
+    assert (merged.metrics["solid"], merged.metrics["last_solid"]) == (9.0, 0.0)
+
+
 def test_episodes_add_up_over_several_merges():
     merged = merge(merge(dead("3", 0, 4), dead("3", 10, 12)), dead("3", 20, 21))
     assert (merged.metrics["episodes"], merged.metrics["observations"]) == (3.0, 10.0)

@@ -35,6 +35,22 @@ def test_a_state_present_from_the_first_step_is_an_event_with_no_from_state():
     assert event.metrics["observations"] == 5
 
 
+def test_an_event_with_observations_short_of_the_full_threshold_counts_those_past_it_and_the_latest():
+    short = dataclasses.replace(DEAD, provisional=True)
+    tracker = Tracker(DebugConfig(persistence=2))
+    feed(tracker, [short, DEAD, DEAD, DEAD, short, short])
+    (event,) = tracker.events(final=True)
+    assert (event.metrics["observations"], event.metrics["solid"], event.metrics["last_solid"]) == (6, 3, 0.0)
+    tracker = Tracker(DebugConfig(persistence=2))
+    feed(tracker, [short, DEAD, DEAD])
+    (event,) = tracker.events(final=True)
+    assert (event.metrics["solid"], event.metrics["last_solid"]) == (2, 1.0)
+    tracker = Tracker(DebugConfig(persistence=2))
+    feed(tracker, [DEAD] * 3)
+    (event,) = tracker.events(final=True)
+    assert "solid" not in event.metrics and "last_solid" not in event.metrics  # every observation past it
+
+
 def test_a_state_shorter_than_the_persistence_is_not_an_event_unless_decisive():
     tracker = Tracker(DebugConfig(persistence=3))
     feed(tracker, [None, DEAD, DEAD, None, None, NAN, None])
