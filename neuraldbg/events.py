@@ -67,6 +67,7 @@ class FailureKind(str, metaclass=_Names):
     OPTIMIZER_RESET: ClassVar[FailureKind]
     MISSING_CAUSAL_MASK: ClassVar[FailureKind]
     MODULE_REQUIRES_GRAD: ClassVar[FailureKind]
+    VIEW_ACROSS_BATCH: ClassVar[FailureKind]
     LOSS_NOT_DECREASING: ClassVar[FailureKind]
     UNSTABLE_LOSS: ClassVar[FailureKind]
     LOSS_AT_CHANCE: ClassVar[FailureKind]
@@ -170,6 +171,7 @@ for _name in (
     "inverted_padding_mask",
     "missing_causal_mask",
     "module_requires_grad",
+    "view_across_batch",
     "oversized_logits",
     "unmasked_padding",
     "missing_log_softmax",

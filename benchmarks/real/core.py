@@ -56,6 +56,7 @@ KINDS = frozenset(
         "inverted_padding_mask",
         "missing_causal_mask",
         "module_requires_grad",
+        "view_across_batch",
         "oversized_logits",
         "unmasked_padding",
         "missing_log_softmax",

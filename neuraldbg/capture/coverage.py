@@ -319,6 +319,10 @@ class Coverage:
     padded_steps: int = 0
     unmasked_attention: dict[str, int] = field(default_factory=dict)
     uncausal_attention: dict[str, int] = field(default_factory=dict)  # ... with no attention mask, not causal
+    # views that mix samples (see capture/sample_views.py): the fully observed passes read, and by the layer whose
+    # output was reshaped, [the shape given, the shape made, the passes it was met on, the first step]
+    view_passes: int = 0
+    mixed_views: dict[str, tuple[tuple[int, ...], tuple[int, ...], int, int]] = field(default_factory=dict)
     # attention layouts judged against the samples the loss scores (see note_layouts), by attention layer: [passes
     # judged, passes whose sequence axis held the samples, the first such step, the samples, the batch axis's length,
     # batch_first]
@@ -508,6 +512,14 @@ class Coverage:
         """A fully observed pass found ``name`` given a ``requires_grad`` attribute (see capture/switches.py)."""
         first = self.switches[name][3] if name in self.switches else step
         self.switches[name] = (value, trainable, total, first)
+
+    def note_views(self, found: list[tuple[str, tuple[int, ...], tuple[int, ...]]], step: int) -> None:
+        """One fully observed pass's views that mix samples (see capture/sample_views.py), each layer's once."""
+        self.view_passes += 1
+        for name in dict.fromkeys(name for name, _, _ in found):
+            given, made = next((g, m) for n, g, m in found if n == name)
+            before = self.mixed_views.get(name)
+            self.mixed_views[name] = (given, made, before[2] + 1, before[3]) if before else (given, made, 1, step)
 
     def note_layouts(self, targets: tuple[int, ...], layouts: list[tuple[str, int, int, bool]], step: int) -> None:
         """One fully observed pass: the shape of its loss's targets, one per sample (see

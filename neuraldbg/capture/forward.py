@@ -35,6 +35,10 @@ MASK_CHECKS = 4
 #: kept for the loss to read as its targets' source (see _count_unmasked): a next-token objective over an attention
 #: that sees every position.
 CAUSAL_CHECKS = 8
+#: Fully observed forward passes given one sequence of token ids, with no ``nn.MultiheadAttention`` seen running
+#: unmasked, whose token input is kept for the backward call to look for an attention in the loss's graph (see
+#: capture/attention_graph.py): a program builds its attention the same way on every pass.
+GRAPH_CAUSAL_CHECKS = 4
 #: Fully observed forward passes whose attention and recurrent calls' layouts are kept for the loss to judge (see
 #: _keep_layouts): a program lays out its sequences the same way on every pass.
 LAYOUT_CHECKS = 8
@@ -145,6 +149,12 @@ class ForwardPath:
         #: the model's one token input in a fully observed pass whose attention ran with no mask over it (see
         #: _count_unmasked): the backward call's listener reads the loss's targets against it, then lets it go
         self.unmasked_tokens: Tensor | None = None
+        self._graph_checks = GRAPH_CAUSAL_CHECKS
+        self._mask_reads = CAUSAL_CHECKS  # fully observed passes whose attention masks are read (see _hides_later)
+        self._mask_read = False  # ... one was read in this pass
+        #: ... and the model's one token input in a fully observed pass where no such attention was seen: the
+        #: backward call's listener looks for an unmasked attention in the loss's graph (see attention_graph)
+        self.graph_tokens: Tensor | None = None
         # the attention calls of this pass given a batched query, and its recurrent calls given a batched input:
         # (layer, the lengths of the axes it reads as its sequence and as its batch, batch_first); those whose axes
         # are the model input's first two are kept in ``layouts`` when its call ends, for the loss to judge (see
@@ -155,6 +165,10 @@ class ForwardPath:
         self._own_hooks = False  # a watched layer has forward hooks or pre-hooks of its own (see on_module_output)
         self._modules: list[tuple[str, nn.Module]] = []  # every submodule of the model, by name (see switches.py)
         self._hooks_in_pass = False  # ... found so in the hooked pass under way
+        self._containers: set[str] = set()  # the submodules that hold submodules (see owner)
+        self._ranks: dict[str, int] = {}  # every submodule's place in the model's order
+        self._owner_map: dict[int, list[str]] | None = None  # this pass's layer outputs by graph node (see owner)
+        self._owner_nodes: list[object] = []
 
     def attach(self) -> None:
         model = self._model()
@@ -163,6 +177,8 @@ class ForwardPath:
         self._root = model
         self._names = {module: name for name, module in naming.named_modules(model) if name in self._infos}
         self._modules = [(name, module) for name, module in naming.named_modules(model) if name]  # containers too
+        self._containers = {name for name, module in self._modules if next(module.children(), None) is not None}
+        self._ranks = {name: i for i, (name, _) in enumerate(self._modules)}
         self._own_hooks = self._own_hooks or any(
             m._forward_hooks or m._forward_pre_hooks for m in self._names if m is not model
         )
@@ -437,13 +453,29 @@ class ForwardPath:
         if self._mask_checks and isinstance(masks[0], Tensor) and masks[0].dim() == 2:
             self._key_masks.append((name, masks[0]))
         causal = kwargs.get("is_causal", args[7] if len(args) > 7 else False)
+        weights = kwargs.get("need_weights", args[4] if len(args) > 4 else True)
         key = kwargs.get("key", args[1] if len(args) > 1 else None)
-        if causal or masks[1] is not None or not isinstance(key, Tensor) or key.dim() not in (2, 3):
+        # ``is_causal`` is a hint that torch follows only with no key-padding mask and no weights asked for (as
+        # ``nn.TransformerEncoderLayer`` calls it); otherwise the attention mask given beside it decides
+        hinted = causal and (masks[1] is None or (masks[0] is None and not weights))
+        if hinted or not isinstance(key, Tensor) or key.dim() not in (2, 3):
             return
-        if key.dim() == 2:  # unbatched: (sequence, features)
-            lengths: tuple[int, ...] = (key.shape[0],)
-        else:  # (batch, sequence, features) or (sequence, batch, features)
-            lengths = (key.shape[0], key.shape[1]) if module.batch_first else (key.shape[1], key.shape[0])
+        if masks[1] is not None:
+            # an attention mask that lets a position see a later one (a float 0/1 ``tril``, added to the scores,
+            # hides nothing) is, for the causal check, no mask; any mask hides what padding needs hidden
+            if not self._causal_checks or not self._mask_reads:
+                return
+            self._mask_read = True
+            if _hides_later(masks[1]):
+                return
+            self._note_uncausal(name, module, query, key)
+            return
+        self._note_uncausal(name, module, query, key)
+        if masks[0] is None:
+            self._unmasked.append((name, _key_lengths(key, module)))
+
+    def _note_uncausal(self, name: str, module: nn.MultiheadAttention, query: Any, key: Tensor) -> None:
+        """Keep a self-attention call that lets every position see the later ones (see _note_attention)."""
         where = _where(key)
         if key is query or (
             isinstance(query, Tensor) and query.shape == key.shape and where is not None and _where(query) == where
@@ -451,9 +483,7 @@ class ForwardPath:
             # a self-attention (its keys are its queries' positions): every position sees every other one, padding
             # masked or not; a cross-attention's keys are a memory (an image's patches, an encoder's states,
             # a segment before), which a causal mask does not apply to, whatever their length
-            self._uncausal.append((name, lengths))
-        if masks[0] is None:
-            self._unmasked.append((name, lengths))
+            self._uncausal.append((name, _key_lengths(key, module)))
 
     def _note_recurrent(self, name: str, module: nn.RNNBase, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Keep a recurrent layer's layout (an ``nn.RNN``, ``nn.LSTM`` or ``nn.GRU`` call of a fully observed step):
@@ -487,6 +517,45 @@ class ForwardPath:
         if seen and only is not None and only.dim() == 2 and self._causal_checks:
             self._causal_checks -= 1
             self.unmasked_tokens = only
+
+    def _keep_graph_tokens(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A fully observed pass with no unmasked ``nn.MultiheadAttention`` over its tokens: keep the model's one
+        token input (``input_ids`` when named so, beside labels of the same shape) for the backward call's listener
+        to look for an attention in the loss's graph, on the first :data:`GRAPH_CAUSAL_CHECKS` such passes."""
+        ids = kwargs.get("input_ids")
+        only = ids if isinstance(ids, Tensor) and ids.dim() == 2 else _only_tokens(args, kwargs)
+        only = only if only is not None else _tokens_beside_targets(args, kwargs)
+        if only is None or only.dim() != 2 or only.is_floating_point() or max(only.shape) < 3:
+            return
+        self._graph_checks -= 1
+        self.graph_tokens = only
+
+    def owner(self, node: object) -> tuple[str, bool] | None:
+        """The layer of this fully observed pass whose output ``node`` (a graph node) produced, None for none: of
+        several layers sharing one output, the outermost; and whether it holds submodules (code of its own around
+        them: an attention block, not the ``Linear`` given the attention's result)."""
+        names = self._owners().get(id(node))
+        if not names:
+            return None
+        held = [n for n in names if n in self._containers]
+        return (min(held, key=len), True) if held else (min(names, key=len), False)
+
+    def rank(self, name: str) -> int:
+        """Where the submodule ``name`` stands in the model's own order (-1: not one of them)."""
+        return self._ranks.get(name, -1)
+
+    def _owners(self) -> dict[int, list[str]]:
+        if self._owner_map is None:
+            found: dict[int, list[str]] = {}
+            held: list[object] = []
+            for (name, _), t in self.refs.items():
+                node = t.grad_fn
+                if node is not None:
+                    held.append(node)
+                    found.setdefault(id(node), []).append(name)
+            self._owner_map = found
+            self._owner_nodes = held  # each node's object kept while its id is a key
+        return self._owner_map
 
     def _keep_layouts(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The model's call ended: keep, for the loss to judge, the layouts of its attention and recurrent calls whose
@@ -704,6 +773,11 @@ class ForwardPath:
             tokens = stats.token_argument(args, kwargs) if padding is not None or self._unmasked or masked else None
             if self._unmasked or self._uncausal:
                 self._count_unmasked(tokens, _only_tokens(args, kwargs))
+            if self._mask_read:
+                self._mask_read = False
+                self._mask_reads -= 1
+            if self.unmasked_tokens is None and self._graph_checks:
+                self._keep_graph_tokens(args, kwargs)
             if self._layouts:
                 self._keep_layouts(args, kwargs)
             if masked:
@@ -782,6 +856,9 @@ class ForwardPath:
         self._produced.clear()
         self._fed.clear()
         self.unmasked_tokens = None
+        self.graph_tokens = None
+        self._owner_map = None
+        self._owner_nodes = []
         self._unlinked = []
         self.others = []
 
@@ -848,6 +925,39 @@ def _weighted(module: nn.Module) -> bool:
     return any(p.dim() >= 2 for p in module.parameters(recurse=False))
 
 
+def _key_lengths(key: Tensor, module: nn.MultiheadAttention) -> tuple[int, ...]:
+    """An attention call's keys' batch and sequence lengths (its sequence's alone, unbatched)."""
+    if key.dim() == 2:  # unbatched: (sequence, features)
+        return (int(key.shape[0]),)
+    # (batch, sequence, features) or (sequence, batch, features)
+    return (int(key.shape[0]), int(key.shape[1])) if module.batch_first else (int(key.shape[1]), int(key.shape[0]))
+
+
+#: An added mask value that hides a position: its weight is exp(-10^4) times what it was (Hugging Face's older
+#: models add -10^4; torch's own masks, -inf; others, the dtype's lowest value).
+HIDDEN = -1e4
+
+
+@torch.no_grad()
+def _hides_later(mask: Any) -> bool:
+    """Whether an ``nn.MultiheadAttention`` attention mask hides every later position from every earlier one: each
+    entry above its last two axes' diagonal True (boolean: not allowed) or at most :data:`HIDDEN` (floating: added
+    to the scores). A float ``torch.tril(torch.ones(T, T))`` (1 on the past, 0 on the future) hides nothing. A mask
+    that is not square over its last two axes, or not a plain tensor, is taken to hide them (not judged). Reads
+    the mask (one value to the host), on the first fully observed passes only."""
+    if not isinstance(mask, Tensor) or mask.dim() < 2 or mask.shape[-1] != mask.shape[-2] or _where(mask) is None:
+        return True
+    later = torch.ones(mask.shape[-2:], dtype=torch.bool, device=mask.device).triu(1)
+    above = mask[..., later]
+    if not above.numel():
+        return True
+    if mask.dtype is torch.bool:
+        return bool(above.all())
+    if not mask.is_floating_point():
+        return True
+    return bool((above <= HIDDEN).all())
+
+
 def _count_over(calls: list[tuple[str, tuple[int, ...]]], tokens: Tensor | None, counts: dict[str, int]) -> bool:
     """Count into ``counts`` each attention call whose keys' lengths are the axes of ``tokens`` (in either order);
     whether one was."""
@@ -872,6 +982,32 @@ def _only_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None
         and value.dtype is not torch.bool
     ]
     return found[0] if len(found) == 1 else None
+
+
+#: The share of positions at which one of two token arguments is the other's next token, at least, for them to be
+#: read as a model's tokens and their targets (``model(idx, targets)``, as nanoGPT is called).
+SHIFTED = 0.9
+
+
+@torch.no_grad()
+def _tokens_beside_targets(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """Of a model call's two token arguments of one ``(batch, length)`` shape, the first when the second follows it
+    by one position (``model(idx, targets)``, its loss computed inside): the tokens. None otherwise. Reads both (one
+    value to the host), on the first fully observed passes only."""
+    found = [
+        value
+        for value in (*args, *kwargs.values())
+        if isinstance(value, Tensor)
+        and value.dim() == 2
+        and not value.is_floating_point()
+        and value.dtype is not torch.bool
+    ]
+    if len(found) != 2 or found[0].shape != found[1].shape or found[0].shape[1] < 3:
+        return None
+    first, second = found
+    # the targets after the tokens, as nanoGPT takes them: a sequence-to-sequence model's ``(source, target_in)``
+    # of a copy task holds the same pair the other way round, its source following its shifted target
+    return first if float((first[:, 1:] == second[:, :-1]).float().mean()) >= SHIFTED else None
 
 
 def _where(t: Tensor) -> int | None:

@@ -69,7 +69,7 @@ from ..stats.tensors import (
     target_moments,
     target_profile,
 )
-from . import collector, hooks, loss_graph
+from . import attention_graph, collector, hooks, loss_graph, sample_views
 from .clock import StepMode
 from .label_mix import LabelMix
 
@@ -166,6 +166,7 @@ class GradLedger:
         # them all again
         self._target_passes = 0
         self._looked = False  # this backward pass's targets were looked for
+        self._view_checks = sample_views.CHECKS  # fully observed passes still to look for views that mix samples in
         self._mix = LabelMix()  # how mixed each fully observed step's labels are
         # optimizer -> (its groups' sizes and whether each decays, the names of the decaying groups' parameters)
         self._decayed: dict[int, tuple[tuple[tuple[int, bool], ...], frozenset[str] | None]] = {}
@@ -246,12 +247,43 @@ class GradLedger:
             # loss's targets (a next-token objective over an attention that sees every position)
             tokens = rec.forward.unmasked_tokens
             rec.forward.unmasked_tokens = None
-            wanted = self._loss_checks or self._looked or counted or mixing or recheck or layouts or tokens is not None
-            roots = hooks.backward_roots() if wanted else []
+            # ... or, with no such attention among the layers, the token input of a pass whose attention may be in
+            # the graph only (F.scaled_dot_product_attention, a hand-written one)
+            graph_tokens = rec.forward.graph_tokens
+            rec.forward.graph_tokens = None
+            others = (
+                self._loss_checks
+                or self._looked
+                or counted
+                or mixing
+                or recheck
+                or layouts
+                or tokens is not None
+                or graph_tokens is not None
+            )
+            # ... and views that mix samples, on the first fully observed passes
+            viewing = self._view_checks > 0 and data.full
+            roots = hooks.backward_roots() if others or viewing else []
+            if viewing and roots:
+                self._view_checks -= 1
+                targets = loss_graph.sample_targets(roots)
+                if targets is not None:
+                    views = sample_views.mixed(roots, targets[0], rec.forward.owner)
+                    rec.coverage.note_views(views, data.step)
+                if not others:
+                    roots = []
             if layouts and roots:
                 targets = loss_graph.sample_targets(roots)
                 if targets is not None:
                     rec.coverage.note_layouts(targets, layouts, data.step)
+            objective = loss_graph.next_token_nll(roots, graph_tokens) if graph_tokens is not None and roots else None
+            if objective is not None:
+                layers = attention_graph.unmasked([objective[0]], set(graph_tokens.shape), rec.forward.owner)
+                if layers:
+                    counts = rec.coverage.uncausal_attention
+                    for name in sorted(set(layers), key=rec.forward.rank):
+                        counts[name] = counts.get(name, 0) + 1
+                    rec.pending.put("next_token", None, objective[1])
             if tokens is not None and roots:
                 share = loss_graph.next_token_share(roots, tokens)
                 if share is not None:

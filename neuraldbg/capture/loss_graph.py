@@ -902,8 +902,14 @@ def next_token_share(losses: list[Tensor], tokens: Tensor) -> Tensor | None:
     positions whose next input token differs from their own, the fraction whose target is that next token, as a 0-d
     float tensor (read later); the larger of the two layouts that fit. Its targets, one per position, number the
     input's positions (the last one's target lies past the input) or one fewer (the model's output for the last
-    position dropped). None when no ``nll_loss`` is met or its targets number neither; the layout is read, nothing
-    else."""
+    position dropped). The first ``nll_loss`` whose targets fit is read (an auxiliary head's loss of one label per
+    sequence beside it is passed over); None when none does. The layout is read, nothing else."""
+    found = next_token_nll(losses, tokens)
+    return found[1] if found is not None else None
+
+
+def next_token_nll(losses: list[Tensor], tokens: Tensor) -> tuple[object, Tensor] | None:
+    """The ``nll_loss`` node :func:`next_token_share` reads, and its share."""
     if tokens.dim() != 2 or min(tokens.shape) < 1 or max(tokens.shape) < 3:
         return None
     for node, _ in _walk(losses):
@@ -911,10 +917,11 @@ def next_token_share(losses: list[Tensor], tokens: Tensor) -> Tensor | None:
             continue
         target = getattr(node, "_saved_target", None)
         if not isinstance(target, Tensor) or target.is_floating_point() or target.device != tokens.device:
-            return None
+            continue
         ignore = getattr(node, "_saved_ignore_index", -100)
         found = [s for t in (tokens, tokens.t()) if (s := _ahead(target, t, ignore)) is not None]
-        return torch.stack(found).max() if found else None
+        if found:
+            return node, torch.stack(found).max()
     return None
 
 

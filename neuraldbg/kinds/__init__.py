@@ -62,6 +62,7 @@ from . import (
     unshuffled_data,
     unstable_loss,
     vanishing_gradients,
+    view_across_batch,
 )
 from .base import Check, Kind, RootLane, RootPool, Series, Unregistered
 from .registry import register, resolve, room, room_of, rooms
@@ -97,6 +98,7 @@ BUILTIN: tuple[Kind, ...] = (
     inverted_padding_mask.InvertedPaddingMask(),
     missing_causal_mask.MissingCausalMask(),
     module_requires_grad.ModuleRequiresGrad(),
+    view_across_batch.ViewAcrossBatch(),
     oversized_logits.OversizedLogits(),
     unmasked_padding.UnmaskedPadding(),
     loss_scale_collapse.LossScaleCollapse(),

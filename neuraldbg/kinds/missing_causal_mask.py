@@ -8,8 +8,9 @@ mask, whose floor is the two unpredictable tokens; greedy generation from a 2-to
 the tokens against 1.00).
 
 Read on the first :data:`~neuraldbg.capture.forward.CAUSAL_CHECKS` fully observed passes in which an
-``nn.MultiheadAttention`` ran as a self-attention (its key the very tensor of its query) with no attention mask and
-not ``is_causal`` (a key-padding mask or not: padding hides no later token) over keys as long as the model's token
+``nn.MultiheadAttention`` ran as a self-attention (its key the very tensor of its query) with no attention mask (or
+one that hides no later position, a float ``torch.tril(torch.ones(T, T))`` added to the scores) and not
+``is_causal`` (a key-padding mask or not: padding hides no later token) over keys as long as the model's token
 input, that input being the call's only token argument, wherever it stands (a captioner's ``model(image, tokens)``):
 of the ``nll_loss``'s targets at positions whose next input token differs from their own, the share that are that
 next token (:func:`~neuraldbg.capture.loss_graph.next_token_share`). Reported when at least :data:`MIN_PASSES`
@@ -17,8 +18,12 @@ passes were read and at least half of them were at least :data:`SHARE` next-toke
 two token sequences (a source and a target: its encoder sees all of the source by design), targets that are the
 input's own tokens (a tagger, a masked LM: at the positions where the next token differs, none of them is it), one
 label per sample, a cross-attention (its keys a memory: an image's patches, an encoder's states, a previous
-segment's, as long as the tokens or not), attention the debugger does not see (a hand-written one,
-``F.scaled_dot_product_attention``), an attention mask that is not causal, a bidirectional recurrent layer.
+segment's, as long as the tokens or not), a bidirectional recurrent layer.
+
+An attention that is no ``nn.MultiheadAttention`` (``F.scaled_dot_product_attention`` without ``is_causal``, or a
+softmax of queries times keys written by hand with no mask between them) is found in the loss's graph on the first
+:data:`~neuraldbg.capture.forward.GRAPH_CAUSAL_CHECKS` fully observed passes given one token input (see
+capture/attention_graph.py), then read the same way; it is named by the layer whose code runs it.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ class MissingCausalMask(Kind):
         if not counts:
             return None
         most = max(counts.values())
-        layers = [name for name, n in counts.items() if 2 * n >= most]
+        layers = [name for name, n in counts.items() if 2 * n >= most and name]
         return run_event(
             KIND,
             ahead[0][0],
@@ -89,7 +94,9 @@ class MissingCausalMask(Kind):
         fix = (
             "give the attention a causal mask: nn.TransformerEncoder(...)(x, mask=nn.Transformer."
             "generate_square_subsequent_mask(T), is_causal=True), or attn_mask=that mask with is_causal=True on "
-            "nn.MultiheadAttention (T: the sequence length)."
+            "nn.MultiheadAttention (T: the sequence length); F.scaled_dot_product_attention(q, k, v, is_causal=True); "
+            "written by hand, scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float('-inf')) "
+            "before the softmax."
         )
         return what, fix
 

@@ -90,7 +90,7 @@ def test_the_checks_are_the_engines_failure_kinds_run_level_ones_included() -> N
     assert verdict.kinds()[: len(builtin)] == sorted(builtin, key=lambda k: list(FailureKind).index(FailureKind(k)))
     run_level = {"no_training_observed", "no_gradient", "eval_mode_training", "degenerate_loss"}
     run_level |= {"incomplete_observation", "loss_scale_collapse", "gradients_not_zeroed", "discarded_gradients"}
-    run_level |= {"optimizer_reset", "missing_causal_mask", "module_requires_grad"}
+    run_level |= {"optimizer_reset", "missing_causal_mask", "module_requires_grad", "view_across_batch"}
     run_level |= {"loss_not_decreasing", "unstable_loss", "loss_at_chance", "unnormalised_inputs"}
     run_level |= {"activation_before_loss", "class_index_regression", "collapsed_output"}
     run_level |= {"labels_shifted_twice", "missing_log_softmax", "missing_sigmoid", "detached_layers"}

@@ -277,3 +277,66 @@ def test_a_captioner_given_its_tokens_second_is_read_too():
     assert hits[0].root.detail == "dec.layers.0.self_attn, dec.layers.1.self_attn"
     _, silent = run(causal=True)
     assert not found(silent), silent.explain_failure()
+
+
+class MaskedBy(nn.Module):
+    """A 2-layer LM calling ``nn.MultiheadAttention`` itself with an attention mask and no ``is_causal``: ``how``
+    "ones" (a float ``torch.tril(torch.ones(T, T))``, added to the scores: 1 on the past, 0 on the future, it hides
+    nothing), "bool" (True above the diagonal: hidden) or "inf" (-inf above the diagonal)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(V + 1, D), nn.Embedding(T, D)
+        self.attn = nn.ModuleList([nn.MultiheadAttention(D, 4, batch_first=True) for _ in range(2)])
+        self.ff = nn.Sequential(nn.LayerNorm(D), nn.Linear(D, 2 * D), nn.GELU(), nn.Linear(2 * D, D))
+        self.out, self.how = nn.Linear(D, V), how
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        h = self.tok(x) + self.pos(torch.arange(n))
+        later = torch.ones(n, n, dtype=torch.bool).triu(1)
+        mask = {"ones": torch.tril(torch.ones(n, n)), "bool": later}.get(
+            self.how, torch.zeros(n, n).masked_fill(later, float("-inf"))
+        )
+        for attn in self.attn:
+            h = h + attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return self.out(h + self.ff(h))
+
+
+def train_masked_by(how: str, steps: int, watched: bool) -> tuple[MaskedBy, float, NeuralDbg | None]:
+    torch.manual_seed(0)
+    model = MaskedBy(how)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = sequences(steps * BATCH, 12)
+    losses: list[float] = []
+
+    def loop() -> None:
+        for step in range(steps):
+            x = data[step * BATCH : (step + 1) * BATCH]
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+
+    dbg = support.watching(model, loop, watched)
+    return model, sum(losses[-10:]) / 10, dbg
+
+
+def test_a_float_tril_of_ones_given_as_the_mask_hides_nothing_and_is_found():
+    model, loss, dbg = train_masked_by("ones", 96, watched=True)
+    twin, twin_loss, _ = train_masked_by("inf", 96, watched=False)
+    # plain torch: added to the scores, 1 on the past and 0 on the future hide no later token; its twin's -inf do
+    assert leak(model) > 1e-2 and leak(twin) == 0.0
+    assert loss < 0.5 * twin_loss, (loss, twin_loss)
+    hits = found(dbg)
+    assert hits, dbg.explain_failure() if dbg else ""
+    assert hits[0].root.detail == "attn.0, attn.1"
+
+
+def test_a_boolean_or_infinite_causal_mask_without_is_causal_is_silent():
+    for how in ("bool", "inf"):
+        model, _, dbg = train_masked_by(how, 48, watched=True)
+        assert leak(model) == 0.0, how  # plain torch: no position sees a later token
+        assert not found(dbg), (how, dbg.explain_failure() if dbg else "")
+        assert dbg is not None and not dbg._recorder.coverage.uncausal_attention, how

@@ -1,0 +1,327 @@
+"""Attention the module hooks do not see, found in the loss's graph: ``F.scaled_dot_product_attention`` and an
+attention written by hand (``softmax(q @ k.transpose(-2, -1) * scale) @ v``), as a self-attention that lets a
+position see the later ones.
+
+What ``missing_causal_mask`` needs from a model that is not built on ``nn.MultiheadAttention`` (a nanoGPT- or
+LLaMA-style block calling ``F.scaled_dot_product_attention`` without ``is_causal=True``, or masking its scores
+with a mask it never applies, or applies the wrong way round). Read once per fully observed pass, before its
+backward call, on the first few passes whose model was given one sequence of token ids (see
+:data:`~neuraldbg.capture.forward.GRAPH_CAUSAL_CHECKS`): a walk of the graph below the next-token objective's
+``nll_loss`` (at most :data:`BUDGET` nodes; an attention that feeds another head alone is not below it),
+attributes and shapes, and the boolean masks a hand-written attention saved.
+
+An attention counts when its keys are as many as the tokens, its queries as many as its keys, and:
+
+- a fused kernel's node (``ScaledDotProduct...Backward0``) saved ``is_causal`` False and no mask or bias;
+- a hand-written one (or torch's own attention computed in plain operations): a softmax over the last axis whose
+  input is the product of queries and keys, scaled by one number at most, whose probabilities reach the product
+  with the values through reshapes and dropout only. Between the product and the softmax, ``tril`` (which leaves
+  0, still weighed) hides nothing, and a ``masked_fill`` or ``where`` is read for the positions it hides: one that
+  hides every later key (the usual causal mask) is a mask, one that does not (the mask inverted) is none.
+  Anything else there (an added mask or bias, whatever its values: Hugging Face's BERT given no padding adds one
+  of zeros, ALiBi without its causal part) or after the softmax is not judged.
+
+and its queries and keys are a self-attention's: both come, within :data:`NEAR` graph nodes reached position by
+position (not through a reduction, a pooling, a convolution or another attention), from one node that depends on
+the data (the fused projection a nanoGPT block splits, the normalised stream two projections read, before their
+rotary embeddings). Keys from a memory (an image's patches, an encoder's states) do not meet the queries so,
+whatever their length; values made of parameters alone that both sides read (one positional table, sliced or
+looked up at ``torch.arange``, one projection's weight split in three) are not data and do not count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor
+
+#: Graph nodes walked below the loss, at most.
+BUDGET = 50_000
+#: Graph nodes from the queries and from the keys within which both must meet one node that depends on the data.
+NEAR = 16
+
+_PRODUCTS = frozenset({"BmmBackward0", "MmBackward0"})
+#: Nodes that move or copy values without mixing positions: between the scores' product and the softmax, and
+#: between the softmax and the product with the values.
+_RESHAPES = frozenset(
+    {
+        "ViewBackward0",
+        "UnsafeViewBackward0",
+        "ReshapeAliasBackward0",
+        "CloneBackward0",
+        "ExpandBackward0",
+        "TransposeBackward0",
+        "PermuteBackward0",
+        "SqueezeBackward0",
+        "SqueezeBackward1",
+        "UnsqueezeBackward0",
+        "ToCopyBackward0",
+    }
+)
+_SCALES = frozenset({"MulBackward0", "MulBackward1", "DivBackward0", "DivBackward1"})
+#: Nodes that mix positions (by the start of their names): below them, queries and keys are no longer read position
+#: by position (see :func:`_near`).
+_MIXING = (
+    "Mean",
+    "Sum",
+    "Amax",
+    "Amin",
+    "Max",
+    "Min",
+    "Norm",
+    "LinalgVectorNorm",
+    "Logsumexp",
+    "Prod",
+    "Var",
+    "Std",
+    "Cum",
+    "Bmm",
+    "ScaledDotProduct",
+    "Convolution",
+    "AvgPool",
+    "AdaptiveAvgPool",
+    "AdaptiveMaxPool",
+    "MaxPool",
+)
+#: Nodes that set scores to 0, which the softmax still weighs (``att.tril()``): no mask.
+_ZEROING = frozenset({"TrilBackward0", "TriuBackward0"})
+#: Nodes that hide scores where a boolean mask says (``masked_fill``, ``where``): read, see :func:`_hidden`.
+_MASKING = frozenset({"MaskedFillBackward0", "WhereBackward0"})
+_DROPOUTS = frozenset({"NativeDropoutBackward0"})
+#: A softmax's nodes (``_safe_softmax``: the one torch's own attention computes in plain operations).
+_SOFTMAXES = frozenset({"SoftmaxBackward0", "SafeSoftmaxBackward0"})
+
+
+def unmasked(roots: list[object], lengths: set[int], owner: Callable[[object], tuple[str, bool] | None]) -> list[str]:
+    """The layers of every self-attention with no mask over as many keys as one of ``lengths`` (the token input's
+    axes, batch first or not) in the graph below ``roots`` (graph nodes of one backward call, before it runs: the
+    next-token objective's ``nll_loss``, so that an attention feeding another head alone is not read). ``owner``
+    names the layer a graph node is the output of, and whether that layer holds submodules (None for a node that is
+    not a layer's output): an attention is named by the nearest such layer above it, whose code runs it
+    (``h.0.attn``, not its ``c_proj`` given the result; a layer without submodules, the nearest one when no layer
+    above holds any). An empty name: none was found."""
+    found: list[str] = []
+    parents: dict[int, object] = {}
+    for node, parent in _walk(roots):
+        if parent is not None:
+            parents.setdefault(id(node), parent)
+        pair = _attention(node, lengths)
+        if pair is not None and _meet(*pair):
+            found.append(_name(node, parents, owner))
+    return found
+
+
+def _walk(roots: list[object]) -> Iterator[tuple[object, object | None]]:
+    queue: list[tuple[object, object | None]] = [(node, None) for node in roots]
+    seen = {id(node): node for node, _ in queue}  # held while the walk runs (ids stay unique)
+    at = 0
+    while at < len(queue) and at < BUDGET:
+        node, parent = queue[at]
+        at += 1
+        yield node, parent
+        for nxt, _ in getattr(node, "next_functions", ()):
+            if nxt is not None and id(nxt) not in seen:
+                seen[id(nxt)] = nxt
+                queue.append((nxt, node))
+
+
+def _attention(node: object, lengths: set[int]) -> tuple[object, object] | None:
+    """The nodes of the queries and of the keys of an unmasked attention over one of ``lengths`` keys whose result
+    ``node`` is, else None."""
+    name = type(node).__name__
+    inputs = [n for n, _ in getattr(node, "next_functions", ())]
+    if name.startswith("ScaledDotProduct"):
+        return _fused(node, inputs, lengths)
+    if name in _PRODUCTS and len(inputs) == 2 and inputs[0] is not None:
+        return _written(inputs[0], lengths)
+    return None
+
+
+def _fused(node: object, inputs: list[object], lengths: set[int]) -> tuple[object, object] | None:
+    if len(inputs) < 2 or inputs[0] is None or inputs[1] is None:
+        return None
+    try:
+        if getattr(node, "_saved_is_causal", True) is not False:
+            return None
+        for attribute in dir(node):
+            masks = attribute.startswith("_saved_") and ("mask" in attribute or "bias" in attribute)
+            if masks and getattr(node, attribute) is not None:
+                return None
+        query, key = getattr(node, "_saved_query", None), getattr(node, "_saved_key", None)
+    except RuntimeError:  # a saved tensor already freed: not this pass's graph before its backward call
+        return None
+    if not isinstance(query, Tensor) or not isinstance(key, Tensor) or query.dim() < 2 or key.dim() < 2:
+        return None
+    if int(key.shape[-2]) not in lengths or int(query.shape[-2]) != int(key.shape[-2]):
+        return None
+    return inputs[0], inputs[1]
+
+
+def _written(probabilities: object, lengths: set[int]) -> tuple[object, object] | None:
+    """``probabilities``: the first input of a product; the queries' and keys' nodes when it is an unmasked
+    softmax of their scaled product over one of ``lengths`` keys, as many queries."""
+    node = probabilities
+    while type(node).__name__ in _RESHAPES or type(node).__name__ in _DROPOUTS:
+        node = _first(node)
+    if type(node).__name__ not in _SOFTMAXES:
+        return None
+    try:
+        result = getattr(node, "_saved_result", None)
+        dim = getattr(node, "_saved_dim", None)
+    except RuntimeError:
+        return None
+    if not isinstance(dim, int) or not isinstance(result, Tensor) or result.dim() < 2:
+        return None
+    if dim >= 1 << 63:  # -1 read back as an unsigned 64-bit number
+        dim -= 1 << 64
+    if dim not in (-1, result.dim() - 1):
+        return None
+    if int(result.shape[-1]) not in lengths or int(result.shape[-2]) != int(result.shape[-1]):
+        return None
+    node = _first(node)
+    while node is not None:
+        name = type(node).__name__
+        if name in _RESHAPES or name in _ZEROING or _scalar_scale(node):
+            node = _first(node)
+        elif name in _MASKING:
+            hidden = _hidden(node)
+            if hidden is None or _hides(hidden, int(result.shape[-1])):
+                return None  # masked (or masked in a way not read)
+            node = _scores(node)
+        else:
+            break
+    if type(node).__name__ not in _PRODUCTS:
+        return None
+    inputs = [n for n, _ in getattr(node, "next_functions", ())]
+    if len(inputs) != 2 or inputs[0] is None or inputs[1] is None:
+        return None
+    return inputs[0], inputs[1]
+
+
+def _hidden(node: object) -> Tensor | None:
+    """Which scores a ``masked_fill`` or a ``where`` between the scores and the softmax hides (True: hidden), from
+    the mask it saved; None when it cannot be read. A ``where(keep, scores, -inf)`` hides where ``keep`` is False,
+    a ``where(hide, -inf, scores)`` where ``hide`` is True: which input the scores are tells them apart."""
+    try:
+        if type(node).__name__ == "MaskedFillBackward0":
+            mask = getattr(node, "_saved_mask", None)
+            return mask if isinstance(mask, Tensor) and mask.dtype is torch.bool else None
+        condition = getattr(node, "_saved_condition", None)
+    except RuntimeError:
+        return None
+    if not isinstance(condition, Tensor) or condition.dtype is not torch.bool:
+        return None
+    inputs = [n for n, _ in getattr(node, "next_functions", ())]
+    if len(inputs) != 2 or (inputs[0] is None) == (inputs[1] is None):
+        return None  # scores on both sides, or on neither: not a mask applied to them
+    return ~condition if inputs[0] is not None else condition
+
+
+@torch.no_grad()
+def _hides(hidden: Tensor, length: int) -> bool:
+    """Whether ``hidden`` (broadcast over the scores' last two axes, queries by keys) hides every later key from
+    every query. Reads the mask: one value to the host, on the first passes only."""
+    if hidden.dim() < 2 or hidden.shape[-1] != length or hidden.shape[-2] not in (1, length):
+        return True  # not laid out as queries by keys: not judged
+    later = torch.ones(length, length, dtype=torch.bool, device=hidden.device).triu(1)
+    full = hidden.expand(*hidden.shape[:-2], length, length)
+    return bool(full[..., later].all())
+
+
+def _scores(node: object) -> object | None:
+    """The input of a ``masked_fill`` or a ``where`` that carries the scores."""
+    inputs = [n for n, _ in getattr(node, "next_functions", ())]
+    return next((n for n in inputs if n is not None), None)
+
+
+def _scalar_scale(node: object) -> bool:
+    """A product or quotient by one number (a score's ``1 / sqrt(d)``), not by a mask or another tensor."""
+    if type(node).__name__ not in _SCALES:
+        return False
+    inputs = [n for n, _ in getattr(node, "next_functions", ())]
+    if len(inputs) == 2 and inputs[1] is not None:
+        return False  # by a tensor that is itself computed (a learnt temperature is a parameter: still one number)
+    try:
+        other = getattr(node, "_saved_other", None)
+    except RuntimeError:
+        return False
+    return other is None or not isinstance(other, Tensor) or other.numel() == 1
+
+
+def _first(node: object) -> object | None:
+    inputs = getattr(node, "next_functions", ())
+    return inputs[0][0] if inputs else None
+
+
+def _near(start: object) -> dict[int, object]:
+    """The nodes within :data:`NEAR` steps below ``start`` that depend on the data, reached position by position:
+    the walk does not go below a node that mixes positions (a reduction, a pooling, a convolution, a product of two
+    data tensors, an attention). A captioner that adds its image's pooled feature to its tokens reaches the image's
+    patches from its queries only through that pooling; the keys of its cross-attention are those patches."""
+    found: dict[int, object] = {}
+    frontier = [start]
+    for _ in range(NEAR):
+        after: list[object] = []
+        for node in frontier:
+            if id(node) in found or type(node).__name__ == "AccumulateGrad":
+                continue
+            if _data(node):
+                found[id(node)] = node
+            if not type(node).__name__.startswith(_MIXING):
+                after.extend(n for n, _ in getattr(node, "next_functions", ()) if n is not None)
+        frontier = after
+    return found
+
+
+def _data(node: object) -> bool:
+    """Whether a node's value depends on more than parameters (see :func:`_fixed`)."""
+    return not _fixed(node)
+
+
+def _fixed(node: object, depth: int = 0) -> bool:
+    """Whether a node's value is the same for every sample, computed from parameters alone: every input of it a
+    parameter or such a value (reshapes, slices and splits of parameters: one projection's weight split in three, as
+    ``nn.MultiheadAttention`` splits its ``in_proj_weight``, which both sides of a cross-attention read; sums of
+    positional tables), or a lookup of a table at indices with no batch of their own (a positional embedding's
+    ``pos(torch.arange(T))``, which a captioner may add to its tokens and to its image's patches alike). An input
+    with no graph (data, or a number) makes a node not fixed."""
+    name = type(node).__name__
+    if name == "AccumulateGrad":
+        return True
+    inputs = [n for n, _ in getattr(node, "next_functions", ())]
+    if depth > NEAR or not inputs or any(n is None for n in inputs):
+        return False
+    if name == "EmbeddingBackward0" and not _batch_free(node):
+        return False  # tokens looked up: data
+    return all(_fixed(n, depth + 1) for n in inputs)
+
+
+def _batch_free(node: object) -> bool:
+    """An embedding lookup whose indices hold one row for every sample: 1-d, one row, or one row broadcast."""
+    try:
+        indices = getattr(node, "_saved_indices", None)
+    except RuntimeError:
+        return False
+    if not isinstance(indices, Tensor):
+        return False
+    return indices.dim() < 2 or indices.shape[0] == 1 or indices.stride(0) == 0
+
+
+def _meet(query: object, key: object) -> bool:
+    return not _near(query).keys().isdisjoint(_near(key).keys())
+
+
+def _name(node: object, parents: dict[int, object], owner: Callable[[object], tuple[str, bool] | None]) -> str:
+    at: object | None = node
+    first = ""
+    for _ in range(256):
+        at = parents.get(id(at))
+        if at is None:
+            break
+        found = owner(at)
+        if found is not None:
+            if found[1]:
+                return found[0]
+            first = first or found[0]
+    return first

@@ -1,0 +1,337 @@
+"""``missing_causal_mask`` where the attention is no ``nn.MultiheadAttention``: a nanoGPT-style block calling
+``F.scaled_dot_product_attention`` without ``is_causal=True``, and an attention written by hand with no mask before
+its softmax, both found in the loss's graph (capture/attention_graph.py). Ground truth is plain torch in each test:
+an earlier position's logits move when a later token changes (the leak), the loss falls below the floor its masked
+twin keeps, generation from a two-token prompt fails. Silent twins: the same models masked (``is_causal=True``,
+``masked_fill`` before the softmax, a boolean causal ``attn_mask``); a masked language model over the unmasked
+attention (bidirectional by design); a causal decoder whose cross-attention reads an image memory as long as its
+tokens, both given one slice of a positional table."""
+
+from __future__ import annotations
+
+import support
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+KIND = "missing_causal_mask"
+V, T, D, H = 16, 16, 32, 4
+STEPS, BATCH = 100, 64
+
+
+def sequences(n: int, seed: int) -> torch.Tensor:
+    """x_t = (a + k t) mod V: the first two tokens fix the rest."""
+    g = torch.Generator().manual_seed(seed)
+    a, k = torch.randint(0, V, (n, 1), generator=g), torch.randint(1, 6, (n, 1), generator=g)
+    return (a + k * torch.arange(T).view(1, T)) % V
+
+
+class Attention(nn.Module):
+    """nanoGPT's causal self-attention: one fused projection split in three. ``how``: "fused" (no mask), "rope"
+    (rotary queries and keys, no mask), "causal" (``is_causal=True``), "bool_mask" (a boolean causal ``attn_mask``),
+    "written" (by hand, no mask), "filled" (by hand, ``masked_fill`` of the later keys before the softmax),
+    "inverted" (``masked_fill`` of the earlier ones), "zeros" (``tril`` of the scores), "kept" (``where`` keeping the
+    earlier ones)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.c_attn, self.c_proj, self.how = nn.Linear(D, 3 * D), nn.Linear(D, D), how
+        self.register_buffer("later", torch.ones(T, T, dtype=torch.bool).triu(1))
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None) -> torch.Tensor:
+        b, n, _ = x.shape
+        q, k, v = self.c_attn(x).split(D, dim=2)
+        if memory is not None:  # a cross-attention: keys and values from the memory
+            _, k, v = self.c_attn(memory).split(D, dim=2)
+        q, k, v = (t.view(b, -1, H, D // H).transpose(1, 2) for t in (q, k, v))
+        later = self.later[:n, :n]
+        if self.how == "rope":  # LLaMA's rotary embedding of the queries and keys, then no causal flag
+            q, k = rotate(q), rotate(k)
+        if self.how in ("fused", "rope"):
+            y = F.scaled_dot_product_attention(q, k, v)
+        elif self.how == "causal":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif self.how == "bool_mask":
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=~later)
+        else:
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / (D // H) ** 0.5)
+            if self.how == "filled":
+                scores = scores.masked_fill(later, float("-inf"))
+            elif self.how == "inverted":  # the mask the wrong way round: the past hidden, the future shown
+                scores = scores.masked_fill(later.T, float("-inf"))
+            elif self.how == "zeros":  # tril leaves 0 above the diagonal, which the softmax still weighs
+                scores = scores.tril()
+            elif self.how == "kept":
+                scores = torch.where(~later, scores, float("-inf"))
+            y = F.softmax(scores, dim=-1) @ v
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, n, D))
+
+
+def rotate(x: torch.Tensor) -> torch.Tensor:
+    """LLaMA's rotary position embedding of (batch, heads, length, dim) queries or keys."""
+    n, half = x.shape[-2], x.shape[-1] // 2
+    angle = torch.arange(n).view(n, 1) / 10000 ** (torch.arange(half).view(1, half) / half)
+    cos, sin = torch.cat([angle.cos(), angle.cos()], -1), torch.cat([angle.sin(), angle.sin()], -1)
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+class Block(nn.Module):
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.ln1, self.attn, self.ln2 = nn.LayerNorm(D), Attention(how), nn.LayerNorm(D)
+        self.mlp = nn.Sequential(nn.Linear(D, 4 * D), nn.GELU(), nn.Linear(4 * D, D))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V + 1, D), nn.Embedding(T, D)
+        self.h = nn.ModuleList([Block(how) for _ in range(2)])
+        self.ln_f, self.head = nn.LayerNorm(D), nn.Linear(D, V)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for block in self.h:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def train_lm(how: str, watched: bool):
+    """Next-token training: the model reads x[:, :-1] and is scored on x[:, 1:]. Returns the model, the mean loss
+    of the last 10 steps and the debugger (None when not watched)."""
+    torch.manual_seed(0)
+    model = GPT(how)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    data = sequences(STEPS * BATCH, 1)
+    losses: list[float] = []
+
+    def loop() -> None:
+        for step in range(STEPS):
+            x = data[step * BATCH : (step + 1) * BATCH]
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+
+    dbg = support.watching(model, loop, watched)
+    return model, sum(losses[-10:]) / 10, dbg
+
+
+@torch.no_grad()
+def leak(model: nn.Module) -> float:
+    """How much position 3's logits move when the tokens after it change."""
+    x = sequences(8, 5)[:, :-1]
+    y = x.clone()
+    y[:, 4:] = (y[:, 4:] + 7) % V
+    return float((model(x)[:, 3] - model(y)[:, 3]).abs().max())
+
+
+@torch.no_grad()
+def generation_accuracy(model: nn.Module) -> float:
+    x = sequences(256, 999)
+    seq = x[:, :2]
+    for _ in range(2, T):
+        seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], 1)
+    return float((seq[:, 2:] == x[:, 2:]).float().mean())
+
+
+def found(dbg) -> list:
+    assert dbg is not None
+    return [h for h in dbg.hypotheses() if h.kind.value == KIND]
+
+
+def test_a_fused_attention_without_is_causal_is_found_and_its_causal_twin_is_silent():
+    model, loss, _ = train_lm("fused", watched=False)
+    twin, twin_loss, _ = train_lm("causal", watched=False)
+    # plain torch: an earlier position sees later tokens, the loss falls below the masked twin's floor (two
+    # unpredictable tokens of fifteen targets), generation, with no later tokens to look at, fails
+    assert leak(model) > 1e-2 and leak(twin) == 0.0
+    assert loss < 0.5 * twin_loss, (loss, twin_loss)
+    assert generation_accuracy(model) < 0.5 < generation_accuracy(twin)
+
+    _, _, dbg = train_lm("fused", watched=True)
+    hits = found(dbg)
+    assert hits, dbg.explain_failure()
+    assert dbg.hypotheses()[0].kind.value == KIND
+    root = hits[0].root
+    assert root.detail == "h.0.attn, h.1.attn"  # the layers whose code runs the attention, not their c_proj
+    assert root.metrics["share"] >= 0.9 and root.metrics["found"] == root.metrics["read"] >= 2
+    assert "is_causal=True" in hits[0].suggestion
+
+    for how in ("causal", "bool_mask"):
+        _, _, silent = train_lm(how, watched=True)
+        assert not found(silent), (how, silent.explain_failure())
+        assert not silent._recorder.coverage.uncausal_attention, how
+
+
+def test_a_hand_written_attention_without_its_mask_is_found_and_its_masked_twin_is_silent():
+    model, loss, _ = train_lm("written", watched=False)
+    twin, twin_loss, _ = train_lm("filled", watched=False)
+    assert leak(model) > 1e-2 and leak(twin) == 0.0  # plain torch
+    assert loss < 0.5 * twin_loss, (loss, twin_loss)
+    assert generation_accuracy(model) < 0.5 < generation_accuracy(twin)
+
+    _, _, dbg = train_lm("written", watched=True)
+    hits = found(dbg)
+    assert hits, dbg.explain_failure()
+    assert hits[0].root.detail == "h.0.attn, h.1.attn"
+
+    _, _, silent = train_lm("filled", watched=True)
+    assert not found(silent), silent.explain_failure()
+    assert not silent._recorder.coverage.uncausal_attention
+
+
+def test_a_masked_language_model_over_an_unmasked_fused_attention_is_silent():
+    """Bidirectional by design: a fifth of the tokens replaced by a mask id, scored on those positions only, their
+    targets the input's own original tokens."""
+    torch.manual_seed(0)
+    model = GPT("fused")
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    data = sequences(48 * BATCH, 2)
+    g = torch.Generator().manual_seed(3)
+
+    def loop() -> None:
+        for step in range(48):
+            x = data[step * BATCH : (step + 1) * BATCH, :-1]
+            hidden = torch.rand(x.shape, generator=g) < 0.2
+            targets = torch.where(hidden, x, torch.full_like(x, -100))
+            opt.zero_grad()
+            F.cross_entropy(model(torch.where(hidden, V, x)).reshape(-1, V), targets.reshape(-1)).backward()
+            opt.step()
+
+    dbg = support.watching(model, loop, True)
+    assert dbg._recorder.coverage.uncausal_attention  # the attention ran unmasked, as it should here
+    readings = dbg._recorder.coverage.next_token
+    assert readings and max(share for _, share in readings) < 0.5  # its targets are not the next tokens
+    assert not found(dbg), dbg.explain_failure()
+
+
+class Captioner(nn.Module):
+    """A causal decoder over an image's 15 patch features: its self-attention ``is_causal``, its cross-attention
+    unmasked over the patches (as long as its tokens), both streams given the same positions: a slice of one table
+    plus one lookup of another (``nn.Embedding`` at ``torch.arange``); the patches' mean, projected, is added to every
+    token (show-and-tell style)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok, self.patch = nn.Embedding(V + 1, D), nn.Linear(8, D)
+        self.pos = nn.Parameter(0.02 * torch.randn(T, D))
+        self.table, self.glance = nn.Embedding(T, D), nn.Linear(D, D)
+        self.self_attn, self.cross_attn = Attention("causal"), Attention("fused")
+        self.ln, self.head = nn.LayerNorm(D), nn.Linear(D, V)
+
+    def forward(self, image: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        pos = self.pos[: x.shape[1]] + self.table(torch.arange(x.shape[1]))
+        memory = self.patch(image) + pos
+        h = self.tok(x) + pos + self.glance(memory.mean(1, keepdim=True))  # the image's pooled feature on every token
+        h = h + self.self_attn(self.ln(h))
+        return self.head(h + self.cross_attn(h, memory))
+
+
+def test_a_causal_decoder_cross_attending_to_a_memory_as_long_as_its_tokens_is_silent():
+    torch.manual_seed(0)
+    model = Captioner()
+    images = torch.randn(BATCH, T - 1, 8, generator=torch.Generator().manual_seed(11))
+    x = sequences(BATCH, 5)[:, :-1]
+    y = x.clone()
+    y[:, 4:] = (y[:, 4:] + 7) % V
+    with torch.no_grad():  # plain torch: no position sees a later token
+        assert float((model(images, x)[:, 3] - model(images, y)[:, 3]).abs().max()) == 0.0
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    data = sequences(48 * BATCH, 10)
+
+    def loop() -> None:
+        for step in range(48):
+            x = data[step * BATCH : (step + 1) * BATCH]
+            opt.zero_grad()
+            F.cross_entropy(model(images, x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1)).backward()
+            opt.step()
+
+    dbg = support.watching(model, loop, True)
+    assert not dbg._recorder.coverage.uncausal_attention  # the unmasked cross-attention is no self-attention
+    assert not found(dbg), dbg.explain_failure()
+
+
+def test_masks_the_wrong_way_round_or_of_zeros_are_found_and_a_where_that_keeps_the_past_is_silent():
+    for how in ("inverted", "zeros", "rope"):
+        model, _, dbg = train_lm(how, watched=True)
+        assert leak(model) > 1e-2, how  # plain torch: earlier positions see later tokens
+        assert found(dbg), (how, dbg.explain_failure())
+    model, _, dbg = train_lm("kept", watched=True)
+    assert leak(model) == 0.0  # plain torch
+    assert not found(dbg), dbg.explain_failure()
+
+
+class Tasked(GPT):
+    """The causal GPT of the tests above with a second head: an unmasked attention pooler over its states predicts a
+    label per sequence (its first token), beside the next-token loss; the language model's path stays causal."""
+
+    def __init__(self) -> None:
+        super().__init__("causal")
+        self.pooler, self.label = Attention("fused"), nn.Linear(D, V)
+
+    def forward(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for block in self.h:
+            x = block(x)
+        x = self.ln_f(x)
+        return self.head(x), self.label(self.pooler(x).mean(1))
+
+
+def test_an_unmasked_attention_that_feeds_another_head_alone_is_silent():
+    torch.manual_seed(0)
+    model = Tasked()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    data = sequences(48 * BATCH, 13)
+
+    def loop() -> None:
+        for step in range(48):
+            x = data[step * BATCH : (step + 1) * BATCH]
+            opt.zero_grad()
+            logits, label = model(x[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, V), x[:, 1:].reshape(-1)) + F.cross_entropy(label, x[:, 0])
+            loss.backward()
+            opt.step()
+
+    dbg = support.watching(model, loop, True)
+    with torch.no_grad():  # plain torch: the language model's logits at position 3 ignore the later tokens
+        x = sequences(8, 5)[:, :-1]
+        y = x.clone()
+        y[:, 4:] = (y[:, 4:] + 7) % V
+        assert float((model(x)[0][:, 3] - model(y)[0][:, 3]).abs().max()) == 0.0
+    assert dbg is not None and not dbg._recorder.coverage.uncausal_attention  # the pooler's is not the objective's
+    assert not found(dbg), dbg.explain_failure()
+
+
+class Called(GPT):
+    """nanoGPT's own call, ``model(idx, targets)``, the loss computed inside."""
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return F.cross_entropy(super().forward(idx).reshape(-1, V), targets.reshape(-1))
+
+
+def test_a_model_given_its_tokens_and_their_targets_is_read_through_the_tokens():
+    torch.manual_seed(0)
+    model = Called("fused")
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    data = sequences(48 * BATCH, 14)
+
+    def loop() -> None:
+        for step in range(48):
+            x = data[step * BATCH : (step + 1) * BATCH]
+            opt.zero_grad()
+            model(x[:, :-1], x[:, 1:]).backward()
+            opt.step()
+
+    dbg = support.watching(model, loop, True)
+    with torch.no_grad():  # plain torch: position 3 sees the tokens after it
+        x = sequences(8, 5)[:, :-1]
+        y = x.clone()
+        y[:, 4:] = (y[:, 4:] + 7) % V
+        assert float((GPT.forward(model, x)[:, 3] - GPT.forward(model, y)[:, 3]).abs().max()) > 1e-2
+    assert found(dbg), dbg.explain_failure()
