@@ -81,6 +81,10 @@ def _mixes(given: tuple[int, ...], made: tuple[int, ...], samples: int) -> bool:
         # the result's first axes split the input's first one, which holds the samples merged with another axis:
         # a Linear's (N * T, H) output given back its (N, T, H), whose H may be as long as the batch
         return False
+    if any(math.prod(given[:k]) == made[0] for k in range(2, len(given))):
+        # the result's first axis merges the input's first ones: (T, B, H) flattened to (T * B, H), scored per
+        # position, whose H may be as long as the T * B targets
+        return False
     for axis in range(1, len(given)):
         if given[axis] == samples:
             return math.prod(given[:axis]) > 1
