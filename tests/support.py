@@ -290,6 +290,29 @@ def watching(model: nn.Module, loop: Callable[[], None], watched: bool) -> Neura
     return dbg
 
 
+def next_token_fit(
+    model: nn.Module, data: torch.Tensor, batch: int, lr: float, watched: bool, last: int = 10
+) -> tuple[float, NeuralDbg | None]:
+    """Next-token training of a language model on ``data`` (rows of token ids), ``batch`` rows a step under AdamW
+    at ``lr``: it reads ``x[:, :-1]`` and is scored on ``x[:, 1:]``, watched or plain (see :func:`watching`). The
+    mean loss of the last ``last`` steps, and the debugger."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses: list[float] = []
+
+    def loop() -> None:
+        for step in range(len(data) // batch):
+            x = data[step * batch : (step + 1) * batch]
+            opt.zero_grad()
+            logits = model(x[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+
+    dbg = watching(model, loop, watched)
+    return sum(losses[-last:]) / last, dbg
+
+
 # --------------------------------------------------------------------------------------------- plain-torch truth
 
 

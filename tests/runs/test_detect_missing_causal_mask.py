@@ -48,21 +48,8 @@ def train_lm(causal: bool, watched: bool) -> tuple[TinyLM, float, NeuralDbg | No
     of the last 20 steps and the debugger."""
     torch.manual_seed(0)
     model = TinyLM(causal)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    data = sequences(STEPS * BATCH, 1)
-    losses: list[float] = []
-
-    def loop() -> None:
-        for step in range(STEPS):
-            x = data[step * BATCH : (step + 1) * BATCH]
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1))
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
-
-    dbg = support.watching(model, loop, watched)
-    return model, sum(losses[-20:]) / 20, dbg
+    loss, dbg = support.next_token_fit(model, sequences(STEPS * BATCH, 1), BATCH, 1e-3, watched, last=20)
+    return model, loss, dbg
 
 
 @torch.no_grad()
@@ -306,21 +293,8 @@ class MaskedBy(nn.Module):
 def train_masked_by(how: str, steps: int, watched: bool) -> tuple[MaskedBy, float, NeuralDbg | None]:
     torch.manual_seed(0)
     model = MaskedBy(how)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    data = sequences(steps * BATCH, 12)
-    losses: list[float] = []
-
-    def loop() -> None:
-        for step in range(steps):
-            x = data[step * BATCH : (step + 1) * BATCH]
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1))
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
-
-    dbg = support.watching(model, loop, watched)
-    return model, sum(losses[-10:]) / 10, dbg
+    loss, dbg = support.next_token_fit(model, sequences(steps * BATCH, 12), BATCH, 1e-3, watched)
+    return model, loss, dbg
 
 
 def test_a_float_tril_of_ones_given_as_the_mask_hides_nothing_and_is_found():

@@ -105,21 +105,8 @@ def train_lm(how: str, watched: bool):
     of the last 10 steps and the debugger (None when not watched)."""
     torch.manual_seed(0)
     model = GPT(how)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    data = sequences(STEPS * BATCH, 1)
-    losses: list[float] = []
-
-    def loop() -> None:
-        for step in range(STEPS):
-            x = data[step * BATCH : (step + 1) * BATCH]
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1))
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
-
-    dbg = support.watching(model, loop, watched)
-    return model, sum(losses[-10:]) / 10, dbg
+    loss, dbg = support.next_token_fit(model, sequences(STEPS * BATCH, 1), BATCH, 3e-3, watched)
+    return model, loss, dbg
 
 
 @torch.no_grad()
