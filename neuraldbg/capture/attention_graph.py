@@ -8,7 +8,8 @@ with a mask it never applies, or applies the wrong way round). Read once per ful
 backward call, on the first few passes whose model was given one sequence of token ids (see
 :data:`~neuraldbg.capture.forward.GRAPH_CAUSAL_CHECKS`): a walk of the graph below the next-token objective's
 ``nll_loss`` (at most :data:`BUDGET` nodes; an attention that feeds another head alone is not below it),
-attributes and shapes, and the boolean masks a hand-written attention saved.
+attributes and shapes, and the boolean masks a hand-written attention saved, looked at without unpacking them
+(see :func:`_saved`: under activation checkpointing an unpack would run the block's forward again).
 
 An attention counts when its keys are as many as the tokens, its queries as many as its keys, and:
 
@@ -141,19 +142,16 @@ def _attention(node: object, lengths: set[int]) -> tuple[object, object] | None:
 def _fused(node: object, inputs: list[object], lengths: set[int]) -> tuple[object, object] | None:
     if len(inputs) < 2 or inputs[0] is None or inputs[1] is None:
         return None
-    try:
-        if getattr(node, "_saved_is_causal", True) is not False:
-            return None
-        for attribute in dir(node):
-            masks = attribute.startswith("_saved_") and ("mask" in attribute or "bias" in attribute)
-            if masks and getattr(node, attribute) is not None:
-                return None
-        query, key = getattr(node, "_saved_query", None), getattr(node, "_saved_key", None)
-    except RuntimeError:  # a saved tensor already freed: not this pass's graph before its backward call
+    if getattr(node, "_saved_is_causal", True) is not False:
         return None
-    if not isinstance(query, Tensor) or not isinstance(key, Tensor) or query.dim() < 2 or key.dim() < 2:
+    for attribute in dir(node):
+        masks = attribute.startswith("_raw_saved_") and ("mask" in attribute or "bias" in attribute)
+        if masks and _saved(node, attribute[len("_raw_saved_") :]) is not None:
+            return None  # a mask or a bias (or one that cannot be looked at): not judged
+    query, key = _shape(node, 0), _shape(node, 1)
+    if query is None or key is None or len(query) < 2 or len(key) < 2:
         return None
-    if int(key.shape[-2]) not in lengths or int(query.shape[-2]) != int(key.shape[-2]):
+    if key[-2] not in lengths or query[-2] != key[-2]:
         return None
     return inputs[0], inputs[1]
 
@@ -166,18 +164,15 @@ def _written(probabilities: object, lengths: set[int]) -> tuple[object, object] 
         node = _first(node)
     if type(node).__name__ not in _SOFTMAXES:
         return None
-    try:
-        result = getattr(node, "_saved_result", None)
-        dim = getattr(node, "_saved_dim", None)
-    except RuntimeError:
-        return None
-    if not isinstance(dim, int) or not isinstance(result, Tensor) or result.dim() < 2:
+    dim = getattr(node, "_saved_dim", None)
+    result = _made(node)
+    if not isinstance(dim, int) or result is None or len(result) < 2:
         return None
     if dim >= 1 << 63:  # -1 read back as an unsigned 64-bit number
         dim -= 1 << 64
-    if dim not in (-1, result.dim() - 1):
+    if dim not in (-1, len(result) - 1):
         return None
-    if int(result.shape[-1]) not in lengths or int(result.shape[-2]) != int(result.shape[-1]):
+    if result[-1] not in lengths or result[-2] != result[-1]:
         return None
     node = _first(node)
     while node is not None:
@@ -186,7 +181,7 @@ def _written(probabilities: object, lengths: set[int]) -> tuple[object, object] 
             node = _first(node)
         elif name in _MASKING:
             hidden = _hidden(node)
-            if hidden is None or _hides(hidden, int(result.shape[-1])):
+            if hidden is None or _hides(hidden, result[-1]):
                 return None  # masked (or masked in a way not read)
             node = _scores(node)
         else:
@@ -203,13 +198,10 @@ def _hidden(node: object) -> Tensor | None:
     """Which scores a ``masked_fill`` or a ``where`` between the scores and the softmax hides (True: hidden), from
     the mask it saved; None when it cannot be read. A ``where(keep, scores, -inf)`` hides where ``keep`` is False,
     a ``where(hide, -inf, scores)`` where ``hide`` is True: which input the scores are tells them apart."""
-    try:
-        if type(node).__name__ == "MaskedFillBackward0":
-            mask = getattr(node, "_saved_mask", None)
-            return mask if isinstance(mask, Tensor) and mask.dtype is torch.bool else None
-        condition = getattr(node, "_saved_condition", None)
-    except RuntimeError:
-        return None
+    if type(node).__name__ == "MaskedFillBackward0":
+        mask = _saved(node, "mask")
+        return mask if isinstance(mask, Tensor) and mask.dtype is torch.bool else None
+    condition = _saved(node, "condition")
     if not isinstance(condition, Tensor) or condition.dtype is not torch.bool:
         return None
     inputs = [n for n, _ in getattr(node, "next_functions", ())]
@@ -242,11 +234,54 @@ def _scalar_scale(node: object) -> bool:
     inputs = [n for n, _ in getattr(node, "next_functions", ())]
     if len(inputs) == 2 and inputs[1] is not None:
         return False  # by a tensor that is itself computed (a learnt temperature is a parameter: still one number)
-    try:
-        other = getattr(node, "_saved_other", None)
-    except RuntimeError:
+    other = _saved(node, "other")
+    if other is _UNREAD:
         return False
     return other is None or not isinstance(other, Tensor) or other.numel() == 1
+
+
+#: What :func:`_saved` gives for a saved tensor it will not look at.
+_UNREAD = object()
+
+
+def _saved(node: object, name: str) -> object:
+    """What ``node`` saved as ``name`` for its backward pass, looked at without unpacking it: the tensor, None for
+    none, and :data:`_UNREAD` when saved-tensor hooks hold it (non-reentrant activation checkpointing, offloading),
+    whose unpacking would run their code (a checkpointed block's forward again, its layers' hooks with it) or a
+    tensor already freed. A value that is no tensor (a dimension, a flag) is read as it is."""
+    raw = getattr(node, "_raw_saved_" + name, None)
+    if raw is None:
+        try:
+            return getattr(node, "_saved_" + name, None)
+        except RuntimeError:
+            return _UNREAD
+    try:
+        if getattr(raw, "unpack_hook", None) is not None:
+            return _UNREAD
+        data = raw.data  # the tensor itself, not unpacked (with hooks: what they packed)
+    except RuntimeError:  # freed by a backward pass already run
+        return _UNREAD
+    return data if data is None or isinstance(data, Tensor) else _UNREAD
+
+
+def _made(node: object) -> tuple[int, ...] | None:
+    """The shape of a node's forward output, as autograd records it for the gradient it will be given."""
+    try:
+        return tuple(int(n) for n in node._input_metadata[0].shape)  # type: ignore[attr-defined]
+    except (AttributeError, IndexError, RuntimeError, TypeError):
+        return None
+
+
+def _shape(node: object, index: int) -> tuple[int, ...] | None:
+    """The shape of a node's ``index``-th input (its producer's output), as autograd records it."""
+    inputs = getattr(node, "next_functions", ())
+    if index >= len(inputs) or inputs[index][0] is None:
+        return None
+    producer, at = inputs[index]
+    try:
+        return tuple(int(n) for n in producer._input_metadata[at].shape)
+    except (AttributeError, IndexError, RuntimeError, TypeError):
+        return None
 
 
 def _first(node: object) -> object | None:
@@ -299,10 +334,7 @@ def _fixed(node: object, depth: int = 0) -> bool:
 
 def _batch_free(node: object) -> bool:
     """An embedding lookup whose indices hold one row for every sample: 1-d, one row, or one row broadcast."""
-    try:
-        indices = getattr(node, "_saved_indices", None)
-    except RuntimeError:
-        return False
+    indices = _saved(node, "indices")
     if not isinstance(indices, Tensor):
         return False
     return indices.dim() < 2 or indices.shape[0] == 1 or indices.stride(0) == 0

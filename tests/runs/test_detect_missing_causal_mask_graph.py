@@ -13,6 +13,7 @@ import support
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 KIND = "missing_causal_mask"
 V, T, D, H = 16, 16, 32, 4
@@ -322,3 +323,32 @@ def test_a_model_given_its_tokens_and_their_targets_is_read_through_the_tokens()
         y[:, 4:] = (y[:, 4:] + 7) % V
         assert float((GPT.forward(model, x)[:, 3] - GPT.forward(model, y)[:, 3]).abs().max()) > 1e-2
     assert found(dbg), dbg.explain_failure()
+
+
+class Checkpointed(GPT):
+    """The fused-attention GPT with each block under non-reentrant activation checkpointing: its saved tensors are
+    held by hooks that run the block's forward again when they are unpacked."""
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for block in self.h:
+            x = checkpoint(block, x, use_reentrant=False)
+        return self.head(self.ln_f(x))
+
+
+def test_attention_under_activation_checkpointing_is_read_without_running_its_blocks_again():
+    def run(watched: bool) -> tuple[int, object]:
+        torch.manual_seed(0)
+        model = Checkpointed("fused")
+        calls: list[int] = []
+        model.h[0].attn.c_attn.register_forward_hook(lambda m, i, o: calls.append(1))
+        _, dbg = support.next_token_fit(model, sequences(24 * BATCH, 15), BATCH, 3e-3, watched)
+        return len(calls), dbg
+
+    plain, _ = run(watched=False)
+    watched, dbg = run(watched=True)
+    # plain torch: each step runs the block's forward twice, once more in its backward pass; the debugger's reads
+    # of the graph before the backward pass unpack nothing, so they run it no third time
+    assert plain == 2 * 24
+    assert watched == plain
+    assert found(dbg), dbg.explain_failure()  # the fused kernel's flag and shapes are read all the same
