@@ -41,6 +41,15 @@ class IncompleteObservation(Kind):
                 "steps are not told apart: only what its optimizer steps showed was checked"
             )
             start = 0
+        elif coverage.steps and coverage.forwards == 0 and coverage.no_grad_forwards:
+            parts.append(
+                f"the watched model's forward ran {count(coverage.no_grad_forwards)} times, every one under "
+                "torch.no_grad (a sampling step, as an RBM's Gibbs step), and the loss the optimizer followed was "
+                "computed outside it (another of its methods, an energy function, reading its parameters): the "
+                "layers' statistics were not seen, the run's steps are not told apart (counted as one), and only "
+                "gradients and updates were checked"
+            )
+            start = 0
         elif coverage.steps and coverage.forwards == 0:
             parts.append(
                 "no forward pass of the watched model was seen (was it called through a copy, torch.func, or "

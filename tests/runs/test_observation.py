@@ -290,3 +290,53 @@ def test_per_sample_gradients_through_torch_func_keep_the_run_observed_and_say_w
     assert "failed" not in hypotheses[0].explanation
     assert "without a forward pass of its own" not in hypotheses[0].explanation
     assert "torch.no_grad" in hypotheses[0].explanation
+
+
+def test_a_model_sampled_under_no_grad_and_trained_through_another_method_is_told_so():
+    """A restricted Boltzmann machine trained by contrastive divergence: its forward is one Gibbs step, run under
+    torch.no_grad for the negative sample, and the loss is the difference of free energies, another method of the
+    model that reads its parameters. Plain torch: the reconstruction error falls (it trains); no forward of the model
+    ever carries a gradient. The caveat says so, not that the model was never called."""
+
+    class RBM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.W = nn.Parameter(0.01 * torch.randn(16, 24))
+            self.b, self.c = nn.Parameter(torch.zeros(24)), nn.Parameter(torch.zeros(16))
+
+        def free_energy(self, v: torch.Tensor) -> torch.Tensor:
+            return -(v @ self.b) - F.softplus(F.linear(v, self.W, self.c)).sum(1)
+
+        def forward(self, v: torch.Tensor) -> torch.Tensor:
+            h = torch.bernoulli(torch.sigmoid(F.linear(v, self.W, self.c)))
+            return torch.bernoulli(torch.sigmoid(F.linear(h, self.W.t(), self.b)))
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    prototypes = (torch.rand(4, 24, generator=g) > 0.5).float()
+    model = RBM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def error() -> float:
+        with torch.no_grad():
+            h = torch.sigmoid(F.linear(prototypes, model.W, model.c))
+            return float(F.binary_cross_entropy(torch.sigmoid(F.linear(h, model.W.t(), model.b)), prototypes))
+
+    before = error()
+
+    def loop() -> None:
+        for _ in range(60):
+            v = prototypes[torch.randint(0, 4, (32,), generator=g)]
+            with torch.no_grad():
+                negative = model(v)
+            loss = (model.free_energy(v) - model.free_energy(negative)).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    dbg = support.watching(model, loop, True)
+    assert error() < 0.5 * before  # plain torch: it trains
+    assert dbg is not None and dbg._recorder.coverage.no_grad_forwards == 60
+    found = only(dbg, FailureKind.INCOMPLETE_OBSERVATION)
+    assert "forward ran 60 times, every one under torch.no_grad" in found.explanation
+    assert "called through a copy" not in found.explanation
