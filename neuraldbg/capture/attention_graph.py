@@ -37,6 +37,9 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor
 
+from ..stats import tensors as stats
+from .loss_graph import made_shape
+
 #: Graph nodes walked below the loss, at most.
 BUDGET = 50_000
 #: Graph nodes from the queries and from the keys within which both must meet one node that depends on the data.
@@ -165,7 +168,7 @@ def _written(probabilities: object, lengths: set[int]) -> tuple[object, object] 
     if type(node).__name__ not in _SOFTMAXES:
         return None
     dim = getattr(node, "_saved_dim", None)
-    result = _made(node)
+    result = made_shape(node)
     if not isinstance(dim, int) or result is None or len(result) < 2:
         return None
     if dim >= 1 << 63:  # -1 read back as an unsigned 64-bit number
@@ -181,7 +184,7 @@ def _written(probabilities: object, lengths: set[int]) -> tuple[object, object] 
             node = _first(node)
         elif name in _MASKING:
             hidden = _hidden(node)
-            if hidden is None or _hides(hidden, result[-1]):
+            if hidden is None or hidden.shape[-1:] != (result[-1],) or stats.hides_later(hidden):
                 return None  # masked (or masked in a way not read)
             node = _scores(node)
         else:
@@ -208,17 +211,6 @@ def _hidden(node: object) -> Tensor | None:
     if len(inputs) != 2 or (inputs[0] is None) == (inputs[1] is None):
         return None  # scores on both sides, or on neither: not a mask applied to them
     return ~condition if inputs[0] is not None else condition
-
-
-@torch.no_grad()
-def _hides(hidden: Tensor, length: int) -> bool:
-    """Whether ``hidden`` (broadcast over the scores' last two axes, queries by keys) hides every later key from
-    every query. Reads the mask: one value to the host, on the first passes only."""
-    if hidden.dim() < 2 or hidden.shape[-1] != length or hidden.shape[-2] not in (1, length):
-        return True  # not laid out as queries by keys: not judged
-    later = torch.ones(length, length, dtype=torch.bool, device=hidden.device).triu(1)
-    full = hidden.expand(*hidden.shape[:-2], length, length)
-    return bool(full[..., later].all())
 
 
 def _scores(node: object) -> object | None:
@@ -264,24 +256,13 @@ def _saved(node: object, name: str) -> object:
     return data if data is None or isinstance(data, Tensor) else _UNREAD
 
 
-def _made(node: object) -> tuple[int, ...] | None:
-    """The shape of a node's forward output, as autograd records it for the gradient it will be given."""
-    try:
-        return tuple(int(n) for n in node._input_metadata[0].shape)  # type: ignore[attr-defined]
-    except (AttributeError, IndexError, RuntimeError, TypeError):
-        return None
-
-
 def _shape(node: object, index: int) -> tuple[int, ...] | None:
     """The shape of a node's ``index``-th input (its producer's output), as autograd records it."""
     inputs = getattr(node, "next_functions", ())
     if index >= len(inputs) or inputs[index][0] is None:
         return None
     producer, at = inputs[index]
-    try:
-        return tuple(int(n) for n in producer._input_metadata[at].shape)
-    except (AttributeError, IndexError, RuntimeError, TypeError):
-        return None
+    return made_shape(producer, at)
 
 
 def _first(node: object) -> object | None:

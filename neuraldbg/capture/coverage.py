@@ -516,8 +516,10 @@ class Coverage:
     def note_views(self, found: list[tuple[str, tuple[int, ...], tuple[int, ...]]], step: int) -> None:
         """One fully observed pass's views that mix samples (see capture/sample_views.py), each layer's once."""
         self.view_passes += 1
-        for name in dict.fromkeys(name for name, _, _ in found):
-            given, made = next((g, m) for n, g, m in found if n == name)
+        first: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        for name, given, made in found:
+            first.setdefault(name, (given, made))
+        for name, (given, made) in first.items():
             before = self.mixed_views.get(name)
             self.mixed_views[name] = (given, made, before[2] + 1, before[3]) if before else (given, made, 1, step)
 

@@ -463,12 +463,10 @@ class ForwardPath:
         if masks[1] is not None:
             # an attention mask that lets a position see a later one (a float 0/1 ``tril``, added to the scores,
             # hides nothing) is, for the causal check, no mask; any mask hides what padding needs hidden
-            if not self._causal_checks or not self._mask_reads:
-                return
-            self._mask_read = True
-            if _hides_later(masks[1]):
-                return
-            self._note_uncausal(name, module, query, key)
+            if self._causal_checks and self._mask_reads:
+                self._mask_read = True
+                if not _hides_later(masks[1]):
+                    self._note_uncausal(name, module, query, key)
             return
         self._note_uncausal(name, module, query, key)
         if masks[0] is None:
@@ -938,7 +936,6 @@ def _key_lengths(key: Tensor, module: nn.MultiheadAttention) -> tuple[int, ...]:
 HIDDEN = -1e4
 
 
-@torch.no_grad()
 def _hides_later(mask: Any) -> bool:
     """Whether an ``nn.MultiheadAttention`` attention mask hides every later position from every earlier one: each
     entry above its last two axes' diagonal True (boolean: not allowed) or at most :data:`HIDDEN` (floating: added
@@ -947,15 +944,11 @@ def _hides_later(mask: Any) -> bool:
     the mask (one value to the host), on the first fully observed passes only."""
     if not isinstance(mask, Tensor) or mask.dim() < 2 or mask.shape[-1] != mask.shape[-2] or _where(mask) is None:
         return True
-    later = torch.ones(mask.shape[-2:], dtype=torch.bool, device=mask.device).triu(1)
-    above = mask[..., later]
-    if not above.numel():
-        return True
     if mask.dtype is torch.bool:
-        return bool(above.all())
+        return stats.hides_later(mask)
     if not mask.is_floating_point():
         return True
-    return bool((above <= HIDDEN).all())
+    return stats.hides_later(mask <= HIDDEN)
 
 
 def _count_over(calls: list[tuple[str, tuple[int, ...]]], tokens: Tensor | None, counts: dict[str, int]) -> bool:
@@ -970,10 +963,10 @@ def _count_over(calls: list[tuple[str, tuple[int, ...]]], tokens: Tensor | None,
     return seen
 
 
-def _only_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
-    """A model call's one argument of token ids, an integer tensor of two or more axes (a mask, boolean or floating,
-    is not one; nor are the labels of one sample each), wherever it stands; None when it has none or several."""
-    found = [
+def _token_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
+    """A model call's arguments of token ids, integer tensors of two or more axes (a mask, boolean or floating, is
+    not one; nor are the labels of one sample each), wherever they stand."""
+    return [
         value
         for value in (*args, *kwargs.values())
         if isinstance(value, Tensor)
@@ -981,6 +974,11 @@ def _only_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None
         and not value.is_floating_point()
         and value.dtype is not torch.bool
     ]
+
+
+def _only_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """A model call's one argument of token ids (see :func:`_token_arguments`); None when it has none or several."""
+    found = _token_arguments(args, kwargs)
     return found[0] if len(found) == 1 else None
 
 
@@ -994,15 +992,8 @@ def _tokens_beside_targets(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Ten
     """Of a model call's two token arguments of one ``(batch, length)`` shape, the first when the second follows it
     by one position (``model(idx, targets)``, its loss computed inside): the tokens. None otherwise. Reads both (one
     value to the host), on the first fully observed passes only."""
-    found = [
-        value
-        for value in (*args, *kwargs.values())
-        if isinstance(value, Tensor)
-        and value.dim() == 2
-        and not value.is_floating_point()
-        and value.dtype is not torch.bool
-    ]
-    if len(found) != 2 or found[0].shape != found[1].shape or found[0].shape[1] < 3:
+    found = _token_arguments(args, kwargs)
+    if len(found) != 2 or found[0].dim() != 2 or found[0].shape != found[1].shape or found[0].shape[1] < 3:
         return None
     first, second = found
     # the targets after the tokens, as nanoGPT takes them: a sequence-to-sequence model's ``(source, target_in)``

@@ -264,18 +264,17 @@ class GradLedger:
             # ... and views that mix samples, on the first fully observed passes
             viewing = self._view_checks > 0 and data.full
             roots = hooks.backward_roots() if others or viewing else []
+            # the samples the loss scores, when it scores one target each: the views and the layouts read them
+            targets = loss_graph.sample_targets(roots) if roots and (viewing or layouts) else None
             if viewing and roots:
                 self._view_checks -= 1
-                targets = loss_graph.sample_targets(roots)
                 if targets is not None:
                     views = sample_views.mixed(roots, targets[0], rec.forward.owner)
                     rec.coverage.note_views(views, data.step)
                 if not others:
                     roots = []
-            if layouts and roots:
-                targets = loss_graph.sample_targets(roots)
-                if targets is not None:
-                    rec.coverage.note_layouts(targets, layouts, data.step)
+            if layouts and targets is not None:
+                rec.coverage.note_layouts(targets, layouts, data.step)
             objective = loss_graph.next_token_nll(roots, graph_tokens) if graph_tokens is not None and roots else None
             if objective is not None:
                 layers = attention_graph.unmasked([objective[0]], set(graph_tokens.shape), rec.forward.owner)

@@ -223,6 +223,15 @@ def hold(losses: list[Tensor], most: int = 1 << 17) -> list[object]:
     return list(seen.values())
 
 
+def made_shape(node: object, index: int = 0) -> tuple[int, ...] | None:
+    """The shape of a graph node's ``index``-th forward output, as autograd records it for the gradient it will be
+    given (no saved tensor is unpacked); None when it is not there to read."""
+    try:
+        return tuple(int(n) for n in node._input_metadata[index].shape)  # type: ignore[attr-defined]
+    except (AttributeError, IndexError, RuntimeError, TypeError):
+        return None
+
+
 def _walk(losses: list[Tensor]) -> Iterator[tuple[object, object]]:
     """``(node, the node whose input it is)`` from the roots of one backward call towards the model, breadth first,
     at most :data:`BUDGET` nodes, each once; the walk does not go below a node that normalises logits (the model

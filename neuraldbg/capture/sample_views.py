@@ -18,10 +18,12 @@ axis, whatever ``H`` is). A view after
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from torch import Tensor
+
+from .loss_graph import hold, made_shape
 
 #: Fully observed passes whose graph is read, at most: a program lays out its tensors the same way on every pass.
 CHECKS = 4
@@ -40,7 +42,7 @@ def mixed(
     ``samples`` samples: the layer whose output it reshapes (``owner`` names a graph node's layer, None for a node
     that is not a layer's output; "" when none is found near), the shape it was given and the one it made."""
     found = []
-    for node in _walk(roots):
+    for node in hold(roots, BUDGET):  # each node held, so that ids stay unique while the walk runs
         if type(node).__name__ not in _VIEWS:
             continue
         shapes = _shapes(node)
@@ -49,29 +51,15 @@ def mixed(
     return found
 
 
-def _walk(roots: list[Tensor]) -> Iterator[object]:
-    queue = [t.grad_fn for t in roots if t.grad_fn is not None]
-    seen = {id(node): node for node in queue}  # held while the walk runs (ids stay unique)
-    at = 0
-    while at < len(queue) and at < BUDGET:
-        node = queue[at]
-        at += 1
-        yield node
-        for nxt, _ in getattr(node, "next_functions", ()):
-            if nxt is not None and id(nxt) not in seen:
-                seen[id(nxt)] = nxt
-                queue.append(nxt)
-
-
 def _shapes(node: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """The shape a view was given (saved for its backward) and the one it made (its output's, as autograd records
-    it), or None when either is not there to read."""
+    """The shape a view was given (saved for its backward, as sizes) and the one it made, or None when either is not
+    there to read."""
+    made = made_shape(node)
     try:
-        given = node._saved_self_sym_sizes
-        made = node._input_metadata[0].shape
-        return tuple(int(n) for n in given), tuple(int(n) for n in made)
-    except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
+        given = tuple(int(n) for n in node._saved_self_sym_sizes)
+    except (AttributeError, RuntimeError, TypeError, ValueError):
         return None
+    return (given, made) if made is not None else None
 
 
 def _mixes(given: tuple[int, ...], made: tuple[int, ...], samples: int) -> bool:

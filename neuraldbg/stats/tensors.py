@@ -323,6 +323,18 @@ def labels_ahead(input_ids: Tensor, labels: Tensor, ignore: int = -100) -> Tenso
     return ahead_share(input_ids, labels[:, :-1], ignore)
 
 
+@torch.no_grad()
+def hides_later(hidden: Tensor) -> bool:
+    """Whether a boolean attention mask (True: hidden) hides every later key from every query: laid out queries by
+    keys over its last two axes (queries may be one row, broadcast), every entry above the diagonal True. A mask not
+    laid out so is taken to hide them (not judged). Reads the mask: one value to the host."""
+    length = hidden.shape[-1] if hidden.dim() >= 2 else 0
+    if not length or hidden.shape[-2] not in (1, length):
+        return True
+    later = torch.ones(length, length, dtype=torch.bool, device=hidden.device).triu(1)
+    return bool(hidden.expand(*hidden.shape[:-2], length, length)[..., later].all())
+
+
 def ahead_share(tokens: Tensor, scored: Tensor, ignore: int = -100) -> Tensor:
     """:func:`labels_ahead` for the labels of positions 0 to length - 2 alone, ``scored`` (``(batch, length - 1)``,
     beside ``(batch, length)`` tokens): of those not ``ignore`` whose next token differs from their own, the
