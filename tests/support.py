@@ -313,6 +313,31 @@ def next_token_fit(
     return sum(losses[-last:]) / last, dbg
 
 
+def counting_sequences(n: int, seed: int, vocab: int, length: int) -> torch.Tensor:
+    """``n`` token sequences x_t = (a + k t) mod ``vocab``, ``length`` long: the first two tokens fix the rest."""
+    g = torch.Generator().manual_seed(seed)
+    a, k = torch.randint(0, vocab, (n, 1), generator=g), torch.randint(1, 6, (n, 1), generator=g)
+    return (a + k * torch.arange(length).view(1, length)) % vocab
+
+
+@torch.no_grad()
+def later_token_leak(logits_of: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor, vocab: int) -> float:
+    """How much the logits ``logits_of`` gives position 3 of ``tokens`` move when the tokens after it change: 0 for a
+    causal model, whose positions see no later token."""
+    other = tokens.clone()
+    other[:, 4:] = (other[:, 4:] + 7) % vocab
+    return float((logits_of(tokens)[:, 3] - logits_of(other)[:, 3]).abs().max())
+
+
+@torch.no_grad()
+def greedy_accuracy(model: nn.Module, sequences: torch.Tensor) -> float:
+    """The share of the tokens after a two-token prompt that greedy generation gets right."""
+    seq = sequences[:, :2]
+    for _ in range(2, sequences.shape[1]):
+        seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], 1)
+    return float((seq[:, 2:] == sequences[:, 2:]).float().mean())
+
+
 # --------------------------------------------------------------------------------------------- plain-torch truth
 
 

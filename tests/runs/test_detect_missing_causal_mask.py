@@ -22,9 +22,7 @@ STEPS, BATCH = 160, 64
 
 def sequences(n: int, seed: int) -> torch.Tensor:
     """x_t = (a + k t) mod V: the first two tokens fix the rest."""
-    g = torch.Generator().manual_seed(seed)
-    a, k = torch.randint(0, V, (n, 1), generator=g), torch.randint(1, 6, (n, 1), generator=g)
-    return (a + k * torch.arange(T).view(1, T)) % V
+    return support.counting_sequences(n, seed, V, T)
 
 
 class TinyLM(nn.Module):
@@ -52,22 +50,13 @@ def train_lm(causal: bool, watched: bool) -> tuple[TinyLM, float, NeuralDbg | No
     return model, loss, dbg
 
 
-@torch.no_grad()
 def generation_accuracy(model: nn.Module) -> float:
-    x = sequences(256, 999)
-    seq = x[:, :2]
-    for _ in range(2, T):
-        seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], 1)
-    return float((seq[:, 2:] == x[:, 2:]).float().mean())
+    return support.greedy_accuracy(model, sequences(256, 999))
 
 
-@torch.no_grad()
 def leak(model: nn.Module) -> float:
     """How much position 3's logits move when the tokens after it change."""
-    x = sequences(8, 5)[:, :-1]
-    y = x.clone()
-    y[:, 4:] = (y[:, 4:] + 7) % V
-    return float((model(x)[:, 3] - model(y)[:, 3]).abs().max())
+    return support.later_token_leak(model, sequences(8, 5)[:, :-1], V)
 
 
 def found(dbg: NeuralDbg | None) -> list:
@@ -254,11 +243,8 @@ def test_a_captioner_given_its_tokens_second_is_read_too():
 
     model, dbg = run(causal=False)
     images = torch.randn(8, T - 1, 8)
-    x = sequences(8, 5)[:, :-1]
-    y = x.clone()
-    y[:, 4:] = (y[:, 4:] + 7) % V
-    with torch.no_grad():  # plain torch: position 3 sees the tokens after it
-        assert float((model(images, x)[:, 3] - model(images, y)[:, 3]).abs().max()) > 1e-2
+    # plain torch: position 3 sees the tokens after it
+    assert support.later_token_leak(lambda x: model(images, x), sequences(8, 5)[:, :-1], V) > 1e-2
     hits = found(dbg)
     assert hits, dbg.explain_failure()
     assert hits[0].root.detail == "dec.layers.0.self_attn, dec.layers.1.self_attn"

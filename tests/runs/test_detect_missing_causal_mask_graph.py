@@ -22,9 +22,7 @@ STEPS, BATCH = 100, 64
 
 def sequences(n: int, seed: int) -> torch.Tensor:
     """x_t = (a + k t) mod V: the first two tokens fix the rest."""
-    g = torch.Generator().manual_seed(seed)
-    a, k = torch.randint(0, V, (n, 1), generator=g), torch.randint(1, 6, (n, 1), generator=g)
-    return (a + k * torch.arange(T).view(1, T)) % V
+    return support.counting_sequences(n, seed, V, T)
 
 
 class Attention(nn.Module):
@@ -110,22 +108,13 @@ def train_lm(how: str, watched: bool):
     return model, loss, dbg
 
 
-@torch.no_grad()
 def leak(model: nn.Module) -> float:
     """How much position 3's logits move when the tokens after it change."""
-    x = sequences(8, 5)[:, :-1]
-    y = x.clone()
-    y[:, 4:] = (y[:, 4:] + 7) % V
-    return float((model(x)[:, 3] - model(y)[:, 3]).abs().max())
+    return support.later_token_leak(model, sequences(8, 5)[:, :-1], V)
 
 
-@torch.no_grad()
 def generation_accuracy(model: nn.Module) -> float:
-    x = sequences(256, 999)
-    seq = x[:, :2]
-    for _ in range(2, T):
-        seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], 1)
-    return float((seq[:, 2:] == x[:, 2:]).float().mean())
+    return support.greedy_accuracy(model, sequences(256, 999))
 
 
 def found(dbg) -> list:
@@ -225,11 +214,8 @@ def test_a_causal_decoder_cross_attending_to_a_memory_as_long_as_its_tokens_is_s
     torch.manual_seed(0)
     model = Captioner()
     images = torch.randn(BATCH, T - 1, 8, generator=torch.Generator().manual_seed(11))
-    x = sequences(BATCH, 5)[:, :-1]
-    y = x.clone()
-    y[:, 4:] = (y[:, 4:] + 7) % V
-    with torch.no_grad():  # plain torch: no position sees a later token
-        assert float((model(images, x)[:, 3] - model(images, y)[:, 3]).abs().max()) == 0.0
+    # plain torch: no position sees a later token
+    assert support.later_token_leak(lambda x: model(images, x), sequences(BATCH, 5)[:, :-1], V) == 0.0
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     data = sequences(48 * BATCH, 10)
 
@@ -287,11 +273,8 @@ def test_an_unmasked_attention_that_feeds_another_head_alone_is_silent():
             opt.step()
 
     dbg = support.watching(model, loop, True)
-    with torch.no_grad():  # plain torch: the language model's logits at position 3 ignore the later tokens
-        x = sequences(8, 5)[:, :-1]
-        y = x.clone()
-        y[:, 4:] = (y[:, 4:] + 7) % V
-        assert float((model(x)[0][:, 3] - model(y)[0][:, 3]).abs().max()) == 0.0
+    # plain torch: the language model's logits at position 3 ignore the later tokens
+    assert support.later_token_leak(lambda x: model(x)[0], sequences(8, 5)[:, :-1], V) == 0.0
     assert dbg is not None and not dbg._recorder.coverage.uncausal_attention  # the pooler's is not the objective's
     assert not found(dbg), dbg.explain_failure()
 
@@ -317,11 +300,8 @@ def test_a_model_given_its_tokens_and_their_targets_is_read_through_the_tokens()
             opt.step()
 
     dbg = support.watching(model, loop, True)
-    with torch.no_grad():  # plain torch: position 3 sees the tokens after it
-        x = sequences(8, 5)[:, :-1]
-        y = x.clone()
-        y[:, 4:] = (y[:, 4:] + 7) % V
-        assert float((GPT.forward(model, x)[:, 3] - GPT.forward(model, y)[:, 3]).abs().max()) > 1e-2
+    # plain torch: position 3 sees the tokens after it
+    assert support.later_token_leak(lambda x: GPT.forward(model, x), sequences(8, 5)[:, :-1], V) > 1e-2
     assert found(dbg), dbg.explain_failure()
 
 
