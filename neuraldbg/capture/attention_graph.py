@@ -14,13 +14,20 @@ attributes and shapes, and the boolean masks a hand-written attention saved, loo
 An attention counts when its keys are as many as the tokens, its queries as many as its keys, and:
 
 - a fused kernel's node (``ScaledDotProduct...Backward0``) saved ``is_causal`` False and no mask or bias;
+- a fused kernel's node given a mask (``attn_mask=``, which torch saves as scores to add: a boolean one as 0 and
+  -inf) whose entries above the diagonal do not all hide their key (at most :data:`~neuraldbg.stats.tensors.
+  HIDDEN_SCORE`): a mask of zeros (a 4-d padding mask with no causal part), or one the wrong way round;
 - a hand-written one (or torch's own attention computed in plain operations): a softmax over the last axis whose
   input is the product of queries and keys, scaled by one number at most, whose probabilities reach the product
-  with the values through reshapes and dropout only. Between the product and the softmax, ``tril`` (which leaves
-  0, still weighed) hides nothing, and a ``masked_fill`` or ``where`` is read for the positions it hides: one that
-  hides every later key (the usual causal mask) is a mask, one that does not (the mask inverted) is none.
-  Anything else there (an added mask or bias, whatever its values: Hugging Face's BERT given no padding adds one
-  of zeros, ALiBi without its causal part) or after the softmax is not judged.
+  with the values through reshapes, dropout and ``nan_to_num`` only. Between the product and the softmax,
+  ``tril`` (which leaves 0, still weighed) hides nothing, and a ``masked_fill`` or ``where`` is read for the
+  positions it hides: one that hides every later key (the usual causal mask) is a mask, one that does not (the
+  mask inverted) is none. A mask or bias added to the scores (ALiBi, a float ``tril`` of ones, Hugging Face's
+  extended mask) is judged by what it did: the softmax's probabilities (which it saved) give a later key a weight
+  of at least :data:`LATER_WEIGHT` somewhere, or not. Anything else there, or after the softmax, is not judged;
+- a hand-written one whose softmax runs over the queries' axis (``softmax(dim=-2)``) of a square product of
+  queries and keys: whatever its mask, each position's weights are divided by a sum over every query, the later
+  positions' included, which see their own targets (reported as a leak through the queries);
 
 and its queries and keys are a self-attention's: both come, within :data:`NEAR` graph nodes reached position by
 position (not through a reduction, a pooling, a convolution or another attention), from one node that depends on
@@ -92,27 +99,45 @@ _MIXING = (
 _ZEROING = frozenset({"TrilBackward0", "TriuBackward0"})
 #: Nodes that hide scores where a boolean mask says (``masked_fill``, ``where``): read, see :func:`_hidden`.
 _MASKING = frozenset({"MaskedFillBackward0", "WhereBackward0"})
-_DROPOUTS = frozenset({"NativeDropoutBackward0"})
+#: Nodes between the softmax and the product with the values that keep each weight where it was: dropout, and a
+#: ``nan_to_num`` (a row whose every key was hidden gives NaN).
+_DROPOUTS = frozenset({"NativeDropoutBackward0", "NanToNumBackward0"})
 #: A softmax's nodes (``_safe_softmax``: the one torch's own attention computes in plain operations).
 _SOFTMAXES = frozenset({"SoftmaxBackward0", "SafeSoftmaxBackward0"})
+#: Nodes that add a mask or a bias to the scores: judged by the probabilities the softmax made (see _weighs_later).
+_ADDING = frozenset({"AddBackward0", "SubBackward0"})
+#: A later key given at least this weight by some query is seen (an added -1e4, -1e9 or -inf leaves it exactly 0 in
+#: float32; a soft -10 leaves it e^-10 of what it was, at most 4.5e-5).
+LATER_WEIGHT = 1e-3
+#: How an attention lets a position see the later ones (see :func:`unmasked`): no mask hides them, or its softmax
+#: runs over the queries, whose sums take in the later positions whatever the mask.
+NO_MASK = "no mask"
+OVER_QUERIES = "over queries"
 
 
-def unmasked(roots: list[object], lengths: set[int], owner: Callable[[object], tuple[str, bool] | None]) -> list[str]:
-    """The layers of every self-attention with no mask over as many keys as one of ``lengths`` (the token input's
-    axes, batch first or not) in the graph below ``roots`` (graph nodes of one backward call, before it runs: the
-    next-token objective's ``nll_loss``, so that an attention feeding another head alone is not read). ``owner``
-    names the layer a graph node is the output of, and whether that layer holds submodules (None for a node that is
-    not a layer's output): an attention is named by the nearest such layer above it, whose code runs it
-    (``h.0.attn``, not its ``c_proj`` given the result; a layer without submodules, the nearest one when no layer
-    above holds any). An empty name: none was found."""
-    found: list[str] = []
+def unmasked(
+    roots: list[object],
+    lengths: set[int],
+    owner: Callable[[object], tuple[str, bool] | None],
+    rows: Tensor | None = None,
+) -> list[tuple[str, str]]:
+    """Every self-attention with no mask over as many keys as one of ``lengths`` (the token input's axes, batch
+    first or not) in the graph below ``roots`` (graph nodes of one backward call, before it runs: the next-token
+    objective's ``nll_loss``, so that an attention feeding another head alone is not read), as ``(layer, how)``:
+    ``how`` is :data:`NO_MASK`, or :data:`OVER_QUERIES` for a softmax over the queries' axis. ``owner`` names the
+    layer a graph node is the output of, and whether that layer holds submodules (None for a node that is not a
+    layer's output): an attention is named by the nearest such layer above it, whose code runs it (``h.0.attn``,
+    not its ``c_proj`` given the result; a layer without submodules, the nearest one when no layer above holds
+    any). An empty name: none was found. ``rows`` (one boolean per position): the queries whose targets the loss
+    scores, the only ones a mask must hide the later keys from (a prefix LM's unscored prefix sees all of itself)."""
+    found: list[tuple[str, str]] = []
     parents: dict[int, object] = {}
     for node, parent in _walk(roots):
         if parent is not None:
             parents.setdefault(id(node), parent)
-        pair = _attention(node, lengths)
-        if pair is not None and _meet(*pair):
-            found.append(_name(node, parents, owner))
+        seen = _attention(node, lengths, rows)
+        if seen is not None and _meet(seen[0], seen[1]):
+            found.append((_name(node, parents, owner), seen[2]))
     return found
 
 
@@ -130,53 +155,70 @@ def _walk(roots: list[object]) -> Iterator[tuple[object, object | None]]:
                 queue.append((nxt, node))
 
 
-def _attention(node: object, lengths: set[int]) -> tuple[object, object] | None:
+def _attention(node: object, lengths: set[int], rows: Tensor | None) -> tuple[object, object, str] | None:
     """The nodes of the queries and of the keys of an unmasked attention over one of ``lengths`` keys whose result
-    ``node`` is, else None."""
+    ``node`` is, and how it is unmasked (see :func:`unmasked`), else None."""
     name = type(node).__name__
     inputs = [n for n, _ in getattr(node, "next_functions", ())]
     if name.startswith("ScaledDotProduct"):
-        return _fused(node, inputs, lengths)
+        return _fused(node, inputs, lengths, rows)
     if name in _PRODUCTS and len(inputs) == 2 and inputs[0] is not None:
-        return _written(inputs[0], lengths)
+        return _written(inputs[0], lengths, rows)
     return None
 
 
-def _fused(node: object, inputs: list[object], lengths: set[int]) -> tuple[object, object] | None:
+def _fused(
+    node: object, inputs: list[object], lengths: set[int], rows: Tensor | None
+) -> tuple[object, object, str] | None:
     if len(inputs) < 2 or inputs[0] is None or inputs[1] is None:
         return None
     if getattr(node, "_saved_is_causal", True) is not False:
         return None
-    for attribute in dir(node):
-        masks = attribute.startswith("_raw_saved_") and ("mask" in attribute or "bias" in attribute)
-        if masks and _saved(node, attribute[len("_raw_saved_") :]) is not None:
-            return None  # a mask or a bias (or one that cannot be looked at): not judged
     query, key = _shape(node, 0), _shape(node, 1)
     if query is None or key is None or len(query) < 2 or len(key) < 2:
         return None
     if key[-2] not in lengths or query[-2] != key[-2]:
         return None
-    return inputs[0], inputs[1]
+    for attribute in dir(node):
+        if not attribute.startswith("_raw_saved_"):
+            continue
+        name = attribute[len("_raw_saved_") :]
+        if "bias" in name:
+            if _saved(node, name) is not None:
+                return None  # a bias (or one that cannot be looked at): not judged
+        elif "mask" in name:
+            mask = _saved(node, name)
+            if mask is None:
+                continue
+            if not isinstance(mask, Tensor) or mask.dim() < 2 or mask.shape[-1] != key[-2]:
+                return None  # a mask that cannot be looked at, or not laid out over these keys: not judged
+            if stats.hides_later(stats.hidden_positions(mask, attend_is_one=False), rows):
+                return None  # masked
+    return inputs[0], inputs[1], NO_MASK
 
 
-def _written(probabilities: object, lengths: set[int]) -> tuple[object, object] | None:
+def _written(probabilities: object, lengths: set[int], rows: Tensor | None) -> tuple[object, object, str] | None:
     """``probabilities``: the first input of a product; the queries' and keys' nodes when it is an unmasked
-    softmax of their scaled product over one of ``lengths`` keys, as many queries."""
+    softmax of their scaled product over one of ``lengths`` keys, as many queries (or a softmax of that product
+    over the queries, masked or not), and how it is unmasked."""
     node = probabilities
     while type(node).__name__ in _RESHAPES or type(node).__name__ in _DROPOUTS:
         node = _first(node)
     if type(node).__name__ not in _SOFTMAXES:
         return None
+    softmax = node
     dim = getattr(node, "_saved_dim", None)
     result = made_shape(node)
     if not isinstance(dim, int) or result is None or len(result) < 2:
         return None
     if dim >= 1 << 63:  # -1 read back as an unsigned 64-bit number
         dim -= 1 << 64
-    if dim not in (-1, len(result) - 1):
+    queries = dim in (-2, len(result) - 2)
+    if dim not in (-1, len(result) - 1) and not queries:
         return None
     if result[-1] not in lengths or result[-2] != result[-1]:
         return None
+    added = False
     node = _first(node)
     while node is not None:
         name = type(node).__name__
@@ -184,9 +226,14 @@ def _written(probabilities: object, lengths: set[int]) -> tuple[object, object] 
             node = _first(node)
         elif name in _MASKING:
             hidden = _hidden(node)
-            if hidden is None or hidden.shape[-1:] != (result[-1],) or stats.hides_later(hidden):
-                return None  # masked (or masked in a way not read)
+            if hidden is None or hidden.shape[-1:] != (result[-1],):
+                return None  # masked in a way not read
+            if stats.hides_later(hidden, rows) and not queries:
+                return None  # masked
             node = _scores(node)
+        elif name in _ADDING:
+            added = True
+            node = _added_to(node)
         else:
             break
     if type(node).__name__ not in _PRODUCTS:
@@ -194,7 +241,48 @@ def _written(probabilities: object, lengths: set[int]) -> tuple[object, object] 
     inputs = [n for n, _ in getattr(node, "next_functions", ())]
     if len(inputs) != 2 or inputs[0] is None or inputs[1] is None:
         return None
-    return inputs[0], inputs[1]
+    if queries:
+        return inputs[0], inputs[1], OVER_QUERIES
+    if added and not _weighs_later(softmax, result[-1], rows):
+        return None  # what was added hides the later keys (or the probabilities cannot be looked at)
+    return inputs[0], inputs[1], NO_MASK
+
+
+def _added_to(node: object) -> object | None:
+    """The input of an addition (or subtraction) to the scores that carries them: the one that reaches the product
+    of queries and keys through reshapes and scales (the other is the mask or the bias: a constant, or computed
+    from a learnt table); None when neither or both do."""
+    inputs = [n for n, _ in getattr(node, "next_functions", ()) if n is not None]
+    reaching = [n for n in inputs if _reaches_product(n)]
+    return reaching[0] if len(reaching) == 1 else None
+
+
+def _reaches_product(node: object | None) -> bool:
+    for _ in range(NEAR):
+        if node is None:
+            return False
+        name = type(node).__name__
+        if name in _PRODUCTS:
+            return True
+        if not (name in _RESHAPES or _scalar_scale(node)):
+            return False
+        node = _first(node)
+    return False
+
+
+def _weighs_later(softmax: object, length: int, rows: Tensor | None) -> bool:
+    """Whether the probabilities a softmax over ``length`` keys saved give some later key (above the diagonal of
+    their last two axes; in the queries of ``rows`` only, when given) a weight of at least :data:`LATER_WEIGHT`: the
+    mask or bias added before it hid nothing. False when they cannot be looked at (not judged). Reads them: one
+    value to the host."""
+    weights = _saved(softmax, "result")
+    if not isinstance(weights, Tensor) or weights.dim() < 2 or weights.shape[-2:] != (length, length):
+        return False
+    with torch.no_grad():
+        top = weights.detach()
+        if top.dim() > 2:  # the largest over the batch and the heads: one grid, not a copy of all of them
+            top = top.reshape(-1, length, length).amax(0)
+        return bool((top[stats.later_keys(length, rows, weights.device)] >= LATER_WEIGHT).any())
 
 
 def _hidden(node: object) -> Tensor | None:

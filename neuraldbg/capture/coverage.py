@@ -319,6 +319,8 @@ class Coverage:
     padded_steps: int = 0
     unmasked_attention: dict[str, int] = field(default_factory=dict)
     uncausal_attention: dict[str, int] = field(default_factory=dict)  # ... with no attention mask, not causal
+    # ... of those, the attentions written by hand whose softmax ran over the queries' axis (capture/attention_graph.py)
+    query_softmax: set[str] = field(default_factory=set)
     # views that mix samples (see capture/sample_views.py): the fully observed passes read, and by the layer whose
     # output was reshaped, [the shape given, the shape made, the passes it was met on, the first step]
     view_passes: int = 0

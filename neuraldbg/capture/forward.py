@@ -140,8 +140,10 @@ class ForwardPath:
         # the attention calls of this pass without any mask: (layer, the keys' batch and sequence lengths), counted
         # when the model's call ends if their keys are its token positions (see _count_unmasked)
         self._unmasked: list[tuple[str, tuple[int, ...]]] = []
-        # ... and those without an attention mask and not causal, whatever their key-padding mask (see _count_unmasked)
-        self._uncausal: list[tuple[str, tuple[int, ...]]] = []
+        # ... and those without an attention mask and not causal, whatever their key-padding mask, or with one that
+        # lets a position see a later one: (layer, lengths, the positions it hides; None: no mask) (see
+        # _count_unmasked)
+        self._uncausal: list[tuple[str, tuple[int, ...], Tensor | None]] = []
         # ... and the key-padding masks given to attention calls of this pass, by layer (see _check_masks)
         self._key_masks: list[tuple[str, Tensor]] = []
         self._mask_checks = MASK_CHECKS  # fully observed passes still to read the padding masks in
@@ -149,6 +151,9 @@ class ForwardPath:
         #: the model's one token input in a fully observed pass whose attention ran with no mask over it (see
         #: _count_unmasked): the backward call's listener reads the loss's targets against it, then lets it go
         self.unmasked_tokens: Tensor | None = None
+        #: ... with the layers among them given a mask that lets a position see a later one, and the positions each
+        #: hides: judged on the positions the loss scores only (a prefix LM's unscored prefix sees all of itself)
+        self.masked_uncausal: list[tuple[str, Tensor]] = []
         self._graph_checks = GRAPH_CAUSAL_CHECKS
         self._mask_reads = CAUSAL_CHECKS  # fully observed passes whose attention masks are read (see _hides_later)
         self._mask_read = False  # ... one was read in this pass
@@ -466,14 +471,17 @@ class ForwardPath:
             if self._causal_checks and self._mask_reads:
                 self._mask_read = True
                 if not _hides_later(masks[1]):
-                    self._note_uncausal(name, module, query, key)
+                    self._note_uncausal(name, module, query, key, stats.hidden_positions(masks[1], False))
             return
         self._note_uncausal(name, module, query, key)
         if masks[0] is None:
             self._unmasked.append((name, _key_lengths(key, module)))
 
-    def _note_uncausal(self, name: str, module: nn.MultiheadAttention, query: Any, key: Tensor) -> None:
-        """Keep a self-attention call that lets every position see the later ones (see _note_attention)."""
+    def _note_uncausal(
+        self, name: str, module: nn.MultiheadAttention, query: Any, key: Tensor, hidden: Tensor | None = None
+    ) -> None:
+        """Keep a self-attention call that lets every position see the later ones (see _note_attention), or, given
+        a mask, some of them: ``hidden``, the positions that mask hides."""
         where = _where(key)
         if key is query or (
             isinstance(query, Tensor) and query.shape == key.shape and where is not None and _where(query) == where
@@ -481,7 +489,7 @@ class ForwardPath:
             # a self-attention (its keys are its queries' positions): every position sees every other one, padding
             # masked or not; a cross-attention's keys are a memory (an image's patches, an encoder's states,
             # a segment before), which a causal mask does not apply to, whatever their length
-            self._uncausal.append((name, _key_lengths(key, module)))
+            self._uncausal.append((name, _key_lengths(key, module), hidden))
 
     def _note_recurrent(self, name: str, module: nn.RNNBase, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Keep a recurrent layer's layout (an ``nn.RNN``, ``nn.LSTM`` or ``nn.GRU`` call of a fully observed step):
@@ -506,15 +514,21 @@ class ForwardPath:
         them. The same for its self-attention calls with no attention mask, not causal (a key-padding mask or not),
         over ``only``, the model's one token input wherever it stands among its arguments (a captioner's
         ``model(image, tokens)``; none for a source and a target sequence, whose encoder sees all of the source by
-        design): when there was one, those tokens are kept for the loss to read (``unmasked_tokens``)."""
+        design): when there was one, those tokens are kept for the loss to read (``unmasked_tokens``). A call given a
+        mask that lets some position see a later one is counted by the loss's reader instead, if a position the
+        loss scores does (``masked_uncausal``)."""
         unmasked, self._unmasked = self._unmasked, []
         uncausal, self._uncausal = self._uncausal, []
         coverage = self._rec.coverage
         _count_over(unmasked, tokens, coverage.unmasked_attention)
-        seen = _count_over(uncausal, only, coverage.uncausal_attention)
-        if seen and only is not None and only.dim() == 2 and self._causal_checks:
+        counts = coverage.uncausal_attention
+        seen = _count_over([(name, lengths) for name, lengths, hidden in uncausal if hidden is None], only, counts)
+        shape = sorted(only.shape) if only is not None else None
+        masked = [(name, mask) for name, lengths, mask in uncausal if mask is not None and sorted(lengths) == shape]
+        if (seen or masked) and only is not None and only.dim() == 2 and self._causal_checks:
             self._causal_checks -= 1
             self.unmasked_tokens = only
+            self.masked_uncausal = masked
 
     def _keep_graph_tokens(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A fully observed pass with no unmasked ``nn.MultiheadAttention`` over its tokens: keep the model's one
@@ -854,6 +868,7 @@ class ForwardPath:
         self._produced.clear()
         self._fed.clear()
         self.unmasked_tokens = None
+        self.masked_uncausal = []
         self.graph_tokens = None
         self._owner_map = None
         self._owner_nodes = []
@@ -931,24 +946,18 @@ def _key_lengths(key: Tensor, module: nn.MultiheadAttention) -> tuple[int, ...]:
     return (int(key.shape[0]), int(key.shape[1])) if module.batch_first else (int(key.shape[1]), int(key.shape[0]))
 
 
-#: An added mask value that hides a position: its weight is exp(-10^4) times what it was (Hugging Face's older
-#: models add -10^4; torch's own masks, -inf; others, the dtype's lowest value).
-HIDDEN = -1e4
-
-
 def _hides_later(mask: Any) -> bool:
     """Whether an ``nn.MultiheadAttention`` attention mask hides every later position from every earlier one: each
-    entry above its last two axes' diagonal True (boolean: not allowed) or at most :data:`HIDDEN` (floating: added
-    to the scores). A float ``torch.tril(torch.ones(T, T))`` (1 on the past, 0 on the future) hides nothing. A mask
-    that is not square over its last two axes, or not a plain tensor, is taken to hide them (not judged). Reads
-    the mask (one value to the host), on the first fully observed passes only."""
+    entry above its last two axes' diagonal True (boolean: not allowed) or at most
+    :data:`~neuraldbg.stats.tensors.HIDDEN_SCORE` (floating: added to the scores; Hugging Face's older models add
+    -10^4, torch's own masks -inf). A float ``torch.tril(torch.ones(T, T))`` (1 on the past, 0 on the future) hides
+    nothing. A mask that is not square over its last two axes, or not a plain tensor, is taken to hide them (not
+    judged). Reads the mask (one value to the host), on the first fully observed passes only."""
     if not isinstance(mask, Tensor) or mask.dim() < 2 or mask.shape[-1] != mask.shape[-2] or _where(mask) is None:
         return True
-    if mask.dtype is torch.bool:
-        return stats.hides_later(mask)
-    if not mask.is_floating_point():
+    if mask.dtype is not torch.bool and not mask.is_floating_point():
         return True
-    return stats.hides_later(mask <= HIDDEN)
+    return stats.hides_later(stats.hidden_positions(mask, attend_is_one=False))
 
 
 def _count_over(calls: list[tuple[str, tuple[int, ...]]], tokens: Tensor | None, counts: dict[str, int]) -> bool:

@@ -57,6 +57,7 @@ from ..stats.tensors import (
     binary_counts,
     dense,
     finite_per_row,
+    hides_later,
     label_counts,
     label_entropy,
     log_prob_gap,
@@ -247,6 +248,7 @@ class GradLedger:
             # loss's targets (a next-token objective over an attention that sees every position)
             tokens = rec.forward.unmasked_tokens
             rec.forward.unmasked_tokens = None
+            masked, rec.forward.masked_uncausal = rec.forward.masked_uncausal, []
             # ... or, with no such attention among the layers, the token input of a pass whose attention may be in
             # the graph only (F.scaled_dot_product_attention, a hand-written one)
             graph_tokens = rec.forward.graph_tokens
@@ -277,13 +279,23 @@ class GradLedger:
                 rec.coverage.note_layouts(targets, layouts, data.step)
             objective = loss_graph.next_token_nll(roots, graph_tokens) if graph_tokens is not None and roots else None
             if objective is not None:
-                layers = attention_graph.unmasked([objective[0]], set(graph_tokens.shape), rec.forward.owner)
-                if layers:
+                scored = loss_graph.scored_positions(objective[0], graph_tokens)
+                seen = attention_graph.unmasked([objective[0]], set(graph_tokens.shape), rec.forward.owner, scored)
+                if seen:
                     counts = rec.coverage.uncausal_attention
-                    for name in sorted(set(layers), key=rec.forward.rank):
+                    for name in sorted({name for name, _ in seen}, key=rec.forward.rank):
                         counts[name] = counts.get(name, 0) + 1
+                    over = {name for name, how in seen if how == attention_graph.OVER_QUERIES}
+                    rec.coverage.query_softmax.update(over)
                     rec.pending.put("next_token", None, objective[1])
             if tokens is not None and roots:
+                if masked:  # masks that let a position see a later one: does a position the loss scores?
+                    aimed = loss_graph.next_token_nll(roots, tokens)
+                    scored = loss_graph.scored_positions(aimed[0], tokens) if aimed is not None else None
+                    counts = rec.coverage.uncausal_attention
+                    for name, hidden in masked:
+                        if not hides_later(hidden, scored):
+                            counts[name] = counts.get(name, 0) + 1
                 share = loss_graph.next_token_share(roots, tokens)
                 if share is not None:
                     rec.pending.put("next_token", None, share)

@@ -935,6 +935,32 @@ def next_token_nll(losses: list[Tensor], tokens: Tensor) -> tuple[object, Tensor
 
 
 @torch.no_grad()
+def scored_positions(node: object, tokens: Tensor) -> Tensor | None:
+    """The positions of ``tokens`` whose next-token target the ``nll_loss`` ``node`` (of :func:`next_token_nll`)
+    scores for some sample (not its ``ignore_index``), as a boolean vector of the tokens' length, in the layout
+    (batch first, or sequence first) whose targets are the most often the next token; None when its targets fit
+    neither."""
+    target = getattr(node, "_saved_target", None)
+    if not isinstance(target, Tensor) or tokens.dim() != 2:
+        return None
+    ignore = getattr(node, "_saved_ignore_index", -100)
+    best: tuple[float, Tensor] | None = None
+    for t in (tokens, tokens.t()):
+        batch, length = t.shape
+        share = _ahead(target, t, ignore)
+        if share is None:
+            continue
+        if target.numel() == batch * length:
+            scored = (target.reshape(batch, length) != ignore).any(0)
+        else:  # one target fewer than positions: the last position has no next token
+            unscored = torch.zeros(1, dtype=torch.bool, device=target.device)
+            scored = torch.cat([(target.reshape(batch, length - 1) != ignore).any(0), unscored])
+        if best is None or float(share) > best[0]:
+            best = (float(share), scored)
+    return best[1] if best is not None else None
+
+
+@torch.no_grad()
 def _ahead(target: Tensor, tokens: Tensor, ignore: int) -> Tensor | None:
     """:func:`next_token_share` for ``tokens`` laid out ``(batch, length)`` (None: the targets do not fit)."""
     batch, length = tokens.shape

@@ -324,15 +324,27 @@ def labels_ahead(input_ids: Tensor, labels: Tensor, ignore: int = -100) -> Tenso
 
 
 @torch.no_grad()
-def hides_later(hidden: Tensor) -> bool:
+def hides_later(hidden: Tensor, rows: Tensor | None = None) -> bool:
     """Whether a boolean attention mask (True: hidden) hides every later key from every query: laid out queries by
-    keys over its last two axes (queries may be one row, broadcast), every entry above the diagonal True. A mask not
-    laid out so is taken to hide them (not judged). Reads the mask: one value to the host."""
+    keys over its last two axes (queries may be one row, broadcast), every entry above the diagonal True. ``rows``
+    (a boolean vector, one entry per query): only those queries count (the positions a loss scores: a prefix LM's
+    unscored prefix sees its whole prefix by design). A mask not laid out so is taken to hide them (not judged).
+    Reads the mask: one value to the host."""
     length = hidden.shape[-1] if hidden.dim() >= 2 else 0
     if not length or hidden.shape[-2] not in (1, length):
         return True
-    later = torch.ones(length, length, dtype=torch.bool, device=hidden.device).triu(1)
-    return bool(hidden.expand(*hidden.shape[:-2], length, length)[..., later].all())
+    if hidden.dim() > 2:  # hidden from every batch element and head alike: one grid, not a copy of all of them
+        hidden = hidden.reshape(-1, *hidden.shape[-2:]).all(0)
+    return bool(hidden.expand(length, length)[later_keys(length, rows, hidden.device)].all())
+
+
+def later_keys(length: int, rows: Tensor | None, device: torch.device) -> Tensor:
+    """The entries above the diagonal of a ``length`` x ``length`` grid of queries by keys (a later key for its
+    query), as a boolean mask; with ``rows`` (one boolean per query, of that length), in those rows only."""
+    later = torch.ones(length, length, dtype=torch.bool, device=device).triu(1)
+    if rows is not None and rows.shape == (length,):
+        later &= rows.to(device).view(length, 1)
+    return later
 
 
 def ahead_share(tokens: Tensor, scored: Tensor, ignore: int = -100) -> Tensor:
@@ -370,8 +382,8 @@ def mask_inverted(tokens: Tensor, hidden: Tensor) -> Tensor:
     return torch.where(everything, 2 * many_hidden.float(), (one_shown & many_hidden).float())
 
 
-#: A float padding mask hides a position with a value at or below this (-inf, or a large negative number such as
-#: torch.finfo(dtype).min or -1e9, added to the attention scores).
+#: A float mask (padding or causal) hides a position with a value at or below this (-inf, or a large negative number
+#: such as torch.finfo(dtype).min or -1e9, added to the attention scores).
 HIDDEN_SCORE = -1e4
 
 

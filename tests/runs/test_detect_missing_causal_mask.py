@@ -14,10 +14,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from neuraldbg import NeuralDbg
+from neuraldbg.capture.forward import GRAPH_CAUSAL_CHECKS
 
 KIND = "missing_causal_mask"
 V, T, D = 16, 16, 64
 STEPS, BATCH = 160, 64
+PREFIX = 4  # a prefix LM's bidirectional positions
 
 
 def sequences(n: int, seed: int) -> torch.Tensor:
@@ -255,7 +257,8 @@ def test_a_captioner_given_its_tokens_second_is_read_too():
 class MaskedBy(nn.Module):
     """A 2-layer LM calling ``nn.MultiheadAttention`` itself with an attention mask and no ``is_causal``: ``how``
     "ones" (a float ``torch.tril(torch.ones(T, T))``, added to the scores: 1 on the past, 0 on the future, it hides
-    nothing), "bool" (True above the diagonal: hidden) or "inf" (-inf above the diagonal)."""
+    nothing), "bool" (True above the diagonal: hidden), "inf" (-inf above the diagonal) or "prefix" (a prefix LM's:
+    causal, but the first :data:`PREFIX` positions see each other)."""
 
     def __init__(self, how: str) -> None:
         super().__init__()
@@ -268,7 +271,7 @@ class MaskedBy(nn.Module):
         n = x.shape[1]
         h = self.tok(x) + self.pos(torch.arange(n))
         later = torch.ones(n, n, dtype=torch.bool).triu(1)
-        mask = {"ones": torch.tril(torch.ones(n, n)), "bool": later}.get(
+        mask = {"ones": torch.tril(torch.ones(n, n)), "bool": later, "prefix": later & (torch.arange(n) >= PREFIX)}.get(
             self.how, torch.zeros(n, n).masked_fill(later, float("-inf"))
         )
         for attn in self.attn:
@@ -292,6 +295,8 @@ def test_a_float_tril_of_ones_given_as_the_mask_hides_nothing_and_is_found():
     hits = found(dbg)
     assert hits, dbg.explain_failure() if dbg else ""
     assert hits[0].root.detail == "attn.0, attn.1"
+    # read at the layers' calls on their passes, not only in the loss's graph on the passes after them
+    assert dbg is not None and dbg._recorder.coverage.uncausal_attention["attn.0"] > GRAPH_CAUSAL_CHECKS
 
 
 def test_a_boolean_or_infinite_causal_mask_without_is_causal_is_silent():
@@ -300,3 +305,42 @@ def test_a_boolean_or_infinite_causal_mask_without_is_causal_is_silent():
         assert leak(model) == 0.0, how  # plain torch: no position sees a later token
         assert not found(dbg), (how, dbg.explain_failure() if dbg else "")
         assert dbg is not None and not dbg._recorder.coverage.uncausal_attention, how
+
+
+def test_a_prefix_lm_is_judged_on_the_positions_its_loss_scores():
+    """Its first positions see each other by design, and its loss leaves them out: silent. Scored there too, they
+    are trained on tokens they see: found."""
+
+    def fit(scored_prefix: bool) -> tuple[MaskedBy, NeuralDbg]:
+        torch.manual_seed(0)
+        model = MaskedBy("prefix")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        data = sequences(48 * BATCH, 16)
+
+        def loop() -> None:
+            for step in range(48):
+                x = data[step * BATCH : (step + 1) * BATCH]
+                targets = x[:, 1:].clone()
+                if not scored_prefix:
+                    targets[:, : PREFIX - 1] = -100
+                opt.zero_grad()
+                F.cross_entropy(model(x[:, :-1]).reshape(-1, V), targets.reshape(-1)).backward()
+                opt.step()
+
+        dbg = support.watching(model, loop, True)
+        assert dbg is not None
+        return model, dbg
+
+    model, dbg = fit(scored_prefix=False)
+    tokens = sequences(8, 5)[:, :-1]
+    assert leak(model) == 0.0  # plain torch: scored position 3 sees no later token ...
+    with torch.no_grad():  # ... while position 1, in the prefix, sees positions 2 and 3
+        other = tokens.clone()
+        other[:, 2:PREFIX] = (other[:, 2:PREFIX] + 7) % V
+        assert float((model(tokens)[:, 1] - model(other)[:, 1]).abs().max()) > 1e-2
+    assert not found(dbg), dbg.explain_failure()
+    assert not dbg._recorder.coverage.uncausal_attention
+
+    _, dbg = fit(scored_prefix=True)
+    assert found(dbg), dbg.explain_failure()
+    assert dbg._recorder.coverage.uncausal_attention["attn.0"] > GRAPH_CAUSAL_CHECKS  # at the layers' calls too

@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 KIND = "missing_causal_mask"
 V, T, D, H = 16, 16, 32, 4
 STEPS, BATCH = 100, 64
+PREFIX = 4  # a prefix LM's bidirectional positions
 
 
 def sequences(n: int, seed: int) -> torch.Tensor:
@@ -30,7 +31,11 @@ class Attention(nn.Module):
     (rotary queries and keys, no mask), "causal" (``is_causal=True``), "bool_mask" (a boolean causal ``attn_mask``),
     "written" (by hand, no mask), "filled" (by hand, ``masked_fill`` of the later keys before the softmax),
     "inverted" (``masked_fill`` of the earlier ones), "zeros" (``tril`` of the scores), "kept" (``where`` keeping the
-    earlier ones)."""
+    earlier ones); masks added to the scores: "ones" (a float ``tril`` of ones: it hides nothing), "added" (0 on the
+    past, -inf on the future), "alibi" (ALiBi's distance penalty alone), "alibi_causal" (with its causal part);
+    "queries" (masked, then the softmax over the queries' axis); given to the fused kernel: "fused_zeros" (a 4-d
+    ``attn_mask`` of zeros, a padding mask with no causal part), "fused_float" (0 on the past, -inf on the
+    future), "prefix" (a prefix LM's: causal, but the first :data:`PREFIX` positions see each other)."""
 
     def __init__(self, how: str) -> None:
         super().__init__()
@@ -46,15 +51,24 @@ class Attention(nn.Module):
         later = self.later[:n, :n]
         if self.how == "rope":  # LLaMA's rotary embedding of the queries and keys, then no causal flag
             q, k = rotate(q), rotate(k)
+        future = torch.zeros(n, n).masked_fill(later, float("-inf"))  # an additive causal mask
+        distance = -(torch.arange(n).view(n, 1) - torch.arange(n).view(1, n)).abs().float()
+        slopes = 2.0 ** -torch.arange(1, H + 1).float().view(H, 1, 1)  # ALiBi: one slope per head
         if self.how in ("fused", "rope"):
             y = F.scaled_dot_product_attention(q, k, v)
         elif self.how == "causal":
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         elif self.how == "bool_mask":
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=~later)
+        elif self.how == "fused_zeros":
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(b, 1, n, n))
+        elif self.how == "fused_float":
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=future)
+        elif self.how == "prefix":  # a prefix LM's: its first PREFIX positions see each other
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=~later | (torch.arange(n) < PREFIX))
         else:
             scores = (q @ k.transpose(-2, -1)) * (1.0 / (D // H) ** 0.5)
-            if self.how == "filled":
+            if self.how in ("filled", "queries"):
                 scores = scores.masked_fill(later, float("-inf"))
             elif self.how == "inverted":  # the mask the wrong way round: the past hidden, the future shown
                 scores = scores.masked_fill(later.T, float("-inf"))
@@ -62,7 +76,15 @@ class Attention(nn.Module):
                 scores = scores.tril()
             elif self.how == "kept":
                 scores = torch.where(~later, scores, float("-inf"))
-            y = F.softmax(scores, dim=-1) @ v
+            elif self.how == "ones":  # 1 where a position may attend, 0 where not: added, it hides nothing
+                scores = scores + torch.ones(n, n).tril()
+            elif self.how == "added":
+                scores = scores + future
+            elif self.how == "alibi":
+                scores = scores + slopes * distance
+            elif self.how == "alibi_causal":
+                scores = scores + slopes * distance + future
+            y = F.softmax(scores, dim=-2 if self.how == "queries" else -1).nan_to_num() @ v
         return self.c_proj(y.transpose(1, 2).contiguous().view(b, n, D))
 
 
@@ -332,3 +354,89 @@ def test_attention_under_activation_checkpointing_is_read_without_running_its_bl
     assert plain == 2 * 24
     assert watched == plain
     assert found(dbg), dbg.explain_failure()  # the fused kernel's flag and shapes are read all the same
+
+
+def test_masks_added_to_the_scores_are_judged_by_the_weights_they_leave_the_later_keys():
+    """ALiBi alone, and a float ``tril`` of ones added as if it were a mask (1 where a position may attend), leave the
+    later keys weighed: found. The same with -inf on the later keys hides them: silent. Read from the softmax's saved
+    probabilities, whatever was added."""
+    for how in ("ones", "alibi"):
+        model, _, dbg = train_lm(how, watched=True)
+        assert leak(model) > 1e-2, how  # plain torch: earlier positions see later tokens
+        hits = found(dbg)
+        assert hits, (how, dbg.explain_failure())
+        assert hits[0].root.detail == "h.0.attn, h.1.attn" and not hits[0].root.metrics["over_queries"]
+    for how in ("added", "alibi_causal"):
+        model, _, dbg = train_lm(how, watched=True)
+        assert leak(model) == 0.0, how  # plain torch
+        assert not found(dbg), (how, dbg.explain_failure())
+        assert not dbg._recorder.coverage.uncausal_attention, how
+
+
+def test_a_softmax_over_the_queries_is_found_as_a_leak_whatever_its_mask():
+    """Masked, then normalised over the queries' axis (``softmax(dim=-2)``): each weight is divided by a sum over the
+    later queries, so an earlier position's output moves with the later tokens."""
+    model, loss, _ = train_lm("queries", watched=False)
+    twin, twin_loss, _ = train_lm("filled", watched=False)
+    assert leak(model) > 1e-2 and leak(twin) == 0.0  # plain torch
+    assert loss < twin_loss, (loss, twin_loss)  # it reads the later positions
+    assert generation_accuracy(model) < generation_accuracy(twin)
+
+    _, _, dbg = train_lm("queries", watched=True)
+    hits = found(dbg)
+    assert hits, dbg.explain_failure()
+    root = hits[0].root
+    assert root.detail == "h.0.attn, h.1.attn" and root.metrics["over_queries"] == 1.0
+    assert "over the queries" in hits[0].explanation and "softmax(dim=-1)" in hits[0].suggestion
+    assert dbg._recorder.coverage.query_softmax == {"h.0.attn", "h.1.attn"}
+
+
+def test_a_fused_attention_given_a_mask_that_hides_no_later_key_is_found():
+    """A 4-d ``attn_mask`` of zeros (a padding mask with no causal part): found; 0 and -inf, as torch's causal mask
+    is made: silent."""
+    model, _, dbg = train_lm("fused_zeros", watched=True)
+    assert leak(model) > 1e-2  # plain torch
+    assert found(dbg), dbg.explain_failure()
+    model, _, dbg = train_lm("fused_float", watched=True)
+    assert leak(model) == 0.0  # plain torch
+    assert not found(dbg), dbg.explain_failure()
+    assert not dbg._recorder.coverage.uncausal_attention
+
+
+def prefix_fit(scored_prefix: bool):
+    """A prefix LM (its first :data:`PREFIX` positions see each other, the rest is causal) trained on the next token;
+    its loss leaves out the prefix's positions before the last (they see the tokens they would predict), or, with
+    ``scored_prefix``, scores them too."""
+    torch.manual_seed(0)
+    model = GPT("prefix")
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    data = sequences(48 * BATCH, 15)
+
+    def loop() -> None:
+        for step in range(48):
+            x = data[step * BATCH : (step + 1) * BATCH]
+            targets = x[:, 1:].clone()
+            if not scored_prefix:
+                targets[:, : PREFIX - 1] = -100
+            opt.zero_grad()
+            F.cross_entropy(model(x[:, :-1]).reshape(-1, V), targets.reshape(-1)).backward()
+            opt.step()
+
+    return model, support.watching(model, loop, True)
+
+
+def test_a_prefix_lm_is_judged_on_the_positions_its_loss_scores():
+    """Its prefix sees itself by design, and its loss leaves those positions out: silent. Scored there too, the
+    prefix's positions are trained on tokens they see: found."""
+    model, dbg = prefix_fit(scored_prefix=False)
+    tokens = sequences(8, 5)[:, :-1]
+    assert support.later_token_leak(model, tokens, V) == 0.0  # plain torch: scored position 3 sees no later token
+    with torch.no_grad():  # ... while position 1, in the prefix, sees positions 2 and 3
+        other = tokens.clone()
+        other[:, 2:PREFIX] = (other[:, 2:PREFIX] + 7) % V
+        assert float((model(tokens)[:, 1] - model(other)[:, 1]).abs().max()) > 1e-2
+    assert not found(dbg), dbg.explain_failure()
+    assert not dbg._recorder.coverage.uncausal_attention
+
+    _, dbg = prefix_fit(scored_prefix=True)
+    assert found(dbg), dbg.explain_failure()
