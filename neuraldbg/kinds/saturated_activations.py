@@ -53,7 +53,7 @@ from ..reasoning.rules import CausalRule
 from ..reasoning.topology import Topology
 from ..stats.step import SlotKey
 from ..text import num, pct
-from . import loss_evidence
+from . import loss_evidence, optimizer_settings
 from .base import Check, Kind, RootLane, Series, held, near
 
 if TYPE_CHECKING:
@@ -236,14 +236,19 @@ class SaturatedActivations(Kind):
             what += f" Gradient norm falls to {num(low.metrics.get('grad_norm', 0.0))} at '{low.layer}'."
         target = f"'{feeding}'" if feeding else "the previous layer"
         if root.step_start > topo.first_step:  # not so at the start: training grew the activation's inputs
-            lr = near(series, "lr", "", root.step_start)
-            now = f" (now {num(lr)})" if lr is not None else ""
-            fix = (
-                f"lower the learning rate{now} or clip gradients: the activation was not saturated at the start, "
-                f"and from step {root.step_start} the updates of {target} had grown its inputs past its bounds; a "
-                "normalisation layer before the activation, or a non-saturating activation (ReLU, GELU), keeps them "
-                "in range."
+            grown = (
+                f"the activation was not saturated at the start, and from step {root.step_start} the updates of "
+                f"{target} had grown its inputs past its bounds; a normalisation layer before the activation, or a "
+                "non-saturating activation (ReLU, GELU), keeps them in range."
             )
+            heavy = optimizer_settings.momentum_explains(series, root.step_start)
+            if heavy is not None:  # the momentum, not the learning rate alone, made the steps that large
+                what += heavy[0]
+                fix = f"{heavy[1]} {grown[0].upper()}{grown[1:]}"
+            else:
+                lr = near(series, "lr", "", root.step_start)
+                now = f" (now {num(lr)})" if lr is not None else ""
+                fix = f"lower the learning rate{now} or clip gradients: {grown}"
         else:
             fix = (
                 f"the inputs of the activation are too large - scale down the initialisation of {target} "

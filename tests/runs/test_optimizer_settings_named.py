@@ -118,7 +118,9 @@ def test_stall_at_the_edge_of_the_limit_is_dated_over_the_whole_run() -> None:
 # ------------------------------------------------------------------------------------------- SGD's momentum
 
 
-def regress(lr: float, momentum: float) -> tuple[nn.Module, Loop, Callable[[], float]]:
+def regress(
+    lr: float, momentum: float, activation: type[nn.Module] = nn.ReLU
+) -> tuple[nn.Module, Loop, Callable[[], float]]:
     """An MLP regression under SGD with momentum (8 epochs of 32 batches): the model, the user's loop, and the
     held-out R^2 after it."""
     teacher = torch.randn(10, 3, generator=torch.Generator().manual_seed(4321))
@@ -132,7 +134,7 @@ def regress(lr: float, momentum: float) -> tuple[nn.Module, Loop, Callable[[], f
 
     (x_train, y_train), (x_test, y_test) = data(2048, 1), data(1024, 999)
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+    model = nn.Sequential(nn.Linear(10, 64), activation(), nn.Linear(64, 64), activation(), nn.Linear(64, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
 
     def loop() -> None:
@@ -152,8 +154,8 @@ def regress(lr: float, momentum: float) -> tuple[nn.Module, Loop, Callable[[], f
     return model, loop, r2
 
 
-def held_out(lr: float, momentum: float) -> float:
-    _, loop, r2 = regress(lr, momentum)
+def held_out(lr: float, momentum: float, activation: type[nn.Module] = nn.ReLU) -> float:
+    _, loop, r2 = regress(lr, momentum, activation)
     loop()
     return r2()
 
@@ -170,6 +172,23 @@ def test_momentum_0999_is_named_before_the_learning_rate() -> None:
     assert "The optimizer's momentum=0.999 makes each step add up about 1,000 gradients" in hypothesis.explanation
     assert hypothesis.suggestion.startswith("use momentum=0.9 ")
     assert "lower the learning rate" not in hypothesis.suggestion
+
+
+def test_momentum_0999_is_named_where_it_saturates_a_tanh_network() -> None:
+    # ground truth: the same regression through tanh units; momentum 0.9 at the same learning rate trains, 0.999
+    # drives the activations to their bounds and the fit apart
+    assert held_out(0.05, 0.999, nn.Tanh) < 0.0
+    assert held_out(0.05, 0.9, nn.Tanh) > 0.85
+
+    model, loop, _ = regress(0.05, 0.999, nn.Tanh)
+    hypothesis = watched(model, loop).hypotheses()[0]
+    assert hypothesis.root.kind.value == "saturated_activations"
+    assert "The optimizer's momentum=0.999 makes each step add up about 1,000 gradients" in hypothesis.explanation
+    assert hypothesis.suggestion.startswith("use momentum=0.9 ")
+    assert "lower the learning rate" not in hypothesis.suggestion
+
+    model, loop, _ = regress(0.05, 0.9, nn.Tanh)
+    assert not watched(model, loop).hypotheses()  # the healthy twin
 
 
 def test_learning_rate_too_high_at_usual_momentum_keeps_the_learning_rate_advice() -> None:
