@@ -291,11 +291,12 @@ def watching(model: nn.Module, loop: Callable[[], None], watched: bool) -> Neura
 
 
 def next_token_fit(
-    model: nn.Module, data: torch.Tensor, batch: int, lr: float, watched: bool, last: int = 10
+    model: nn.Module, data: torch.Tensor, batch: int, lr: float, watched: bool, last: int = 10, unscored: int = 0
 ) -> tuple[float, NeuralDbg | None]:
     """Next-token training of a language model on ``data`` (rows of token ids), ``batch`` rows a step under AdamW
-    at ``lr``: it reads ``x[:, :-1]`` and is scored on ``x[:, 1:]``, watched or plain (see :func:`watching`). The
-    mean loss of the last ``last`` steps, and the debugger."""
+    at ``lr``: it reads ``x[:, :-1]`` and is scored on ``x[:, 1:]`` (but for its first ``unscored`` positions, given
+    ``ignore_index``: a prefix LM's bidirectional prefix), watched or plain (see :func:`watching`). The mean loss of
+    the last ``last`` steps, and the debugger."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     losses: list[float] = []
 
@@ -304,7 +305,9 @@ def next_token_fit(
             x = data[step * batch : (step + 1) * batch]
             opt.zero_grad()
             logits = model(x[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+            targets = x[:, 1:].clone()
+            targets[:, :unscored] = -100
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
             loss.backward()
             opt.step()
             losses.append(float(loss.detach()))
@@ -321,12 +324,18 @@ def counting_sequences(n: int, seed: int, vocab: int, length: int) -> torch.Tens
 
 
 @torch.no_grad()
-def later_token_leak(logits_of: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor, vocab: int) -> float:
-    """How much the logits ``logits_of`` gives position 3 of ``tokens`` move when the tokens after it change: 0 for a
-    causal model, whose positions see no later token."""
+def later_token_leak(
+    logits_of: Callable[[torch.Tensor], torch.Tensor],
+    tokens: torch.Tensor,
+    vocab: int,
+    position: int = 3,
+    until: int | None = None,
+) -> float:
+    """How much the logits ``logits_of`` gives ``position`` of ``tokens`` move when the tokens after it (up to
+    ``until``, by default all of them) change: 0 for a causal model, whose positions see no later token."""
     other = tokens.clone()
-    other[:, 4:] = (other[:, 4:] + 7) % vocab
-    return float((logits_of(tokens)[:, 3] - logits_of(other)[:, 3]).abs().max())
+    other[:, position + 1 : until] = (other[:, position + 1 : until] + 7) % vocab
+    return float((logits_of(tokens)[:, position] - logits_of(other)[:, position]).abs().max())
 
 
 @torch.no_grad()

@@ -258,6 +258,7 @@ def _added_to(node: object) -> object | None:
 
 
 def _reaches_product(node: object | None) -> bool:
+    """Whether ``node`` is the product of queries and keys, or reaches it through reshapes and scales."""
     for _ in range(NEAR):
         if node is None:
             return False

@@ -288,17 +288,15 @@ class GradLedger:
                     over = {name for name, how in seen if how == attention_graph.OVER_QUERIES}
                     rec.coverage.query_softmax.update(over)
                     rec.pending.put("next_token", None, objective[1])
-            if tokens is not None and roots:
+            aimed = loss_graph.next_token_nll(roots, tokens) if tokens is not None and roots else None
+            if tokens is not None and aimed is not None:
                 if masked:  # masks that let a position see a later one: does a position the loss scores?
-                    aimed = loss_graph.next_token_nll(roots, tokens)
-                    scored = loss_graph.scored_positions(aimed[0], tokens) if aimed is not None else None
+                    scored = loss_graph.scored_positions(aimed[0], tokens)
                     counts = rec.coverage.uncausal_attention
                     for name, hidden in masked:
                         if not hides_later(hidden, scored):
                             counts[name] = counts.get(name, 0) + 1
-                share = loss_graph.next_token_share(roots, tokens)
-                if share is not None:
-                    rec.pending.put("next_token", None, share)
+                rec.pending.put("next_token", None, aimed[1])
             if not roots and not mixing:  # nothing to read in the graph (every cheap step): no reading below
                 self._held = []
                 return partial(self._after, loss, states, carried, check, manual, roots, _NO_READINGS)

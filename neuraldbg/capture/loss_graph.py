@@ -905,20 +905,15 @@ def sample_targets(losses: list[Tensor]) -> tuple[int, ...] | None:
     return None
 
 
-def next_token_share(losses: list[Tensor], tokens: Tensor) -> Tensor | None:
-    """How much an ``nll_loss`` met from ``losses`` (the roots of one backward call, before it runs) is a next-token
-    objective over ``tokens``, the model's ``(batch, length)`` or ``(length, batch)`` token input: of the scored
-    positions whose next input token differs from their own, the fraction whose target is that next token, as a 0-d
-    float tensor (read later); the larger of the two layouts that fit. Its targets, one per position, number the
-    input's positions (the last one's target lies past the input) or one fewer (the model's output for the last
-    position dropped). The first ``nll_loss`` whose targets fit is read (an auxiliary head's loss of one label per
-    sequence beside it is passed over); None when none does. The layout is read, nothing else."""
-    found = next_token_nll(losses, tokens)
-    return found[1] if found is not None else None
-
-
 def next_token_nll(losses: list[Tensor], tokens: Tensor) -> tuple[object, Tensor] | None:
-    """The ``nll_loss`` node :func:`next_token_share` reads, and its share."""
+    """How much an ``nll_loss`` met from ``losses`` (the roots of one backward call, before it runs) is a next-token
+    objective over ``tokens``, the model's ``(batch, length)`` or ``(length, batch)`` token input: that node, and of
+    the scored positions whose next input token differs from their own, the fraction whose target is that next
+    token, as a 0-d float tensor (read later); the larger of the two layouts that fit. Its targets, one per
+    position, number the input's positions (the last one's target lies past the input) or one fewer (the model's
+    output for the last position dropped). The first ``nll_loss`` whose targets fit is read (an auxiliary head's
+    loss of one label per sequence beside it is passed over); None when none does. The layout is read, nothing
+    else."""
     if tokens.dim() != 2 or min(tokens.shape) < 1 or max(tokens.shape) < 3:
         return None
     for node, _ in _walk(losses):
@@ -962,7 +957,7 @@ def scored_positions(node: object, tokens: Tensor) -> Tensor | None:
 
 @torch.no_grad()
 def _ahead(target: Tensor, tokens: Tensor, ignore: int) -> Tensor | None:
-    """:func:`next_token_share` for ``tokens`` laid out ``(batch, length)`` (None: the targets do not fit)."""
+    """:func:`next_token_nll`'s share for ``tokens`` laid out ``(batch, length)`` (None: the targets do not fit)."""
     batch, length = tokens.shape
     if target.numel() == batch * length:
         scored = target.reshape(batch, length)[:, :-1]

@@ -52,7 +52,7 @@ from ..reasoning.topology import Topology
 from ..stats.step import SlotKey
 from ..text import count, num, pct
 from . import loss_evidence, optimizer_settings
-from .base import Check, Kind, RootLane, Series, held, near
+from .base import Check, Kind, RootLane, Series, held
 
 KIND = FailureKind.DEAD_NEURONS
 
@@ -311,14 +311,8 @@ class DeadNeurons(Kind):
                 f"the units died at step {root.step_start}, when a large update pushed the pre-activations of "
                 f"{target} below zero; a LeakyReLU or GELU cannot die."
             )
-            heavy = optimizer_settings.momentum_explains(series, root.step_start)
-            if heavy is not None:  # the momentum, not the learning rate alone, made the steps that large
-                what += heavy[0]
-                fix = f"{heavy[1]} {died[0].upper()}{died[1:]}"
-            else:
-                lr = near(series, "lr", "", root.step_start)
-                now = f" (now {num(lr)})" if lr is not None else ""
-                fix = f"lower the learning rate{now} or clip gradients: {died}"
+            momentum, fix = optimizer_settings.step_size_fix(series, root.step_start, died)
+            what += momentum  # the momentum, not the learning rate alone, made the steps that large
         else:
             fix = (
                 f"the pre-activations of {target} are negative for every input from the start - check its "

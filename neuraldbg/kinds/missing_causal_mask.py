@@ -13,7 +13,7 @@ one that hides no later position, a float ``torch.tril(torch.ones(T, T))`` added
 ``is_causal`` (a key-padding mask or not: padding hides no later token) over keys as long as the model's token
 input, that input being the call's only token argument, wherever it stands (a captioner's ``model(image, tokens)``):
 of the ``nll_loss``'s targets at positions whose next input token differs from their own, the share that are that
-next token (:func:`~neuraldbg.capture.loss_graph.next_token_share`). Reported when at least :data:`MIN_PASSES`
+next token (:func:`~neuraldbg.capture.loss_graph.next_token_nll`). Reported when at least :data:`MIN_PASSES`
 passes were read and at least half of them were at least :data:`SHARE` next-token targets. Not judged: a model given
 two token sequences (a source and a target: its encoder sees all of the source by design), targets that are the
 input's own tokens (a tagger, a masked LM: at the positions where the next token differs, none of them is it), one

@@ -91,6 +91,18 @@ def momentum_explains(series: Series | None, step: int) -> tuple[str, str] | Non
     return what, fix
 
 
+def step_size_fix(series: Series | None, step: int, because: str) -> tuple[str, str]:
+    """For a finding of steps that grew too large at ``step`` (``because``: the sentence that says how they did
+    harm): the words it adds to the explanation and its fix. The momentum's (see :func:`momentum_explains`) when it
+    explains the steps, else none and the learning rate's."""
+    heavy = momentum_explains(series, step)
+    if heavy is not None:
+        return heavy[0], f"{heavy[1]} {because[0].upper()}{because[1:]}"
+    lr = near(series, "lr", "", step)
+    now = f" (now {num(lr)})" if lr is not None else ""
+    return "", f"lower the learning rate{now} or clip gradients: {because}"
+
+
 def _times(x: float) -> str:
     """A large factor in whole numbers ("1,000"), not in a power of ten ("1e+03")."""
     return f"{round(x):,}" if x < 1e6 else num(x)

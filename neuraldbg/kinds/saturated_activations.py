@@ -54,7 +54,7 @@ from ..reasoning.topology import Topology
 from ..stats.step import SlotKey
 from ..text import num, pct
 from . import loss_evidence, optimizer_settings
-from .base import Check, Kind, RootLane, Series, held, near
+from .base import Check, Kind, RootLane, Series, held
 
 if TYPE_CHECKING:
     from ..capture.coverage import Coverage, RunFacts
@@ -241,14 +241,8 @@ class SaturatedActivations(Kind):
                 f"{target} had grown its inputs past its bounds; a normalisation layer before the activation, or a "
                 "non-saturating activation (ReLU, GELU), keeps them in range."
             )
-            heavy = optimizer_settings.momentum_explains(series, root.step_start)
-            if heavy is not None:  # the momentum, not the learning rate alone, made the steps that large
-                what += heavy[0]
-                fix = f"{heavy[1]} {grown[0].upper()}{grown[1:]}"
-            else:
-                lr = near(series, "lr", "", root.step_start)
-                now = f" (now {num(lr)})" if lr is not None else ""
-                fix = f"lower the learning rate{now} or clip gradients: {grown}"
+            momentum, fix = optimizer_settings.step_size_fix(series, root.step_start, grown)
+            what += momentum  # the momentum, not the learning rate alone, made the steps that large
         else:
             fix = (
                 f"the inputs of the activation are too large - scale down the initialisation of {target} "

@@ -115,7 +115,7 @@ class StepData:
     # a causal LM that shifts its labels itself: the share of labels that already are the next input token
     labels_ahead: float | None = None
     # a model whose attention ran with no mask over its tokens: the share of its loss's targets that are the next
-    # token of its own input (capture/loss_graph.py next_token_share); None: not read
+    # token of its own input (capture/loss_graph.py next_token_nll); None: not read
     next_token: float | None = None
     # ... and the share of the labels it scores that sit where its attention mask hides the input (padding)
     scored_padding: float | None = None

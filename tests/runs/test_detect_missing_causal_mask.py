@@ -308,39 +308,20 @@ def test_a_boolean_or_infinite_causal_mask_without_is_causal_is_silent():
 
 
 def test_a_prefix_lm_is_judged_on_the_positions_its_loss_scores():
-    """Its first positions see each other by design, and its loss leaves them out: silent. Scored there too, they
-    are trained on tokens they see: found."""
-
-    def fit(scored_prefix: bool) -> tuple[MaskedBy, NeuralDbg]:
-        torch.manual_seed(0)
-        model = MaskedBy("prefix")
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        data = sequences(48 * BATCH, 16)
-
-        def loop() -> None:
-            for step in range(48):
-                x = data[step * BATCH : (step + 1) * BATCH]
-                targets = x[:, 1:].clone()
-                if not scored_prefix:
-                    targets[:, : PREFIX - 1] = -100
-                opt.zero_grad()
-                F.cross_entropy(model(x[:, :-1]).reshape(-1, V), targets.reshape(-1)).backward()
-                opt.step()
-
-        dbg = support.watching(model, loop, True)
-        assert dbg is not None
-        return model, dbg
-
-    model, dbg = fit(scored_prefix=False)
+    """Its first :data:`PREFIX` positions see each other by design, and its loss leaves them out (but the last,
+    whose target is the first token after the prefix): silent. Scored there too, they are trained on tokens they
+    see: found."""
+    torch.manual_seed(0)
+    model = MaskedBy("prefix")
+    _, dbg = support.next_token_fit(model, sequences(48 * BATCH, 16), BATCH, 1e-3, True, unscored=PREFIX - 1)
     tokens = sequences(8, 5)[:, :-1]
-    assert leak(model) == 0.0  # plain torch: scored position 3 sees no later token ...
-    with torch.no_grad():  # ... while position 1, in the prefix, sees positions 2 and 3
-        other = tokens.clone()
-        other[:, 2:PREFIX] = (other[:, 2:PREFIX] + 7) % V
-        assert float((model(tokens)[:, 1] - model(other)[:, 1]).abs().max()) > 1e-2
-    assert not found(dbg), dbg.explain_failure()
-    assert not dbg._recorder.coverage.uncausal_attention
+    # plain torch: scored position 3 sees no later token, while position 1, in the prefix, sees positions 2 and 3
+    assert leak(model) == 0.0
+    assert support.later_token_leak(model, tokens, V, position=1, until=PREFIX) > 1e-2
+    assert not found(dbg), dbg.explain_failure() if dbg else ""
+    assert dbg is not None and not dbg._recorder.coverage.uncausal_attention
 
-    _, dbg = fit(scored_prefix=True)
-    assert found(dbg), dbg.explain_failure()
-    assert dbg._recorder.coverage.uncausal_attention["attn.0"] > GRAPH_CAUSAL_CHECKS  # at the layers' calls too
+    torch.manual_seed(0)
+    _, dbg = support.next_token_fit(MaskedBy("prefix"), sequences(48 * BATCH, 16), BATCH, 1e-3, True)
+    assert found(dbg), dbg.explain_failure() if dbg else ""
+    assert dbg is not None and dbg._recorder.coverage.uncausal_attention["attn.0"] > GRAPH_CAUSAL_CHECKS  # at calls

@@ -403,40 +403,20 @@ def test_a_fused_attention_given_a_mask_that_hides_no_later_key_is_found():
     assert not dbg._recorder.coverage.uncausal_attention
 
 
-def prefix_fit(scored_prefix: bool):
-    """A prefix LM (its first :data:`PREFIX` positions see each other, the rest is causal) trained on the next token;
-    its loss leaves out the prefix's positions before the last (they see the tokens they would predict), or, with
-    ``scored_prefix``, scores them too."""
+def test_a_prefix_lm_is_judged_on_the_positions_its_loss_scores():
+    """Its first :data:`PREFIX` positions see each other by design, and its loss leaves them out (but the last,
+    whose target is the first token after the prefix): silent. Scored there too, the prefix's positions are trained
+    on tokens they see: found."""
     torch.manual_seed(0)
     model = GPT("prefix")
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    data = sequences(48 * BATCH, 15)
-
-    def loop() -> None:
-        for step in range(48):
-            x = data[step * BATCH : (step + 1) * BATCH]
-            targets = x[:, 1:].clone()
-            if not scored_prefix:
-                targets[:, : PREFIX - 1] = -100
-            opt.zero_grad()
-            F.cross_entropy(model(x[:, :-1]).reshape(-1, V), targets.reshape(-1)).backward()
-            opt.step()
-
-    return model, support.watching(model, loop, True)
-
-
-def test_a_prefix_lm_is_judged_on_the_positions_its_loss_scores():
-    """Its prefix sees itself by design, and its loss leaves those positions out: silent. Scored there too, the
-    prefix's positions are trained on tokens they see: found."""
-    model, dbg = prefix_fit(scored_prefix=False)
+    _, dbg = support.next_token_fit(model, sequences(48 * BATCH, 15), BATCH, 3e-3, True, unscored=PREFIX - 1)
     tokens = sequences(8, 5)[:, :-1]
-    assert support.later_token_leak(model, tokens, V) == 0.0  # plain torch: scored position 3 sees no later token
-    with torch.no_grad():  # ... while position 1, in the prefix, sees positions 2 and 3
-        other = tokens.clone()
-        other[:, 2:PREFIX] = (other[:, 2:PREFIX] + 7) % V
-        assert float((model(tokens)[:, 1] - model(other)[:, 1]).abs().max()) > 1e-2
+    # plain torch: scored position 3 sees no later token, while position 1, in the prefix, sees positions 2 and 3
+    assert support.later_token_leak(model, tokens, V) == 0.0
+    assert support.later_token_leak(model, tokens, V, position=1, until=PREFIX) > 1e-2
     assert not found(dbg), dbg.explain_failure()
-    assert not dbg._recorder.coverage.uncausal_attention
+    assert dbg is not None and not dbg._recorder.coverage.uncausal_attention
 
-    _, dbg = prefix_fit(scored_prefix=True)
+    torch.manual_seed(0)
+    _, dbg = support.next_token_fit(GPT("prefix"), sequences(48 * BATCH, 15), BATCH, 3e-3, True)
     assert found(dbg), dbg.explain_failure()
