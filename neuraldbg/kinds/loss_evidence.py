@@ -943,12 +943,13 @@ def causes(m: dict[str, float], finding: str, detail: str = "") -> list[Cause]:
                 3.5 if stepped and cut >= UNGRADED_SHARE * stepped else 1.2,
                 "layers the loss does not reach",
                 f"{count(cut)} of the {count(stepped)} parameters the optimizer steps never held a gradient on a fully "
-                f"observed step{named}: their layers do not train (run under torch.no_grad(), inside "
-                "torch.utils.checkpoint with use_reentrant=True on an input that needs no gradient, or cut from "
-                "the loss by a .detach())",
-                "let the gradient reach them: no torch.no_grad() around layers that should train, "
-                "checkpoint(..., use_reentrant=False) (or an input that requires a gradient), no .detach() before "
-                "the loss; or freeze them on purpose (requires_grad_(False)) and leave them out of the optimizer",
+                f"observed step{named}: their layers do not train (never used by the forward pass, as a positional "
+                "embedding created and never added; run under torch.no_grad(), inside torch.utils.checkpoint with "
+                "use_reentrant=True on an input that needs no gradient, or cut from the loss by a .detach())",
+                "let the gradient reach them: use them in forward (add the embedding you built), no torch.no_grad() "
+                "around layers that should train, checkpoint(..., use_reentrant=False) (or an input that requires "
+                "a gradient), no .detach() before the loss; or freeze them on purpose (requires_grad_(False)) and "
+                "leave them out of the optimizer",
             )
         )
     pinned = m.get("pinned")

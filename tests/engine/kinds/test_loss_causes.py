@@ -42,6 +42,8 @@ def test_parameters_no_gradient_reached_are_the_first_cause_when_they_are_most_o
     assert "6 of the 8 parameters the optimizer steps never held a gradient" in found[0].evidence
     assert "'a.weight', 'a.bias', 'b.weight' and 3 more" in found[0].evidence
     assert "use_reentrant=False" in found[0].fix
+    # a parameter never used by the forward pass holds no gradient either (a positional embedding never added)
+    assert "never used by the forward pass" in found[0].evidence and "use them in forward" in found[0].fix
     assert not any("gradients flow" in c.evidence for c in found)
     assert (
         loss_evidence.moving(m)
