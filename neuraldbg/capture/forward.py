@@ -471,7 +471,8 @@ class ForwardPath:
             if self._causal_checks and self._mask_reads:
                 self._mask_read = True
                 if not _hides_later(masks[1]):
-                    self._note_uncausal(name, module, query, key, stats.hidden_positions(masks[1], attend_is_one=False))
+                    hidden = stats.hidden_grid(stats.hidden_positions(masks[1], attend_is_one=False))
+                    self._note_uncausal(name, module, query, key, hidden)
             return
         self._note_uncausal(name, module, query, key)
         if masks[0] is None:

@@ -333,9 +333,13 @@ def hides_later(hidden: Tensor, rows: Tensor | None = None) -> bool:
     length = hidden.shape[-1] if hidden.dim() >= 2 else 0
     if not length or hidden.shape[-2] not in (1, length):
         return True
-    if hidden.dim() > 2:  # hidden from every batch element and head alike: one grid, not a copy of all of them
-        hidden = hidden.reshape(-1, *hidden.shape[-2:]).all(0)
-    return bool(hidden.expand(length, length)[later_keys(length, rows, hidden.device)].all())
+    return bool(hidden_grid(hidden).expand(length, length)[later_keys(length, rows, hidden.device)].all())
+
+
+def hidden_grid(hidden: Tensor) -> Tensor:
+    """A boolean attention mask's last two axes, hidden where every batch element and head hides (a mask of one
+    grid, per sample or per head, kept as one grid)."""
+    return hidden.reshape(-1, *hidden.shape[-2:]).all(0) if hidden.dim() > 2 else hidden
 
 
 def later_keys(length: int, rows: Tensor | None, device: torch.device) -> Tensor:

@@ -26,6 +26,15 @@ def test_a_causal_mask_hides_every_later_key_in_every_batch_element_and_head():
     assert not stats.hides_later(torch.zeros(2, 1, 1, T, dtype=torch.bool))  # a padding mask, broadcast over queries
 
 
+def test_a_mask_per_batch_element_and_head_is_kept_as_one_grid():
+    """Hidden where every element and head hides: the grid a mask of shape (batch, heads, T, T) is judged by."""
+    per_head = LATER.expand(2, 3, T, T).clone()
+    per_head[0, 1, 2, 4] = False  # one head of one element lets position 2 see position 4
+    grid = stats.hidden_grid(per_head)
+    assert grid.shape == (T, T) and not grid[2, 4] and grid[2, 5] and not grid[4, 2]
+    assert stats.hidden_grid(LATER) is LATER  # one grid already
+
+
 def test_a_mask_is_judged_in_the_rows_given_only():
     prefix = LATER.clone()
     prefix[:, :3] = False  # a prefix LM's: every position sees the first three
