@@ -19,12 +19,14 @@ An attention counts when its keys are as many as the tokens, its queries as many
   HIDDEN_SCORE`): a mask of zeros (a 4-d padding mask with no causal part), or one the wrong way round;
 - a hand-written one (or torch's own attention computed in plain operations): a softmax over the last axis whose
   input is the product of queries and keys, scaled by one number at most, whose probabilities reach the product
-  with the values through reshapes, dropout and ``nan_to_num`` only. Between the product and the softmax,
-  ``tril`` (which leaves 0, still weighed) hides nothing, and a ``masked_fill`` or ``where`` is read for the
-  positions it hides: one that hides every later key (the usual causal mask) is a mask, one that does not (the
-  mask inverted) is none. A mask or bias added to the scores (ALiBi, a float ``tril`` of ones, Hugging Face's
-  extended mask) is judged by what it did: the softmax's probabilities (which it saved) give a later key a weight
-  of at least :data:`LATER_WEIGHT` somewhere, or not. Anything else there, or after the softmax, is not judged;
+  with the values through reshapes, dropout (on a CPU, a product by its mask), other products by a constant (a 0/1
+  mask applied after the softmax, whose normaliser took in the later keys) and ``nan_to_num`` only. Between the
+  product and the softmax, ``tril`` (which leaves 0, still weighed) hides nothing, and a ``masked_fill`` or
+  ``where`` is read for the positions it hides: one that hides every later key (the usual causal mask) is a mask,
+  one that does not (the mask inverted) is none. A mask or bias added to the scores (ALiBi, a float ``tril`` of
+  ones, Hugging Face's extended mask) is judged by what it did: the softmax's probabilities (which it saved) give a
+  later key a weight of at least :data:`LATER_WEIGHT` somewhere, or not. Anything else there, or after the
+  softmax, is not judged;
 - a hand-written one whose softmax runs over the queries' axis (``softmax(dim=-2)``) of a square product of
   queries and keys: whatever its mask, each position's weights are divided by a sum over every query, the later
   positions' included, which see their own targets (reported as a leak through the queries);
@@ -71,6 +73,8 @@ _RESHAPES = frozenset(
     }
 )
 _SCALES = frozenset({"MulBackward0", "MulBackward1", "DivBackward0", "DivBackward1"})
+#: Products by a tensor: between the softmax and the values, by a constant one (see :func:`_by_constant`).
+_PRODUCTS_BY = frozenset({"MulBackward0", "MulBackward1"})
 #: Nodes that mix positions (by the start of their names): below them, queries and keys are no longer read position
 #: by position (see :func:`_near`).
 _MIXING = (
@@ -201,10 +205,13 @@ def _written(probabilities: object, lengths: set[int], rows: Tensor | None) -> t
     """``probabilities``: the first input of a product; the queries' and keys' nodes when it is an unmasked
     softmax of their scaled product over one of ``lengths`` keys, as many queries (or a softmax of that product
     over the queries, masked or not), and how it is unmasked."""
-    node = probabilities
-    while type(node).__name__ in _RESHAPES or type(node).__name__ in _DROPOUTS:
-        node = _first(node)
-    if type(node).__name__ not in _SOFTMAXES:
+    node: object | None = probabilities
+    while node is not None and type(node).__name__ not in _SOFTMAXES:
+        if type(node).__name__ in _RESHAPES or type(node).__name__ in _DROPOUTS:
+            node = _first(node)
+        else:
+            node = _by_constant(node)
+    if node is None:
         return None
     softmax = node
     dim = getattr(node, "_saved_dim", None)
@@ -246,6 +253,17 @@ def _written(probabilities: object, lengths: set[int], rows: Tensor | None) -> t
     if added and not _weighs_later(softmax, result[-1], rows):
         return None  # what was added hides the later keys (or the probabilities cannot be looked at)
     return inputs[0], inputs[1], NO_MASK
+
+
+def _by_constant(node: object) -> object | None:
+    """The input of a product by a tensor with no graph (a CPU dropout's mask, which its ``MulBackward0`` saved; a
+    number; a 0/1 mask applied after the softmax, whose normaliser still took in the later keys), that keeps each
+    weight where it was; None for any other node."""
+    if type(node).__name__ not in _PRODUCTS_BY:
+        return None
+    inputs = [n for n, _ in getattr(node, "next_functions", ())]
+    given = [n for n in inputs if n is not None]
+    return given[0] if len(given) == 1 else None
 
 
 def _added_to(node: object) -> object | None:

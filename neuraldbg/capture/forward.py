@@ -538,6 +538,7 @@ class ForwardPath:
         ids = kwargs.get("input_ids")
         only = ids if isinstance(ids, Tensor) and ids.dim() == 2 else _only_tokens(args, kwargs)
         only = only if only is not None else _tokens_beside_targets(args, kwargs)
+        only = only if only is not None else _tokens_beside_mask(args, kwargs)
         if only is None or only.dim() != 2 or only.is_floating_point() or max(only.shape) < 3:
             return
         self._graph_checks -= 1
@@ -1009,6 +1010,21 @@ def _tokens_beside_targets(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Ten
     # the targets after the tokens, as nanoGPT takes them: a sequence-to-sequence model's ``(source, target_in)``
     # of a copy task holds the same pair the other way round, its source following its shifted target
     return first if float((first[:, 1:] == second[:, :-1]).float().mean()) >= SHIFTED else None
+
+
+@torch.no_grad()
+def _tokens_beside_mask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """Of a model call's two token arguments of one ``(batch, length)`` shape, the one holding other values than 0
+    and 1 when the other holds those alone (an attention mask, or segment ids, given as integers and by position:
+    ``model(input_ids, attention_mask)``): the tokens. None otherwise (both of 0 and 1 alone: which is which is not
+    told). Reads both (two values to the host), on the first fully observed passes only."""
+    found = _token_arguments(args, kwargs)
+    if len(found) != 2 or found[0].dim() != 2 or found[0].shape != found[1].shape:
+        return None
+    binary = [bool(((t == 0) | (t == 1)).all()) for t in found]
+    if binary[0] == binary[1]:
+        return None
+    return found[1] if binary[0] else found[0]
 
 
 def _where(t: Tensor) -> int | None:

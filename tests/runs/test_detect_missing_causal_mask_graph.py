@@ -35,7 +35,10 @@ class Attention(nn.Module):
     past, -inf on the future), "alibi" (ALiBi's distance penalty alone), "alibi_causal" (with its causal part);
     "queries" (masked, then the softmax over the queries' axis); given to the fused kernel: "fused_zeros" (a 4-d
     ``attn_mask`` of zeros, a padding mask with no causal part), "fused_float" (0 on the past, -inf on the
-    future), "prefix" (a prefix LM's: causal, but the first :data:`PREFIX` positions see each other)."""
+    future), "prefix" (a prefix LM's: causal, but the first :data:`PREFIX` positions see each other); after the
+    softmax: "dropped" (no mask, dropout on the probabilities: on a CPU a product by its mask), "filled_dropped"
+    (masked, then dropout), "after" (a 0/1 causal mask applied to the probabilities, not renormalised),
+    "renormalised" (the same, then divided by the rows' sums)."""
 
     def __init__(self, how: str) -> None:
         super().__init__()
@@ -68,7 +71,7 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=~later | (torch.arange(n) < PREFIX))
         else:
             scores = (q @ k.transpose(-2, -1)) * (1.0 / (D // H) ** 0.5)
-            if self.how in ("filled", "queries"):
+            if self.how in ("filled", "queries", "filled_dropped"):
                 scores = scores.masked_fill(later, float("-inf"))
             elif self.how == "inverted":  # the mask the wrong way round: the past hidden, the future shown
                 scores = scores.masked_fill(later.T, float("-inf"))
@@ -84,7 +87,14 @@ class Attention(nn.Module):
                 scores = scores + slopes * distance
             elif self.how == "alibi_causal":
                 scores = scores + slopes * distance + future
-            y = F.softmax(scores, dim=-2 if self.how == "queries" else -1).nan_to_num() @ v
+            weights = F.softmax(scores, dim=-2 if self.how == "queries" else -1).nan_to_num()
+            if self.how in ("dropped", "filled_dropped"):
+                weights = F.dropout(weights, 0.1, training=self.training)
+            elif self.how in ("after", "renormalised"):
+                weights = weights * (~later).float()
+                if self.how == "renormalised":
+                    weights = weights / weights.sum(-1, keepdim=True)
+            y = weights @ v
         return self.c_proj(y.transpose(1, 2).contiguous().view(b, n, D))
 
 
@@ -420,3 +430,46 @@ def test_a_prefix_lm_is_judged_on_the_positions_its_loss_scores():
     torch.manual_seed(0)
     _, dbg = support.next_token_fit(GPT("prefix"), sequences(48 * BATCH, 15), BATCH, 3e-3, True)
     assert found(dbg), dbg.explain_failure()
+
+
+def test_what_follows_the_softmax_is_walked_through_when_it_keeps_each_weight_where_it_was():
+    """Dropout on the probabilities (on a CPU a product by its mask) hides nothing: unmasked, found; masked, silent.
+    A 0/1 causal mask applied to the probabilities leaves the later keys in their normaliser: found (plain torch: an
+    earlier logit moves with the later tokens); divided again by the rows' sums, it is a causal softmax: silent."""
+    for how, leaks in (("dropped", True), ("filled_dropped", False), ("after", True), ("renormalised", False)):
+        model, _, dbg = train_lm(how, watched=True)
+        model.eval()  # plain torch, without dropout's noise
+        # (renormalised, the later keys move the rows' sums by rounding alone: ~1e-6)
+        assert (leak(model) > 1e-3) is leaks and (leaks or leak(model) < 1e-4), (how, leak(model))
+        assert bool(found(dbg)) is leaks, (how, dbg.explain_failure() if dbg else "")
+
+
+class GivenMask(GPT):
+    """Called as ``model(input_ids, attention_mask)`` by position, the mask an integer tensor of ones."""
+
+    def forward(self, idx: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(idx) * mask.unsqueeze(-1)
+
+
+def test_tokens_given_beside_an_integer_mask_of_ones_are_read():
+    def fit(how: str):
+        torch.manual_seed(0)
+        model = GivenMask(how)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        data = sequences(48 * BATCH, 17)
+
+        def loop() -> None:
+            for step in range(48):
+                x = data[step * BATCH : (step + 1) * BATCH]
+                opt.zero_grad()
+                logits = model(x[:, :-1], torch.ones_like(x[:, :-1]))
+                F.cross_entropy(logits.reshape(-1, V), x[:, 1:].reshape(-1)).backward()
+                opt.step()
+
+        return model, support.watching(model, loop, True)
+
+    model, dbg = fit("fused")
+    assert support.later_token_leak(lambda x: model(x, torch.ones_like(x)), sequences(8, 5)[:, :-1], V) > 1e-2
+    assert found(dbg), dbg.explain_failure() if dbg else ""
+    _, dbg = fit("causal")
+    assert not found(dbg), dbg.explain_failure() if dbg else ""
