@@ -291,12 +291,20 @@ def watching(model: nn.Module, loop: Callable[[], None], watched: bool) -> Neura
 
 
 def next_token_fit(
-    model: nn.Module, data: torch.Tensor, batch: int, lr: float, watched: bool, last: int = 10, unscored: int = 0
+    model: nn.Module,
+    data: torch.Tensor,
+    batch: int,
+    lr: float,
+    watched: bool,
+    last: int = 10,
+    unscored: int = 0,
+    call: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[float, NeuralDbg | None]:
     """Next-token training of a language model on ``data`` (rows of token ids), ``batch`` rows a step under AdamW
-    at ``lr``: it reads ``x[:, :-1]`` and is scored on ``x[:, 1:]`` (but for its first ``unscored`` positions, given
-    ``ignore_index``: a prefix LM's bidirectional prefix), watched or plain (see :func:`watching`). The mean loss of
-    the last ``last`` steps, and the debugger."""
+    at ``lr``: it reads ``x[:, :-1]`` (through ``call(model, tokens)`` when given: a model of other arguments) and
+    is scored on ``x[:, 1:]`` (but for its first ``unscored`` positions, given ``ignore_index``: a prefix LM's
+    bidirectional prefix), watched or plain (see :func:`watching`). The mean loss of the last ``last`` steps, and
+    the debugger."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     losses: list[float] = []
 
@@ -304,7 +312,7 @@ def next_token_fit(
         for step in range(len(data) // batch):
             x = data[step * batch : (step + 1) * batch]
             opt.zero_grad()
-            logits = model(x[:, :-1])
+            logits = model(x[:, :-1]) if call is None else call(model, x[:, :-1])
             targets = x[:, 1:].clone()
             targets[:, :unscored] = -100
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

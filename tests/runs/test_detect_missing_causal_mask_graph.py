@@ -9,6 +9,8 @@ tokens, both given one slice of a positional table."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import support
 import torch
 import torch.nn.functional as F
@@ -452,24 +454,12 @@ class GivenMask(GPT):
 
 
 def test_tokens_given_beside_an_integer_mask_of_ones_are_read():
-    def fit(how: str):
+    def call(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return model(x, torch.ones_like(x))  # model(input_ids, attention_mask), by position
+
+    for how, leaks in (("fused", True), ("causal", False)):
         torch.manual_seed(0)
         model = GivenMask(how)
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-        data = sequences(48 * BATCH, 17)
-
-        def loop() -> None:
-            for step in range(48):
-                x = data[step * BATCH : (step + 1) * BATCH]
-                opt.zero_grad()
-                logits = model(x[:, :-1], torch.ones_like(x[:, :-1]))
-                F.cross_entropy(logits.reshape(-1, V), x[:, 1:].reshape(-1)).backward()
-                opt.step()
-
-        return model, support.watching(model, loop, True)
-
-    model, dbg = fit("fused")
-    assert support.later_token_leak(lambda x: model(x, torch.ones_like(x)), sequences(8, 5)[:, :-1], V) > 1e-2
-    assert found(dbg), dbg.explain_failure() if dbg else ""
-    _, dbg = fit("causal")
-    assert not found(dbg), dbg.explain_failure() if dbg else ""
+        _, dbg = support.next_token_fit(model, sequences(48 * BATCH, 17), BATCH, 3e-3, True, call=call)
+        assert (support.later_token_leak(partial(call, model), sequences(8, 5)[:, :-1], V) > 1e-2) is leaks
+        assert bool(found(dbg)) is leaks, (how, dbg.explain_failure() if dbg else "")
