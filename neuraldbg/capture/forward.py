@@ -155,7 +155,7 @@ class ForwardPath:
         #: hides: judged on the positions the loss scores only (a prefix LM's unscored prefix sees all of itself)
         self.masked_uncausal: list[tuple[str, Tensor]] = []
         self._graph_checks = GRAPH_CAUSAL_CHECKS
-        self._mask_reads = CAUSAL_CHECKS  # fully observed passes whose attention masks are read (see _hides_later)
+        self._mask_reads = CAUSAL_CHECKS  # fully observed passes whose attention masks are read (see _later_visible)
         self._mask_read = False  # ... one was read in this pass
         #: ... and the model's one token input in a fully observed pass where no such attention was seen: the
         #: backward call's listener looks for an unmasked attention in the loss's graph (see attention_graph)
@@ -470,8 +470,8 @@ class ForwardPath:
             # hides nothing) is, for the causal check, no mask; any mask hides what padding needs hidden
             if self._causal_checks and self._mask_reads:
                 self._mask_read = True
-                if not _hides_later(masks[1]):
-                    hidden = stats.hidden_grid(stats.hidden_positions(masks[1], attend_is_one=False))
+                hidden = _later_visible(masks[1])
+                if hidden is not None:
                     self._note_uncausal(name, module, query, key, hidden)
             return
         self._note_uncausal(name, module, query, key)
@@ -948,18 +948,20 @@ def _key_lengths(key: Tensor, module: nn.MultiheadAttention) -> tuple[int, ...]:
     return (int(key.shape[0]), int(key.shape[1])) if module.batch_first else (int(key.shape[1]), int(key.shape[0]))
 
 
-def _hides_later(mask: Any) -> bool:
-    """Whether an ``nn.MultiheadAttention`` attention mask hides every later position from every earlier one: each
-    entry above its last two axes' diagonal True (boolean: not allowed) or at most
-    :data:`~neuraldbg.stats.tensors.HIDDEN_SCORE` (floating: added to the scores; Hugging Face's older models add
-    -10^4, torch's own masks -inf). A float ``torch.tril(torch.ones(T, T))`` (1 on the past, 0 on the future) hides
-    nothing. A mask that is not square over its last two axes, or not a plain tensor, is taken to hide them (not
-    judged). Reads the mask (one value to the host), on the first fully observed passes only."""
+def _later_visible(mask: Any) -> Tensor | None:
+    """The positions an ``nn.MultiheadAttention`` attention mask hides (one grid of queries by keys, see
+    :func:`~neuraldbg.stats.tensors.hidden_grid`) when it lets an earlier position see a later one, else None: an
+    entry hides when True (boolean: not allowed) or at most :data:`~neuraldbg.stats.tensors.HIDDEN_SCORE`
+    (floating: added to the scores; Hugging Face's older models add -10^4, torch's own masks -inf). A float
+    ``torch.tril(torch.ones(T, T))`` (1 on the past, 0 on the future) hides nothing. A mask that is not square over
+    its last two axes, or not a plain tensor, is taken to hide them (not judged). Reads the mask (one value to the
+    host), on the first fully observed passes only."""
     if not isinstance(mask, Tensor) or mask.dim() < 2 or mask.shape[-1] != mask.shape[-2] or _where(mask) is None:
-        return True
+        return None
     if mask.dtype is not torch.bool and not mask.is_floating_point():
-        return True
-    return stats.hides_later(stats.hidden_positions(mask, attend_is_one=False))
+        return None
+    hidden = stats.hidden_grid(stats.hidden_positions(mask, attend_is_one=False))
+    return None if stats.hides_later(hidden) else hidden
 
 
 def _count_over(calls: list[tuple[str, tuple[int, ...]]], tokens: Tensor | None, counts: dict[str, int]) -> bool:
