@@ -324,6 +324,28 @@ def next_token_fit(
     return sum(losses[-last:]) / last, dbg
 
 
+def masked_token_fit(model: nn.Module, data: torch.Tensor, batch: int, lr: float, mask_id: int) -> NeuralDbg:
+    """A masked language model's training, watched: ``batch`` rows of ``data`` a step (reading ``x[:, :-1]``) under
+    AdamW at ``lr``, a fifth of the tokens replaced by ``mask_id`` and scored on those positions only (the others
+    ignored), their targets the input's own original tokens. The debugger."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(3)
+
+    def loop() -> None:
+        for step in range(len(data) // batch):
+            x = data[step * batch : (step + 1) * batch, :-1]
+            hidden = torch.rand(x.shape, generator=g) < 0.2
+            targets = torch.where(hidden, x, torch.full_like(x, -100))
+            opt.zero_grad()
+            logits = model(torch.where(hidden, mask_id, x))
+            F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).backward()
+            opt.step()
+
+    dbg = watching(model, loop, True)
+    assert dbg is not None
+    return dbg
+
+
 def counting_sequences(n: int, seed: int, vocab: int, length: int) -> torch.Tensor:
     """``n`` token sequences x_t = (a + k t) mod ``vocab``, ``length`` long: the first two tokens fix the rest."""
     g = torch.Generator().manual_seed(seed)

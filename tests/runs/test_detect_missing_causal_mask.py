@@ -124,18 +124,7 @@ def test_a_masked_language_model_over_the_same_encoder_is_silent():
     """Bidirectional by design: a fifth of the tokens replaced by a mask id, the loss on those positions only (the
     others ignored), their targets the input's own original tokens."""
     torch.manual_seed(0)
-    model = TinyLM(causal=False)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    data = sequences(96 * BATCH, 2)
-    g = torch.Generator().manual_seed(3)
-    with NeuralDbg(model) as dbg:
-        for step in range(96):
-            x = data[step * BATCH : (step + 1) * BATCH, :-1]
-            hidden = torch.rand(x.shape, generator=g) < 0.2
-            targets = torch.where(hidden, x, torch.full_like(x, -100))
-            opt.zero_grad()
-            F.cross_entropy(model(torch.where(hidden, V, x)).reshape(-1, V), targets.reshape(-1)).backward()
-            opt.step()
+    dbg = support.masked_token_fit(TinyLM(causal=False), sequences(96 * BATCH, 2), BATCH, 1e-3, V)
     assert dbg._recorder.coverage.unmasked_attention  # the attention ran unmasked, as it should here
     readings = dbg._recorder.coverage.next_token
     assert readings and max(share for _, share in readings) < 0.5  # its targets are not the next tokens

@@ -201,21 +201,7 @@ def test_a_masked_language_model_over_an_unmasked_fused_attention_is_silent():
     """Bidirectional by design: a fifth of the tokens replaced by a mask id, scored on those positions only, their
     targets the input's own original tokens."""
     torch.manual_seed(0)
-    model = GPT("fused")
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    data = sequences(48 * BATCH, 2)
-    g = torch.Generator().manual_seed(3)
-
-    def loop() -> None:
-        for step in range(48):
-            x = data[step * BATCH : (step + 1) * BATCH, :-1]
-            hidden = torch.rand(x.shape, generator=g) < 0.2
-            targets = torch.where(hidden, x, torch.full_like(x, -100))
-            opt.zero_grad()
-            F.cross_entropy(model(torch.where(hidden, V, x)).reshape(-1, V), targets.reshape(-1)).backward()
-            opt.step()
-
-    dbg = support.watching(model, loop, True)
+    dbg = support.masked_token_fit(GPT("fused"), sequences(48 * BATCH, 2), BATCH, 3e-3, V)
     assert dbg._recorder.coverage.uncausal_attention  # the attention ran unmasked, as it should here
     readings = dbg._recorder.coverage.next_token
     assert readings and max(share for _, share in readings) < 0.5  # its targets are not the next tokens
@@ -250,18 +236,9 @@ def test_a_causal_decoder_cross_attending_to_a_memory_as_long_as_its_tokens_is_s
     images = torch.randn(BATCH, T - 1, 8, generator=torch.Generator().manual_seed(11))
     # plain torch: no position sees a later token
     assert support.later_token_leak(lambda x: model(images, x), sequences(BATCH, 5)[:, :-1], V) == 0.0
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    data = sequences(48 * BATCH, 10)
-
-    def loop() -> None:
-        for step in range(48):
-            x = data[step * BATCH : (step + 1) * BATCH]
-            opt.zero_grad()
-            F.cross_entropy(model(images, x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1)).backward()
-            opt.step()
-
-    dbg = support.watching(model, loop, True)
-    assert not dbg._recorder.coverage.uncausal_attention  # the unmasked cross-attention is no self-attention
+    _, dbg = support.next_token_fit(model, sequences(48 * BATCH, 10), BATCH, 3e-3, True, call=lambda m, x: m(images, x))
+    # the unmasked cross-attention is no self-attention
+    assert dbg is not None and not dbg._recorder.coverage.uncausal_attention
     assert not found(dbg), dbg.explain_failure()
 
 
