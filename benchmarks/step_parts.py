@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import resource
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -116,11 +117,16 @@ def _train(case: Case, model: torch.nn.Module, batches: list[Any], phases: dict[
     return step
 
 
-def per_step(step: Callable[[int], None], start: int, n: int) -> float:
+def per_step(step: Callable[[int], None], start: int, n: int, faults: list[float]) -> float:
+    """Microseconds per step of ``n`` steps; the process's minor page faults per step appended to ``faults`` (memory
+    the allocator gave back to the system and took again: a step's tensors that outlive it can make it do so)."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     begin = time.perf_counter()
     for i in range(start, start + n):
         step(i)
-    return (time.perf_counter() - begin) / n * 1e6
+    took = (time.perf_counter() - begin) / n * 1e6
+    faults.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / n)
+    return took
 
 
 @dataclass
@@ -132,6 +138,8 @@ class Measured:
     parts: dict[str, float]  # each of :data:`PARTS`, watched copy
     plain_phases: dict[str, float]  # each of :data:`PHASES`
     watched_phases: dict[str, float]
+    plain_faults: float  # minor page faults per step
+    watched_faults: float
 
 
 def measure(
@@ -154,6 +162,7 @@ def measure(
     parts: dict[str, list[float]] = {}
     plains: list[float] = []
     watches: list[float] = []
+    faults: tuple[list[float], list[float]] = ([], [])
     totals: dict[str, int] = {}
     with timers(totals):
         dbg = NeuralDbg(watched, preset=preset).attach()
@@ -166,13 +175,13 @@ def measure(
         for _ in range(rounds):
             plain_times.clear()
             with _collector(collector):
-                plains.append(per_step(plain_step, at, steps))
+                plains.append(per_step(plain_step, at, steps, faults[0]))
             dbg.attach()
             gc.collect()
             totals.clear()
             watched_times.clear()
             with _collector(collector):
-                watches.append(per_step(watched_step, at, steps))
+                watches.append(per_step(watched_step, at, steps, faults[1]))
             for label, ns in totals.items():
                 parts.setdefault(label, []).append(ns / steps / 1e3)
             for times, into in ((plain_times, plain_phases), (watched_times, watched_phases)):
@@ -186,6 +195,8 @@ def measure(
         _medians(parts),
         _medians(plain_phases),
         _medians(watched_phases),
+        statistics.median(faults[0]),
+        statistics.median(faults[1]),
     )
 
 
@@ -222,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     setting += f", preset {args.preset}"
     setting += ", garbage collector off" if args.no_gc else ""
     print(f"{case.name}: {setting}")
-    print(f"plain step {m.plain:.1f} us, watched {m.watched:.1f} us ({m.watched / m.plain:.2f}x)\n")
+    print(f"plain step {m.plain:.1f} us, watched {m.watched:.1f} us ({m.watched / m.plain:.2f}x)")
+    print(f"minor page faults per step: plain {m.plain_faults:.1f}, watched {m.watched_faults:.1f}\n")
     print("| phase of the step | plain us | watched us | added |\n|---|---|---|---|")
     for name in PHASES:
         p, w = m.plain_phases.get(name, 0.0), m.watched_phases.get(name, 0.0)

@@ -102,6 +102,16 @@ class Pending:
                     _ASSIGN[target](data, key, extra, value)
             i += len(entries)
 
+    def read_now(self) -> None:
+        """Read every device tensor of this step to the host now and file it (see :meth:`file`), letting go of the
+        tensors: what a committed CPU step does, where a read costs no device sync (see
+        :meth:`~neuraldbg.capture.recorder.Recorder.commit`)."""
+        if self.tensors or self.vectors:  # a few tensors: read one by one, cheaper than stacking them first
+            values = [float(t) for t in self.tensors]
+            self.file(values, [x for v in self.vectors for x in (v if v.is_floating_point() else v.double()).tolist()])
+        self.tensors, self.targets, self.vectors, self.vtargets = [], [], [], []
+        self.captured = None
+
     def skip(self) -> None:
         """The GradScaler skipped this step: drop what was read from its scaled gradients (overflow, not the model's
         gradients) and its update (there was none). A NaN loss gradient is kept (see :func:`assign`): scaling

@@ -8,7 +8,8 @@ Three parts do the work, each small enough to hold in one's head:
 
 The :class:`Recorder` owns the step in progress (a :class:`~neuraldbg.stats.step.Pending`), commits it when the
 clock says it is complete, and hands batches of host-side :class:`~neuraldbg.stats.step.StepData` records to a sink
-(the analysis) in one device-to-host transfer per flush. It keeps no raw tensors beyond the current step. Its own
+(the analysis) in one device-to-host transfer per flush (on a CPU, where a read costs no sync, each step is read when
+it is committed and only its record waits for the flush). It keeps no raw tensors beyond the current step. Its own
 failures become warnings and stop the recording; training goes on untouched, and the verdict says what was not
 observed (see :mod:`neuraldbg.capture.coverage`).
 
@@ -316,6 +317,11 @@ class Recorder:
             return  # held until we know whether these are steps or micro-batches
         if finished.data.full or len(self.buffer) >= _BUFFER_LIMIT:
             self.flush()
+        elif self.host_reads_are_free and _on_cpu(finished):
+            # a CPU read costs no sync: held to the flush, a step's few small tensors would pin the allocator's heap
+            # between the training's own large allocations, which it then gives back to the system and faults in
+            # again every step (an 8x512 MLP: hundreds of page faults a step, ~4 % of its time); its record waits
+            finished.read_now()
 
     def adopt_scaler(self) -> None:
         """A GradScaler was found at the first optimizer step (see :mod:`neuraldbg.capture.scaler`). Provisional
@@ -436,6 +442,11 @@ class Recorder:
         """A GradScaler's scale still in the parameter gradients outside the optimizer step: until an optimizer
         stepped (inside ``scaler.step``, which unscales first), they are as the scaled backward pass left them."""
         return self.scaler.value() if self.scaler.active and not self.clock.stepped else 1.0
+
+
+def _on_cpu(part: Pending) -> bool:
+    """Whether every device tensor ``part`` holds is a CPU tensor."""
+    return all(t.is_cpu for t in part.tensors) and all(v.is_cpu for v in part.vectors)
 
 
 #: How much of an exception's message an explanation quotes (PyTorch's dispatcher errors run to thousands of

@@ -173,3 +173,51 @@ def test_dead_units_of_an_output_without_a_batch_dimension_count_elements(shape)
     assert units == t.numel()
     assert dead == int((t <= 0).sum())
     assert 0 <= dead <= units
+
+
+def test_a_cpu_step_lets_go_of_its_tensors_when_committed_and_files_the_same_values():
+    """Held until the flush (up to 64 steps), each cheap step's few small tensors pinned the allocator's heap between
+    the training's large allocations: an 8x512 MLP faulted in hundreds of pages a step. On a CPU a committed step is
+    read at once; its record still waits for the flush, with the values the loop computed."""
+    torch.manual_seed(0)
+    model = support.tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    dbg = NeuralDbg(model)
+    capture = Capture()
+    dbg._recorder._sink = capture
+    batches = support.regression_batches(in_features=10)
+    losses = []
+    with dbg:
+        for step in range(40):  # the first 16 steps and step 32 fully observed, the others cheap
+            x, y = batches(step)
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        held = list(dbg._recorder.buffer)
+        assert held and not any(part.data.full for part in held)  # committed cheap steps waiting for the flush
+        assert all(not part.tensors and not part.vectors and part.captured is None for part in held)
+        assert all(part.data.loss is not None for part in held)  # ... already read
+    cheap = [r for r in capture.records if not r.full]
+    assert len(cheap) > 10
+    for record in cheap:
+        assert record.loss == pytest.approx(losses[record.step], rel=1e-6)
+        assert record.sample_count == 32  # the batch's fingerprints, read at the commit too
+
+
+def test_steps_on_the_device_path_keep_their_tensors_for_the_flush():
+    """Where a read costs a device sync (here the device path taken on a CPU), nothing is read before the flush."""
+    model = support.tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    dbg = NeuralDbg(model)
+    dbg._recorder.host_reads_are_free = False
+    batches = support.regression_batches(in_features=10)
+    with dbg:
+        for step in range(20):
+            x, y = batches(step)
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+        held = list(dbg._recorder.buffer)
+        assert held and all(part.tensors and part.data.loss is None for part in held)
