@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 from torch import Tensor, nn
@@ -389,8 +390,11 @@ class Recorder:
         i, j = 0, len(scalars)
         measured = False
         for part in buffer:
-            n = sum(len(entries) for entries in part.vtargets)
-            part.file(values[i : i + len(part.tensors)], values[j : j + n])
+            if part.tensors or part.vectors:  # not read at its commit (see commit)
+                n = sum(len(entries) for entries in part.vtargets)
+                part.file(values[i : i + len(part.tensors)], values[j : j + n])
+                i += len(part.tensors)
+                j += n
             grads, stepped = part.data.grad, part.data.stepped
             measured = measured or bool(part.data.update)
             for name, (delta, _) in part.data.update.items():
@@ -400,8 +404,6 @@ class Recorder:
                     self._still.add(name)
                 else:
                     self._still.discard(name)
-            i += len(part.tensors)
-            j += n
         if measured and (self._still or self._update_sums[1]):
             self._moved_between_updates()
         records = [p.data for p in buffer]
@@ -446,7 +448,10 @@ class Recorder:
 
 def _on_cpu(part: Pending) -> bool:
     """Whether every device tensor ``part`` holds is a CPU tensor."""
-    return all(t.is_cpu for t in part.tensors) and all(v.is_cpu for v in part.vectors)
+    return all(map(_is_cpu, part.tensors)) and all(map(_is_cpu, part.vectors))
+
+
+_is_cpu = attrgetter("is_cpu")
 
 
 #: How much of an exception's message an explanation quotes (PyTorch's dispatcher errors run to thousands of
