@@ -185,16 +185,8 @@ def test_a_cpu_step_lets_go_of_its_tensors_when_committed_and_files_the_same_val
     dbg = NeuralDbg(model)
     capture = Capture()
     dbg._recorder._sink = capture
-    batches = support.regression_batches(in_features=10)
-    losses = []
-    with dbg:
-        for step in range(40):  # the first 16 steps and step 32 fully observed, the others cheap
-            x, y = batches(step)
-            opt.zero_grad()
-            loss = F.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+    with dbg:  # the first 16 steps and step 32 fully observed, the others cheap
+        losses, _ = support._steps(model, support.regression_batches(in_features=10), F.mse_loss, 40, opt)
         held = list(dbg._recorder.buffer)
         assert held and not any(part.data.full for part in held)  # committed cheap steps waiting for the flush
         assert all(not part.tensors and not part.vectors and part.captured is None for part in held)
@@ -212,12 +204,7 @@ def test_steps_on_the_device_path_keep_their_tensors_for_the_flush():
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     dbg = NeuralDbg(model)
     dbg._recorder.host_reads_are_free = False
-    batches = support.regression_batches(in_features=10)
     with dbg:
-        for step in range(20):
-            x, y = batches(step)
-            opt.zero_grad()
-            F.mse_loss(model(x), y).backward()
-            opt.step()
+        support._steps(model, support.regression_batches(in_features=10), F.mse_loss, 20, opt)
         held = list(dbg._recorder.buffer)
         assert held and all(part.tensors and part.data.loss is None for part in held)
