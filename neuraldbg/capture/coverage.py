@@ -222,6 +222,8 @@ class Coverage:
     # seen at), and the most positive labels its targets held per row, on average, on one backward pass
     softmax_bce: tuple[str, int] | None = None
     softmax_positives: float = 0.0
+    # the largest rate of a dropout the forward code applied itself, read from the loss's graph (dropout_graph.py)
+    graph_dropout: float = 0.0
     # a loss that compared each sample's prediction with other samples' targets (capture/loss_graph.py: crossed):
     # (what compared them, the prediction's shape, the shape compared, the layer whose output it is, step)
     crossed_loss: tuple[str, tuple[int, ...], tuple[int, ...], str, int] | None = None
@@ -412,6 +414,8 @@ class Coverage:
             self.loss_options = max(self.loss_options, record.loss_options)
         if record.softmax_positives is not None:
             self.softmax_positives = max(self.softmax_positives, record.softmax_positives)
+        if record.graph_dropout is not None and math.isfinite(record.graph_dropout):
+            self.graph_dropout = max(self.graph_dropout, record.graph_dropout)
         if record.log_prob_gap is not None:
             if self.log_prob_gap is None:
                 self.log_prob_step = record.step

@@ -70,9 +70,10 @@ from ..stats.tensors import (
     target_moments,
     target_profile,
 )
-from . import attention_graph, collector, hooks, loss_graph, sample_views
+from . import attention_graph, collector, dropout_graph, hooks, loss_graph, sample_views
 from .clock import StepMode
 from .label_mix import LabelMix
+from .pending import merge_max
 
 if TYPE_CHECKING:
     from .recorder import Recorder
@@ -304,6 +305,8 @@ class GradLedger:
             # readings before and after the pass compare graph nodes by identity: the nodes are held until the next
             # backward call (see loss_graph.hold)
             self._held = loss_graph.hold(checked) if checked else []
+            if checked:  # dropout applied in the forward code: its masks are freed by the pass
+                self._note_dropout(checked)
             # a mean squared error's target is profiled now: the backward pass frees what the graph saved
             found = loss_graph.regression(checked) if checked else None
             profile = target_profile(found.target) if found is not None else None
@@ -585,6 +588,16 @@ class GradLedger:
             self._loss_checks = 0
         if not self._loss_checks:
             rec.forward.nodes = None
+
+    def _note_dropout(self, roots: list[Tensor]) -> None:
+        """File the largest rate of a dropout the graph of ``roots`` shows (see :mod:`.dropout_graph`): a rate the
+        graph holds as a number now, that of the masks multiplied in read at the flush."""
+        known, masked = dropout_graph.heaviest(roots)
+        pending = self._rec.pending
+        if known is not None:
+            pending.data.graph_dropout = merge_max(pending.data.graph_dropout, known)
+        if masked is not None:
+            pending.put("graph_dropout", None, masked)
 
     def _file_targets(self, moments: tuple[str, Tensor, Tensor]) -> None:
         """Add one backward pass's target moments to the earlier passes' (the same loss, the same columns) and file

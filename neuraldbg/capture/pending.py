@@ -205,6 +205,8 @@ class Pending:
             dst.loss_options = merge_max(dst.loss_options, src.loss_options)
         if src.softmax_positives is not None:
             dst.softmax_positives = merge_max(dst.softmax_positives, src.softmax_positives)
+        if src.graph_dropout is not None:
+            dst.graph_dropout = merge_max(dst.graph_dropout, src.graph_dropout)
         dst.carried = src.carried or dst.carried
         dst.decayed = src.decayed or dst.decayed
         dst.carried_by = src.carried_by or dst.carried_by
@@ -424,6 +426,7 @@ _ASSIGN: dict[str, Callable[[StepData, Any, float, float], None]] = {
     "clamped_outside": _largest("clamped_outside"),
     "loss_options": _largest("loss_options"),
     "softmax_positives": _largest("softmax_positives"),
+    "graph_dropout": _largest("graph_dropout"),
     "target_range": _profile("target_range"),
     "label_prior": _profile("label_prior"),
     "label_step": _label_step,

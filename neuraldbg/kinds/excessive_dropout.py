@@ -8,10 +8,12 @@ gradient, activation and update looks sound (plain torch, six program families a
 temporal conv net).
 
 Read from the model when the debugger attaches (the layers and their probability, see
-:func:`~neuraldbg.model.layers.heavy_dropout_layers`). Not found when every training step ran in eval mode (dropout
-was off: the eval-mode room's finding), nor on a run whose loss cannot be judged (fewer than ``loss_min_steps``
-losses: a smoke run says its loss was not judged), nor when the loss converged (it fell a hundredfold: the
-dropout held nothing back).
+:func:`~neuraldbg.model.layers.heavy_dropout_layers`), and from the loss's graph on the first fully observed
+backward passes for a dropout that is no module (``F.dropout(x, 0.9)`` in ``forward``, an inverted dropout by hand:
+:mod:`~neuraldbg.capture.dropout_graph`). A module's is not found when every training step ran in eval mode (dropout
+was off: the eval-mode room's finding; one read from the graph ran). Neither is found on a run whose loss cannot
+be judged (fewer than ``loss_min_steps`` losses: a smoke run says its loss was not judged), nor when the loss
+converged (it fell a hundredfold: the dropout held nothing back).
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from . import loss_evidence
 from .base import Kind, RootLane, Series, run_event
 
 KIND = FailureKind.EXCESSIVE_DROPOUT
+#: How a dropout read from the loss's graph (no module: ``F.dropout`` in ``forward``, a mask by hand) is named.
+FORWARD_CODE = "a dropout in the forward code (F.dropout or a mask by hand)"
+#: A rate read from the graph this close to a heavy module's is that module's (its masks are in the graph too).
+_SAME_RATE = 1e-3
 
 
 class ExcessiveDropout(Kind):
@@ -33,8 +39,12 @@ class ExcessiveDropout(Kind):
     run_level = True
 
     def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
-        heavy = coverage.heavy_dropout
-        if not heavy or coverage.steps <= len(coverage.eval_steps):
+        # the modules' settings count on steps trained in training mode; a dropout read from the graph ran
+        heavy = coverage.heavy_dropout if coverage.steps > len(coverage.eval_steps) else []
+        rate = coverage.graph_dropout
+        if rate >= HEAVY_DROPOUT and not any(abs(p - rate) < _SAME_RATE for _, p in heavy):
+            heavy = [*heavy, (FORWARD_CODE, rate)]
+        if not heavy:
             return None
         curve = loss_evidence.judged(coverage, facts.config)
         if curve is None or loss_evidence.converged(coverage, curve):

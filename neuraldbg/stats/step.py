@@ -107,6 +107,9 @@ class StepData:
     # ... and, for a binary cross-entropy on a softmax's output, how many positive labels its targets hold along the
     # softmax's dimension, averaged over its rows; None: not read
     softmax_positives: float | None = None
+    # the largest rate of a dropout the forward code applied itself (F.dropout, a mask by hand), read from the loss's
+    # graph on the first fully observed backward passes (capture/dropout_graph.py); None: not read
+    graph_dropout: float | None = None
     # a binary cross-entropy or a mean squared error that is the loss (its mean): its chance level from the targets
     # of the first backward passes (capture/ledger.py), [per column, pooled, samples per column, values outside
     # [0, 1] or not finite, the targets' root-mean-square], and the loss's kind ("bce", "mse")
