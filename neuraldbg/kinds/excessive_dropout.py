@@ -28,7 +28,7 @@ from .base import Kind, RootLane, Series, run_event
 
 KIND = FailureKind.EXCESSIVE_DROPOUT
 #: How a dropout read from the loss's graph (no module: ``F.dropout`` in ``forward``, a mask by hand) is named.
-FORWARD_CODE = "a dropout in the forward code (F.dropout or a mask by hand)"
+FORWARD_CODE = "F.dropout or a dropout mask in forward()"
 #: A rate read from the graph this close to a heavy module's is that module's (its masks are in the graph too).
 _SAME_RATE = 1e-3
 
@@ -76,8 +76,11 @@ class ExcessiveDropout(Kind):
         p = root.metrics.get("p", 0.0)
         count = int(root.metrics.get("layers", 1.0))
         which = f" ({root.detail})" if root.detail else ""
+        who = f"{count} layer{'s' if count != 1 else ''}{which} drop{'' if count != 1 else 's'}"
+        if count == 1 and root.detail.startswith(FORWARD_CODE):  # no module: a dropout read from the loss's graph
+            who = f"the model's forward code ({root.detail}) drops"
         what = (
-            f"Dropout far too strong: {count} layer{'s' if count != 1 else ''}{which} drop{'' if count != 1 else 's'} "
+            f"Dropout far too strong: {who} "
             f"up to {pct(p)} of {'their' if count != 1 else 'its'} inputs on every training step from step "
             f"{root.step_start}. Each step trains a small random part of the network on a small part of the signal "
             f"(scaled up {num(1 / max(1 - p, 1e-12))}x to make up for the rest), so the gradient is mostly noise and "
