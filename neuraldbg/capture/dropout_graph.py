@@ -12,9 +12,9 @@ in the graph of the passes it ran in:
   times a loss weight) has its share of zeros unrelated to ``1 - 1 / c``;
 * through ``torch.native_dropout`` (the GPU's dropout kernel) as a ``NativeDropoutBackward0`` that saved ``p`` itself.
 
-Cost: on the first fully observed backward passes only (the loss checks' passes), a walk of at most :data:`BUDGET`
-nodes on the host and, for at most :data:`CANDIDATES` masks, a few reductions each, left on the device as one 0-d
-tensor (read at the flush).
+Cost: on the first :data:`PASSES` fully observed backward passes only (of the loss checks' passes), a walk of at
+most :data:`BUDGET` nodes on the host and, for at most :data:`CANDIDATES` masks, three reductions each over at most
+:data:`SAMPLE` of its elements, left on the device as one 0-d tensor (read at the flush).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+#: The first fully observed backward passes looked at (a dropout in the code runs on every training pass).
+PASSES = 2
 #: Graph nodes looked at per pass.
 BUDGET = 4096
 #: Masks judged per pass (the first met from the loss).
@@ -29,6 +31,8 @@ CANDIDATES = 16
 #: A mask of fewer elements says too little about its rate (feature dropout's ``(batch, channels, 1, 1)`` masks of a
 #: small batch are left out).
 MIN_ELEMENTS = 64
+#: A mask is judged on a strided sample of at most this many of its elements.
+SAMPLE = 1 << 16
 #: How far the share of zeros may lie from the rate its scale says (a binomial share of 64 elements at p = 0.9 has a
 #: standard deviation of 0.0375).
 TOLERANCE = 0.1
@@ -78,16 +82,22 @@ def _mask_factor(node: object) -> Tensor | None:
 
 def _mask_rates(masks: list[Tensor]) -> Tensor:
     """The largest dropout rate among ``masks``, as a 0-d float tensor: a mask's is ``1 - 1 / c`` when its values are
-    all 0 or ``c > 1`` and its share of zeros lies within :data:`TOLERANCE` of that; 0 for any other factor."""
+    all 0 or ``c > 1`` and its share of zeros lies within :data:`TOLERANCE` of that; 0 for any other factor. Three
+    reductions a mask, on at most :data:`SAMPLE` of its elements (its largest value, its zeros, the values equal to
+    the largest), judged together."""
     with torch.no_grad():
-        rates = []
+        counts = []
+        sizes = []
         for mask in masks:
-            flat = mask.detach().reshape(-1).float()
+            flat = mask.detach().reshape(-1)
+            flat = flat[:: -(-flat.numel() // SAMPLE)]  # a strided sample: a dropout's mask is alike everywhere
             top = flat.amax()
-            zero = flat == 0
-            two_valued = (zero | (flat == top)).all() & (top > 1)
-            rate = 1 - 1 / top.clamp(min=1.0)
-            consistent = (zero.float().mean() - rate).abs() <= TOLERANCE
-            rates.append(torch.where(two_valued & consistent, rate, torch.zeros_like(rate)))
-        found = torch.stack(rates).amax()
+            counts.append(torch.stack([top.float(), (flat == 0).sum().float(), (flat == top).sum().float()]))
+            sizes.append(float(flat.numel()))
+        top, zeros, tops = torch.stack(counts).unbind(1)
+        size = torch.tensor(sizes, device=top.device)
+        rate = 1 - 1 / top.clamp(min=1.0)
+        two_valued = (zeros + tops == size) & (top > 1)
+        consistent = (zeros / size - rate).abs() <= TOLERANCE
+        found = torch.where(two_valued & consistent, rate, torch.zeros_like(rate)).amax()
         return torch.where(torch.isfinite(found), found, torch.zeros_like(found))

@@ -158,6 +158,7 @@ class GradLedger:
         # close() (attach() again, a with block per epoch) goes on from there (the loop computes its loss as
         # before), rather than checking its first passes again (while detached, no backward pass is listened to)
         self._loss_checks = LOSS_CHECKS
+        self._dropout_checks = dropout_graph.PASSES
         self._held: list[object] = []  # the graph nodes of the loss checks of the last backward call (see before)
         # the label counts so far (on the device), the classes; like the label mix below, kept over the debugger's
         # life (the passes that count are the loss checks', which a continued run goes on with)
@@ -305,7 +306,8 @@ class GradLedger:
             # readings before and after the pass compare graph nodes by identity: the nodes are held until the next
             # backward call (see loss_graph.hold)
             self._held = loss_graph.hold(checked) if checked else []
-            if checked:  # dropout applied in the forward code: its masks are freed by the pass
+            if checked and self._dropout_checks:  # dropout applied in the forward code: the pass frees its masks
+                self._dropout_checks -= 1
                 self._note_dropout(checked)
             # a mean squared error's target is profiled now: the backward pass frees what the graph saved
             found = loss_graph.regression(checked) if checked else None
