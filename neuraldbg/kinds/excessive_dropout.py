@@ -29,7 +29,8 @@ from .base import Kind, RootLane, Series, run_event
 KIND = FailureKind.EXCESSIVE_DROPOUT
 #: How a dropout read from the loss's graph (no module: ``F.dropout`` in ``forward``, a mask by hand) is named.
 FORWARD_CODE = "F.dropout or a dropout mask in forward()"
-#: A rate read from the graph this close to a heavy module's is that module's (its masks are in the graph too).
+#: A rate read from the graph (in float32: 1 - 1 / 5 may read just below 0.8) this close to a heavy module's is that
+#: module's (its masks are in the graph too), this close to the limit at it.
 _SAME_RATE = 1e-3
 
 
@@ -42,7 +43,7 @@ class ExcessiveDropout(Kind):
         # the modules' settings count on steps trained in training mode; a dropout read from the graph ran
         heavy = coverage.heavy_dropout if coverage.steps > len(coverage.eval_steps) else []
         rate = coverage.graph_dropout
-        if rate >= HEAVY_DROPOUT and not any(abs(p - rate) < _SAME_RATE for _, p in heavy):
+        if rate >= HEAVY_DROPOUT - _SAME_RATE and not any(abs(p - rate) < _SAME_RATE for _, p in heavy):
             heavy = [*heavy, (FORWARD_CODE, rate)]
         if not heavy:
             return None
