@@ -34,17 +34,24 @@ FORWARD_CODE = "F.dropout or a dropout mask in forward()"
 _SAME_RATE = 1e-3
 
 
+def heavy_dropouts(coverage: Coverage) -> list[tuple[str, float]]:
+    """The run's dropouts of at least :data:`~neuraldbg.config.HEAVY_DROPOUT`, each named with its rate: the modules'
+    (their settings count on steps trained in training mode), and one read from the loss's graph (it ran) unless a
+    module of its rate stands for it."""
+    heavy = coverage.heavy_dropout if coverage.steps > len(coverage.eval_steps) else []
+    rate = coverage.graph_dropout
+    if rate >= HEAVY_DROPOUT - _SAME_RATE and not any(abs(p - rate) < _SAME_RATE for _, p in heavy):
+        heavy = [*heavy, (FORWARD_CODE, rate)]
+    return heavy
+
+
 class ExcessiveDropout(Kind):
     name = KIND.value
     title = "dropout too strong"
     run_level = True
 
     def run_finding(self, coverage: Coverage, facts: RunFacts) -> SemanticEvent | None:
-        # the modules' settings count on steps trained in training mode; a dropout read from the graph ran
-        heavy = coverage.heavy_dropout if coverage.steps > len(coverage.eval_steps) else []
-        rate = coverage.graph_dropout
-        if rate >= HEAVY_DROPOUT - _SAME_RATE and not any(abs(p - rate) < _SAME_RATE for _, p in heavy):
-            heavy = [*heavy, (FORWARD_CODE, rate)]
+        heavy = heavy_dropouts(coverage)
         if not heavy:
             return None
         curve = loss_evidence.judged(coverage, facts.config)

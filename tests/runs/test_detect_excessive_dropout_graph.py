@@ -15,7 +15,9 @@ from torch import nn
 
 from neuraldbg import NeuralDbg
 from neuraldbg.capture import dropout_graph
-from neuraldbg.kinds.excessive_dropout import FORWARD_CODE
+from neuraldbg.capture.coverage import Coverage
+from neuraldbg.config import HEAVY_DROPOUT
+from neuraldbg.kinds.excessive_dropout import FORWARD_CODE, heavy_dropouts
 
 KIND = "excessive_dropout"
 CLASSES = 4
@@ -132,6 +134,14 @@ def test_the_rate_of_each_form_is_read_from_a_graph():
         out, _ = torch.native_dropout(x, p, True)  # the GPU kernel's node saves its rate
         known, masked = dropout_graph.heaviest([out.sum()])
         assert known == pytest.approx(p) and masked is None
+    # at the limit: 1 - 1 / 5 read in float32 counts as a dropout of 0.8, as a module's p=0.8 does
+    coverage = Coverage()
+    coverage.graph_dropout = float(dropout_graph.heaviest([F.dropout(x, HEAVY_DROPOUT, training=True).sum()])[1])
+    assert [name for name, _ in heavy_dropouts(coverage)] == [FORWARD_CODE]
+    coverage.graph_dropout = HEAVY_DROPOUT - 5e-4  # a float32 reading just below it (another device's rounding)
+    assert [name for name, _ in heavy_dropouts(coverage)] == [FORWARD_CODE]
+    coverage.graph_dropout = 0.79  # below it: none
+    assert heavy_dropouts(coverage) == []
     # a product of two learned factors, a mask of ones, a constant weight everywhere: no dropout
     for other in (torch.randn(32, 64, requires_grad=True), torch.ones(32, 64), torch.full((32, 64), 10.0)):
         _, masked = dropout_graph.heaviest([(x * other).sum()])
