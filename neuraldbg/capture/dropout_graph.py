@@ -12,9 +12,10 @@ in the graph of the passes it ran in:
   times a loss weight) has its share of zeros unrelated to ``1 - 1 / c``;
 * through ``torch.native_dropout`` (the GPU's dropout kernel) as a ``NativeDropoutBackward0`` that saved ``p`` itself.
 
-Cost: on the first :data:`PASSES` fully observed backward passes only (of the loss checks' passes), a walk of at
-most :data:`BUDGET` nodes on the host and, for at most :data:`CANDIDATES` masks, three reductions each over at most
-:data:`SAMPLE` of its elements, left on the device as one 0-d tensor (read at the flush).
+Cost: on the first :data:`PASSES` fully observed backward passes only (of the loss checks' passes), a look at the
+first :data:`BUDGET` of the graph's nodes the loss checks already hold (no walk of its own) and, for at most
+:data:`CANDIDATES` masks, three reductions each over at most :data:`SAMPLE` of its elements, left on the device as one
+0-d tensor (read at the flush).
 """
 
 from __future__ import annotations
@@ -38,18 +39,14 @@ SAMPLE = 1 << 16
 TOLERANCE = 0.1
 
 
-def heaviest(roots: list[Tensor]) -> tuple[float | None, Tensor | None]:
-    """The largest dropout rate in the graph of ``roots`` (the roots of one backward call): the largest one a node
-    holds as a number (None when none does), and a 0-d tensor on the device holding the largest rate among the
-    masks multiplied in (0 when none is one; None when no product was a candidate)."""
+def heaviest(nodes: list[object]) -> tuple[float | None, Tensor | None]:
+    """The largest dropout rate among the graph ``nodes`` of one backward call (:func:`~.loss_graph.hold`'s, from its
+    roots; the first :data:`BUDGET` looked at): the largest one a node holds as a number (None when none does), and
+    a 0-d tensor on the device holding the largest rate among the masks multiplied in (0 when none is one; None when
+    no product was a candidate)."""
     known: float | None = None
     masks: list[Tensor] = []
-    queue = [t.grad_fn for t in roots if t.grad_fn is not None]
-    seen = {id(node) for node in queue}
-    looked = 0
-    while queue and looked < BUDGET:
-        node = queue.pop()
-        looked += 1
+    for node in nodes[:BUDGET]:
         name = type(node).__name__
         if name == "NativeDropoutBackward0":
             p = getattr(node, "_saved_p", None)
@@ -59,10 +56,6 @@ def heaviest(roots: list[Tensor]) -> tuple[float | None, Tensor | None]:
             mask = _mask_factor(node)
             if mask is not None:
                 masks.append(mask)
-        for nxt, _ in getattr(node, "next_functions", ()):
-            if nxt is not None and id(nxt) not in seen:
-                seen.add(id(nxt))
-                queue.append(nxt)
     return known, _mask_rates(masks) if masks else None
 
 

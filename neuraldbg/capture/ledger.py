@@ -308,7 +308,7 @@ class GradLedger:
             self._held = loss_graph.hold(checked) if checked else []
             if checked and self._dropout_checks:  # dropout applied in the forward code: the pass frees its masks
                 self._dropout_checks -= 1
-                self._note_dropout(checked)
+                self._note_dropout(self._held)
             # a mean squared error's target is profiled now: the backward pass frees what the graph saved
             found = loss_graph.regression(checked) if checked else None
             profile = target_profile(found.target) if found is not None else None
@@ -591,10 +591,11 @@ class GradLedger:
         if not self._loss_checks:
             rec.forward.nodes = None
 
-    def _note_dropout(self, roots: list[Tensor]) -> None:
-        """File the largest rate of a dropout the graph of ``roots`` shows (see :mod:`.dropout_graph`): a rate the
-        graph holds as a number now, that of the masks multiplied in read at the flush."""
-        known, masked = dropout_graph.heaviest(roots)
+    def _note_dropout(self, nodes: list[object]) -> None:
+        """File the largest rate of a dropout the graph ``nodes`` (:func:`~.loss_graph.hold`'s) show (see
+        :mod:`.dropout_graph`): a rate the graph holds as a number now, that of the masks multiplied in read at the
+        flush."""
+        known, masked = dropout_graph.heaviest(nodes)
         pending = self._rec.pending
         if known is not None:
             pending.data.graph_dropout = merge_max(pending.data.graph_dropout, known)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from neuraldbg import NeuralDbg
-from neuraldbg.capture import dropout_graph
+from neuraldbg.capture import dropout_graph, loss_graph
 from neuraldbg.capture.coverage import Coverage
 from neuraldbg.config import HEAVY_DROPOUT
 from neuraldbg.kinds.excessive_dropout import FORWARD_CODE, heavy_dropouts
@@ -129,14 +129,16 @@ def test_a_heavy_dropout_module_is_reported_once():
 def test_the_rate_of_each_form_is_read_from_a_graph():
     x = torch.randn(32, 64, requires_grad=True)
     for p in (0.1, 0.5, 0.9):
-        known, masked = dropout_graph.heaviest([F.dropout(x, p, training=True).sum()])
+        known, masked = dropout_graph.heaviest(loss_graph.hold([F.dropout(x, p, training=True).sum()]))
         assert known is None and masked is not None and float(masked) == pytest.approx(p, abs=1e-6)
         out, _ = torch.native_dropout(x, p, True)  # the GPU kernel's node saves its rate
-        known, masked = dropout_graph.heaviest([out.sum()])
+        known, masked = dropout_graph.heaviest(loss_graph.hold([out.sum()]))
         assert known == pytest.approx(p) and masked is None
     # at the limit: 1 - 1 / 5 read in float32 counts as a dropout of 0.8, as a module's p=0.8 does
     coverage = Coverage()
-    coverage.graph_dropout = float(dropout_graph.heaviest([F.dropout(x, HEAVY_DROPOUT, training=True).sum()])[1])
+    coverage.graph_dropout = float(
+        dropout_graph.heaviest(loss_graph.hold([F.dropout(x, HEAVY_DROPOUT, training=True).sum()]))[1]
+    )
     assert [name for name, _ in heavy_dropouts(coverage)] == [FORWARD_CODE]
     coverage.graph_dropout = HEAVY_DROPOUT - 5e-4  # a float32 reading just below it (another device's rounding)
     assert [name for name, _ in heavy_dropouts(coverage)] == [FORWARD_CODE]
@@ -144,22 +146,24 @@ def test_the_rate_of_each_form_is_read_from_a_graph():
     assert heavy_dropouts(coverage) == []
     # a product of two learned factors, a mask of ones, a constant weight everywhere: no dropout
     for other in (torch.randn(32, 64, requires_grad=True), torch.ones(32, 64), torch.full((32, 64), 10.0)):
-        _, masked = dropout_graph.heaviest([(x * other).sum()])
+        _, masked = dropout_graph.heaviest(loss_graph.hold([(x * other).sum()]))
         assert masked is None or float(masked) == 0.0
     # a mask of 0 or 10 whose share of zeros is a quarter, not nine tenths: a weighted mask, no dropout
     weighted = torch.full((32, 64), 10.0)
     weighted[:, ::4] = 0.0
-    _, masked = dropout_graph.heaviest([(x * weighted).sum()])
+    _, masked = dropout_graph.heaviest(loss_graph.hold([(x * weighted).sum()]))
     assert masked is not None and float(masked) == 0.0
     # nine tenths zeros and a largest value of 10, but many values between: a sparse weighting, no mask
     g = torch.Generator().manual_seed(0)
     sparse = torch.where(torch.rand(32, 64, generator=g) < 0.1, 1 + 9 * torch.rand(32, 64, generator=g), 0.0)
     sparse[0, 0] = 10.0
-    _, masked = dropout_graph.heaviest([(x * sparse).sum()])
+    _, masked = dropout_graph.heaviest(loss_graph.hold([(x * sparse).sum()]))
     assert masked is not None and float(masked) == 0.0
     # a learned factor shaped like a mask (a gate the model learns) is no dropout
     gate = torch.where(torch.rand(32, 64, generator=g) < 0.1, 10.0, 0.0).requires_grad_()
-    _, masked = dropout_graph.heaviest([(x * gate).sum()])
+    _, masked = dropout_graph.heaviest(loss_graph.hold([(x * gate).sum()]))
     assert masked is None
-    _, masked = dropout_graph.heaviest([(x * gate.detach()).sum()])  # the same values, not learned: a mask
+    _, masked = dropout_graph.heaviest(
+        loss_graph.hold([(x * gate.detach()).sum()])
+    )  # the same values, not learned: a mask
     assert masked is not None and float(masked) == pytest.approx(0.9, abs=1e-6)
