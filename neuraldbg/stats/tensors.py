@@ -35,6 +35,12 @@ def first_tensor(value: object) -> Tensor | None:
     """The first floating-point tensor in a module output (tensor, tuple, list, dict, PackedSequence)."""
     if isinstance(value, Tensor):
         return value if value.is_floating_point() else None
+    if type(value) is tuple:  # a call's arguments, first: no attribute lookup that fails (a PackedSequence, a
+        for item in value:  # tuple subclass, goes the long way)
+            found = first_tensor(item)
+            if found is not None:
+                return found
+        return None
     data = getattr(value, "data", None)  # PackedSequence
     if isinstance(data, Tensor) and not isinstance(value, Tensor):
         return data if data.is_floating_point() else None
@@ -54,6 +60,8 @@ def data_argument(args: tuple[object, ...], kwargs: dict[str, object] | None = N
 
     Later arguments are not data: an additive attention mask (``nn.Transformer.generate_square_subsequent_mask``,
     ``-inf`` above the diagonal) is passed after the tokens it masks, and its ``-inf`` is how masking works."""
+    if args and isinstance(args[0], Tensor):  # the common call, without building the list of every argument
+        return args[0] if args[0].is_floating_point() else None
     for value in (*args, *(kwargs or {}).values()):
         found = _first_any(value)
         if found is not None:
@@ -97,6 +105,12 @@ def rms(t: Tensor) -> Tensor:
 def tensor_arguments(args: tuple[object, ...], kwargs: dict[str, object] | None = None, most: int = 32) -> list[Tensor]:
     """The plain tensors among a call's arguments, looked for inside tuples, lists and dicts (a batch dict), at
     most ``most`` of them."""
+    if not kwargs and len(args) <= most:  # a layer's call (x, or x and h): its arguments, when all are plain tensors
+        for a in args:
+            if type(a) not in _PLAIN_TYPES:
+                break
+        else:
+            return list(args)  # type: ignore[arg-type]  # every one a plain tensor, as just checked
     found: list[Tensor] = []
     stack: list[object] = [*reversed((*args, *(kwargs or {}).values()))]
     while stack and len(found) < most:

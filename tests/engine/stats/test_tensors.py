@@ -185,6 +185,25 @@ def test_first_tensor_finds_the_first_float_tensor_in_nested_outputs():
     assert stats.first_tensor(packed) is packed.data
 
 
+def test_tensor_arguments_are_the_plain_tensors_of_a_call_in_order_at_most_so_many():
+    x, h, ids = torch.ones(2), torch.zeros(3), torch.tensor([1, 2])
+
+    class Tagged(torch.Tensor):  # a subclass: its values are not read directly
+        pass
+
+    tagged = torch.ones(1).as_subclass(Tagged)
+    weight = nn.Parameter(torch.ones(1))
+    assert stats.tensor_arguments((x, h)) == [x, h]  # a layer's call: its tensors, as they were given
+    assert stats.tensor_arguments((x, weight, ids)) == [x, weight, ids]
+    assert stats.tensor_arguments((x, h), most=1) == [x]
+    assert stats.tensor_arguments(()) == []
+    assert stats.tensor_arguments((tagged, x)) == [x]  # a subclass is passed over, not counted
+    assert stats.tensor_arguments((x, 3, None, h)) == [x, h]
+    assert stats.tensor_arguments(((x, [h]), {"ids": ids})) == [x, h, ids]  # nested, in order
+    assert stats.tensor_arguments((x,), {"mask": h}) == [x, h]  # keyword arguments after the positional ones
+    assert stats.tensor_arguments((x,), {"mask": h}, most=1) == [x]
+
+
 @pytest.mark.parametrize("ignore", [-100, -1, 0, 4])
 def test_label_counts_put_every_index_outside_the_classes_in_the_last_bin_and_leave_ignore_out(ignore):
     target = torch.tensor([[0, 1, 1, -1, 4, 5, 9, -3], [3, 3, 3, 0, -100, 2, 6, -1]])
