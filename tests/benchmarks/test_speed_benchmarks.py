@@ -15,6 +15,7 @@ import torch
 import neuraldbg
 from benchmarks import (
     against,
+    cold_ops,
     collector,
     families,
     gpu,
@@ -281,6 +282,34 @@ def test_the_step_parts_are_timed_inside_the_loop_and_the_timers_are_removed_aft
     step_parts.measure(case, steps=10, warmup=5, rounds=1, collector=False)
     assert gc.isenabled()  # switched back on after the blocks it was off in
     assert {(cls, name): cls.__dict__[name] for _, cls, name in step_parts.PARTS} == originals
+
+
+def test_the_cold_operations_are_called_twice_in_the_optimizers_pre_hook_one_per_step_in_turn(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    calls: list[tuple[str, bool]] = []
+
+    def op(label: str):
+        def call() -> None:
+            # inside the optimizer's step: its pre-hook, before any parameter moved
+            calls.append((label, any(f.f_code.co_name == "wrapper" for f in _frames())))
+
+        return call
+
+    ops = [("a", op("a")), ("b", op("b")), ("c", op("c"))]
+    monkeypatch.setattr(cold_ops, "OPS", ops)
+    found = cold_ops.measure("tiny", steps=6, warmup=3)
+    assert set(found) == {"a", "b", "c"} and all(f[0] > 0 and f[1] > 0 and f[2] > 0 for f in found.values())
+    hooked = [label for label, inside in calls if inside]
+    assert hooked == list("aabbcc" * 3)  # 9 steps: one operation per step in turn, called twice
+    assert len(calls) - len(hooked) == 3 * 1100  # then each one in the hot loop: 100 untimed calls, 1000 timed
+
+
+def test_the_cold_operations_table_has_a_row_per_operation_and_a_column_per_model(capsys: pytest.CaptureFixture[str]):
+    assert cold_ops.main(["--model", "tiny", "--steps", "10", "--warmup", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny: first / again" in out
+    assert all(f"| {label} |" in out for label, _ in cold_ops.OPS)
 
 
 def test_the_step_parts_of_the_full_preset_time_full_steps_only():
@@ -574,3 +603,14 @@ def test_the_targets_are_each_measured_once_and_judged_against_the_issues_bounds
     assert "| mlp, compiled: graph breaks and new graphs | 0 | 1 | - | no |" in lines
     assert "| mlp: steady state | 1.05x | 1.060x | - | no |" in lines
     assert lines[-1] == f"{sum(t.met for t in rows)} of {len(rows)} targets met."
+
+
+def _frames() -> list[types.FrameType]:
+    """The caller's stack, innermost first."""
+    import sys
+
+    frame, out = sys._getframe(1), []
+    while frame is not None:
+        out.append(frame)
+        frame = frame.f_back
+    return out
