@@ -95,19 +95,16 @@ def measure(name: str, steps: int, warmup: int) -> dict[str, tuple[float, float,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--model", action="append", choices=sorted(BY_NAME), help="default: tiny, mlp, transformer, deep"
+        "--model", action="append", choices=sorted(BY_NAME), help="repeatable; default: " + ", ".join(MODELS)
     )
-    parser.add_argument("--steps", type=int, default=250, help="probed steps per model (each operation 1 in 5)")
+    parser.add_argument("--steps", type=int, default=250, help="probed steps per model, the operations taking turns")
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     args = parser.parse_args(argv)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
-        results = {
-            name: measure(name, args.steps, args.warmup)
-            for name in args.model or ["tiny", "mlp", "transformer", "deep"]
-        }
+        results = {name: measure(name, args.steps, args.warmup) for name in args.model or MODELS}
     finally:
         torch.set_num_threads(threads)
     print(f"torch {torch.__version__}, {args.threads} torch thread(s), {os.cpu_count()} CPUs, microseconds, medians")
