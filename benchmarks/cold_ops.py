@@ -11,8 +11,8 @@ plain copy of each model of :mod:`benchmarks.overhead` trains as it does there, 
 its own calls one operation of :data:`OPS` twice per step (a different one each step, in turn) on a small tensor
 made before training, timing the first call and the second. The same operation timed in a hot loop beside the
 training is the third figure. What the first call costs over the second is the price of running at that moment,
-paid once per kind of operation per step, whatever the operation computes: the floor of a cheap step is its
-number of distinct operations times that price, not its number of Python lines.
+paid once per kind of operation per step, whatever the operation computes: a cheap step costs at least its
+number of distinct operations times that price.
 """
 
 from __future__ import annotations
