@@ -30,6 +30,7 @@ from .overhead import BY_NAME, _fixture
 
 _PROBE = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
 _SCALAR = _PROBE.sum()
+_VALUES = [float(i) for i in range(64)]
 
 #: (label, operation): what a cheap step does, each on a tensor made once.
 OPS: list[tuple[str, Callable[[], object]]] = [
@@ -41,7 +42,6 @@ OPS: list[tuple[str, Callable[[], object]]] = [
     ("a norm read: float(vector_norm(t))", lambda: float(torch.linalg.vector_norm(_PROBE))),
     ("a sum read: float(t.sum())", lambda: float(_PROBE.sum())),
 ]
-_VALUES = [float(i) for i in range(64)]
 #: The models measured by default: a step of 0.25 ms, then steps of milliseconds with few and with many layers.
 MODELS = ("tiny", "mlp", "transformer", "deep")
 

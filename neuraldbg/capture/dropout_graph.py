@@ -66,7 +66,7 @@ def _mask_factor(node: object) -> Tensor | None:
         other = getattr(node, "_saved_other", None)
     except RuntimeError:  # freed (a graph kept from an earlier pass)
         return None
-    if not isinstance(other, Tensor) or type(other) is not Tensor or other.requires_grad:
+    if type(other) is not Tensor or other.requires_grad:  # a plain tensor (no subclass), not learned
         return None
     if not other.is_floating_point() or other.layout is not torch.strided or other.numel() < MIN_ELEMENTS:
         return None
