@@ -4,6 +4,7 @@ families of real sizes."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import importlib
@@ -20,6 +21,7 @@ from benchmarks import (
     families,
     gpu,
     hook_floor,
+    layer_capture,
     overhead,
     peers,
     smoke_file,
@@ -603,6 +605,64 @@ def test_the_targets_are_each_measured_once_and_judged_against_the_issues_bounds
     assert "| mlp, compiled: graph breaks and new graphs | 0 | 1 | - | no |" in lines
     assert "| mlp: steady state | 1.05x | 1.060x | - | no |" in lines
     assert lines[-1] == f"{sum(t.met for t in rows)} of {len(rows)} targets met."
+
+
+class _Log(torch.nn.Module):
+    """``torch.log``, noting per call whether a global module hook is in torch's table (a hooked pass)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hooked: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.hooked.append(bool(torch.nn.modules.module._global_forward_hooks))
+        return torch.log(x)
+
+
+def _traced_layer(monkeypatch: pytest.MonkeyPatch, without: bool) -> str | None:
+    """The layer a non-finite output begun in ``log`` at a cheap step 40 is blamed on, with the layers' outputs
+    kept as the product keeps them or left out the way the benchmark leaves them out."""
+    monkeypatch.setattr(layer_capture.hooks, "compiled_any", lambda: False)  # cheap steps run unhooked
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.Linear(16, 16), _Log(), torch.nn.Linear(16, 1))
+    with torch.no_grad():
+        model[1].bias.fill_(5.0)  # log's input positive on ordinary batches
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(32, 10, generator=g), torch.randn(32, 1, generator=g)) for _ in range(50)]
+    x40 = batches[40][0] * 1e4  # one batch of raw values: log's input goes negative
+    batches[40] = (x40, batches[40][1])
+    h = model[1](model[0](x40))  # ground truth, plain torch (the weights at step 40 hardly moved at lr 1e-4)
+    assert torch.isfinite(h).all() and not torch.isfinite(torch.log(h)).all()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    leave_out = layer_capture.without_capture() if without else contextlib.nullcontext()
+    with leave_out, neuraldbg.NeuralDbg(model) as dbg:
+        for x, y in batches:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    assert torch.nn.Module.__call__ is torch.nn.Module._wrapped_call_impl  # the wrapper put back either way
+    assert model[2].hooked[40] is False  # a cheap step, run without the module hook
+    found = [e for e in dbg.events if e.kind is neuraldbg.FailureKind.NON_FINITE and e.step_start == 40]
+    assert found, "the non-finite output is dated at its step either way"
+    return found[0].layer
+
+
+def test_the_layer_capture_benchmark_leaves_out_exactly_what_traces_a_cheap_steps_non_finite_output_to_its_layer(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    assert _traced_layer(monkeypatch, without=False) == "2"  # the log layer, as the product finds it
+    kept = layer_capture.hooks._watched_call
+    assert _traced_layer(monkeypatch, without=True) == ""  # the model's output, no layer: what the third copy skips
+    assert layer_capture.hooks._watched_call is kept
+
+
+def test_the_layer_capture_table_has_a_row_per_model_with_both_watched_copies(capsys: pytest.CaptureFixture[str]):
+    m = layer_capture.measure(next(c for c in CASES if c.build.__name__ == "tiny"), warmup=10, rounds=3)
+    assert set(m) == {"as is", "without", "plain_step"} and all(v > 0 for v in m.values())
+    assert layer_capture.layer_calls(next(c for c in CASES if c.build.__name__ == "tiny")) == 4  # the model, 3 layers
+    assert layer_capture.main(["--model", "tiny", "--rounds", "2", "--warmup", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "| tiny | 4 |" in out and "keeping no layer output" in out
 
 
 def _frames() -> list[types.FrameType]:
