@@ -75,7 +75,8 @@ def layer_calls(case: Case) -> int:
 
 
 def measure(case: Case, warmup: int, rounds: int) -> dict[str, float]:
-    """Median ratios to the plain copy, round by round: ``"as is"`` and ``"without"`` (see the module)."""
+    """Median ratios to the plain copy, round by round: ``"as is"`` and ``"without"`` (see the module); the plain
+    copy's median step in seconds; the lowest and highest difference of the two ratios in one round."""
     state, batches = _fixture(case)
     runners = {
         name: Runner(case, state, None if name == "plain" else "default") for name in ("plain", "as is", "without")
@@ -100,9 +101,13 @@ def measure(case: Case, warmup: int, rounds: int) -> dict[str, float]:
     for runner in runners.values():
         runner.close()  # every step observed, or the figures are void
     plain = times["plain"]
-    return {
-        name: statistics.median(t / p for t, p in zip(times[name], plain, strict=True)) for name in ("as is", "without")
-    } | {"plain_step": statistics.median(plain)}
+    ratios = {name: [t / p for t, p in zip(times[name], plain, strict=True)] for name in ("as is", "without")}
+    shares = [a - b for a, b in zip(ratios["as is"], ratios["without"], strict=True)]  # round by round
+    return {name: statistics.median(r) for name, r in ratios.items()} | {
+        "plain_step": statistics.median(plain),
+        "share_low": min(shares),
+        "share_high": max(shares),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,19 +128,20 @@ def main(argv: list[str] | None = None) -> int:
         }
     finally:
         torch.set_num_threads(threads)
-    print(f"torch {torch.__version__}, {args.threads} torch thread(s), {os.cpu_count()} CPUs, preset default, steady")
-    print(f"state, {args.rounds} rounds; ratios to the plain copy are medians over rounds")
+    print(f"torch {torch.__version__}, {args.threads} torch thread(s), {os.cpu_count()} CPUs, preset default")
+    print(f"steady state, {args.rounds} rounds; ratios to the plain copy are medians over the rounds")
     print()
     print(
-        "| model | module calls a step | plain step | as is | keeping no layer output | the keeping | per layer call |"
+        "| model | module calls a step | plain step | as is | keeping no layer output | the keeping | its rounds "
+        "| per layer call |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for name, (m, calls) in results.items():
         share = m["as is"] - m["without"]
         per_call = share * m["plain_step"] / max(calls - 1, 1) * 1e6  # the layers' calls: the model's own keeps nothing
         print(
             f"| {name} | {calls} | {m['plain_step'] * 1e3:.3f} ms | {m['as is']:.3f}x | {m['without']:.3f}x "
-            f"| {share:+.3f} | {per_call:+.2f} us |"
+            f"| {share:+.3f} | {m['share_low']:+.3f} to {m['share_high']:+.3f} | {per_call:+.2f} us |"
         )
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print()
