@@ -623,16 +623,26 @@ def _traced_layer(monkeypatch: pytest.MonkeyPatch, without: bool) -> str | None:
     """The layer a non-finite output begun in ``log`` at a cheap step 40 is blamed on, with the layers' outputs
     kept as the product keeps them or left out the way the benchmark leaves them out."""
     monkeypatch.setattr(layer_capture.hooks, "compiled_any", lambda: False)  # cheap steps run unhooked
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.Linear(16, 16), _Log(), torch.nn.Linear(16, 1))
-    with torch.no_grad():
-        model[1].bias.fill_(5.0)  # log's input positive on ordinary batches
+
+    def build() -> torch.nn.Sequential:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.Linear(16, 16), _Log(), torch.nn.Linear(16, 1))
+        with torch.no_grad():
+            model[1].bias.fill_(5.0)  # log's input positive on ordinary batches
+        return model
+
     g = torch.Generator().manual_seed(3)
     batches = [(torch.randn(32, 10, generator=g), torch.randn(32, 1, generator=g)) for _ in range(50)]
-    x40 = batches[40][0] * 1e4  # one batch of raw values: log's input goes negative
-    batches[40] = (x40, batches[40][1])
-    h = model[1](model[0](x40))  # ground truth, plain torch (the weights at step 40 hardly moved at lr 1e-4)
-    assert torch.isfinite(h).all() and not torch.isfinite(torch.log(h)).all()
+    batches[40] = (batches[40][0] * 1e4, batches[40][1])  # one batch of raw values at step 40
+    plain = build()  # ground truth, plain torch: log is first given values it cannot take at step 40
+    opt = torch.optim.SGD(plain.parameters(), lr=1e-4)
+    for i, (x, y) in enumerate(batches[:41]):
+        h = plain[1](plain[0](x))
+        assert torch.isfinite(h).all() and torch.isfinite(torch.log(h)).all() == (i < 40)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(plain(x), y).backward()
+        opt.step()
+    model = build()
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     leave_out = layer_capture.without_capture() if without else contextlib.nullcontext()
     with leave_out, neuraldbg.NeuralDbg(model) as dbg:
