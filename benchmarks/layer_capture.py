@@ -1,7 +1,7 @@
 """What a cheap step pays to keep its layers' outputs: the price of tracing a non-finite output to its layer.
 
     python -m benchmarks.layer_capture                       # tiny, MLP, transformer, deep; about 3 minutes
-    python -m benchmarks.layer_capture --model deep --rounds 15
+    python -m benchmarks.layer_capture --model deep --rounds 15 --block 40
 
 On a cheap CPU step the module hook sits the model's call out and torch runs every layer on its fast path; the
 debugger's wrapper of ``nn.Module.__call__`` still keeps each layer's output (one dictionary lookup, a few checks
@@ -17,6 +17,7 @@ the layer calls of a step, its price per layer call where it runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -117,19 +118,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=9, help="alternating blocks per copy (default 9)")
     parser.add_argument("--warmup", type=int, default=300, help="untimed steps first (default 300)")
+    parser.add_argument(
+        "--block", type=int, help="steps per block, each attached and closed (default: benchmarks.overhead's, 4-200)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     args = parser.parse_args(argv)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
-        results = {
-            name: (measure(BY_NAME[name], args.warmup, args.rounds), layer_calls(BY_NAME[name]))
-            for name in args.model or MODELS
-        }
+        cases = [BY_NAME[name] for name in args.model or MODELS]
+        if args.block:
+            cases = [dataclasses.replace(case, block=args.block) for case in cases]
+        results = {case.build.__name__: (measure(case, args.warmup, args.rounds), layer_calls(case)) for case in cases}
     finally:
         torch.set_num_threads(threads)
     print(f"torch {torch.__version__}, {args.threads} torch thread(s), {os.cpu_count()} CPUs, preset default")
-    print(f"steady state, {args.rounds} rounds; ratios to the plain copy are medians over the rounds")
+    blocks = f"blocks of {args.block} steps" if args.block else "benchmarks.overhead's blocks"
+    print(f"steady state, {args.rounds} rounds, {blocks}; ratios to the plain copy are medians over the rounds")
     print()
     print(
         "| model | module calls a step | plain step | as is | keeping no layer output | the keeping | its rounds "

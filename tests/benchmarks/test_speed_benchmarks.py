@@ -666,14 +666,26 @@ def test_the_layer_capture_benchmark_leaves_out_exactly_what_traces_a_cheap_step
     assert layer_capture.hooks._watched_call is kept
 
 
-def test_the_layer_capture_table_has_a_row_per_model_with_both_watched_copies(capsys: pytest.CaptureFixture[str]):
+def test_the_layer_capture_table_has_a_row_per_model_with_both_watched_copies(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
     m = layer_capture.measure(next(c for c in CASES if c.build.__name__ == "tiny"), warmup=10, rounds=3)
     assert set(m) == {"as is", "without", "plain_step", "share_low", "share_high"}
     assert m["as is"] > 0 and m["without"] > 0 and m["plain_step"] > 0 and m["share_low"] <= m["share_high"]
     assert layer_capture.layer_calls(next(c for c in CASES if c.build.__name__ == "tiny")) == 4  # the model, 3 layers
     assert layer_capture.main(["--model", "tiny", "--rounds", "2", "--warmup", "5"]) == 0
     out = capsys.readouterr().out
-    assert "| tiny | 4 |" in out and "keeping no layer output" in out
+    assert "| tiny | 4 |" in out and "keeping no layer output" in out and "benchmarks.overhead's blocks" in out
+    measured = layer_capture.measure
+    blocks: list[int] = []
+
+    def spy(case: overhead.Case, warmup: int, rounds: int) -> dict[str, float]:
+        blocks.append(case.block)
+        return measured(case, warmup, rounds)
+
+    monkeypatch.setattr(layer_capture, "measure", spy)
+    assert layer_capture.main(["--model", "tiny", "--rounds", "2", "--warmup", "5", "--block", "3"]) == 0
+    assert "blocks of 3 steps" in capsys.readouterr().out and blocks == [3]
 
 
 def _frames() -> list[types.FrameType]:
