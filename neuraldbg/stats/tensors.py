@@ -35,17 +35,12 @@ def first_tensor(value: object) -> Tensor | None:
     """The first floating-point tensor in a module output (tensor, tuple, list, dict, PackedSequence)."""
     if isinstance(value, Tensor):
         return value if value.is_floating_point() else None
-    if type(value) is tuple:  # a call's arguments, first: no attribute lookup that fails (a PackedSequence, a
-        for item in value:  # tuple subclass, goes the long way)
-            found = first_tensor(item)
-            if found is not None:
-                return found
-        return None
-    data = getattr(value, "data", None)  # PackedSequence
-    if isinstance(data, Tensor) and not isinstance(value, Tensor):
-        return data if data.is_floating_point() else None
-    if isinstance(value, dict):
-        value = list(value.values())
+    if type(value) is not tuple:  # a plain tuple (a call's arguments) has no ``data``: no lookup that fails
+        data = getattr(value, "data", None)  # PackedSequence (a tuple subclass)
+        if isinstance(data, Tensor):
+            return data if data.is_floating_point() else None
+        if isinstance(value, dict):
+            value = list(value.values())
     if isinstance(value, (tuple, list)):
         for item in value:
             found = first_tensor(item)
