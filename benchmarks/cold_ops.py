@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 
-from .overhead import BY_NAME, _fixture
+from .overhead import BY_NAME, _fixture, load_average
 
 _PROBE = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
 _SCALAR = _PROBE.sum()
@@ -115,9 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         cells = [f"{r[label][0]:.1f} / {r[label][1]:.1f}" for r in results.values()]
         hot = statistics.median(r[label][2] for r in results.values())
         print(f"| {label} | " + " | ".join(cells) + f" | {hot:.1f} |")
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print()
-    print(f"load average at the end: {load}")
+    print(f"load average at the end: {load_average()}")
     return 0
 
 

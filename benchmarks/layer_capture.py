@@ -30,7 +30,7 @@ from torch.nn.modules.module import register_module_forward_hook
 
 from neuraldbg.capture import hooks
 
-from .overhead import BY_NAME, Case, Runner, _fixture
+from .overhead import BY_NAME, Case, Runner, _fixture, load_average
 
 #: The models measured by default: few layers and a cheap step, few layers and slow ones, many layers.
 MODELS = ("tiny", "mlp", "transformer", "deep")
@@ -148,9 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             f"| {name} | {calls} | {m['plain_step'] * 1e3:.3f} ms | {m['as is']:.3f}x | {m['without']:.3f}x "
             f"| {share:+.3f} | {m['share_low']:+.3f} to {m['share_high']:+.3f} | {per_call:+.2f} us |"
         )
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print()
-    print(f"load average at the end: {load}")
+    print(f"load average at the end: {load_average()}")
     return 0
 
 

@@ -170,6 +170,16 @@ CASES = [
     ),
 ]
 
+
+def load_average() -> str:
+    """The machine's load averages over 1, 5 and 15 minutes, for a benchmark's printout ("unknown" where the
+    platform has none)."""
+    try:
+        return " ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:  # pragma: no cover - not on every platform
+        return "unknown"
+
+
 #: The models by the name of the function that builds them (``tiny``, ``mlp``, ``cnn``, ``transformer``, ``deep``,
 #: ``many``).
 BY_NAME = {case.build.__name__: case for case in CASES}

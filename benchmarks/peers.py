@@ -49,7 +49,7 @@ from torch import nn  # noqa: E402
 
 from neuraldbg import NeuralDbg  # noqa: E402
 
-from .overhead import CASES, Case, _fixture, finish_steps  # noqa: E402
+from .overhead import CASES, Case, _fixture, finish_steps, load_average  # noqa: E402
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -316,7 +316,7 @@ def table(models: list[str] | None, quick: bool, out: Callable[[str], None] = pr
     names = [k.name for k in kinds[1:]]
     rounds = 6 if quick else 30
     with _one_thread():
-        out(f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs, load average {_load()}")
+        out(f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPUs, load average {load_average()}")
         if not any(k.name == "wandb_watch" for k in kinds):
             out("wandb: not installed, not measured")
         out("")
@@ -330,14 +330,7 @@ def table(models: list[str] | None, quick: bool, out: Callable[[str], None] = pr
             f = first(case, kinds, max(2, REPEATS[short] // (4 if quick else 1)))
             cells = " | ".join(f"{s[n]:.2f}x / {f[n]:.2f}x" for n in names)
             out(f"| {short} | {cells} | {f['attach_ms']:.1f} ms | {f['diagnosis_ms']:.1f} ms |")
-        out(f"load average at the end: {_load()}")
-
-
-def _load() -> str:
-    try:
-        return " ".join(f"{x:.1f}" for x in os.getloadavg())
-    except OSError:  # pragma: no cover - not on every platform
-        return "unknown"
+        out(f"load average at the end: {load_average()}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,6 +60,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from neuraldbg import NeuralDbg
 
+from .overhead import load_average
 from .smoke_file import COMMON
 
 STEPS = 50
@@ -456,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
                 print()
                 print("\n".join(count_table(kind, count(kind))))
             return 0
-        load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+        load = load_average()
         print(f"smoke runs of {STEPS} steps, {args.runs} runs each, torch {torch.__version__}, 1 thread, load {load}")
         for kind in args.model or ["mlp", "cnn"]:
             print()

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     finally:
         torch.set_num_threads(threads)
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    load = overhead.load_average()
     print(
         f"torch {torch.__version__}, {args.threads} torch thread(s), {os.cpu_count()} CPUs,"
         f" python {sys.version.split()[0]}, load average at the end {load}"
