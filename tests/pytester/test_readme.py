@@ -176,6 +176,8 @@ COMMANDS = {
     "python -m benchmarks.hook_floor": "benchmark",
     "python -m benchmarks.cold_ops": "benchmark",
     "python -m benchmarks.layer_capture": "benchmark",
+    "python -m benchmarks.instructions": "benchmark",
+    "python -m benchmarks.instructions --against REVISION": "benchmark",
     "python -m benchmarks.collector": "benchmark",
     "python -m benchmarks.families": "benchmark",
     ".venv/bin/python -m pytest tests/fuzz --hypothesis-profile=long -p no:cacheprovider": "fuzz profile",
