@@ -1,7 +1,7 @@
 """The debugger's cost counted in instructions, not seconds: a figure the machine's load does not move.
 
-    python -m benchmarks.instructions                          # tiny and deep; about 5 minutes
-    python -m benchmarks.instructions --model mlp --steps 128
+    python -m benchmarks.instructions                          # tiny and deep; about 25 minutes (deep: 22)
+    python -m benchmarks.instructions --model mlp
     python -m benchmarks.instructions --against c74c4b3       # an earlier revision's engine beside this one
 
 The timed benchmarks (:mod:`benchmarks.overhead`, :mod:`benchmarks.targets`) read thread CPU time on a shared
@@ -19,13 +19,14 @@ around them with ``callgrind_control``, each part dumped under its own name):
 - the first steps: a fresh plain copy trains the model's first-steps count (50; 64 for ``many``), then a fresh
   watched copy trains the same steps and is closed (counted); attaching is counted apart.
 
-Everything runs once untimed first, so that torch's and the engine's one-time work (lazy imports, first kernels)
+Everything runs once uncounted first, so that torch's and the engine's one-time work (lazy imports, first kernels)
 falls outside the counts. One torch thread, ``PYTHONHASHSEED=0``. The count is a proxy, not a time: a cache miss or
 a page fault costs no instruction, and Python's interpreter retires its instructions more slowly than torch's
-kernels do, so an instruction ratio can sit below the time ratio of the same steps (the tiny model's steady state:
-about 1.2x in instructions against 1.2-1.6x in time). What it gives is a figure that is the same on every run of
-the same code, to compare two versions of it. Needs ``valgrind`` (with ``callgrind_control``) on the path; about
-50 times slower than the steps themselves.
+kernels do, so an instruction ratio can sit below the time ratio of the same steps (the tiny model's first 50
+steps: 2.77x in instructions against 3.08x in time). What it gives is a figure that the machine's load does not
+move, to compare two versions of the code in one run (``--against``): what ran before in the process moves it a
+little (CPython specialises its bytecode as it runs), so figures of two different scripts are not compared. Needs
+``valgrind`` (with ``callgrind_control``) on the path; about 50 times slower than the steps themselves.
 """
 
 from __future__ import annotations
@@ -262,7 +263,13 @@ def table(rows: Sequence[tuple[str, dict[str, int], dict[str, int], int, int]], 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", action="append", help=f"a model of benchmarks.overhead (default: {MODELS})")
-    parser.add_argument("--steps", type=int, default=64, help="counted steady steps per copy (default 64)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=64,
+        help="counted steady steps per copy: the full step, the one after it and the cheap steps after them (default"
+        " 64, up to the next full step; more take in more full steps, counted in the table)",
+    )
     parser.add_argument("--warmup", type=int, default=320, help="uncounted steps before them (default 320)")
     parser.add_argument("--against", metavar="REVISION", help="also count this git revision's engine")
     parser.add_argument("--child", metavar="MODEL", help=argparse.SUPPRESS)

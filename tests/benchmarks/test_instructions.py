@@ -3,6 +3,7 @@ debugger attached, and its files read and its tools checked with a clear message
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -87,6 +88,26 @@ def test_a_part_is_counted_from_zero_and_dumped_under_its_name_even_when_it_fail
         ["callgrind_control", "--dump=watched_first", pid],
         ["callgrind_control", "--instr=off", pid],
     ]
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_a_part_starts_with_the_garbage_of_what_ran_before_collected():
+    cycle = _Cycle()
+    ref = weakref.ref(cycle)
+    del cycle  # garbage only a collection frees
+    alive_when_counting_began: list[bool] = []
+
+    def run(argv: list[str]) -> None:
+        if argv[1] == "--instr=on":
+            alive_when_counting_began.append(ref() is not None)
+
+    with instructions.Counter("callgrind_control", run=run).part("plain_cheap"):
+        pass
+    assert alive_when_counting_began == [False]
 
 
 class _Spy:
