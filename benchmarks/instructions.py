@@ -184,13 +184,8 @@ def count_parts(
     with counter.part(EMPTY):
         pass
     # once through everything uncounted: torch's and the engines' one-time work falls outside the counts
-    warm = [Runner(case, state, None), *(cls(case, state, "default") for cls in engines.values())]
-    for copy in warm:
-        if copy.dbg is not None:
-            copy.dbg.attach()
-        copy.run(batches, 0, first, attach=False)
-        if copy.dbg is not None:
-            copy.dbg.close()
+    for cls, preset in [(Runner, None), *((cls, "default") for cls in engines.values())]:
+        cls(case, state, preset).run(batches, 0, first)  # a watched copy attached and closed around its steps
     copies = {"plain": Runner(case, state, None)}
     copies.update({prefix: cls(case, state, "default") for prefix, cls in engines.items()})
     for prefix, copy in copies.items():
@@ -237,24 +232,23 @@ def table(rows: Sequence[tuple[str, dict[str, int], dict[str, int], int, int]], 
         mine, plain = counts.get(f"{prefix}_{part}"), counts.get(f"plain_{part}")
         return f"{(mine - plain) / n / 1e6:+.3f}M" if mine is not None and plain is not None else "-"
 
-    prefixes = ["watched", "base"] if against else ["watched"]
+    labels = {"watched": "", "base": "base: "} if against else {"watched": ""}
     head = "| model | plain step |"
-    for prefix in prefixes:
-        name = "" if prefix == "watched" else "base: "
-        head += f" {name}cheap step added | {name}full step and next added | {name}steady ratio (full steps) |"
+    for label in labels.values():
+        head += f" {label}cheap step added | {label}full step and next added | {label}steady ratio (full steps) |"
     head += " first steps, plain step |"
-    head += "".join(f" {'' if p == 'watched' else 'base: '}first steps ratio |" for p in prefixes)
+    head += "".join(f" {label}first steps ratio |" for label in labels.values())
     head += " attach |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for model, counts, full, steps, first in rows:
         plain = steady(counts, "plain")
         cells = [model, f"{plain / steps / 1e6:.3f}M" if plain is not None else "-"]
-        for prefix in prefixes:
+        for prefix in labels:
             cells.append(added(counts, prefix, "cheap", steps - 2))
             cells.append(added(counts, prefix, "full", 1))
             cells.append(f"{ratio(steady(counts, prefix), plain)} ({full.get(prefix, '-')})")
         cells.append(f"{counts['plain_first'] / first / 1e6:.3f}M" if "plain_first" in counts else "-")
-        cells += [ratio(counts.get(f"{prefix}_first"), counts.get("plain_first")) for prefix in prefixes]
+        cells += [ratio(counts.get(f"{prefix}_first"), counts.get("plain_first")) for prefix in labels]
         cells.append(f"{counts['attach'] / 1e6:.1f}M" if "attach" in counts else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
