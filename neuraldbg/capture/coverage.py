@@ -392,56 +392,26 @@ class Coverage:
             else:
                 self.losses.add(record.step, record.loss)
             self.loss_term_counts[record.loss_terms] = self.loss_term_counts.get(record.loss_terms, 0) + 1
-        if len(record.regression_target) == 4:
-            self._profile(record.regression_target)
-        if len(record.target_range) == 3 and (not self.target_range or record.target_range[0] > self.target_range[0]):
-            if not self.target_range:
-                self.target_range_step = record.step  # the first reading
-            self.target_range = (record.target_range[0], record.target_range[1], record.target_range[2])
-        profiles = [p for p in record.input_range if len(p) == 3]
-        if profiles and len(self.input_ranges) < INPUT_RANGES:
-            share, floor, variance = max(profiles)
-            self.input_ranges.append((record.step, share, floor, variance))
-        if len(record.label_prior) == 4 and (not self.label_prior or record.label_prior[1] >= self.label_prior[1]):
-            self.label_prior, self.label_classes = tuple(record.label_prior), record.label_classes
-        for reading in record.label_steps:
-            if len(reading) == 4 and reading[3] > 0 and len(self.label_steps) < LABEL_STEPS:
-                self.label_steps.append((int(reading[0]), int(reading[1]), reading[2]))
-        found = record.target_baseline
-        if len(found) == 5 and (not self.target_baseline or found[2] >= self.target_baseline[2]):
-            self.target_baseline, self.baseline_kind = tuple(found), record.baseline_kind
-        if record.loss_options is not None:
-            self.loss_options = max(self.loss_options, record.loss_options)
-        if record.softmax_positives is not None:
-            self.softmax_positives = max(self.softmax_positives, record.softmax_positives)
-        if record.graph_dropout is not None and math.isfinite(record.graph_dropout):
-            self.graph_dropout = max(self.graph_dropout, record.graph_dropout)
-        if record.log_prob_gap is not None:
-            if self.log_prob_gap is None:
-                self.log_prob_step = record.step
-            self.log_prob_gap = max(record.log_prob_gap, self.log_prob_gap or 0.0)
-        if record.clamped_outside is not None:
-            if self.clamped_outside is None:
-                self.clamped_step = record.step
-            self.clamped_outside = max(record.clamped_outside, self.clamped_outside or 0.0)
         if record.samples:
             self.repeats.observe(record.step, record.samples, record.sample_losses, record.sample_hits)
-        if record.next_token is not None:
-            self.next_token.append((record.step, record.next_token))
-        if record.labels_ahead is not None and (self.labels_ahead is None or record.labels_ahead > self.labels_ahead):
-            self.labels_ahead, self.labels_ahead_step = record.labels_ahead, record.step
-        for source, inverted in record.inverted_masks.items():
-            counts = self.inverted_masks.setdefault(source, [0, 0, -1, 0])
-            counts[0] += 1
-            if inverted > 0:
-                counts[1] += 1
-                counts[2] = record.step if counts[2] < 0 else counts[2]
-                counts[3] += inverted > 1
-        padded = record.scored_padding
-        if padded is not None:
-            if self.scored_padding is None:
-                self.scored_padding_step = record.step
-            self.scored_padding = max(padded, self.scored_padding or 0.0)
+        if (
+            record.regression_target
+            or record.target_range
+            or record.input_range
+            or record.label_prior
+            or record.label_steps
+            or record.target_baseline
+            or record.loss_options is not None
+            or record.softmax_positives is not None
+            or record.graph_dropout is not None
+            or record.log_prob_gap is not None
+            or record.clamped_outside is not None
+            or record.next_token is not None
+            or record.labels_ahead is not None
+            or record.inverted_masks
+            or record.scored_padding is not None
+        ):  # one test for the readings a few steps file (most steps file none)
+            self._readings(record)
         changed = False
         if record.input_numel:
             changed = bool(self._input_numel) and record.input_numel != self._input_numel
@@ -505,6 +475,57 @@ class Coverage:
                 self.steps_with_gradient += 1
                 self.steps_with_nonzero_gradient += not zero
             self._zero_reading(record.step, zero, record.loss)
+
+    def _readings(self, record: StepData) -> None:
+        """The readings of the loss, the targets and the inputs that some steps file (see :meth:`observe`)."""
+        if len(record.regression_target) == 4:
+            self._profile(record.regression_target)
+        if len(record.target_range) == 3 and (not self.target_range or record.target_range[0] > self.target_range[0]):
+            if not self.target_range:
+                self.target_range_step = record.step  # the first reading
+            self.target_range = (record.target_range[0], record.target_range[1], record.target_range[2])
+        profiles = [p for p in record.input_range if len(p) == 3]
+        if profiles and len(self.input_ranges) < INPUT_RANGES:
+            share, floor, variance = max(profiles)
+            self.input_ranges.append((record.step, share, floor, variance))
+        if len(record.label_prior) == 4 and (not self.label_prior or record.label_prior[1] >= self.label_prior[1]):
+            self.label_prior, self.label_classes = tuple(record.label_prior), record.label_classes
+        for reading in record.label_steps:
+            if len(reading) == 4 and reading[3] > 0 and len(self.label_steps) < LABEL_STEPS:
+                self.label_steps.append((int(reading[0]), int(reading[1]), reading[2]))
+        found = record.target_baseline
+        if len(found) == 5 and (not self.target_baseline or found[2] >= self.target_baseline[2]):
+            self.target_baseline, self.baseline_kind = tuple(found), record.baseline_kind
+        if record.loss_options is not None:
+            self.loss_options = max(self.loss_options, record.loss_options)
+        if record.softmax_positives is not None:
+            self.softmax_positives = max(self.softmax_positives, record.softmax_positives)
+        if record.graph_dropout is not None and math.isfinite(record.graph_dropout):
+            self.graph_dropout = max(self.graph_dropout, record.graph_dropout)
+        if record.log_prob_gap is not None:
+            if self.log_prob_gap is None:
+                self.log_prob_step = record.step
+            self.log_prob_gap = max(record.log_prob_gap, self.log_prob_gap or 0.0)
+        if record.clamped_outside is not None:
+            if self.clamped_outside is None:
+                self.clamped_step = record.step
+            self.clamped_outside = max(record.clamped_outside, self.clamped_outside or 0.0)
+        if record.next_token is not None:
+            self.next_token.append((record.step, record.next_token))
+        if record.labels_ahead is not None and (self.labels_ahead is None or record.labels_ahead > self.labels_ahead):
+            self.labels_ahead, self.labels_ahead_step = record.labels_ahead, record.step
+        for source, inverted in record.inverted_masks.items():
+            counts = self.inverted_masks.setdefault(source, [0, 0, -1, 0])
+            counts[0] += 1
+            if inverted > 0:
+                counts[1] += 1
+                counts[2] = record.step if counts[2] < 0 else counts[2]
+                counts[3] += inverted > 1
+        padded = record.scored_padding
+        if padded is not None:
+            if self.scored_padding is None:
+                self.scored_padding_step = record.step
+            self.scored_padding = max(padded, self.scored_padding or 0.0)
 
     def note_affine(self, layers: int | None) -> None:
         """One walk of a forward pass's graph: the model is one affine map of ``layers`` layers, or not (None, which

@@ -44,8 +44,8 @@ import math
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
+from operator import attrgetter, is_
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -126,13 +126,11 @@ _LossReadings = tuple[
 _NO_READINGS: _LossReadings = (None, None, None, None, None, None, None, None, None, None)
 
 
-@dataclass(slots=True)
-class _Mark:
-    """A ``.grad`` as an optimizer step or a backward pass left it."""
-
-    grad: weakref.ref[Tensor]
-    version: int
-    after_step: bool
+#: A ``.grad`` as an optimizer step or a backward pass left it: a weak reference to it, its version counter, and
+#: whether an optimizer step left it. A tuple: a backward pass marks every tracked parameter anew.
+_Mark = tuple[weakref.ref[Tensor], int, bool]
+_grad_of = attrgetter("grad")
+_is_none = partial(is_, None)
 
 
 class GradLedger:
@@ -221,22 +219,35 @@ class GradLedger:
             # a compiled forward files its step at the next optimizer step: file it now, before this backward
             # pass's loss is given to the step in progress (else the loss of step k would go to step k - 1)
             rec.forward.compiled.pull()
-            states: list[_State] = []
+            grads = list(map(_grad_of, self._tensors))
+            states: list[_State] | None = None  # None: every .grad is None (zero_grad's default), none carried
             carried: list[int] = []
-            for i, t in enumerate(self._tensors):
-                g = t.grad
-                if g is None:
-                    states.append(None)
-                    continue
-                states.append((g, g._version))
-                mark = self._marks[i]
-                if mark is not None and mark.after_step and _unchanged(mark, (g, g._version)):
-                    carried.append(i)
+            if not all(map(_is_none, grads)):
+                states = []
+                marks = self._marks
+                for i, g in enumerate(grads):
+                    state = None if g is None else (g, g._version)
+                    states.append(state)
+                    mark = marks[i]
+                    if state is not None and mark is not None and mark[2] and _unchanged(mark, state):
+                        carried.append(i)
             check = self._confirmation(carried) if carried else None
             manual = self._manual_check() if rec.clock.mode is not StepMode.OPTIMIZER else None
             # the targets are looked for on fully observed steps only (a cheap step stays cheap; a smoke run's
             # first steps are mostly full ones)
             data = rec.pending.data
+            forward = rec.forward
+            if not (
+                data.full
+                or self._loss_checks
+                or forward.layouts
+                or forward.unmasked_tokens is not None
+                or forward.masked_uncausal
+                or forward.graph_tokens is not None
+            ):  # a cheap step once the first passes are checked: nothing below looks at its graph
+                self._looked = False
+                self._held = []
+                return partial(self._after, loss, states, carried, check, manual, [], _NO_READINGS)
             self._looked = self._target_passes < TARGET_CHECKS and data.full
             counted = data.sample_count if data.full and data.step >= samples.LOSSES_FROM else 0
             mixing = data.full and self._mix.looking
@@ -434,7 +445,7 @@ class GradLedger:
     def _after(
         self,
         loss: Tensor | None,
-        states: list[_State],
+        states: list[_State] | None,
         carried: list[int],
         check: Tensor | None,
         manual: Tensor | None,
@@ -449,14 +460,19 @@ class GradLedger:
             reached: list[int] = []
             fresh = False
             marks = self._marks
-            for i, t in enumerate(self._tensors):
-                g = t.grad
-                before = states[i]
-                if g is None or (before is not None and before[0] is g and before[1] == g._version):
+            for i, g in enumerate(map(_grad_of, self._tensors)):
+                if g is None:
+                    continue
+                before = None if states is None else states[i]
+                version = g._version
+                if before is not None and before[0] is g and before[1] == version:
                     continue
                 reached.append(i)
-                fresh = fresh or not _unchanged(marks[i], before)
-                _remark(marks, i, g, after_step=False)
+                mark = marks[i]
+                fresh = fresh or before is None or not _unchanged(mark, before)
+                # the mark of a gradient accumulated into keeps its weak reference (no new one per parameter)
+                ref = mark[0] if mark is not None and mark[0]() is g else weakref.ref(g)
+                marks[i] = (ref, version, False)
             if not reached:
                 return
             self._reached.update(reached)
@@ -655,9 +671,9 @@ class GradLedger:
         marks, tensors = self._marks, self._tensors
         for i in self._owned(owned):
             g, mark = tensors[i].grad, marks[i]
-            if g is None or mark is None or mark.after_step:
+            if g is None or mark is None or mark[2]:
                 continue
-            if mark.grad() is not g:  # assigned after the last backward pass
+            if mark[0]() is not g:  # assigned after the last backward pass
                 self._rec.coverage.discarded_backwards -= self._dropped
                 self._dropped = 0
             return
@@ -796,13 +812,15 @@ class GradLedger:
         self._open, self._dropped = False, 0
         self._sample = None
         tensors, marks, reached = self._tensors, self._marks, self._reached
-        for i in self._owned(owned):
+        indices = self._owned(owned)
+        for i in indices:
             g = tensors[i].grad
             if g is None:
                 marks[i] = None
-            else:
-                _remark(marks, i, g, after_step=True)
-            reached.discard(i)
+                continue
+            mark = marks[i]  # as the backward pass left it, most often: its weak reference stays
+            marks[i] = (mark[0] if mark is not None and mark[0]() is g else weakref.ref(g), g._version, True)
+        reached.difference_update(indices)
 
 
 def _largest_magnitude(grads: list[Tensor]) -> Tensor | None:
@@ -824,20 +842,9 @@ def _decays(value: object) -> bool:
     return isinstance(value, (int, float)) and value > 0
 
 
-def _remark(marks: list[_Mark | None], i: int, g: Tensor, after_step: bool) -> None:
-    """Note ``g`` as the ``i``-th tracked ``.grad`` now stands. A mark of this very tensor moves on in place (a
-    gradient accumulated into it, or the backward pass's mark at the step): no new weak reference per parameter per
-    step."""
-    mark = marks[i]
-    if mark is not None and mark.grad() is g:
-        mark.version, mark.after_step = g._version, after_step
-    else:
-        marks[i] = _Mark(weakref.ref(g), g._version, after_step)
-
-
 def _unchanged(mark: _Mark | None, state: _State) -> bool:
     """Whether a ``.grad`` (tensor, version) is still exactly as ``mark`` noted it."""
-    return mark is not None and state is not None and mark.grad() is state[0] and mark.version == state[1]
+    return mark is not None and state is not None and mark[0]() is state[0] and mark[1] == state[1]
 
 
 def _first_elements(t: Tensor) -> Tensor:
