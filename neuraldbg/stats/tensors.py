@@ -730,7 +730,7 @@ def sample_prints(batch: Tensor) -> Tensor | None:
     never do). None for a batch without two samples or without values."""
     if batch.dim() < 1 or batch.shape[0] < 2 or batch.is_sparse or batch.is_complex() or type(batch) is not Tensor:
         return None
-    rows = batch.reshape(batch.shape[0], -1)
+    rows = batch if batch.dim() == 2 else batch.reshape(batch.shape[0], -1)  # a reshape costs a dispatch a step
     if not rows.shape[1]:
         return None
     if rows.requires_grad:
