@@ -178,6 +178,8 @@ COMMANDS = {
     "python -m benchmarks.layer_capture": "benchmark",
     "python -m benchmarks.instructions": "benchmark",
     "python -m benchmarks.instructions --against REVISION": "benchmark",
+    "python -m benchmarks.cheap_parts": "benchmark",
+    "python -m benchmarks.cheap_parts --model deep": "benchmark",
     "python -m benchmarks.collector": "benchmark",
     "python -m benchmarks.families": "benchmark",
     ".venv/bin/python -m pytest tests/fuzz --hypothesis-profile=long -p no:cacheprovider": "fuzz profile",
