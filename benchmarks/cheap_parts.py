@@ -21,8 +21,6 @@ ran earlier in the process moves a count by a few per cent (see :mod:`benchmarks
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -37,7 +35,7 @@ from neuraldbg.capture.forward import ForwardPath
 from neuraldbg.capture.gradients import GradientReader
 from neuraldbg.capture.ledger import GradLedger
 
-from .instructions import EMPTY, Counter, Missing, net, read_dumps, tools
+from .instructions import EMPTY, Counter, check_options, found_tools, run_counted, under_callgrind
 from .overhead import BY_NAME, Runner, _fixture
 
 
@@ -146,35 +144,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=320, help="uncounted steps first (default 320)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.model not in BY_NAME:
-        parser.error(f"--model {args.model!r}: expected one of {', '.join(BY_NAME)}")
-    if args.steps < 3:
-        parser.error(f"--steps {args.steps}: expected at least 3 (a full step, the one after it, a cheap one)")
-    if args.warmup < 256 or args.warmup % 64:
-        parser.error(f"--warmup {args.warmup}: expected a multiple of 64 from 256 on (a fully observed step next)")
-    try:
-        valgrind, control = tools()
-    except Missing as exc:
-        print(f"benchmarks.cheap_parts: {exc}", file=sys.stderr)
+    check_options(parser, [args.model], args.steps, args.warmup)
+    found = found_tools("benchmarks.cheap_parts")
+    if found is None:
         return 2
+    valgrind, control = found
     case = BY_NAME[args.model]
     if args.child:
         torch.set_num_threads(1)
         state, batches = _fixture(case)
         count_cheap(case, state, batches, args.steps, args.warmup, Counter(control))
         return 0
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
-    root = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory() as tmp:
-        child = [sys.executable, "-m", "benchmarks.cheap_parts", "--child", "--model", args.model]
-        child += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
-        argv_ = [valgrind, "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={tmp}/cg.%p", *child]
-        done = subprocess.run(argv_, cwd=root, env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            print(f"benchmarks.cheap_parts: {args.model}: the counted process failed:", file=sys.stderr)
-            print(done.stderr[-3000:], file=sys.stderr)
-            return 1
-        counts = net(read_dumps(Path(tmp)))
+        args_ = ["--child", "--model", args.model, "--steps", str(args.steps), "--warmup", str(args.warmup)]
+        argv_ = under_callgrind(valgrind, Path(tmp), "benchmarks.cheap_parts", *args_)
+        done = run_counted(argv_, Path(tmp), f"benchmarks.cheap_parts: {args.model}")
+    if done is None:
+        return 1
+    counts = done[0]
     print(
         f"instructions counted by valgrind's callgrind, 1 torch thread, {args.steps - 2} cheap steps after "
         f"{args.warmup + 2}"

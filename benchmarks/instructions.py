@@ -107,13 +107,53 @@ def tools() -> tuple[str, str]:
     return found["valgrind"] or "", found["callgrind_control"] or ""
 
 
+def under_callgrind(valgrind: str, out: Path, module: str, *args: str) -> list[str]:
+    """The command line that runs ``python -m module args`` under callgrind, counting off until a part switches it
+    on, its dumps written to ``out``."""
+    child = [sys.executable, "-m", module, *args]
+    return [valgrind, "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}/cg.%p", *child]
+
+
 def command(valgrind: str, out: Path, model: str, steps: int, warmup: int, against: str | None) -> list[str]:
     """The command line of one model's counted process."""
-    child = [sys.executable, "-m", "benchmarks.instructions", "--child", model, "--steps", str(steps)]
-    child += ["--warmup", str(warmup)]
+    args = ["--child", model, "--steps", str(steps), "--warmup", str(warmup)]
     if against:
-        child += ["--against", against]
-    return [valgrind, "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}/cg.%p", *child]
+        args += ["--against", against]
+    return under_callgrind(valgrind, out, "benchmarks.instructions", *args)
+
+
+def run_counted(argv: list[str], out: Path, who: str) -> tuple[dict[str, int], str] | None:
+    """Run a counted process (one torch thread, a fixed hash seed) from the repository's root: the parts' counts
+    (:func:`net`) and what it printed; None, with its error printed as ``who``'s, when it failed."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"{who}: the counted process failed:", file=sys.stderr)
+        print(done.stderr[-3000:], file=sys.stderr)
+        return None
+    return net(read_dumps(out)), done.stdout
+
+
+def check_options(parser: argparse.ArgumentParser, models: Sequence[str], steps: int, warmup: int) -> None:
+    """Refuse, through ``parser``, a model that is not one of :data:`~benchmarks.overhead.BY_NAME` and steady steps
+    that would not begin at a fully observed step or hold no cheap one."""
+    for name in models:
+        if name not in BY_NAME:
+            parser.error(f"--model {name!r}: expected one of {', '.join(BY_NAME)}")
+    if steps < 3:
+        parser.error(f"--steps {steps}: expected at least 3 (a full step, the one after it, a cheap one)")
+    if warmup < 256 or warmup % 64:
+        parser.error(f"--warmup {warmup}: expected a multiple of 64 from 256 on (a fully observed step next)")
+
+
+def found_tools(who: str) -> tuple[str, str] | None:
+    """:func:`tools`, or None with what is missing printed as ``who``'s."""
+    try:
+        return tools()
+    except Missing as exc:
+        print(f"{who}: {exc}", file=sys.stderr)
+        return None
 
 
 class Counter:
@@ -268,25 +308,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against", metavar="REVISION", help="also count this git revision's engine")
     parser.add_argument("--child", metavar="MODEL", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in [*(args.model or ()), *([args.child] if args.child else [])]:
-        if name not in BY_NAME:
-            parser.error(f"--model {name!r}: expected one of {', '.join(BY_NAME)}")
-    if args.steps < 3:
-        parser.error(f"--steps {args.steps}: expected at least 3 (a full step, the one after it, a cheap one)")
-    if args.warmup < 256 or args.warmup % 64:
-        parser.error(f"--warmup {args.warmup}: expected a multiple of 64 from 256 on (a fully observed step next)")
-    try:
-        valgrind, control = tools()
-    except Missing as exc:
-        print(f"benchmarks.instructions: {exc}", file=sys.stderr)
+    check_options(parser, [*(args.model or ()), *([args.child] if args.child else [])], args.steps, args.warmup)
+    found = found_tools("benchmarks.instructions")
+    if found is None:
         return 2
+    valgrind, control = found
     if args.child:
         full = _child(args.child, args.steps, args.warmup, args.against, Counter(control))
         print(_FULL_LINE + json.dumps(full))
         return 0
     models = args.model or list(MODELS)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
-    root = Path(__file__).resolve().parent.parent
     print(
         f"instructions counted by valgrind's callgrind, 1 torch thread, {args.steps} steady steps after {args.warmup}"
     )
@@ -295,13 +326,12 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp)
             argv_ = command(valgrind, out, model, args.steps, args.warmup, args.against)
-            done = subprocess.run(argv_, cwd=root, env=env, capture_output=True, text=True)
-            if done.returncode != 0:
-                print(f"benchmarks.instructions: {model}: the counted process failed:", file=sys.stderr)
-                print(done.stderr[-3000:], file=sys.stderr)
+            done = run_counted(argv_, out, f"benchmarks.instructions: {model}")
+            if done is None:
                 return 1
-            full = json.loads(done.stdout.split(_FULL_LINE)[-1].splitlines()[0])
-            rows.append((model, net(read_dumps(out)), full, args.steps, BY_NAME[model].first))
+            counts, printed = done
+            full = json.loads(printed.split(_FULL_LINE)[-1].splitlines()[0])
+            rows.append((model, counts, full, args.steps, BY_NAME[model].first))
     print()
     print("\n".join(table(rows, args.against)))
     return 0

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks import cheap_parts
+from benchmarks import cheap_parts, instructions
 from benchmarks.overhead import BY_NAME, Runner, _fixture
 from neuraldbg.capture import hooks
 from neuraldbg.capture.forward import ForwardPath
@@ -151,6 +151,6 @@ def test_a_bad_option_is_refused_by_value(argv: list[str], message: str, capsys:
 def test_a_missing_tool_is_named_and_the_benchmark_exits_with_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cheap_parts, "tools", lambda: (_ for _ in ()).throw(cheap_parts.Missing("valgrind not found")))
+    monkeypatch.setattr(instructions.shutil, "which", lambda name: None if name == "valgrind" else "/bin/x")
     assert cheap_parts.main([]) == 2
-    assert "valgrind not found" in capsys.readouterr().err
+    assert "benchmarks.cheap_parts: valgrind not found" in capsys.readouterr().err
