@@ -36,7 +36,7 @@ from neuraldbg.capture.gradients import GradientReader
 from neuraldbg.capture.ledger import GradLedger
 
 from .instructions import EMPTY, Counter, check_options, found_tools, run_counted, under_callgrind
-from .overhead import BY_NAME, Runner, _fixture
+from .overhead import BY_NAME, Case, Runner, _fixture
 
 
 def _nothing(*args: Any, **kwargs: Any) -> None:
@@ -89,7 +89,7 @@ PARTS: dict[str, Callable[[], Any]] = {
 
 
 def count_cheap(
-    case: Any,
+    case: Case,
     state: dict[str, torch.Tensor],
     batches: list[tuple[torch.Tensor, torch.Tensor]],
     steps: int,
