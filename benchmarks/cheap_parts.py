@@ -2,7 +2,7 @@
 with one of its parts switched off.
 
     python -m benchmarks.cheap_parts                    # the tiny model, about 2 minutes
-    python -m benchmarks.cheap_parts --model deep       # the deep MLP, about 50 minutes
+    python -m benchmarks.cheap_parts --model deep       # the deep MLP: eight copies of 384 steps under valgrind
 
 A cheap step is what a long run pays on 63 steps in 64, and the parts of it are a few small callbacks each, too
 small for a clock on a shared machine to tell apart. Like :mod:`benchmarks.instructions` (whose counter this uses),
