@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import inspect
+import re
 from dataclasses import asdict
 from typing import Any
 
@@ -58,3 +60,17 @@ def test_a_step_holding_every_reading_is_counted_as_the_readings_one_by_one() ->
         for name in alone:
             if alone[name] != blank[name]:
                 assert together[name] == alone[name], (field, name)
+
+
+#: Fields :meth:`Coverage._readings` reads only beside another reading the test lets through (and the step's number).
+_COMPANIONS = {"step": "every record's", "label_classes": "with label_prior", "baseline_kind": "with target_baseline"}
+
+
+def test_every_reading_the_coverage_takes_in_is_let_through_by_its_test() -> None:
+    """A reading added to ``_readings`` but not to the test in ``observe`` would never be counted."""
+    readings = set(re.findall(r"record\.(\w+)", inspect.getsource(Coverage._readings)))
+    observe = inspect.getsource(Coverage.observe)
+    gate = observe[observe.index("if (\n") : observe.index("self._readings(record)")]
+    let_through = set(re.findall(r"record\.(\w+)", gate))
+    assert readings - set(_COMPANIONS) == let_through
+    assert let_through == set(READINGS)  # and each is tried above
