@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 import weakref
-from functools import partial
-from operator import attrgetter, is_
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,9 +18,6 @@ from .order import LayerOrder
 if TYPE_CHECKING:
     from .forward import ForwardPath
     from .recorder import Recorder
-
-_grad = attrgetter("grad")
-_is_none = partial(is_, None)
 
 
 class GradientReader:
@@ -171,8 +166,8 @@ class GradientReader:
             self._plan = plan if plan is not None and plan.groups else None
         if not self._whole:
             return None
-        grads = list(map(_grad, self._whole))
-        if any(map(_is_none, grads)):
+        grads = list(map(stats.grad_of, self._whole))
+        if any(map(stats.is_none, grads)):
             grads = [g for g in grads if g is not None]
         if self._flat and grads and stats.plain_types(grads):
             try:

@@ -45,7 +45,6 @@ import threading
 import weakref
 from collections.abc import Callable
 from functools import partial
-from operator import attrgetter, is_
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -57,7 +56,9 @@ from ..stats.tensors import (
     binary_counts,
     dense,
     finite_per_row,
+    grad_of,
     hides_later,
+    is_none,
     label_counts,
     label_entropy,
     log_prob_gap,
@@ -129,8 +130,6 @@ _NO_READINGS: _LossReadings = (None, None, None, None, None, None, None, None, N
 #: A ``.grad`` as an optimizer step or a backward pass left it: a weak reference to it, its version counter, and
 #: whether an optimizer step left it. A tuple: a backward pass marks every tracked parameter anew.
 _Mark = tuple[weakref.ref[Tensor], int, bool]
-_grad_of = attrgetter("grad")
-_is_none = partial(is_, None)
 
 
 class GradLedger:
@@ -219,10 +218,10 @@ class GradLedger:
             # a compiled forward files its step at the next optimizer step: file it now, before this backward
             # pass's loss is given to the step in progress (else the loss of step k would go to step k - 1)
             rec.forward.compiled.pull()
-            grads = list(map(_grad_of, self._tensors))
+            grads = list(map(grad_of, self._tensors))
             states: list[_State] | None = None  # None: every .grad is None (zero_grad's default), none carried
             carried: list[int] = []
-            if not all(map(_is_none, grads)):
+            if not all(map(is_none, grads)):
                 states = []
                 marks = self._marks
                 for i, g in enumerate(grads):
@@ -460,7 +459,7 @@ class GradLedger:
             reached: list[int] = []
             fresh = False
             marks = self._marks
-            for i, g in enumerate(map(_grad_of, self._tensors)):
+            for i, g in enumerate(map(grad_of, self._tensors)):
                 if g is None:
                     continue
                 before = None if states is None else states[i]
@@ -470,9 +469,7 @@ class GradLedger:
                 reached.append(i)
                 mark = marks[i]
                 fresh = fresh or before is None or not _unchanged(mark, before)
-                # the mark of a gradient accumulated into keeps its weak reference (no new one per parameter)
-                ref = mark[0] if mark is not None and mark[0]() is g else weakref.ref(g)
-                marks[i] = (ref, version, False)
+                marks[i] = _remark(mark, g, version, after_step=False)
             if not reached:
                 return
             self._reached.update(reached)
@@ -818,8 +815,7 @@ class GradLedger:
             if g is None:
                 marks[i] = None
                 continue
-            mark = marks[i]  # as the backward pass left it, most often: its weak reference stays
-            marks[i] = (mark[0] if mark is not None and mark[0]() is g else weakref.ref(g), g._version, True)
+            marks[i] = _remark(marks[i], g, g._version, after_step=True)
         reached.difference_update(indices)
 
 
@@ -840,6 +836,12 @@ def _largest_magnitude(grads: list[Tensor]) -> Tensor | None:
 def _decays(value: object) -> bool:
     """Whether a group's ``weight_decay`` decays its weights."""
     return isinstance(value, (int, float)) and value > 0
+
+
+def _remark(mark: _Mark | None, g: Tensor, version: int, after_step: bool) -> _Mark:
+    """The mark of ``g`` at ``version`` that replaces ``mark``: a mark of this very tensor (a gradient accumulated
+    into, or the backward pass's mark at the step) keeps its weak reference, no new one per parameter per pass."""
+    return (mark[0] if mark is not None and mark[0]() is g else weakref.ref(g)), version, after_step
 
 
 def _unchanged(mark: _Mark | None, state: _State) -> bool:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from operator import attrgetter, itemgetter, methodcaller
+from functools import partial
+from operator import attrgetter, is_, itemgetter, methodcaller
 
 import torch
 from torch import Tensor
@@ -188,6 +189,11 @@ def nan_flag(tensors: Sequence[Tensor]) -> Tensor:
         return torch.where(
             flags.any(), torch.tensor(math.nan, device=flags.device), torch.tensor(0.0, device=flags.device)
         )
+
+
+#: A tensor's ``.grad``, and whether a value is None: for ``map`` over many parameters in one C call a step.
+grad_of = attrgetter("grad")
+is_none = partial(is_, None)
 
 
 def readable(t: Tensor) -> Tensor | None:
