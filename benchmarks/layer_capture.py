@@ -46,7 +46,7 @@ def without_capture() -> Iterator[None]:
     def passing(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         root = hooks._roots.get(id(self))
         if root is None or root.ref() is not self or hooks._compiling():
-            call = hooks._module_call[0] if hooks._module_call else hooks._wrapped_call_impl
+            call = hooks._module_call[0] if hooks._module_call else hooks._torch_call
             return call(self, *args, **kwargs)
         return kept(self, *args, **kwargs)
 

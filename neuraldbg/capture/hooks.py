@@ -32,7 +32,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable
-from types import TracebackType
+from types import MethodType, TracebackType
 from typing import Any
 
 import torch
@@ -454,22 +454,31 @@ def on_model_calls(
 
 
 def _watched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """``nn.Module.__call__`` while a debugger is attached."""
-    call = _module_call[0] if _module_call else _wrapped_call_impl
+    """``nn.Module.__call__`` while a debugger is attached. When what it wrapped is torch's own ``__call__`` (not
+    something else that wrapped that before), torch's one step there, to the module's compiled call if
+    ``module.compile()`` made one and to its ``_call_impl`` otherwise, is taken here: a Python call less per module
+    call (about 1.8k instructions of the wrapper's 4.2k; see :data:`_steppable`)."""
+    call = _module_call[0] if _module_call else _torch_call
     if _compiling():
         return call(self, *args, **kwargs)
+    impl: Any  # the call torch makes next: the compiled one or _call_impl (a bound method, untyped)
+    if call is _steppable:
+        compiled = self._compiled_call_impl
+        impl = self._call_impl if compiled is None else compiled
+    else:
+        impl = MethodType(call, self)
     key = id(self)
     root = _roots.get(key)
     if root is None or root.ref() is not self:
-        output = call(self, *args, **kwargs)
+        output = impl(*args, **kwargs)
     elif root.depth:  # the model called inside its own call: each such call is a pass, as the module hook sees it
         root.reentered = True
-        output = call(self, *args, **kwargs)
+        output = impl(*args, **kwargs)
     else:
         muted = not root.reentered and root.start(self, args, kwargs) and root.handle.mute()
         root.depth += 1
         try:
-            output = call(self, *args, **kwargs)
+            output = impl(*args, **kwargs)
         finally:
             root.depth -= 1
             if muted:
@@ -484,7 +493,12 @@ def _watched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     return output
 
 
-_wrapped_call_impl = torch.nn.Module.__call__  # what the wrapper falls back to if unwrapped meanwhile
+#: torch's own ``nn.Module.__call__`` (whatever ``__call__`` is now): what the wrapper falls back to if unwrapped
+#: meanwhile, and the one whose step it takes itself (see :func:`_watched_call`)
+_torch_call = torch.nn.Module._wrapped_call_impl
+#: ... while that step is all it does: its code names the compiled call and ``_call_impl`` and nothing else (a torch
+#: whose ``__call__`` does more is called as it is, one Python call more)
+_steppable = _torch_call if set(_torch_call.__code__.co_names) == {"_compiled_call_impl", "_call_impl"} else None
 
 
 class _ModelCallsHandle:

@@ -201,6 +201,69 @@ def test_a_module_call_wrapped_by_someone_else_after_the_debugger_keeps_working(
         nn.Module.__call__ = MODULE_CALL
 
 
+def test_a_module_call_wrapped_by_someone_else_before_the_debugger_is_still_called(nothing_compiled):
+    # the debugger takes torch's own __call__ step itself: only that one, never a wrapper that was there first
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 1))
+    calls: list[type] = []
+
+    def theirs(self, *args, **kwargs):
+        calls.append(type(self))
+        return MODULE_CALL(self, *args, **kwargs)
+
+    nn.Module.__call__ = theirs
+    try:
+        with NeuralDbg(model) as dbg:
+            assert nn.Module.__call__ is not theirs  # wrapped by the debugger, over theirs
+            _train(model, 20)
+        assert nn.Module.__call__ is theirs  # theirs again after
+    finally:
+        nn.Module.__call__ = MODULE_CALL
+    assert dbg.steps == 20
+    assert calls == [nn.Sequential, nn.Linear, nn.ReLU, nn.Linear] * 20  # every call of every step, cheap or full
+
+
+def test_a_layer_compiled_by_module_compile_keeps_its_compiled_call_under_the_debugger(nothing_compiled):
+    # module.compile() puts the compiled call in _compiled_call_impl, which torch's __call__ prefers: so does ours
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 1))
+    layer = model[2]
+    through: list[int] = []
+
+    def compiled(*args, **kwargs):
+        through.append(1)
+        return layer._call_impl(*args, **kwargs)
+
+    layer._compiled_call_impl = compiled
+    x = torch.randn(4, 6)
+    with NeuralDbg(model) as dbg:
+        _train(model, 20)
+        out = model(x)
+    assert dbg.steps == 20
+    assert len(through) == 21  # each step's call of the layer, and the one after
+    assert torch.equal(out, layer(model[1](model[0](x))))
+
+
+def test_a_torch_whose_module_call_does_more_is_called_through(nothing_compiled, monkeypatch: pytest.MonkeyPatch):
+    # the wrapper takes torch's __call__ step itself only while that step is all torch's __call__ does
+    assert hooks._steppable is MODULE_CALL  # this torch: the compiled call or _call_impl, nothing else
+    through: list[int] = []
+
+    def more(self, *args, **kwargs):  # a later torch's __call__, doing something of its own first
+        through.append(1)
+        return MODULE_CALL(self, *args, **kwargs)
+
+    monkeypatch.setattr(nn.Module, "__call__", more)
+    monkeypatch.setattr(hooks, "_torch_call", more)
+    monkeypatch.setattr(hooks, "_steppable", None)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 1))
+    with NeuralDbg(model) as dbg:
+        _train(model, 20)
+    assert dbg.steps == 20 and len(through) == 20 * 4  # every module call went through it
+    assert nn.Module.__call__ is more
+
+
 def test_after_torch_compile_ran_every_pass_keeps_the_module_hook(monkeypatch: pytest.MonkeyPatch):
     compiled = torch.compile(lambda t: t * 2 + 1, backend="eager")
     assert torch.equal(compiled(torch.ones(3)), torch.full((3,), 3.0))
