@@ -133,3 +133,24 @@ def test_a_snapshot_plan_is_invalid_once_a_parameter_gets_new_storage():
     assert plan.valid_for(params)
     moved = [params[0], torch.zeros(4, 8), params[2]]
     assert not plan.valid_for(moved)
+
+
+def test_stacked_largest_magnitudes_equal_each_tensors_own_with_zeros_and_non_finite_elements():
+    """The largest magnitude of a stacked group (abs and amax) is exactly each tensor's ``vector_norm(inf)``: an
+    all-zero tensor 0, a NaN NaN, an inf or a -inf inf, signed zeros 0, whatever else the tensor holds."""
+    g = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(16, 8, generator=g) * 10 ** (i - 6) for i in range(12)]
+    tensors[1].zero_()
+    tensors[2][3, 4] = float("nan")
+    tensors[3][0, 0] = float("inf")
+    tensors[4][5, 1] = -float("inf")
+    tensors[5][2, 2], tensors[5][2, 3] = float("nan"), float("inf")
+    tensors[6] = -torch.zeros(16, 8)
+    plan = stats.NormPlan.of(tensors)
+    assert plan.stacked and not plan.singles
+    got = stats.norm_readings(tensors, math.inf)
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.float32
+    want = torch.stack([torch.linalg.vector_norm(t, math.inf) for t in tensors])
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())  # bit for bit elsewhere
+    assert got[1].item() == 0.0 and math.isnan(got[2].item()) and got[3].item() == got[4].item() == math.inf
