@@ -133,34 +133,32 @@ class Analyzer:
         rms = input_rms(data, self.coverage.training.entry_scale)
         if math.isfinite(rms):
             add("input_rms", "", step, rms)
-        top = squares = weights = 0.0
-        for layer, g in view.layer_gradients.items():
-            add("grad_norm", layer, step, g.norm)
-            if math.isfinite(g.norm) and g.norm > top:
-                top = g.norm
-            squares += g.norm * g.norm
-            weights += g.numel
-        if view.layer_gradients:
-            self._largest.add(step, top)  # the largest layer's, at the same steps (vanishing_gradients)
-        if data.settings.get(optimizer_settings.EPS) and weights and math.isfinite(squares):
-            # the gradients' root-mean-square per weight, which an adaptive optimizer's eps is weighed against
-            add(optimizer_settings.GRAD_RMS, "", step, math.sqrt(squares / weights))
-        for layer, u in view.layer_updates.items():
-            if math.isfinite(u.ratio):
-                add("update_ratio", layer, step, u.ratio)
-        for key, (dead, units) in {**data.func_dead, **data.dead}.items():
-            if key[1] == 0 and units:
-                add("dead_fraction", key[0], step, dead / units)
-        for key, (count, total) in data.saturated.items():
-            if key[1] == 0 and total:
-                add("saturated_fraction", key[0], step, count / total)
-        infos = self.ctx.infos
-        for key in data.act:  # layers with parameters: where an explosion is rooted (activations follow them)
-            if key[1] == 0 and infos[key[0]].numel:
-                add("output_rms", key[0], step, view.rms(key))
-        for key, norm in data.out_grad.items():
-            if key[1] == 0:
-                add("output_grad_norm", key[0], step, norm)
+        each = self.history.add_each
+        grads = view.layer_gradients
+        if grads:
+            norms = [g.norm for g in grads.values()]
+            each("grad_norm", step, zip(grads, norms))
+            # the largest layer's, at the same steps (vanishing_gradients)
+            self._largest.add(step, max([n for n in norms if n > 0.0 and math.isfinite(n)], default=0.0))
+            if data.settings.get(optimizer_settings.EPS):
+                total = sum([n * n for n in norms], 0.0)
+                weights = sum([g.numel for g in grads.values()])
+                if weights and math.isfinite(total):
+                    # the gradients' root-mean-square per weight, which an adaptive optimizer's eps is weighed against
+                    add(optimizer_settings.GRAD_RMS, "", step, math.sqrt(total / weights))
+        ratios = [(layer, u.ratio) for layer, u in view.layer_updates.items()]
+        each("update_ratio", step, [(layer, ratio) for layer, ratio in ratios if math.isfinite(ratio)])
+        dead = {**data.func_dead, **data.dead}
+        if dead:
+            each("dead_fraction", step, [(k[0], d / units) for k, (d, units) in dead.items() if k[1] == 0 and units])
+        if data.saturated:
+            saturated = data.saturated.items()
+            each("saturated_fraction", step, [(k[0], n / units) for k, (n, units) in saturated if k[1] == 0 and units])
+        infos, layer_rms = self.ctx.infos, view.rms
+        # layers with parameters: where an explosion is rooted (activations follow them)
+        each("output_rms", step, [(k[0], layer_rms(k)) for k in data.act if k[1] == 0 and infos[k[0]].numel])
+        if data.out_grad:
+            each("output_grad_norm", step, [(k[0], norm) for k, norm in data.out_grad.items() if k[1] == 0])
 
     def run_findings(self) -> list[SemanticEvent]:
         """The run-level findings over what was observed so far."""

@@ -270,6 +270,7 @@ class Coverage:
     # how many recorded losses added up each number of backward passes (see partial_loss)
     loss_term_counts: dict[int, int] = field(default_factory=dict)
     partial_losses: int = 0  # losses left out of the trace as partial (see partial_loss)
+    _usual_terms: int | None = field(default=None, repr=False)  # the most frequent of loss_term_counts (None: none)
     # an nll_loss given values that no log_softmax produced: the largest |logsumexp| of its input's rows over the
     # first backward passes (0 for log-probabilities; None: no such loss), the step first read, and the layer
     # whose output the input is ("" when no watched layer's)
@@ -374,9 +375,18 @@ class Coverage:
         at an epoch's end on the micro-batches left, each loss still divided by ``accumulate_grad_batches``: 125
         micro-batches of 16 accumulated by 4 end each epoch on a step of one, recorded at a quarter of the loss
         (0.32 among losses of 1.3), which would drag the loss curve's windows and inflate its spread."""
+        usual = self._usual_terms
+        return usual is not None and usual > 1 and terms < usual and self.loss_term_counts[usual] >= PARTIAL_AFTER
+
+    def _count_terms(self, terms: int) -> None:
+        """One more recorded loss of ``terms`` backward passes; the most frequent count so far follows it (the larger
+        count of passes among the most frequent; what :meth:`partial_loss` compares with, kept as the counts grow
+        instead of looked for at every step)."""
         counts = self.loss_term_counts
-        usual = max(counts, key=lambda k: (counts[k], k), default=terms)
-        return usual > 1 and terms < usual and counts[usual] >= PARTIAL_AFTER
+        n = counts[terms] = counts.get(terms, 0) + 1
+        usual = self._usual_terms
+        if usual is None or (n, terms) > (counts[usual], usual):
+            self._usual_terms = terms
 
     def observe(self, record: StepData) -> None:
         """Count one analysed step."""
@@ -391,7 +401,7 @@ class Coverage:
                 self.partial_losses += 1
             else:
                 self.losses.add(record.step, record.loss)
-            self.loss_term_counts[record.loss_terms] = self.loss_term_counts.get(record.loss_terms, 0) + 1
+            self._count_terms(record.loss_terms)
         if record.samples:
             self.repeats.observe(record.step, record.samples, record.sample_losses, record.sample_hits)
         if (

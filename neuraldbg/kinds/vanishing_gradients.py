@@ -188,8 +188,9 @@ class VanishingDetector(Detector):
                     # small since its first reading (not excused then): undone if it grows out of it (undone)
                     metrics["small_from_first_reading"] = 1.0
                 vanishing[layer] = metrics
+        healthy = _Healthy(view, grads, vanishing)
         for layer, metrics in vanishing.items():
-            if _cancelled(view, layer) or _quiet(view, layer, grads, vanishing) or _gated(view, layer, vanishing):
+            if _cancelled(view, layer) or _quiet(view, layer, grads, healthy) or _gated(view, layer, vanishing):
                 if layer in first:  # small at its first reading by construction, not vanishing: it started healthy
                     self._started_healthy[layer] = True
                 continue
@@ -296,7 +297,41 @@ def _cancelled(view: StepView, layer: str) -> bool:
     return following is not None and ctx.infos[following].renormalizes_channels
 
 
-def _quiet(view: StepView, layer: str, grads: dict[str, LayerGradient], vanishing: Collection[str]) -> bool:
+class _Healthy:
+    """The step's layers with a gradient that is neither vanishing nor non-finite, as :func:`_quiet` asks about
+    them: the forward position of the first, and how many there are under each parent module. Worked out once per
+    step, at the first question (a pass over every layer per vanishing layer made a model of many small-signal
+    layers quadratic in its depth)."""
+
+    def __init__(self, view: StepView, grads: dict[str, LayerGradient], vanishing: Collection[str]) -> None:
+        self._view, self._grads, self._vanishing = view, grads, vanishing
+        self._layers: set[str] | None = None
+        self.first = 0  # the smallest forward position among them
+        self.parents: dict[str, int] = {}
+
+    def layers(self) -> set[str]:
+        if self._layers is None:
+            position = self._view.ctx.position
+            self._layers = {
+                other for other, og in self._grads.items() if other not in self._vanishing and not og.non_finite
+            }
+            self.first = min((position((other, 0)) for other in self._layers), default=0)
+            for other in self._layers:
+                parent = other.rpartition(".")[0]
+                self.parents[parent] = self.parents.get(parent, 0) + 1
+        return self._layers
+
+    def before_and_beside(self, layer: str, here: int) -> bool:
+        """Whether one of them comes before forward position ``here`` and another (or the same) one is not
+        ``layer`` and shares its parent module."""
+        layers = self.layers()
+        if not layers or self.first >= here:
+            return False
+        beside = self.parents.get(layer.rpartition(".")[0], 0)
+        return beside - (layer in layers) > 0
+
+
+def _quiet(view: StepView, layer: str, grads: dict[str, LayerGradient], healthy: _Healthy) -> bool:
     """A tiny (not zero, not below the floor) gradient on a layer with a quiet output, while a layer before it and a
     layer beside it (same parent module) get healthy gradients: the small-signal regime of attention at
     initialisation."""
@@ -307,12 +342,7 @@ def _quiet(view: StepView, layer: str, grads: dict[str, LayerGradient], vanishin
     rms = view.rms((_signal(view, layer), 0))
     if not (rms < ctx.config.quiet_output_rms):  # also False for NaN: an unmeasured output proves nothing
         return False
-    here = ctx.position((layer, 0))
-    parent = layer.rpartition(".")[0]
-    healthy = [other for other, og in grads.items() if other not in vanishing and not og.non_finite]
-    return any(ctx.position((other, 0)) < here for other in healthy) and any(
-        other != layer and other.rpartition(".")[0] == parent for other in healthy
-    )
+    return healthy.before_and_beside(layer, ctx.position((layer, 0)))
 
 
 def _signal(view: StepView, layer: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 
 class Series:
@@ -62,6 +62,18 @@ class History:
         if series is None:
             series = self.series[(metric, layer)] = Series(self._capacity)
         series.add(step, value)
+
+    def add_each(self, metric: str, step: int, values: Iterable[tuple[str, float]]) -> None:
+        """:meth:`add` for every ``(layer, value)`` of one metric at one step (a fully observed step's reading of
+        every layer: one call instead of one per layer)."""
+        series, capacity, keep_nan = self.series, self._capacity, metric == "loss"
+        for layer, value in values:
+            if value is None or (not keep_nan and isinstance(value, float) and math.isnan(value)):
+                continue
+            found = series.get((metric, layer))
+            if found is None:
+                found = series[(metric, layer)] = Series(capacity)
+            found.add(step, value)
 
     def get(self, metric: str, layer: str) -> Series | None:
         return self.series.get((metric, layer))
