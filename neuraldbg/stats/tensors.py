@@ -681,11 +681,16 @@ def never_positive(t: Tensor, channel_first: bool) -> Tensor:
     """Boolean per unit: the unit's output is <= 0 on every element of the batch (a pre-activation that a
     following ReLU would zero everywhere). One reduction over every other dimension, in place: moving a
     channel-first map's channels last would copy it whole first (a 64x128x32x32 map on a CPU: 17 ms with the
-    copy, 1.3 ms without)."""
+    copy, 1.3 ms without). The dimensions after the units' are reduced first, over contiguous memory, then those
+    before them: a CPU takes a channel-first map's largest values over batch and space at once twice as slowly
+    (64x64x32x32: 0.55 ms against 0.26 ms), and the largest value is the same whatever the order (a NaN included)."""
     t = t.detach()
     if t.dim() < 2:
         return (t <= 0).reshape(-1)
-    return t.amax(dim=other_dims(t, unit_dim(t, channel_first))) <= 0
+    unit = unit_dim(t, channel_first)
+    if unit + 1 < t.dim():
+        t = t.amax(dim=list(range(unit + 1, t.dim())))
+    return t.amax(dim=list(range(unit))) <= 0
 
 
 def other_dims(t: Tensor, unit: int) -> list[int]:
@@ -696,8 +701,9 @@ def other_dims(t: Tensor, unit: int) -> list[int]:
 def zero_gradient_units(grad: Tensor) -> Tensor:
     """Boolean per output unit (row of a weight's gradient): the unit received exactly zero gradient."""
     rows = grad.detach().reshape(grad.shape[0], -1)
-    low, high = torch.aminmax(rows, dim=1)
-    return (low == 0) & (high == 0)
+    # the largest and the smallest element apart: a CPU takes torch.aminmax along a dimension 3-10x slower than
+    # the two reductions (a 512x512 weight's gradient: 0.57 ms against 0.05 ms); the same answer, NaN included
+    return (rows.amax(dim=1) == 0) & (rows.amin(dim=1) == 0)
 
 
 def dead_and_still_stacked(never: Tensor, grads: Tensor) -> Tensor:

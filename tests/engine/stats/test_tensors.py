@@ -73,6 +73,20 @@ def test_never_positive_and_zero_gradient_units_match_brute_force():
     assert zero.tolist() == [bool((grad[u] == 0).all()) for u in range(6)]
 
 
+def test_zero_gradient_units_with_signed_zeros_and_non_finite_rows():
+    """A row of signed zeros received no gradient; a row holding a NaN, an inf or a -inf (among zeros) did."""
+    grad = torch.zeros(7, 5)
+    grad[0] = -0.0
+    grad[1, 3] = float("nan")
+    grad[2, 0] = float("inf")
+    grad[3, 4] = -float("inf")
+    grad[4, 2] = -1e-40  # a negative subnormal
+    grad[5] = torch.tensor([-0.0, 0.0, -0.0, 0.0, -0.0])
+    zero = stats.zero_gradient_units(grad)
+    assert zero.tolist() == [True, False, False, False, False, True, True]
+    assert zero.tolist() == [bool((grad[u] == 0).all()) for u in range(7)]
+
+
 @pytest.mark.parametrize(
     ("shape", "channel_first", "unit_dim"),
     [((4, 5, 6, 7), True, 1), ((4, 6, 7, 5), False, 3), ((3, 8, 5), False, 2), ((3, 5, 8), True, 1), ((9,), True, 0)],
@@ -210,3 +224,21 @@ def test_label_counts_put_every_index_outside_the_classes_in_the_last_bin_and_le
     counts = stats.label_counts(target, 5, ignore).tolist()
     flat = [v for v in target.reshape(-1).tolist() if v != ignore]
     assert counts == [float(flat.count(c)) for c in range(5)] + [float(sum(1 for v in flat if not 0 <= v < 5))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_the_loss_s_pull_on_the_output_is_the_sum_of_its_gradient_s_magnitudes(dtype):
+    """``all_norms`` files the loss gradient's L1 norm (``target_grad_sum``): the sum of |d(loss)/d(output)| in float32
+    or wider, a half-precision gradient summed in float32 (its own sum would overflow at 65504)."""
+    from neuraldbg.capture.measure import all_norms
+    from neuraldbg.capture.pending import Pending
+
+    g = torch.Generator().manual_seed(4)
+    grad = (torch.randn(16, 32, 100, generator=g) * 30).to(dtype)
+    pending = Pending(0, True)
+    all_norms(pending, {}, [], grad)
+    filed = dict(zip([t[0] for t in pending.targets], pending.tensors))
+    want = grad.double().abs().sum().item()
+    assert want > 65504  # beyond float16
+    assert filed["target_grad_sum"].dtype == torch.float32
+    assert filed["target_grad_sum"].item() == pytest.approx(want, rel=1e-5)
