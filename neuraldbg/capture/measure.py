@@ -70,6 +70,7 @@ UNIT_STACK_LIMIT = 1 << 16
 Deferred = tuple[Pending, SlotKey, LayerSpec, Tensor, bool]  # (step, layer, spec, output, channel_first)
 
 
+@torch.no_grad()  # (the stacks copy the outputs without a graph: no detach of each, 0.6 us a layer)
 def layer_outputs(entries: Sequence[Deferred], config: DebugConfig) -> None:
     """:func:`layer_output` of many layers at once: outputs of one shape, role and bound (at least
     :data:`~neuraldbg.stats.tensors.MIN_GROUP` of them, each at most :data:`UNIT_STACK_LIMIT` elements, float32) are
@@ -85,7 +86,7 @@ def layer_outputs(entries: Sequence[Deferred], config: DebugConfig) -> None:
             for pending, key, spec, t, cf in group_entries:
                 layer_output(pending, key, spec, t, cf, config)
             continue
-        stacked = torch.stack([e[3].detach() for e in group_entries])
+        stacked = torch.stack([e[3] for e in group_entries])
         if spec.role is Role.GATED:
             units = float(stats.unit_count(t, cf))
             counts = stats.dead_units_stacked(stacked, cf, config.dead_sample_fraction)
