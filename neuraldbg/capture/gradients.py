@@ -300,12 +300,12 @@ class GradientReader:
         the whole head gradient and its layer's bias gradient are exactly zero (CPU reads, only then). None when the
         layer has no bias: its weight's gradient is also zero when its input is (behind a dead layer)."""
         bias = self._head_bias
-        if bias is None or bool(grad.any()):
+        if bias is None or stats.any_nonzero(grad):
             return None if bias is None else False
         g = bias.tensor.grad
         if g is None or not g.is_cpu or bias.piece is not None or type(g) is not Tensor:
             return None
-        return not bool(g.any())
+        return not stats.any_nonzero(g)
 
     def read_head(self, loss_scale: float = 1.0) -> None:
         """A cheap step's only look at the loss: one element of the head layer's gradient, the first until it reads
@@ -335,7 +335,7 @@ class GradientReader:
         if value == 0.0:
             zero = self._zero_head(grad)
             rec.pending.data.head_zero = zero
-            if zero is False or (zero is None and bool(grad.any())):
+            if zero is False or (zero is None and stats.any_nonzero(grad)):
                 # this element gets no gradient and others do: watch the one that gets the most, with its own mean
                 self._probe_at = int(grad.detach().reshape(-1).abs().argmax())
                 self._probe_mean, self._probe_count = 0.0, 0

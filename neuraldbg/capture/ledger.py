@@ -61,6 +61,7 @@ from ..stats.tensors import (
     is_none,
     label_counts,
     label_entropy,
+    largest_magnitude,
     log_prob_gap,
     merge_moments,
     out_of_range,
@@ -432,7 +433,7 @@ class GradLedger:
             return None
         with torch.no_grad():
             changed = (_first_elements(head) != sample[1]).any()
-            nonzero = torch.linalg.vector_norm(local, float("inf")) > 0
+            nonzero = largest_magnitude(local) > 0
             carried: Tensor = (changed & nonzero).float()
             return carried
 
@@ -828,7 +829,7 @@ def _largest_magnitude(grads: list[Tensor]) -> Tensor | None:
     if not plain:
         return None
     with torch.no_grad():
-        values = [torch.linalg.vector_norm(g.detach(), float("inf")).float() for g in plain]
+        values = [largest_magnitude(g.detach()).float() for g in plain]
         largest: Tensor = torch.stack(values).amax() if len(values) > 1 else values[0]
         return largest
 

@@ -185,7 +185,7 @@ def nan_flag(tensors: Sequence[Tensor]) -> Tensor:
     """NaN (on the device) when any of ``tensors`` holds a NaN, else 0: a NaN is never how a mask works (an additive
     mask's ``-inf`` is), so a NaN among a model call's arguments is bad data however the call names it."""
     with torch.no_grad():
-        flags = torch.stack([torch.isnan(t.detach()).any() for t in tensors])
+        flags = torch.stack([has_nan(t.detach()) for t in tensors])
         return torch.where(
             flags.any(), torch.tensor(math.nan, device=flags.device), torch.tensor(0.0, device=flags.device)
         )
@@ -856,11 +856,13 @@ class NormPlan:
         parts: list[Tensor] = []
         for idx in self.stacked:
             rows = torch.stack([tensors[i] for i in idx]).view(len(idx), -1)
-            # the largest magnitude as abs and amax: the same values (a NaN or an inf included), where a CPU takes
-            # vector_norm(inf) along a dimension ten times slower (200 rows of 1,024: 0.8 ms against 0.08 ms)
-            parts.append(rows.abs().amax(dim=1) if ord == math.inf else torch.linalg.vector_norm(rows, ord, dim=1))
+            if ord == math.inf:  # see _largest
+                parts.append(torch.maximum(rows.amax(dim=1), rows.amin(dim=1).neg()))
+            else:
+                parts.append(torch.linalg.vector_norm(rows, ord, dim=1))
         if self.singles:
-            parts.append(torch.stack(torch._foreach_norm([tensors[i] for i in self.singles], ord)))
+            singles = [tensors[i] for i in self.singles]
+            parts.append(torch.stack(_largest(singles) if ord == math.inf else torch._foreach_norm(singles, ord)))
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
         inverse = self._inverse
         if inverse is None:
@@ -941,7 +943,8 @@ def norm_readings(tensors: Sequence[Tensor], ord: float = 2.0) -> Tensor | list[
         if len(tensors) and all_float32(tensors):
             try:
                 if len(tensors) < MIN_GROUP:  # no group to stack: one _foreach_norm
-                    return torch.stack(torch._foreach_norm(list(tensors), ord))
+                    every = list(tensors)
+                    return torch.stack(_largest(every) if ord == math.inf else torch._foreach_norm(every, ord))
                 return NormPlan.of(tensors).norms(tensors, ord)
             except RuntimeError:  # tensors on several devices
                 pass
@@ -957,6 +960,60 @@ def norm_readings(tensors: Sequence[Tensor], ord: float = 2.0) -> Tensor | list[
             return values
     finally:
         _set_grad_enabled(grad)
+
+
+#: A float32 tensor of at least this many elements has its largest magnitude taken from its largest and smallest
+#: values (see :func:`_largest`); smaller ones cost less through one ``_foreach_norm(inf)``.
+MAGNITUDE_APART = 4096
+
+
+def largest_magnitude(t: Tensor) -> Tensor:
+    """max |t| as a 0-d tensor on its device, in its dtype (see :func:`_largest`): a real floating tensor of at least
+    :data:`MAGNITUDE_APART` elements by its largest and smallest values (a 512x512 one: 0.05 ms, its inf norm 0.8
+    ms), a smaller one or a complex one by ``vector_norm(inf)`` (a complex tensor's moduli), an integer one by its
+    absolute values. Not for an empty tensor."""
+    if t.is_floating_point() and t.numel() >= MAGNITUDE_APART:
+        return torch.maximum(t.amax(), t.amin().neg())
+    if t.is_floating_point() or t.is_complex():
+        norm: Tensor = torch.linalg.vector_norm(t, math.inf)
+        return norm
+    return t.abs().amax()
+
+
+def any_nonzero(t: Tensor) -> bool:
+    """``bool(t.any())``, a NaN counting as nonzero: for a large real floating tensor, whether its largest or its
+    smallest value is not 0 (a CPU's ``any`` of a 512x512 float tensor: 0.6 ms, the two reductions 0.04 ms)."""
+    if t.numel() >= MAGNITUDE_APART and t.is_floating_point():
+        return bool((t.amax() != 0) | (t.amin() != 0))
+    return bool(t.any())
+
+
+def has_nan(t: Tensor) -> Tensor:
+    """Whether ``t`` holds a NaN, as a 0-d bool tensor on its device: for a large real floating tensor, whether its
+    largest value is NaN (``amax`` propagates a NaN; ``isnan(t).any()`` makes a mask of the whole tensor first)."""
+    if t.numel() >= MAGNITUDE_APART and t.is_floating_point():
+        return t.amax().isnan()
+    return torch.isnan(t).any()
+
+
+def _largest(tensors: list[Tensor]) -> list[Tensor]:
+    """max |t| of each float32 tensor, as 0-d tensors: ``_foreach_norm(inf)`` for small tensors, the larger of the
+    largest value and minus the smallest for the others. The same values (a NaN gives NaN, an inf or a -inf inf),
+    where a CPU takes the inf norm of a large tensor thirty times slower (an 8x512 MLP's 16 gradients: 10.6 ms
+    against 0.3 ms) and its absolute values copy the tensor first; along a dimension, vector_norm(inf) is ten times
+    slower (200 rows of 1,024: 0.8 ms against 0.03 ms)."""
+    large = [i for i, t in enumerate(tensors) if t.numel() >= MAGNITUDE_APART]
+    if not large:
+        return list(torch._foreach_norm(tensors, math.inf))
+    out: list[Tensor | None] = [None] * len(tensors)
+    small = [i for i, t in enumerate(tensors) if t.numel() < MAGNITUDE_APART]
+    if small:
+        for i, value in zip(small, torch._foreach_norm([tensors[i] for i in small], math.inf)):
+            out[i] = value
+    for i in large:
+        t = tensors[i]
+        out[i] = torch.maximum(t.amax(), t.amin().neg())
+    return [value for value in out if value is not None]
 
 
 def _reducible(t: Tensor) -> Tensor:

@@ -154,3 +154,25 @@ def test_stacked_largest_magnitudes_equal_each_tensors_own_with_zeros_and_non_fi
     assert torch.equal(got.isnan(), want.isnan())
     assert torch.equal(got.nan_to_num(), want.nan_to_num())  # bit for bit elsewhere
     assert got[1].item() == 0.0 and math.isnan(got[2].item()) and got[3].item() == got[4].item() == math.inf
+
+
+@pytest.mark.parametrize("count", [4, stats.MIN_GROUP + 2])
+def test_largest_magnitudes_of_large_and_small_tensors_equal_each_tensors_own(count: int):
+    """Tensors of at least MAGNITUDE_APART elements (taken apart, by their largest and smallest values) beside small
+    ones (one ``_foreach_norm(inf)``), fewer than a group or in a plan's singles: each one's ``vector_norm(inf)``,
+    in order, with an all-zero, a NaN, an inf and a -inf among them."""
+    g = torch.Generator().manual_seed(5)
+    big = stats.MAGNITUDE_APART
+    tensors = [
+        torch.randn(big // 64 + i, 64, generator=g) if i % 2 else torch.randn(5 + i, generator=g) for i in range(count)
+    ]
+    tensors[0] = torch.zeros(big * 2)
+    tensors[1][3, 4] = float("nan")
+    tensors[2][1] = -float("inf")
+    tensors[-1] = -torch.rand(big, generator=g) * 7  # every value negative: the largest magnitude is -min
+    assert any(t.numel() >= big for t in tensors) and any(t.numel() < big for t in tensors)
+    got = stats.norm_readings(tensors, math.inf)
+    assert isinstance(got, torch.Tensor)
+    want = torch.stack([torch.linalg.vector_norm(t, math.inf) for t in tensors])
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+    assert stats.largest_magnitudes(tensors)[-1] == -float(tensors[-1].min())

@@ -242,3 +242,32 @@ def test_the_loss_s_pull_on_the_output_is_the_sum_of_its_gradient_s_magnitudes(d
     assert want > 65504  # beyond float16
     assert filed["target_grad_sum"].dtype == torch.float32
     assert filed["target_grad_sum"].item() == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.parametrize("size", [7, stats.MAGNITUDE_APART + 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_a_tensor_s_largest_magnitude_nonzero_and_nan_tests_agree_with_plain_torch(size, dtype):
+    """``largest_magnitude``, ``any_nonzero`` and ``has_nan`` (the largest and smallest values of a large real
+    tensor, plain torch's reductions for a small one) give what ``vector_norm(inf)``, ``any`` and ``isnan().any()``
+    give: for all zeros and signed zeros, a NaN, an inf, a -inf, all negative values, and random values."""
+    g = torch.Generator().manual_seed(6)
+    cases = [torch.zeros(size), -torch.zeros(size), torch.randn(size, generator=g), -torch.rand(size, generator=g) - 1]
+    for value in (float("nan"), float("inf"), -float("inf"), -3.0):
+        t = torch.zeros(size)
+        t[size // 2] = value
+        cases.append(t)
+    for t in (c.to(dtype) for c in cases):
+        want = torch.linalg.vector_norm(t, math.inf)
+        got = stats.largest_magnitude(t)
+        assert got.dtype == want.dtype and got.shape == ()
+        assert (math.isnan(got.item()) and math.isnan(want.item())) or got.item() == want.item()
+        assert stats.any_nonzero(t) == bool(t.any())
+        assert bool(stats.has_nan(t)) == bool(torch.isnan(t).any())
+
+
+def test_integer_and_complex_tensors_take_plain_torch_s_way():
+    ints = torch.tensor([0, -5, 3] * 2000)
+    assert stats.largest_magnitude(ints).item() == 5 and stats.any_nonzero(ints) and not stats.has_nan(ints)
+    z = torch.zeros(stats.MAGNITUDE_APART, dtype=torch.complex64)
+    z[3] = 3 + 4j
+    assert stats.largest_magnitude(z).item() == 5.0 and stats.any_nonzero(z)
