@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import gc
 import importlib
+import math
 import types
 
 import pytest
@@ -24,6 +25,7 @@ from benchmarks import (
     layer_capture,
     overhead,
     peers,
+    reductions,
     smoke_file,
     smoke_steps,
     step_parts,
@@ -697,3 +699,24 @@ def _frames() -> list[types.FrameType]:
         out.append(frame)
         frame = frame.f_back
     return out
+
+
+def test_the_reductions_table_times_both_ways_of_every_reading_and_finds_the_same_answers(
+    capsys: pytest.CaptureFixture[str],
+):
+    rows = reductions.measure(scale=8, rounds=2, calls=1)
+    assert len(rows) == len(reductions.cases(scale=8))
+    assert all(row.equal for row in rows)  # the debugger's way gives torch's answer (bit for bit where exact)
+    assert all(row.torch_s > 0 and row.ours_s > 0 for row in rows)
+    inexact = [row for row in rows if not row.case.exact]
+    assert inexact and all(0 < row.difference < 1e-4 for row in inexact)  # the L1 norm: another order of summing
+    text = reductions.table(rows)
+    assert text.count("\n") == len(rows) + 1 and "NO" not in text
+
+
+def test_the_reductions_comparison_tells_a_different_answer():
+    assert reductions.compare(torch.tensor([1.0, math.nan]), torch.tensor([1.0, math.nan]), exact=True) == (True, 0.0)
+    assert not reductions.compare(torch.tensor([1.0, 2.0]), torch.tensor([1.0, math.nan]), exact=True)[0]
+    assert not reductions.compare(torch.tensor(1.0), torch.tensor(1.0 + 1e-6), exact=True)[0]
+    assert reductions.compare(torch.tensor(1.0), torch.tensor(1.0 + 1e-6), exact=False)[0]
+    assert not reductions.compare(torch.tensor([True]), torch.tensor([False]), exact=True)[0]
