@@ -168,7 +168,7 @@ class Tracker:
                 run.confirmed = run.confirmed or (self._escalates(run.state) and (f.decisive or f.kind is not None))
                 self._close(key, run)
                 run = None
-            state = (key[0], str(f.state))
+            state = (key[0], f.state)  # a state is a str enum: its member and its string are one key
             was_solid = began = False
             if run is None:
                 run = self._open[key] = _Run(
@@ -213,10 +213,10 @@ class Tracker:
 
     def _close(self, key: TrackKey, run: _Run) -> None:
         self._open.pop(key, None)
-        self._open_states[(key[0], str(run.state))] -= 1
+        self._open_states[(key[0], run.state)] -= 1
         self._open_tracks[key[0]] -= 1
         if run.solid:
-            self._solid_states[(key[0], str(run.state))] -= 1
+            self._solid_states[(key[0], run.state)] -= 1
         if run.qualifies(self._persistence, self._steps):
             self.store.add(key, run.to_event(self._persistence))
         elif self._escalates(run.state) and run.solid:

@@ -193,6 +193,36 @@ def test_only_a_new_kind_of_state_asks_for_dense_observation():
     assert tracker.has_open("d") and not tracker.has_open("other")
 
 
+def test_a_state_is_one_state_as_its_enum_member_its_string_or_a_plugin_s_member_of_the_same_value():
+    """A state is counted by its value: ActivationHealth.DEAD, the string "dead" and a plugin's state of that value
+    name one state, so a layer dying while another already is asks for no new dense window, and closing each run
+    brings the count of open ones back to none (a new one then asks again)."""
+    from neuraldbg.health import ActivationHealth, HealthState
+
+    class PluginHealth(HealthState):
+        DEAD = "dead"
+
+    tracker = Tracker(DebugConfig())
+    states = [ActivationHealth.DEAD, "dead", PluginHealth.DEAD]
+    for step in range(3):
+        obs = Observation()
+        for i, state in enumerate(states[: step + 1]):
+            obs.saw(EventType.ACTIVATION, str(i))
+            obs.findings.append(Finding(EventType.ACTIVATION, FailureKind.DEAD_NEURONS, str(i), state, {}, 1.0))
+        tracker.update(step, [("d", obs)])
+    assert tracker.started == 1
+    calm = Observation()
+    for i in range(3):
+        calm.saw(EventType.ACTIVATION, str(i))
+    tracker.update(3, [("d", calm)])  # every run ends
+    assert not tracker.has_open("d")
+    obs = Observation()
+    obs.saw(EventType.ACTIVATION, "9")
+    obs.findings.append(Finding(EventType.ACTIVATION, FailureKind.DEAD_NEURONS, "9", PluginHealth.DEAD, {}, 1.0))
+    tracker.update(4, [("d", obs)])
+    assert tracker.started == 2  # none was open: it begins again
+
+
 def dying(tracker: Tracker, step: int, readings: dict[str, bool | None]) -> None:
     """One step's dead-units readings: layer -> provisional (an onset-level reading), or None (seen alive)."""
     obs = Observation()
