@@ -74,7 +74,7 @@ def cases(scale: int = 1) -> list[Case]:
         ),
         Case(
             "largest magnitudes of a parameter list's gradients",
-            f"{len(mlp_grads)} gradients of an {n}-wide MLP",
+            f"{len(mlp_grads)} gradients of a {n}-wide MLP",
             lambda: torch.stack(torch._foreach_norm(mlp_grads, math.inf)),
             lambda: stats.norm_readings(mlp_grads, math.inf),
         ),

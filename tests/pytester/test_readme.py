@@ -175,6 +175,7 @@ COMMANDS = {
     "python -m benchmarks.step_parts": "benchmark",
     "python -m benchmarks.hook_floor": "benchmark",
     "python -m benchmarks.cold_ops": "benchmark",
+    "python -m benchmarks.reductions": "benchmark",
     "python -m benchmarks.layer_capture": "benchmark",
     "python -m benchmarks.instructions": "benchmark",
     "python -m benchmarks.instructions --against REVISION": "benchmark",
