@@ -962,9 +962,15 @@ def norm_readings(tensors: Sequence[Tensor], ord: float = 2.0) -> Tensor | list[
         _set_grad_enabled(grad)
 
 
-#: A float32 tensor of at least this many elements has its largest magnitude taken from its largest and smallest
-#: values (see :func:`_largest`); smaller ones cost less through one ``_foreach_norm(inf)``.
+#: A real floating CPU tensor of at least this many elements has its largest magnitude, whether it holds a nonzero
+#: and whether it holds a NaN taken from its largest and smallest values (see :func:`_largest`); smaller ones cost
+#: less through torch's one call, and a GPU's tensors (not measured) keep it.
 MAGNITUDE_APART = 4096
+
+
+def _apart(t: Tensor) -> bool:
+    """Whether ``t``'s largest magnitude, nonzero and NaN tests are taken from its largest and smallest values."""
+    return t.is_cpu and t.is_floating_point() and t.numel() >= MAGNITUDE_APART
 
 
 def largest_magnitude(t: Tensor) -> Tensor:
@@ -972,7 +978,7 @@ def largest_magnitude(t: Tensor) -> Tensor:
     :data:`MAGNITUDE_APART` elements by its largest and smallest values (a 512x512 one: 0.05 ms, its inf norm 0.8
     ms), a smaller one or a complex one by ``vector_norm(inf)`` (a complex tensor's moduli), an integer one by its
     absolute values. Not for an empty tensor."""
-    if t.is_floating_point() and t.numel() >= MAGNITUDE_APART:
+    if _apart(t):
         return torch.maximum(t.amax(), t.amin().neg())
     if t.is_floating_point() or t.is_complex():
         norm: Tensor = torch.linalg.vector_norm(t, math.inf)
@@ -983,7 +989,7 @@ def largest_magnitude(t: Tensor) -> Tensor:
 def any_nonzero(t: Tensor) -> bool:
     """``bool(t.any())``, a NaN counting as nonzero: for a large real floating tensor, whether its largest or its
     smallest value is not 0 (a CPU's ``any`` of a 512x512 float tensor: 0.6 ms, the two reductions 0.04 ms)."""
-    if t.numel() >= MAGNITUDE_APART and t.is_floating_point():
+    if _apart(t):
         return bool((t.amax() != 0) | (t.amin() != 0))
     return bool(t.any())
 
@@ -991,19 +997,18 @@ def any_nonzero(t: Tensor) -> bool:
 def has_nan(t: Tensor) -> Tensor:
     """Whether ``t`` holds a NaN, as a 0-d bool tensor on its device: for a large real floating tensor, whether its
     largest value is NaN (``amax`` propagates a NaN; ``isnan(t).any()`` makes a mask of the whole tensor first)."""
-    if t.numel() >= MAGNITUDE_APART and t.is_floating_point():
+    if _apart(t):
         return t.amax().isnan()
     return torch.isnan(t).any()
 
 
 def _largest(tensors: list[Tensor]) -> list[Tensor]:
-    """max |t| of each float32 tensor, as 0-d tensors: ``_foreach_norm(inf)`` for small tensors (and, unmeasured
-    there, those on a GPU: one call as before), the larger of the largest value and minus the smallest for large CPU
-    ones. The same values (a NaN gives NaN, an inf or a -inf inf),
-    where a CPU takes the inf norm of a large tensor thirty times slower (an 8x512 MLP's 16 gradients: 10.6 ms
-    against 0.3 ms) and its absolute values copy the tensor first; along a dimension, vector_norm(inf) is ten times
-    slower (200 rows of 1,024: 0.8 ms against 0.03 ms)."""
-    large = [i for i, t in enumerate(tensors) if t.numel() >= MAGNITUDE_APART and t.is_cpu]
+    """max |t| of each float32 tensor, as 0-d tensors: :func:`largest_magnitude` for those :func:`_apart` says, one
+    ``_foreach_norm(inf)`` for the others. The same values (a NaN gives NaN, an inf or a -inf inf), where a CPU takes
+    the inf norm of a large tensor thirty times slower (an 8x512 MLP's 16 gradients: 10.6 ms against 0.3 ms) and its
+    absolute values copy the tensor first; along a dimension, vector_norm(inf) is ten times slower (200 rows of
+    1,024: 0.8 ms against 0.03 ms)."""
+    large = [i for i, t in enumerate(tensors) if _apart(t)]
     if not large:
         return list(torch._foreach_norm(tensors, math.inf))
     out: list[Tensor | None] = [None] * len(tensors)
@@ -1013,8 +1018,7 @@ def _largest(tensors: list[Tensor]) -> list[Tensor]:
         for i, value in zip(small, torch._foreach_norm([tensors[i] for i in small], math.inf)):
             out[i] = value
     for i in large:
-        t = tensors[i]
-        out[i] = torch.maximum(t.amax(), t.amin().neg())
+        out[i] = largest_magnitude(tensors[i])
     return [value for value in out if value is not None]
 
 
