@@ -226,9 +226,8 @@ def gradients(
     # the largest element of each such gradient tells, read for all of them in one transfer
     unclear = [i for i, v in enumerate(values) if v == 0.0 or not math.isfinite(v)]
     largest = dict(zip(unclear, stats.largest_magnitudes([with_grad[i][2] for i in unclear])))
-    norms, numels = data.grad, data.grad_numel
     for i, ((name, p, g), value) in enumerate(zip(with_grad, values)):
-        numel = numels[name] = p.numel
+        data.grad_numel[name] = p.numel
         top = largest.get(i)
         if top is not None:
             if top == 0.0:
@@ -239,8 +238,7 @@ def gradients(
                 data.grad_nonfinite.add(name)
             elif not math.isfinite(value):  # an overflow of finite elements (beyond ~1.8e19 in float32): the norm
                 value = stats.wide_norm(g) / loss_scale  # taken in float64, for this gradient alone
-        local = g.numel()
-        norms[name] = value * p.factor(local) if local < numel else value  # a shard's norm scaled to the whole's
+        data.grad[name] = value * p.factor(g.numel())
 
 
 #: The most gradient elements :func:`functional_dead` copies into one stack (16 MB of float32) ...
