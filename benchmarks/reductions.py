@@ -47,19 +47,16 @@ def _randn(*shape: int, seed: int) -> Tensor:
 def cases(scale: int = 1) -> list[Case]:
     """The rows. ``scale`` divides the tensors' sizes (tests run them small)."""
     n = max(1, 512 // scale)
-    zero_grads = [_randn(32, 32, seed=i) * 1e-30 for i in range(200 // scale or 1)]  # deep: norms read 0 (underflow)
-    rows = torch.stack(zero_grads).view(len(zero_grads), -1)
+    # the deep MLP's: norms read 0 (underflow); at least a group, so that the debugger stacks them
+    zero_grads = [_randn(32, 32, seed=i) * 1e-30 for i in range(max(stats.MIN_GROUP, 200 // scale))]
     mlp_grads = [_randn(n, n, seed=i) for i in range(8)] + [_randn(n, seed=10 + i) for i in range(8)]
     weight = _randn(n, n, seed=20)
     weight[3] = 0.0
     cmap = _randn(64 // scale or 1, 64, 32, 32, seed=21)
     logits_grad = _randn(16, 32 // scale or 1, 1000, seed=22)
 
-    def torch_rows() -> Tensor:
-        return torch.linalg.vector_norm(rows, math.inf, dim=1)
-
-    def our_rows() -> Tensor:
-        return torch.maximum(rows.amax(dim=1), rows.amin(dim=1).neg())
+    def torch_rows() -> Tensor:  # what the debugger's stacked group did before: its stack, then the inf norm
+        return torch.linalg.vector_norm(torch.stack(zero_grads).view(len(zero_grads), -1), math.inf, dim=1)
 
     def torch_zero_rows() -> Tensor:
         low, high = torch.aminmax(weight, dim=1)
@@ -68,9 +65,9 @@ def cases(scale: int = 1) -> list[Case]:
     return [
         Case(
             "largest magnitude of stacked gradients (norm 0)",
-            f"{rows.shape[0]} x {rows.shape[1]}",
+            f"{len(zero_grads)} of 32 x 32",
             torch_rows,
-            our_rows,
+            lambda: stats.norm_readings(zero_grads, math.inf),
         ),
         Case(
             "largest magnitudes of a parameter list's gradients",
